@@ -1,0 +1,1 @@
+//! CSI gRPC services (Identity, Controller, Node) over the provisioner (not yet built).

@@ -1,0 +1,207 @@
+//! The importer's one error type.
+//!
+//! Every failure is an [`Error`] whose [`ErrorKind`] decides whether a controller should retry the
+//! import (the source was unreachable, a transient I/O fault) or give up at once (the image is
+//! corrupt, too large, refused, or its checksum is wrong). The CLI maps kinds to exit codes.
+
+use std::io;
+
+/// What went wrong, coarsely: enough to decide retry versus fail and to pick an exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The request itself is wrong (bad option, unparsable URL, target unusable).
+    InvalidInput,
+    /// A well-formed image uses a feature Quarry refuses (backing file, encryption, ...).
+    Unsupported,
+    /// The image's bytes contradict its own format (truncated, bad tables, bad compression).
+    CorruptImage,
+    /// The image does not fit the target volume.
+    TooSmall,
+    /// The downloaded bytes do not match the expected checksum.
+    ChecksumMismatch,
+    /// The source answered, but definitively no (404, 401, 403, TLS verification failure).
+    SourceRejected,
+    /// The source could not be reached or stopped answering (timeouts, resets, 5xx).
+    SourceUnavailable,
+    /// Reading or writing local storage failed.
+    Io,
+}
+
+impl ErrorKind {
+    /// True when running the same import again may succeed.
+    pub fn is_retryable(self) -> bool {
+        matches!(self, ErrorKind::SourceUnavailable | ErrorKind::Io)
+    }
+
+    /// The `quarry` process exit code for this kind: 10-19 terminal, 20-29 retryable.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            ErrorKind::InvalidInput => 10,
+            ErrorKind::Unsupported => 11,
+            ErrorKind::CorruptImage => 12,
+            ErrorKind::TooSmall => 13,
+            ErrorKind::ChecksumMismatch => 14,
+            ErrorKind::SourceRejected => 15,
+            ErrorKind::SourceUnavailable => 20,
+            ErrorKind::Io => 21,
+        }
+    }
+
+    /// Short stable name, used in JSON output and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidInput => "invalid-input",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::CorruptImage => "corrupt-image",
+            ErrorKind::TooSmall => "too-small",
+            ErrorKind::ChecksumMismatch => "checksum-mismatch",
+            ErrorKind::SourceRejected => "source-rejected",
+            ErrorKind::SourceUnavailable => "source-unavailable",
+            ErrorKind::Io => "io",
+        }
+    }
+}
+
+/// An import failure, with a message that names the problem.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    #[error("unsupported image: {0}")]
+    Unsupported(String),
+    #[error("corrupt image: {0}")]
+    Corrupt(String),
+    #[error(
+        "image does not fit the target: it needs {needed} bytes but only {available} bytes are usable{}",
+        if detail.is_empty() { String::new() } else { format!(" ({detail})") }
+    )]
+    TooSmall {
+        needed: u64,
+        available: u64,
+        detail: String,
+    },
+    #[error("{algorithm} checksum mismatch: expected {expected}, got {actual}")]
+    ChecksumMismatch {
+        algorithm: &'static str,
+        expected: String,
+        actual: String,
+    },
+    #[error("source refused: {0}")]
+    SourceRejected(String),
+    #[error("source unavailable: {0}")]
+    SourceUnavailable(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidInput(_) => ErrorKind::InvalidInput,
+            Error::Unsupported(_) => ErrorKind::Unsupported,
+            Error::Corrupt(_) => ErrorKind::CorruptImage,
+            Error::TooSmall { .. } => ErrorKind::TooSmall,
+            Error::ChecksumMismatch { .. } => ErrorKind::ChecksumMismatch,
+            Error::SourceRejected(_) => ErrorKind::SourceRejected,
+            Error::SourceUnavailable(_) => ErrorKind::SourceUnavailable,
+            Error::Io { .. } => ErrorKind::Io,
+        }
+    }
+
+    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// Carries this error through an [`io::Read`] boundary; [`Error::from_read`] unwraps it again.
+    pub fn into_io(self) -> io::Error {
+        io::Error::other(self)
+    }
+
+    /// Classifies an error that came out of reading the (decoded) image stream.
+    ///
+    /// Errors raised by Quarry's own stages keep their kind; a premature end of the stream is a
+    /// truncated image; decoder complaints (`InvalidData`/`InvalidInput`) are corruption of the
+    /// named layer; anything else is a local I/O failure.
+    pub fn from_read(err: io::Error, what: &str) -> Self {
+        if err.get_ref().is_some_and(|inner| inner.is::<Error>()) {
+            return *err
+                .into_inner()
+                .expect("checked above")
+                .downcast::<Error>()
+                .expect("checked above");
+        }
+        match err.kind() {
+            io::ErrorKind::UnexpectedEof => Error::Corrupt(format!("{what}: truncated ({err})")),
+            io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput => {
+                Error::Corrupt(format!("{what}: {err}"))
+            }
+            _ => Error::io(format!("reading {what}"), err),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryable_kinds_are_exactly_source_unavailable_and_io() {
+        let all = [
+            ErrorKind::InvalidInput,
+            ErrorKind::Unsupported,
+            ErrorKind::CorruptImage,
+            ErrorKind::TooSmall,
+            ErrorKind::ChecksumMismatch,
+            ErrorKind::SourceRejected,
+            ErrorKind::SourceUnavailable,
+            ErrorKind::Io,
+        ];
+        let retryable: Vec<_> = all.into_iter().filter(|k| k.is_retryable()).collect();
+        assert_eq!(retryable, [ErrorKind::SourceUnavailable, ErrorKind::Io]);
+        for k in all {
+            let code = k.exit_code();
+            assert_eq!(k.is_retryable(), (20..30).contains(&code), "{k:?}");
+        }
+    }
+
+    #[test]
+    fn from_read_keeps_the_kind_of_an_error_carried_through_io() {
+        let carried = Error::ChecksumMismatch {
+            algorithm: "sha256",
+            expected: "aa".into(),
+            actual: "bb".into(),
+        }
+        .into_io();
+        assert_eq!(
+            Error::from_read(carried, "x").kind(),
+            ErrorKind::ChecksumMismatch
+        );
+    }
+
+    #[test]
+    fn from_read_calls_early_eof_a_truncated_image() {
+        let e = Error::from_read(io::Error::from(io::ErrorKind::UnexpectedEof), "qcow2 image");
+        assert_eq!(e.kind(), ErrorKind::CorruptImage);
+        assert!(e.to_string().contains("truncated"), "{e}");
+    }
+
+    #[test]
+    fn too_small_names_both_sizes() {
+        let e = Error::TooSmall {
+            needed: 2048,
+            available: 1024,
+            detail: String::new(),
+        };
+        let msg = e.to_string();
+        assert!(msg.contains("2048") && msg.contains("1024"), "{msg}");
+    }
+}

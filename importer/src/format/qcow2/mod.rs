@@ -1,0 +1,1 @@
+//! qcow2 reader (in progress).

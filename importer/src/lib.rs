@@ -1,0 +1,17 @@
+//! Quarry's streaming import engine.
+//!
+//! ```text
+//! ByteSource ──> Decoder* ──> FormatReader ──> extents ──> VolumeSink
+//!  (file, stdin,   (gzip, xz,    (raw, qcow2)    (data | zero,   (disk.img file,
+//!   http(s))        zstd)                         guest offset)   block device)
+//! ```
+//!
+//! Each arrow is a bounded channel between threads, so memory stays flat whatever the image size,
+//! and the whole import is one pass over the source with no scratch copy.
+
+pub mod error;
+pub mod format;
+pub mod sink;
+pub mod source;
+
+pub use error::{Error, ErrorKind, Result};

@@ -1,0 +1,1 @@
+//! CRD types, the DataVolume / HyperConverged / HostPathProvisioner controllers and the KVM launcher (not yet built).
