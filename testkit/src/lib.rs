@@ -1,0 +1,9 @@
+//! Test-only helpers shared by the workspace's test suites.
+//!
+//! Everything here starts real third-party peers (qemu-img, nginx, ...) or small servers of the
+//! suite's own on 127.0.0.1 with free ports, and stops them by PID when dropped.
+
+pub mod faults;
+pub mod nginx;
+pub mod qemu;
+pub mod tls;

@@ -1,0 +1,1 @@
+//! nginx started on a free port with its own config. In progress.

@@ -1,0 +1,1 @@
+//! A throw-away test CA and server certificate made with openssl. In progress.
