@@ -1,5 +1,271 @@
-//! `quarry`: the command-line entry point (thin clap dispatch into the crates).
+//! `quarry`: the command-line entry point. Thin clap dispatch into the workspace crates; the only
+//! place `anyhow` is used.
 
-fn main() {
-    println!("quarry {}", env!("CARGO_PKG_VERSION"));
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use importer::checksum::Checksum;
+use importer::format::ImageFormat;
+use importer::import::{ImportReport, ImportRequest, import};
+use importer::progress::{Progress, serve_metrics};
+use importer::source::SourceSpec;
+
+#[derive(Parser)]
+#[command(
+    name = "quarry",
+    version,
+    about = "VM disk import engine, uploader and hostpath CSI driver"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Import a disk image (raw or qcow2, optionally gzip/xz/zstd compressed) into a volume.
+    Import(Box<ImportArgs>),
+}
+
+#[derive(clap::Args)]
+#[command(after_help = EXIT_CODES)]
+struct ImportArgs {
+    /// A local path, `-` for standard input, or an http:// or https:// URL.
+    source: String,
+    /// A file (a filesystem volume's disk.img) or a block device (/dev/...).
+    target: PathBuf,
+    /// Requested volume size (bytes, or a quantity such as 10Gi); the image must fit it.
+    #[arg(long, value_parser = parse_size)]
+    size: Option<u64>,
+    /// Fraction of a filesystem volume reserved for the filesystem [default: 0.06 for files, 0 for block devices].
+    #[arg(long)]
+    filesystem_overhead: Option<f64>,
+    /// Expected checksum of the source as downloaded: md5|sha1|sha256|sha512:HEX.
+    #[arg(long, value_parser = parse_checksum)]
+    checksum: Option<Checksum>,
+    /// Allocate the whole target, as CDI's preallocation does.
+    #[arg(long)]
+    preallocate: bool,
+    /// Block devices: do not zero unused ranges (the device is known to read zeroes).
+    #[arg(long)]
+    no_zero: bool,
+    /// Force the image format instead of detecting it.
+    #[arg(long, value_parser = parse_format)]
+    format: Option<ImageFormat>,
+    /// Trust this CA certificate (PEM) for HTTPS; repeatable.
+    #[arg(long = "ca-cert", value_name = "FILE")]
+    ca_certs: Vec<PathBuf>,
+    /// Do not verify the HTTPS server's certificate.
+    #[arg(long)]
+    insecure: bool,
+    /// Extra HTTP request header, `Name: value`; repeatable.
+    #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
+    headers: Vec<(String, String)>,
+    /// HTTP basic-auth user (the password comes from --password-file or --password-env).
+    #[arg(long)]
+    user: Option<String>,
+    /// File holding the basic-auth password.
+    #[arg(long, value_name = "FILE", requires = "user")]
+    password_file: Option<PathBuf>,
+    /// Environment variable holding the basic-auth password.
+    #[arg(
+        long,
+        value_name = "VAR",
+        requires = "user",
+        conflicts_with = "password_file"
+    )]
+    password_env: Option<String>,
+    /// Seconds without any body byte after which an HTTP transfer attempt is abandoned.
+    #[arg(long, default_value_t = 60)]
+    idle_timeout: u64,
+    /// Retries (with resume) of a failing HTTP transfer.
+    #[arg(long, default_value_t = 5)]
+    retries: u32,
+    /// Print a one-line JSON result (or error) on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Serve Prometheus metrics (kubevirt_cdi_import_progress_total) on this address.
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// ownerUID label of the progress metric (CDI's importer reads OWNER_UID).
+    #[arg(long, env = "OWNER_UID", default_value = "")]
+    owner_uid: String,
+    /// Memory (bytes or quantity) for out-of-order qcow2 data before spilling beside the target.
+    #[arg(long, value_parser = parse_size, default_value = "32Mi")]
+    memory_budget: u64,
+}
+
+const EXIT_CODES: &str = "Exit codes: 0 success; terminal errors (retrying will not help): 10 invalid input, \
+11 unsupported image, 12 corrupt image, 13 target too small, 14 checksum mismatch, 15 source refused \
+(404/401/403, TLS); retryable errors: 20 source unavailable, 21 local I/O; 1 other failures; 2 usage.";
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    importer::size::parse_quantity(s).map_err(|e| e.to_string())
+}
+
+fn parse_checksum(s: &str) -> Result<Checksum, String> {
+    s.parse().map_err(|e: importer::Error| e.to_string())
+}
+
+fn parse_format(s: &str) -> Result<ImageFormat, String> {
+    match s {
+        "raw" => Ok(ImageFormat::Raw),
+        "qcow2" => Ok(ImageFormat::Qcow2),
+        other => Err(format!("format {other:?} is not one of raw, qcow2")),
+    }
+}
+
+fn parse_header(s: &str) -> Result<(String, String), String> {
+    let (name, value) = s
+        .split_once(':')
+        .ok_or_else(|| format!("header {s:?} is not of the form 'Name: value'"))?;
+    let name = name.trim();
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        return Err(format!("header name in {s:?} is empty or has spaces"));
+    }
+    Ok((name.to_string(), value.trim().to_string()))
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("QUARRY_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Import(args) => run_import(*args),
+    }
+}
+
+fn run_import(args: ImportArgs) -> ExitCode {
+    let json = args.json;
+    match import_command(args) {
+        Ok(report) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&report).expect("report serialises")
+                );
+            } else {
+                eprintln!(
+                    "imported {} ({}) into {}: {} bytes virtual, {} data bytes written in {:.2}s",
+                    report.source,
+                    report.format_chain.join(" > "),
+                    report.target,
+                    report.virtual_size,
+                    report.bytes_written,
+                    report.duration_seconds
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            let (code, kind) = match err.downcast_ref::<importer::Error>() {
+                Some(e) => (e.kind().exit_code(), Some(e.kind())),
+                None => (1, None),
+            };
+            if json {
+                let line = serde_json::json!({
+                    "error": format!("{err:#}"),
+                    "kind": kind.map(|k| k.as_str()),
+                    "retryable": kind.map(|k| k.is_retryable()),
+                });
+                println!("{line}");
+            }
+            eprintln!("error: {err:#}");
+            ExitCode::from(code as u8)
+        }
+    }
+}
+
+fn import_command(args: ImportArgs) -> anyhow::Result<ImportReport> {
+    let mut req = ImportRequest::new(SourceSpec::parse(&args.source)?, &args.target);
+    req.size = args.size;
+    req.filesystem_overhead = args.filesystem_overhead;
+    req.checksum = args.checksum;
+    req.preallocate = args.preallocate;
+    req.assume_zeroed = args.no_zero;
+    req.format = args.format;
+    req.memory_budget = usize::try_from(args.memory_budget).unwrap_or(usize::MAX);
+    req.http.ca_certs = args.ca_certs;
+    req.http.insecure = args.insecure;
+    req.http.headers = args.headers;
+    req.http.idle_timeout = Duration::from_secs(args.idle_timeout);
+    req.http.max_retries = args.retries;
+    if let Some(user) = args.user {
+        let password = match (&args.password_file, &args.password_env) {
+            (Some(file), _) => std::fs::read_to_string(file)
+                .with_context(|| format!("reading the password file {}", file.display()))?
+                .trim_end_matches(['\n', '\r'])
+                .to_string(),
+            (None, Some(var)) => {
+                std::env::var(var).with_context(|| format!("reading the password from ${var}"))?
+            }
+            (None, None) => String::new(),
+        };
+        req.http.basic_auth = Some((user, password));
+    }
+
+    let progress = Arc::new(Progress::default());
+    if let Some(addr) = args.metrics_addr {
+        let bound = serve_metrics(addr, args.owner_uid.clone(), progress.clone())?;
+        tracing::info!(%bound, "serving metrics");
+    }
+    let bar = ProgressBar::start(progress.clone());
+    let result = import(&req, progress);
+    bar.finish();
+    Ok(result?)
+}
+
+/// A terminal progress bar fed from the import's counters (hidden when stderr is not a terminal).
+struct ProgressBar {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ProgressBar {
+    fn start(progress: Arc<Progress>) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let bar = indicatif::ProgressBar::with_draw_target(
+                Some(10_000),
+                indicatif::ProgressDrawTarget::stderr(),
+            );
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {wide_bar} {percent:>3}% {msg}",
+                )
+                .expect("valid template"),
+            );
+            while !done.load(Ordering::Relaxed) {
+                if let Some(p) = progress.percent() {
+                    bar.set_position((p * 100.0) as u64);
+                }
+                let written = progress.written.load(Ordering::Relaxed);
+                bar.set_message(format!("{} MiB written", written >> 20));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            bar.finish_and_clear();
+        });
+        ProgressBar {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }

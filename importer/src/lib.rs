@@ -15,3 +15,10 @@ pub mod sink;
 pub mod source;
 
 pub use error::{Error, ErrorKind, Result};
+pub mod checksum;
+pub mod decode;
+pub mod import;
+pub mod peek;
+pub mod pipe;
+pub mod progress;
+pub mod size;

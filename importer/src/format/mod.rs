@@ -6,6 +6,9 @@
 
 use std::path::PathBuf;
 
+pub mod qcow2;
+pub mod raw;
+
 use crate::error::Result;
 use crate::sink::ExtentSink;
 
@@ -61,4 +64,51 @@ pub trait FormatReader: Send {
     /// Streams the whole guest disk into `sink`; returns the virtual size.
     fn copy_to(self: Box<Self>, sink: &mut dyn ExtentSink) -> Result<u64>;
 }
-pub mod qcow2;
+
+/// Names the image format from the first bytes of the decoded stream. Anything unrecognised
+/// (including ISO 9660 images) is raw, as for qemu-img.
+pub fn detect(head: &[u8]) -> ImageFormat {
+    if head.starts_with(b"QFI\xfb") {
+        ImageFormat::Qcow2
+    } else if head.starts_with(b"KDMV") || head.starts_with(b"# Disk DescriptorFile") {
+        ImageFormat::Vmdk
+    } else if head.starts_with(b"vhdxfile") {
+        ImageFormat::Vhdx
+    } else if head.starts_with(b"conectix") {
+        ImageFormat::Vpc
+    } else if head.len() >= 0x44 && head[0x40..0x44] == [0x7f, 0x10, 0xda, 0xbe] {
+        ImageFormat::Vdi
+    } else {
+        ImageFormat::Raw
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qcow2_magic() {
+        assert_eq!(detect(b"QFI\xfb\0\0\0\x03"), ImageFormat::Qcow2);
+    }
+
+    #[test]
+    fn other_formats_are_named() {
+        assert_eq!(detect(b"KDMV\x01\0\0\0"), ImageFormat::Vmdk);
+        assert_eq!(detect(b"vhdxfile"), ImageFormat::Vhdx);
+        assert_eq!(detect(b"conectix\0\0"), ImageFormat::Vpc);
+        let mut vdi = vec![0u8; 0x50];
+        vdi[0x40..0x44].copy_from_slice(&0xbeda107fu32.to_le_bytes());
+        assert_eq!(detect(&vdi), ImageFormat::Vdi);
+    }
+
+    #[test]
+    fn unknown_and_short_heads_are_raw() {
+        assert_eq!(detect(b""), ImageFormat::Raw);
+        assert_eq!(detect(b"QFI"), ImageFormat::Raw);
+        assert_eq!(detect(&[0u8; 512]), ImageFormat::Raw);
+        let mut iso = vec![0u8; 512];
+        iso[1..6].copy_from_slice(b"CD001");
+        assert_eq!(detect(&iso), ImageFormat::Raw);
+    }
+}

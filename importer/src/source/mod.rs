@@ -19,3 +19,66 @@ pub struct SourceInfo {
 pub trait ByteSource: Read + Send {
     fn info(&self) -> &SourceInfo;
 }
+pub mod file;
+pub mod http;
+
+use std::path::PathBuf;
+
+use crate::error::{Error, Result};
+
+/// Where an import reads from, as the user named it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceSpec {
+    Stdin,
+    File(PathBuf),
+    Http(String),
+}
+
+impl SourceSpec {
+    pub fn parse(spec: &str) -> Result<Self> {
+        if spec == "-" {
+            return Ok(SourceSpec::Stdin);
+        }
+        let lower = spec.to_ascii_lowercase();
+        if lower.starts_with("http://") || lower.starts_with("https://") {
+            return Ok(SourceSpec::Http(spec.to_string()));
+        }
+        if let Some((scheme, _)) = spec.split_once("://") {
+            return Err(Error::InvalidInput(format!(
+                "source scheme {scheme:?} is not supported (use a path, '-', http:// or https://)"
+            )));
+        }
+        Ok(SourceSpec::File(PathBuf::from(spec)))
+    }
+
+    /// Opens the source.
+    pub fn open(&self, http: &http::HttpOptions) -> Result<Box<dyn ByteSource>> {
+        Ok(match self {
+            SourceSpec::Stdin => Box::new(file::FileSource::stdin()),
+            SourceSpec::File(path) => Box::new(file::FileSource::open(path)?),
+            SourceSpec::Http(url) => Box::new(http::HttpSource::open(url, http)?),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs() {
+        assert_eq!(SourceSpec::parse("-").unwrap(), SourceSpec::Stdin);
+        assert_eq!(
+            SourceSpec::parse("HTTPS://h/x.img").unwrap(),
+            SourceSpec::Http("HTTPS://h/x.img".into())
+        );
+        assert_eq!(
+            SourceSpec::parse("./a:b.img").unwrap(),
+            SourceSpec::File("./a:b.img".into())
+        );
+        assert_eq!(
+            SourceSpec::parse("ftp://h/x").unwrap_err().kind(),
+            crate::ErrorKind::InvalidInput
+        );
+    }
+}

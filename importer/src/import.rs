@@ -1,0 +1,395 @@
+//! The import driver: open the source, peel compression, detect the format, check the image fits,
+//! stream it into the target, verify the checksum, and only then commit.
+//!
+//! Threads: the source is read (and hashed) on one thread, decompression runs on another when
+//! there is any, and format parsing plus positional writes on the calling thread; bounded channels
+//! sit between them ([`crate::pipe`]).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use crate::checksum::{Checksum, Hasher};
+use crate::decode::{self, Compression};
+use crate::error::{Error, Result};
+use crate::format::qcow2::Qcow2Reader;
+use crate::format::raw::RawReader;
+use crate::format::{self, FormatReader, ImageFormat, ReaderOptions};
+use crate::pipe::{self, ChunkObserver};
+use crate::progress::Progress;
+use crate::sink::block::{self, BlockSink, ZeroMode};
+use crate::sink::file::FileSink;
+use crate::sink::{Bounded, VolumeSink};
+use crate::size::usable_space;
+use crate::source::SourceSpec;
+use crate::source::http::HttpOptions;
+
+/// CDI's default filesystem overhead for filesystem volumes, as a fraction.
+pub const DEFAULT_FILESYSTEM_OVERHEAD: f64 = 0.06;
+
+/// One import, as requested.
+#[derive(Debug, Clone)]
+pub struct ImportRequest {
+    pub source: SourceSpec,
+    /// A `disk.img` path (created or replaced) or a block device.
+    pub target: PathBuf,
+    /// Requested volume size in bytes.
+    pub size: Option<u64>,
+    /// Fraction of a filesystem volume kept free for the filesystem; default 0.06 for file
+    /// targets and 0 for block devices.
+    pub filesystem_overhead: Option<f64>,
+    /// Expected checksum of the source bytes as downloaded (before decompression).
+    pub checksum: Option<Checksum>,
+    /// Allocate the whole target.
+    pub preallocate: bool,
+    /// Block devices: skip zeroing because the device is known to read zeroes.
+    pub assume_zeroed: bool,
+    /// Skip format detection.
+    pub format: Option<ImageFormat>,
+    pub http: HttpOptions,
+    /// Memory a streaming reader may use to hold out-of-order data before spilling to disk.
+    pub memory_budget: usize,
+}
+
+impl ImportRequest {
+    pub fn new(source: SourceSpec, target: impl Into<PathBuf>) -> Self {
+        ImportRequest {
+            source,
+            target: target.into(),
+            size: None,
+            filesystem_overhead: None,
+            checksum: None,
+            preallocate: false,
+            assume_zeroed: false,
+            format: None,
+            http: HttpOptions::default(),
+            memory_budget: ReaderOptions::default().memory_budget,
+        }
+    }
+}
+
+/// What an import did, printed by `quarry import --json`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ImportReport {
+    pub source: String,
+    pub target: String,
+    /// Layers from the outside in, e.g. `["xz", "qcow2"]`.
+    pub format_chain: Vec<String>,
+    pub format: ImageFormat,
+    pub virtual_size: u64,
+    /// Size of the result: the virtual size, or the usable size of the requested volume.
+    pub target_size: u64,
+    /// Source bytes read (as downloaded).
+    pub source_bytes: u64,
+    /// Guest data bytes handed to the target (zero runs in them are left as holes).
+    pub bytes_written: u64,
+    /// Checksum of the source bytes, `ALG:HEX`, when one was requested.
+    pub source_checksum: Option<String>,
+    pub duration_seconds: f64,
+}
+
+/// Counts and hashes the source bytes as they pass.
+struct SourceObserver {
+    hasher: Option<Hasher>,
+    progress: Arc<Progress>,
+    bytes: u64,
+}
+
+impl ChunkObserver for SourceObserver {
+    fn observe(&mut self, chunk: &[u8]) {
+        if let Some(h) = &mut self.hasher {
+            h.update(chunk);
+        }
+        self.bytes += chunk.len() as u64;
+        self.progress
+            .source_read
+            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// What the target can take.
+struct Capacity {
+    /// Guest bytes that fit.
+    limit: Option<u64>,
+    /// How `limit` was derived, for error messages.
+    detail: String,
+    is_block: bool,
+}
+
+fn capacity(req: &ImportRequest) -> Result<Capacity> {
+    let is_block = block::is_block_device(&req.target);
+    let overhead = req.filesystem_overhead.unwrap_or(if is_block {
+        0.0
+    } else {
+        DEFAULT_FILESYSTEM_OVERHEAD
+    });
+    if !(0.0..1.0).contains(&overhead) {
+        return Err(Error::InvalidInput(format!(
+            "filesystem overhead {overhead} is not a fraction in [0, 1)"
+        )));
+    }
+    if is_block {
+        let device = block::device_size(&req.target)?;
+        if let Some(size) = req.size
+            && size > device
+        {
+            return Err(Error::TooSmall {
+                needed: size,
+                available: device,
+                detail: format!(
+                    "the requested size exceeds block device {}",
+                    req.target.display()
+                ),
+            });
+        }
+        let requested = req.size.unwrap_or(device);
+        let limit = usable_space_exact(requested, overhead);
+        return Ok(Capacity {
+            limit: Some(limit),
+            detail: format!("block device {} of {device} bytes", req.target.display()),
+            is_block,
+        });
+    }
+    Ok(match req.size {
+        Some(size) => Capacity {
+            limit: Some(usable_space(size, overhead)),
+            detail: format!(
+                "requested size {size} bytes minus {}% filesystem overhead",
+                overhead * 100.0
+            ),
+            is_block,
+        },
+        None => Capacity {
+            limit: None,
+            detail: String::new(),
+            is_block,
+        },
+    })
+}
+
+/// Block devices have no filesystem to round for: only an explicit overhead applies.
+fn usable_space_exact(size: u64, overhead: f64) -> u64 {
+    if overhead == 0.0 {
+        size
+    } else {
+        usable_space(size, overhead)
+    }
+}
+
+/// Runs one import to completion. `progress` is updated as it goes.
+pub fn import(req: &ImportRequest, progress: Arc<Progress>) -> Result<ImportReport> {
+    let started = Instant::now();
+    let capacity = capacity(req)?;
+
+    let source = req.source.open(&req.http)?;
+    let info = source.info().clone();
+    progress
+        .source_length
+        .store(info.length.unwrap_or(0), Ordering::Relaxed);
+    let observer = SourceObserver {
+        hasher: req.checksum.as_ref().map(|c| c.algorithm.hasher()),
+        progress: progress.clone(),
+        bytes: 0,
+    };
+    let (raw_stream, source_stage) = pipe::spawn("source", source, observer);
+
+    let mut stages = Stages {
+        source: Some(source_stage),
+        decode: None,
+    };
+    let outcome = run(
+        req,
+        &capacity,
+        &info.length,
+        raw_stream,
+        &mut stages,
+        &progress,
+    );
+    let (reader_result, sink, chain, format) = match outcome {
+        Ok(parts) => parts,
+        Err(e) => {
+            stages.cancel();
+            return Err(e);
+        }
+    };
+    let (virtual_size, sink) = match reader_result {
+        Ok(v) => (v, sink),
+        Err(e) => {
+            stages.cancel();
+            sink.abort();
+            return Err(e);
+        }
+    };
+
+    // Every guest byte is written; let the source stage read to the end so the checksum covers it.
+    if let Some(decode) = stages.decode.take() {
+        let _ = decode.finish();
+    }
+    let observed = match stages.source.take().expect("source stage").finish() {
+        Ok(o) => o,
+        Err(e) => {
+            sink.abort();
+            return Err(Error::from_read(e, "source"));
+        }
+    };
+    let source_checksum = observed.hasher.map(Hasher::finish);
+    if let (Some(expected), Some(actual)) = (&req.checksum, &source_checksum)
+        && let Err(e) = expected.verify(actual)
+    {
+        sink.abort();
+        return Err(e);
+    }
+    if let Some(length) = info.length
+        && observed.bytes != length
+    {
+        sink.abort();
+        return Err(Error::SourceUnavailable(format!(
+            "{} announced {length} bytes but {} arrived",
+            info.name, observed.bytes
+        )));
+    }
+
+    let target_size = if capacity.is_block {
+        virtual_size
+    } else {
+        match (req.size, capacity.limit) {
+            (Some(_), Some(limit)) => limit.max(virtual_size),
+            _ => virtual_size,
+        }
+    };
+    sink.commit(target_size)?;
+    Ok(ImportReport {
+        source: info.name,
+        target: req.target.display().to_string(),
+        format_chain: chain,
+        format,
+        virtual_size,
+        target_size,
+        source_bytes: observed.bytes,
+        bytes_written: progress.data_written.load(Ordering::Relaxed),
+        source_checksum: source_checksum.map(|c| c.to_string()),
+        duration_seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+struct Stages {
+    source: Option<pipe::Stage<SourceObserver>>,
+    decode: Option<pipe::Stage<()>>,
+}
+
+impl Stages {
+    fn cancel(&mut self) {
+        if let Some(s) = self.decode.take() {
+            s.cancel();
+        }
+        if let Some(s) = self.source.take() {
+            s.cancel();
+        }
+    }
+}
+
+type RunParts = (Result<u64>, Box<dyn VolumeSink>, Vec<String>, ImageFormat);
+
+/// Builds the reader and the sink, checks the size, and streams. Errors before the sink exists
+/// come back as `Err`; errors while streaming come back inside the parts so the sink is aborted.
+fn run(
+    req: &ImportRequest,
+    capacity: &Capacity,
+    source_length: &Option<u64>,
+    raw_stream: pipe::ChannelReader,
+    stages: &mut Stages,
+    progress: &Progress,
+) -> Result<RunParts> {
+    let (decoded, layers) = decode::unwrap_layers(Box::new(raw_stream))?;
+    let format = req.format.unwrap_or_else(|| format::detect(decoded.head()));
+    let mut chain: Vec<String> = layers.iter().map(|c| c.as_str().to_string()).collect();
+    chain.push(format.as_str().to_string());
+
+    let stream: Box<dyn std::io::Read + Send> = if layers.is_empty() {
+        Box::new(decoded)
+    } else {
+        let (reader, stage) = pipe::spawn("decode", decoded, ());
+        stages.decode = Some(stage);
+        Box::new(reader)
+    };
+    let reader = open_reader(req, format, stream, &layers, *source_length)?;
+
+    let virtual_size = reader.virtual_size();
+    if let Some(v) = virtual_size {
+        progress.virtual_size.store(v, Ordering::Relaxed);
+    }
+    if let (Some(needed), Some(available)) = (virtual_size, capacity.limit)
+        && needed > available
+    {
+        return Err(Error::TooSmall {
+            needed,
+            available,
+            detail: capacity.detail.clone(),
+        });
+    }
+
+    let mut sink: Box<dyn VolumeSink> = if capacity.is_block {
+        Box::new(BlockSink::open(
+            &req.target,
+            if req.assume_zeroed {
+                ZeroMode::AssumeZeroed
+            } else {
+                ZeroMode::Explicit
+            },
+        )?)
+    } else {
+        Box::new(FileSink::create(&req.target, req.preallocate)?)
+    };
+    let result = {
+        let mut bounded = Bounded {
+            inner: sink.as_mut(),
+            limit: capacity.limit,
+            progress,
+        };
+        reader.copy_to(&mut bounded)
+    };
+    Ok((result, sink, chain, format))
+}
+
+fn open_reader(
+    req: &ImportRequest,
+    format: ImageFormat,
+    stream: Box<dyn std::io::Read + Send>,
+    layers: &[Compression],
+    source_length: Option<u64>,
+) -> Result<Box<dyn FormatReader>> {
+    let opts = ReaderOptions {
+        spill_dir: spill_dir(req),
+        memory_budget: req.memory_budget,
+    };
+    Ok(match format {
+        ImageFormat::Raw => Box::new(RawReader::new(
+            stream,
+            if layers.is_empty() {
+                source_length
+            } else {
+                None
+            },
+        )),
+        ImageFormat::Qcow2 => Box::new(Qcow2Reader::new(stream, &opts)?),
+        other => {
+            return Err(Error::Unsupported(format!(
+                "{} images are not supported yet; convert with `qemu-img convert -O qcow2` first",
+                other.as_str()
+            )));
+        }
+    })
+}
+
+/// Spill files live beside a file target (on the volume being filled), or in the temp directory
+/// for block devices.
+fn spill_dir(req: &ImportRequest) -> PathBuf {
+    match req.target.parent() {
+        Some(p) if !p.as_os_str().is_empty() && !block::is_block_device(&req.target) => {
+            p.to_path_buf()
+        }
+        Some(p) if p.as_os_str().is_empty() => PathBuf::from("."),
+        _ => std::env::temp_dir(),
+    }
+}

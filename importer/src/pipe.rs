@@ -1,0 +1,196 @@
+//! Pipeline stages: a thread that reads one stream and hands its bytes, in bounded chunks, to the
+//! next stage through a bounded channel. Memory between two stages is at most
+//! `depth * chunk_size`, whatever the image size.
+
+use std::io::{self, Read};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::{self, JoinHandle};
+
+/// Chunk size handed between stages.
+pub const CHUNK_SIZE: usize = 1 << 20;
+/// Chunks in flight between two stages.
+pub const DEPTH: usize = 4;
+
+type Chunk = io::Result<Vec<u8>>;
+
+/// The receiving end of a stage: a blocking [`Read`].
+pub struct ChannelReader {
+    rx: Receiver<Chunk>,
+    current: Vec<u8>,
+    pos: usize,
+    done: bool,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.pos == self.current.len() {
+            if self.done {
+                return Ok(0);
+            }
+            match self.rx.recv() {
+                Ok(Ok(chunk)) => {
+                    self.current = chunk;
+                    self.pos = 0;
+                }
+                Ok(Err(e)) => {
+                    self.done = true;
+                    return Err(e);
+                }
+                // The stage ended without an error: end of stream.
+                Err(_) => {
+                    self.done = true;
+                    return Ok(0);
+                }
+            }
+        }
+        let n = buf.len().min(self.current.len() - self.pos);
+        buf[..n].copy_from_slice(&self.current[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// What a stage does with each chunk besides passing it on (hashing, counting progress).
+pub trait ChunkObserver: Send + 'static {
+    fn observe(&mut self, chunk: &[u8]);
+}
+
+impl ChunkObserver for () {
+    fn observe(&mut self, _: &[u8]) {}
+}
+
+/// A running stage; `finish` joins it and returns its observer.
+pub struct Stage<O> {
+    handle: JoinHandle<io::Result<O>>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl<O> Stage<O> {
+    /// Joins the stage. A stage whose consumer stopped early reads its input to the end first
+    /// (so the observer saw every byte) unless [`Stage::cancel`] was called.
+    pub fn finish(self) -> io::Result<O> {
+        self.handle
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("pipeline stage panicked")))
+    }
+
+    /// Stops the stage at its next chunk, without waiting: its input may be blocked (stdin,
+    /// a stalled connection) and the import has already failed.
+    pub fn cancel(self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Starts a thread that reads `input` in chunks, shows each to `observer`, and sends it on.
+pub fn spawn<R, O>(name: &str, mut input: R, mut observer: O) -> (ChannelReader, Stage<O>)
+where
+    R: Read + Send + 'static,
+    O: ChunkObserver,
+{
+    let (tx, rx) = sync_channel::<Chunk>(DEPTH);
+    let cancel = Arc::new(AtomicBool::new(false));
+    let stop = cancel.clone();
+    let handle = thread::Builder::new()
+        .name(format!("quarry-{name}"))
+        .spawn(move || {
+            let mut tx: Option<SyncSender<Chunk>> = Some(tx);
+            loop {
+                if stop.load(Ordering::Relaxed) {
+                    return Err(io::Error::other("stage cancelled"));
+                }
+                let mut chunk = vec![0u8; CHUNK_SIZE];
+                let n = match read_full(&mut input, &mut chunk) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        let copy = io::Error::new(e.kind(), e.to_string());
+                        if let Some(tx) = tx.take() {
+                            let _ = tx.send(Err(e));
+                            return Err(copy);
+                        }
+                        return Err(e);
+                    }
+                };
+                if n == 0 {
+                    return Ok(observer);
+                }
+                chunk.truncate(n);
+                observer.observe(&chunk);
+                if let Some(sender) = &tx
+                    && sender.send(Ok(chunk)).is_err()
+                {
+                    // The consumer is done: keep reading so the observer sees every byte.
+                    tx = None;
+                }
+            }
+        })
+        .expect("spawning a pipeline thread");
+    let reader = ChannelReader {
+        rx,
+        current: Vec::new(),
+        pos: 0,
+        done: false,
+    };
+    (reader, Stage { handle, cancel })
+}
+
+/// Reads until `buf` is full or the stream ends.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match r.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Count(u64);
+    impl ChunkObserver for Count {
+        fn observe(&mut self, chunk: &[u8]) {
+            self.0 += chunk.len() as u64;
+        }
+    }
+
+    #[test]
+    fn passes_every_byte_in_order() {
+        let data: Vec<u8> = (0..3 * CHUNK_SIZE + 17).map(|i| (i % 251) as u8).collect();
+        let (mut rx, stage) = spawn("t", io::Cursor::new(data.clone()), Count(0));
+        let mut out = Vec::new();
+        rx.read_to_end(&mut out).unwrap();
+        assert_eq!(out, data);
+        assert_eq!(stage.finish().unwrap().0, data.len() as u64);
+    }
+
+    #[test]
+    fn observer_sees_everything_even_when_the_consumer_stops_early() {
+        let data = vec![7u8; 10 * CHUNK_SIZE];
+        let (mut rx, stage) = spawn("t", io::Cursor::new(data), Count(0));
+        let mut first = [0u8; 10];
+        rx.read_exact(&mut first).unwrap();
+        drop(rx);
+        assert_eq!(stage.finish().unwrap().0, 10 * CHUNK_SIZE as u64);
+    }
+
+    #[test]
+    fn errors_reach_the_consumer() {
+        struct Failing;
+        impl Read for Failing {
+            fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+                Err(io::Error::new(io::ErrorKind::ConnectionReset, "boom"))
+            }
+        }
+        let (mut rx, stage) = spawn("t", Failing, ());
+        let err = rx.read(&mut [0u8; 4]).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
+        assert!(stage.finish().is_err());
+    }
+}
