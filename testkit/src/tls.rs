@@ -1,1 +1,174 @@
-//! A throw-away test CA and server certificate made with openssl. In progress.
+//! A throw-away test CA and a server certificate for `127.0.0.1` / `localhost`, made with the
+//! `openssl` CLI into a temporary directory that lives as long as the [`TestCa`].
+//!
+//! Keys are ECDSA P-256 (fast to generate, accepted by rustls/webpki and nginx). The server
+//! certificate carries `subjectAltName = IP:127.0.0.1, DNS:localhost` and `extendedKeyUsage =
+//! serverAuth`; both certificates are valid for two days.
+//!
+//! Tests must pass [`TestCa::ca_pem`] to the client explicitly: the machines export
+//! `SSL_CERT_FILE` and friends, which must not be relied on (nor polluted).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tempfile::TempDir;
+
+/// A test CA plus one server certificate signed by it.
+pub struct TestCa {
+    dir: TempDir,
+}
+
+impl TestCa {
+    /// Makes a fresh CA and server certificate. Panics with a clear message when `openssl` is
+    /// missing or fails.
+    pub fn new() -> TestCa {
+        let dir = tempfile::Builder::new()
+            .prefix("testkit-ca-")
+            .tempdir()
+            .expect("creating a temp dir for the test CA");
+        let d = dir.path();
+        std::fs::write(
+            d.join("server.ext"),
+            "subjectAltName = IP:127.0.0.1, DNS:localhost\n\
+             basicConstraints = critical, CA:FALSE\n\
+             keyUsage = critical, digitalSignature, keyEncipherment\n\
+             extendedKeyUsage = serverAuth\n\
+             subjectKeyIdentifier = hash\n\
+             authorityKeyIdentifier = keyid\n",
+        )
+        .expect("writing server.ext");
+        openssl(
+            d,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=Quarry testkit CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        );
+        openssl(
+            d,
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                "key.pem",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=localhost",
+            ],
+        );
+        openssl(
+            d,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "cert.pem",
+                "-days",
+                "2",
+                "-extfile",
+                "server.ext",
+            ],
+        );
+        TestCa { dir }
+    }
+
+    /// The CA certificate (PEM): what a client must trust.
+    pub fn ca_pem(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// The server certificate (PEM) for `127.0.0.1` and `localhost`, signed by the CA.
+    pub fn cert_pem(&self) -> PathBuf {
+        self.dir.path().join("cert.pem")
+    }
+
+    /// The server certificate's private key (PEM, unencrypted).
+    pub fn key_pem(&self) -> PathBuf {
+        self.dir.path().join("key.pem")
+    }
+
+    /// The directory holding all of the above.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Default for TestCa {
+    fn default() -> Self {
+        TestCa::new()
+    }
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("testkit: cannot run `openssl` ({e}); install it (Debian package `openssl`)")
+        });
+    assert!(
+        out.status.success(),
+        "testkit: `openssl {}` failed: {}\n{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn makes_a_ca_and_a_server_cert_that_verifies_against_it() {
+        let ca = TestCa::new();
+        for p in [ca.ca_pem(), ca.cert_pem(), ca.key_pem()] {
+            assert!(p.is_file(), "{} missing", p.display());
+        }
+        let out = Command::new("openssl")
+            .arg("verify")
+            .arg("-CAfile")
+            .arg(ca.ca_pem())
+            .arg("-verify_ip")
+            .arg("127.0.0.1")
+            .arg(ca.cert_pem())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -1,22 +1,100 @@
-//! HTTP(S) source: placeholder until the resuming source lands.
+//! HTTP(S) byte source with bounded retries and resume.
+//!
+//! # Threads and memory
+//!
+//! Each [`HttpSource`] owns a small tokio runtime (current-thread) on a background thread named
+//! `quarry-http`. That thread does the whole transfer: the first `GET` (which [`HttpSource::open`]
+//! waits for, so a 404 or a bad certificate fails `open` at once), then streams the body into a
+//! bounded channel of [`HttpOptions::chunk_depth`] chunks. [`Read`] on the other side blocks on
+//! that channel. Memory is bounded by `chunk_depth` × the largest chunk hyper hands out (its read
+//! buffer, at most ~400 KiB; TLS records make most chunks 16 KiB). A runtime per source keeps the
+//! source independent of whatever runtime (or none) the caller has, and a slow consumer only
+//! blocks its own transfer. `Read` blocks the calling thread (parking it until the next chunk):
+//! call it from a plain thread, as the pipeline does, not from an async task.
+//! Dropping the source closes the channel; the background task notices at once (even while
+//! waiting for the network or backing off) and ends.
+//!
+//! # Retries and resume
+//!
+//! - 404/401/403 (every 4xx except 408 and 429) and TLS verification failures are
+//!   [`Error::SourceRejected`], never retried.
+//! - Connection errors, timeouts, 408/429/5xx and bodies that break mid-way (reset, error, no
+//!   byte for [`HttpOptions::idle_timeout`], a clean close before `Content-Length`) are retried
+//!   with exponential back-off (`retry_backoff`, doubling, capped at 30 s; a `Retry-After` in
+//!   seconds is honoured as a lower bound, capped at 60 s). After `max_retries` retries in a row
+//!   the transfer fails with [`Error::SourceUnavailable`]. An attempt that passed at least 1 MiB
+//!   of new bytes downstream resets the count, so a long download over a flaky link keeps going
+//!   while a server that makes no progress is given up on.
+//! - Once bytes have been passed downstream, a retry asks for `Range: bytes=N-` with `If-Range`
+//!   (the strong ETag, else Last-Modified, else none: weak ETags are not allowed in `If-Range`).
+//!   - 206 with `Content-Range: bytes N-…/total` matching what we know: continue from N.
+//!   - 200 (the server ignored the range, or `If-Range` did not match): if the validators
+//!     (ETag, weakly compared; Last-Modified; length) that both responses carry are unchanged,
+//!     re-read from 0 and discard the first N bytes; if any changed, fail with
+//!     `SourceUnavailable` "source changed during download" (bytes already passed on cannot be
+//!     taken back; the importer retries the whole import).
+//!   - A 206 whose Content-Range starts elsewhere, whose total or Content-Length disagrees, or
+//!     that names a different entity is an error.
+//!
+//! # Length checks
+//!
+//! The bytes delivered must equal the `Content-Length` of the first response when it had one: a
+//! short body is resumed and fails after the retries, never accepted. The end-of-stream marker is
+//! sent only after that check, so a `Read` that returns 0 means "complete". A body *longer* than
+//! its Content-Length cannot be seen over HTTP/1.1: hyper stops reading at Content-Length (the
+//! extra bytes would be the start of the next response; each transfer uses its connection for one
+//! response, so they are simply dropped), and over HTTP/2 h2 reports a protocol error, which is
+//! retried. What can be detected is: a 206 whose total differs from the known length, a restarted
+//! 200 whose Content-Length differs, and a chunked body that runs past the known length.
+//! Without any Content-Length (chunked from the start) a clean end of the chunked encoding is
+//! taken as complete.
+//!
+//! # Redirects, credentials, proxies
+//!
+//! Up to 10 redirects are followed. reqwest drops `Authorization` (basic or from extra headers),
+//! `Cookie` and `Proxy-Authorization` when a redirect changes scheme, host or port; other extra
+//! headers are forwarded (as Go's net/http, and so CDI, does). Resumed requests start again from
+//! the original URL, so credentials never go to a redirect target that did not get them first.
+//! No `Referer` is sent. Credentials in the URL (`http://user:pass@host/`) become basic auth
+//! unless [`HttpOptions::basic_auth`] is set. `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` and
+//! `NO_PROXY` (and their lower-case forms) are honoured by reqwest.
 
 use std::io::{self, Read};
 use std::path::PathBuf;
+use std::sync::{Arc, Once};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use crate::error::{Error, Result};
-use crate::source::{ByteSource, SourceInfo};
+use bytes::{Buf, Bytes};
+use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Client, Response, StatusCode, Url};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
 
+use crate::source::{ByteSource, SourceInfo};
+use crate::{Error, ErrorKind, Result};
+
+/// How an [`HttpSource`] connects and how hard it tries.
 #[derive(Debug, Clone)]
 pub struct HttpOptions {
+    /// Extra trusted CA certificates (PEM files, each may hold several). They are trusted in
+    /// addition to the platform's roots.
     pub ca_certs: Vec<PathBuf>,
+    /// Skip TLS certificate verification entirely.
     pub insecure: bool,
+    /// Extra request headers (CDI `extraHeaders` / `secretExtraHeaders`).
     pub headers: Vec<(String, String)>,
+    /// HTTP basic authentication `(user, password)`.
     pub basic_auth: Option<(String, String)>,
+    /// Time allowed for the TCP (and TLS) connection.
     pub connect_timeout: Duration,
+    /// No response headers, or no body byte, for this long fails the attempt.
     pub idle_timeout: Duration,
+    /// Retries of one transfer in a row without progress (see the module docs).
     pub max_retries: u32,
+    /// First back-off between attempts; doubles on each retry, capped at 30 s.
     pub retry_backoff: Duration,
+    /// Chunks buffered between the network task and the reader.
     pub chunk_depth: usize,
 }
 
@@ -31,29 +109,781 @@ impl Default for HttpOptions {
             idle_timeout: Duration::from_secs(60),
             max_retries: 5,
             retry_backoff: Duration::from_secs(1),
-            chunk_depth: 8,
+            chunk_depth: 32,
         }
     }
 }
 
+const MAX_REDIRECTS: usize = 10;
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// An attempt that delivered at least this many new bytes resets the retry count.
+const PROGRESS_RESETS_RETRIES: u64 = 1 << 20;
+
+/// Installs rustls' ring crypto provider as the process default, once. Safe to call often; an
+/// already installed provider is kept.
+pub fn install_tls_provider() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// An image streamed over HTTP(S). See the module docs.
 pub struct HttpSource {
     info: SourceInfo,
+    rx: mpsc::Receiver<Msg>,
+    current: Bytes,
+    state: ReadState,
+}
+
+enum ReadState {
+    Open,
+    Done,
+    Failed(ErrorKind, String),
+}
+
+enum Msg {
+    Data(Bytes),
+    /// The body is complete and its length checked.
+    End,
+    Failed(Error),
 }
 
 impl HttpSource {
-    pub fn open(_url: &str, _opts: &HttpOptions) -> Result<Self> {
-        Err(Error::Unsupported("HTTP source not built yet".into()))
+    /// Starts the transfer and waits for the first response's headers.
+    pub fn open(url: &str, opts: &HttpOptions) -> Result<Self> {
+        install_tls_provider();
+        let mut url = Url::parse(url)
+            .map_err(|e| Error::InvalidInput(format!("invalid URL {url:?}: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(Error::InvalidInput(format!(
+                "unsupported URL scheme {:?} (expected http or https)",
+                url.scheme()
+            )));
+        }
+        let mut auth = opts.basic_auth.clone();
+        if !url.username().is_empty() || url.password().is_some() {
+            let user = percent_decode(url.username());
+            let pass = percent_decode(url.password().unwrap_or(""));
+            auth.get_or_insert((user, pass));
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+        }
+        let name = url.to_string();
+
+        let mut headers = HeaderMap::new();
+        for (k, v) in &opts.headers {
+            let hn = HeaderName::from_bytes(k.as_bytes())
+                .map_err(|e| Error::InvalidInput(format!("invalid header name {k:?}: {e}")))?;
+            let hv = HeaderValue::from_str(v)
+                .map_err(|e| Error::InvalidInput(format!("invalid value for header {k}: {e}")))?;
+            headers.append(hn, hv);
+        }
+
+        let client = build_client(opts)?;
+        let (tx, rx) = mpsc::channel(opts.chunk_depth.max(1));
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+        let transfer = Transfer {
+            client,
+            url,
+            name: name.clone(),
+            headers,
+            auth,
+            connect_timeout: opts.connect_timeout,
+            idle_timeout: opts.idle_timeout,
+            max_retries: opts.max_retries,
+            retry_backoff: opts.retry_backoff,
+            tx,
+            etag: None,
+            last_modified: None,
+            length: None,
+            seen_entity: false,
+            delivered: 0,
+        };
+        std::thread::Builder::new()
+            .name("quarry-http".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(Error::io("starting the HTTP runtime", e)));
+                        return;
+                    }
+                };
+                rt.block_on(transfer.run(ready_tx));
+            })
+            .map_err(|e| Error::io("spawning the HTTP thread", e))?;
+        let info = ready_rx.recv().map_err(|_| {
+            Error::SourceUnavailable(format!("{name}: the HTTP task ended without an answer"))
+        })??;
+        Ok(HttpSource {
+            info,
+            rx,
+            current: Bytes::new(),
+            state: ReadState::Open,
+        })
     }
 }
 
 impl Read for HttpSource {
-    fn read(&mut self, _buf: &mut [u8]) -> io::Result<usize> {
-        Ok(0)
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            if !self.current.is_empty() {
+                let n = buf.len().min(self.current.len());
+                buf[..n].copy_from_slice(&self.current[..n]);
+                self.current.advance(n);
+                return Ok(n);
+            }
+            match &self.state {
+                ReadState::Open => {}
+                ReadState::Done => return Ok(0),
+                ReadState::Failed(kind, msg) => {
+                    let msg = format!("{msg} (already reported)");
+                    let e = match kind {
+                        ErrorKind::SourceRejected => Error::SourceRejected(msg),
+                        _ => Error::SourceUnavailable(msg),
+                    };
+                    return Err(e.into_io());
+                }
+            }
+            match block_on(self.rx.recv()) {
+                Some(Msg::Data(b)) => self.current = b,
+                Some(Msg::End) => self.state = ReadState::Done,
+                Some(Msg::Failed(e)) => {
+                    self.state = ReadState::Failed(e.kind(), e.to_string());
+                    return Err(e.into_io());
+                }
+                None => {
+                    let e = Error::SourceUnavailable(format!(
+                        "{}: the HTTP task ended before the body was complete",
+                        self.info.name
+                    ));
+                    self.state = ReadState::Failed(e.kind(), e.to_string());
+                    return Err(e.into_io());
+                }
+            }
+        }
     }
 }
 
 impl ByteSource for HttpSource {
     fn info(&self) -> &SourceInfo {
         &self.info
+    }
+}
+
+/// Polls `fut` to completion on the calling thread, parking it in between. Unlike tokio's
+/// `blocking_recv` this does not panic when the caller happens to be inside a runtime.
+fn block_on<F: Future>(fut: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+fn build_client(opts: &HttpOptions) -> Result<Client> {
+    let mut b = Client::builder()
+        .connect_timeout(opts.connect_timeout)
+        .redirect(reqwest::redirect::Policy::limited(MAX_REDIRECTS))
+        .referer(false)
+        .tcp_keepalive(Duration::from_secs(30))
+        .user_agent(concat!("quarry-importer/", env!("CARGO_PKG_VERSION")));
+    if opts.insecure {
+        b = b.tls_danger_accept_invalid_certs(true);
+    }
+    let mut certs = Vec::new();
+    for path in &opts.ca_certs {
+        let pem = std::fs::read(path)
+            .map_err(|e| Error::io(format!("reading CA certificates {}", path.display()), e))?;
+        let found = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+            Error::InvalidInput(format!("bad CA certificate file {}: {e}", path.display()))
+        })?;
+        if found.is_empty() {
+            return Err(Error::InvalidInput(format!(
+                "no PEM certificate in {}",
+                path.display()
+            )));
+        }
+        certs.extend(found);
+    }
+    if !certs.is_empty() {
+        b = b.tls_certs_merge(certs);
+    }
+    b.build()
+        .map_err(|e| Error::InvalidInput(format!("configuring the HTTP client: {}", chain(&e))))
+}
+
+/// Why an attempt ended.
+enum Failure {
+    /// Transient: try again (after a back-off, at least `retry_after`).
+    Retry {
+        cause: String,
+        retry_after: Option<Duration>,
+    },
+    /// Definitive.
+    Fatal(Error),
+    /// The reader is gone: stop quietly.
+    Closed,
+}
+
+fn retry(cause: impl Into<String>) -> Failure {
+    Failure::Retry {
+        cause: cause.into(),
+        retry_after: None,
+    }
+}
+
+/// One response to stream: entity bytes `[start, end)` (end unknown when chunked).
+struct Body {
+    resp: Response,
+    start: u64,
+    end: Option<u64>,
+}
+
+/// The state of one transfer, owned by the background task.
+struct Transfer {
+    client: Client,
+    url: Url,
+    name: String,
+    headers: HeaderMap,
+    auth: Option<(String, String)>,
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+    max_retries: u32,
+    retry_backoff: Duration,
+    tx: mpsc::Sender<Msg>,
+    // What the first response told us about the entity.
+    etag: Option<String>,
+    last_modified: Option<String>,
+    length: Option<u64>,
+    seen_entity: bool,
+    /// Bytes passed downstream so far (= the entity offset to continue from).
+    delivered: u64,
+}
+
+impl Transfer {
+    async fn run(mut self, ready: std::sync::mpsc::SyncSender<Result<SourceInfo>>) {
+        let mut ready = Some(ready);
+        let mut failures = 0u32;
+        loop {
+            let before = self.delivered;
+            let outcome = match self.fetch().await {
+                Ok(body) => {
+                    if let Some(r) = ready.take() {
+                        let info = SourceInfo {
+                            name: self.name.clone(),
+                            length: self.length,
+                        };
+                        if r.send(Ok(info)).is_err() {
+                            return;
+                        }
+                    }
+                    self.pump(body).await
+                }
+                Err(f) => Err(f),
+            };
+            let (cause, retry_after) = match outcome {
+                Ok(()) => match self.length {
+                    // A 206 that covered less than asked for: ask for the rest right away.
+                    Some(len) if self.delivered < len => {
+                        debug!(source = %self.name, offset = self.delivered, "partial range complete; asking for the rest");
+                        continue;
+                    }
+                    _ => {
+                        let _ = self.tx.send(Msg::End).await;
+                        return;
+                    }
+                },
+                Err(Failure::Closed) => return,
+                Err(Failure::Fatal(e)) => return self.fail(ready, e).await,
+                Err(Failure::Retry { cause, retry_after }) => (cause, retry_after),
+            };
+            if self.delivered - before >= PROGRESS_RESETS_RETRIES {
+                failures = 0;
+            }
+            failures += 1;
+            if failures > self.max_retries {
+                let got = match self.length {
+                    Some(len) => format!("{} of {len} bytes received", self.delivered),
+                    None => format!("{} bytes received", self.delivered),
+                };
+                let e = Error::SourceUnavailable(format!(
+                    "{}: giving up after {failures} attempts ({got}): {cause}",
+                    self.name
+                ));
+                return self.fail(ready, e).await;
+            }
+            let backoff = self
+                .retry_backoff
+                .saturating_mul(1u32 << (failures - 1).min(16))
+                .min(MAX_BACKOFF);
+            let delay = backoff.max(retry_after.unwrap_or_default());
+            warn!(
+                source = %self.name,
+                offset = self.delivered,
+                attempt = failures,
+                max_retries = self.max_retries,
+                delay_ms = delay.as_millis() as u64,
+                cause = %cause,
+                "HTTP transfer interrupted; {}",
+                if self.delivered > 0 { "resuming with a range request" } else { "retrying" }
+            );
+            tokio::select! {
+                _ = self.tx.closed() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+
+    async fn fail(&self, ready: Option<std::sync::mpsc::SyncSender<Result<SourceInfo>>>, e: Error) {
+        match ready {
+            Some(r) => {
+                let _ = r.send(Err(e));
+            }
+            None => {
+                let _ = self.tx.send(Msg::Failed(e)).await;
+            }
+        }
+    }
+
+    /// The `If-Range` validator: a strong ETag, else Last-Modified, else none.
+    fn if_range(&self) -> Option<&str> {
+        match &self.etag {
+            Some(e) if !e.starts_with("W/") => Some(e),
+            _ => self.last_modified.as_deref(),
+        }
+    }
+
+    /// Sends one request (ranged when bytes were already delivered) and checks its answer.
+    async fn fetch(&mut self) -> Result<Body, Failure> {
+        let offset = self.delivered;
+        let mut rb = self
+            .client
+            .get(self.url.clone())
+            .headers(self.headers.clone());
+        if let Some((user, pass)) = &self.auth {
+            rb = rb.basic_auth(user, Some(pass));
+        }
+        if offset > 0 {
+            rb = rb.header(header::RANGE, format!("bytes={offset}-"));
+            if let Some(v) = self.if_range() {
+                rb = rb.header(header::IF_RANGE, v);
+            }
+        }
+        let limit = self.connect_timeout + self.idle_timeout;
+        let resp = tokio::select! {
+            _ = self.tx.closed() => return Err(Failure::Closed),
+            r = tokio::time::timeout(limit, rb.send()) => match r {
+                Err(_) => return Err(retry(format!("no response within {limit:?}"))),
+                Ok(Err(e)) => return Err(self.classify(e)),
+                Ok(Ok(resp)) => resp,
+            },
+        };
+
+        let status = resp.status();
+        let where_ = if resp.url().as_str() == self.name {
+            self.name.clone()
+        } else {
+            format!(
+                "{} (redirected to {})",
+                self.name,
+                strip_userinfo(resp.url())
+            )
+        };
+        if status == StatusCode::PARTIAL_CONTENT {
+            return self.check_partial(resp, offset, &where_);
+        }
+        if status.is_success() {
+            let cl = content_length(&resp);
+            if !self.seen_entity {
+                self.seen_entity = true;
+                self.etag = header_str(&resp, header::ETAG);
+                self.last_modified = header_str(&resp, header::LAST_MODIFIED);
+                self.length = cl;
+            } else if let Err(what) = self.same_entity(&resp, true) {
+                return Err(Failure::Fatal(self.changed(&what)));
+            } else if offset > 0 {
+                warn!(
+                    source = %self.name,
+                    offset,
+                    "server answered the range request with the whole body; re-reading from the start and discarding {offset} bytes"
+                );
+            }
+            return Ok(Body {
+                end: cl,
+                resp,
+                start: 0,
+            });
+        }
+        let retry_after = resp
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER));
+        let cause = format!("GET {where_} answered {status}");
+        if status == StatusCode::REQUEST_TIMEOUT
+            || status == StatusCode::TOO_MANY_REQUESTS
+            || status.is_server_error()
+        {
+            return Err(Failure::Retry { cause, retry_after });
+        }
+        Err(Failure::Fatal(Error::SourceRejected(cause)))
+    }
+
+    /// Validates a 206 answer to `Range: bytes=offset-`.
+    fn check_partial(
+        &mut self,
+        resp: Response,
+        offset: u64,
+        where_: &str,
+    ) -> Result<Body, Failure> {
+        let bad =
+            |msg: String| Failure::Fatal(Error::SourceUnavailable(format!("{where_}: {msg}")));
+        let cr = header_str(&resp, header::CONTENT_RANGE).ok_or_else(|| {
+            bad("206 Partial Content without a single-range Content-Range".into())
+        })?;
+        let (first, last, total) = parse_content_range(&cr)
+            .ok_or_else(|| bad(format!("unusable Content-Range {cr:?}")))?;
+        if first != offset {
+            return Err(bad(format!(
+                "asked for bytes from {offset}, got Content-Range {cr:?}"
+            )));
+        }
+        if let (Some(len), Some(total)) = (self.length, total)
+            && len != total
+        {
+            return Err(Failure::Fatal(self.changed(&format!(
+                "length {len} became {total} (Content-Range {cr:?})"
+            ))));
+        }
+        if self.length.is_none() {
+            self.length = total;
+        }
+        let end = last + 1;
+        if let Some(len) = self.length
+            && end > len
+        {
+            return Err(bad(format!(
+                "Content-Range {cr:?} runs past the length {len}"
+            )));
+        }
+        if let Some(cl) = content_length(&resp)
+            && cl != end - first
+        {
+            return Err(bad(format!(
+                "Content-Length {cl} disagrees with Content-Range {cr:?}"
+            )));
+        }
+        if !self.seen_entity {
+            self.seen_entity = true;
+            self.etag = header_str(&resp, header::ETAG);
+            self.last_modified = header_str(&resp, header::LAST_MODIFIED);
+        } else if let Err(what) = self.same_entity(&resp, false) {
+            return Err(Failure::Fatal(self.changed(&what)));
+        }
+        if offset > 0 {
+            debug!(source = %self.name, offset, "resuming with 206 {cr}");
+        }
+        Ok(Body {
+            resp,
+            start: first,
+            end: Some(end),
+        })
+    }
+
+    /// Compares the validators both responses carry. `Err` names what changed.
+    fn same_entity(&self, resp: &Response, full: bool) -> Result<(), String> {
+        if let (Some(a), Some(b)) = (&self.etag, header_str(resp, header::ETAG))
+            && opaque_tag(a) != opaque_tag(&b)
+        {
+            return Err(format!("ETag {a} became {b}"));
+        }
+        if let (Some(a), Some(b)) = (&self.last_modified, header_str(resp, header::LAST_MODIFIED))
+            && *a != b
+        {
+            return Err(format!("Last-Modified {a} became {b}"));
+        }
+        if full
+            && let (Some(a), Some(b)) = (self.length, content_length(resp))
+            && a != b
+        {
+            return Err(format!("length {a} became {b}"));
+        }
+        Ok(())
+    }
+
+    fn changed(&self, what: &str) -> Error {
+        Error::SourceUnavailable(format!(
+            "{}: source changed during download ({what}); {} bytes were already passed on",
+            self.name, self.delivered
+        ))
+    }
+
+    fn classify(&self, e: reqwest::Error) -> Failure {
+        let e = e.without_url();
+        let msg = chain(&e);
+        if let Some(tls) = find_rustls_error(&e) {
+            let hint = match tls {
+                rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => {
+                    " (the server certificate is not trusted: give its CA, or allow insecure)"
+                }
+                _ => "",
+            };
+            return Failure::Fatal(Error::SourceRejected(format!(
+                "{}: TLS verification failed: {tls}{hint}",
+                self.name
+            )));
+        }
+        if e.is_redirect() {
+            return Failure::Fatal(Error::SourceRejected(format!("{}: {msg}", self.name)));
+        }
+        if e.is_builder() {
+            return Failure::Fatal(Error::InvalidInput(format!("{}: {msg}", self.name)));
+        }
+        retry(format!("GET {}: {msg}", self.name))
+    }
+
+    /// Streams one response downstream, discarding bytes already delivered.
+    async fn pump(&mut self, body: Body) -> Result<(), Failure> {
+        let Body {
+            mut resp,
+            start,
+            end,
+        } = body;
+        let mut pos = start;
+        loop {
+            let next = tokio::select! {
+                _ = self.tx.closed() => return Err(Failure::Closed),
+                r = tokio::time::timeout(self.idle_timeout, resp.chunk()) => r,
+            };
+            let mut chunk = match next {
+                Err(_) => {
+                    return Err(retry(format!(
+                        "no data for {:?} at byte {pos}",
+                        self.idle_timeout
+                    )));
+                }
+                Ok(Err(e)) => {
+                    return Err(retry(format!(
+                        "body broke at byte {pos}: {}",
+                        chain(&e.without_url())
+                    )));
+                }
+                Ok(Ok(None)) => break,
+                Ok(Ok(Some(c))) => c,
+            };
+            let chunk_start = pos;
+            pos += chunk.len() as u64;
+            if let Some(len) = self.length
+                && pos > len
+            {
+                return Err(Failure::Fatal(Error::SourceUnavailable(format!(
+                    "{}: the body runs past its announced length of {len} bytes",
+                    self.name
+                ))));
+            }
+            if pos <= self.delivered {
+                continue;
+            }
+            if chunk_start < self.delivered {
+                chunk.advance((self.delivered - chunk_start) as usize);
+            }
+            self.delivered = pos;
+            if self.tx.send(Msg::Data(chunk)).await.is_err() {
+                return Err(Failure::Closed);
+            }
+        }
+        let expected = end.or(self.length);
+        if let Some(expected) = expected
+            && pos < expected
+        {
+            return Err(retry(format!(
+                "the body ended early at byte {pos} of {expected}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn header_str(resp: &Response, name: HeaderName) -> Option<String> {
+    resp.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.trim().to_string())
+}
+
+fn content_length(resp: &Response) -> Option<u64> {
+    header_str(resp, header::CONTENT_LENGTH).and_then(|v| v.parse().ok())
+}
+
+/// The opaque part of an entity tag (weak comparison).
+fn opaque_tag(tag: &str) -> &str {
+    tag.strip_prefix("W/").unwrap_or(tag)
+}
+
+/// `bytes FIRST-LAST/TOTAL` (TOTAL may be `*`).
+fn parse_content_range(v: &str) -> Option<(u64, u64, Option<u64>)> {
+    let rest = v.trim().strip_prefix("bytes")?.trim_start();
+    let (range, total) = rest.split_once('/')?;
+    let (first, last) = range.trim().split_once('-')?;
+    let first: u64 = first.trim().parse().ok()?;
+    let last: u64 = last.trim().parse().ok()?;
+    if last < first {
+        return None;
+    }
+    let total = match total.trim() {
+        "*" => None,
+        t => {
+            let t: u64 = t.parse().ok()?;
+            if last >= t {
+                return None;
+            }
+            Some(t)
+        }
+    };
+    Some((first, last, total))
+}
+
+fn strip_userinfo(url: &Url) -> String {
+    let mut u = url.clone();
+    let _ = u.set_username("");
+    let _ = u.set_password(None);
+    u.to_string()
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let (Some(h), Some(l)) = (hex_val(b[i + 1]), hex_val(b[i + 2]))
+        {
+            out.push(h << 4 | l);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn hex_val(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// The error and its sources, joined with ": ".
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+/// A rustls error somewhere in the chain (io::Error hides its inner error from `source()`).
+fn find_rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut cur: Option<&'a (dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(r) = c.downcast_ref::<rustls::Error>() {
+            return Some(r);
+        }
+        if let Some(io) = c.downcast_ref::<io::Error>()
+            && let Some(inner) = io.get_ref()
+        {
+            if let Some(r) = inner.downcast_ref::<rustls::Error>() {
+                return Some(r);
+            }
+            if let Some(r) = find_rustls_error(inner) {
+                return Some(r);
+            }
+        }
+        cur = c.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_range_parsing() {
+        assert_eq!(parse_content_range("bytes 5-9/10"), Some((5, 9, Some(10))));
+        assert_eq!(parse_content_range("bytes 5-9/*"), Some((5, 9, None)));
+        assert_eq!(parse_content_range("bytes 5-9/9"), None);
+        assert_eq!(parse_content_range("bytes 9-5/10"), None);
+        assert_eq!(parse_content_range("bytes */10"), None);
+        assert_eq!(parse_content_range("items 1-2/3"), None);
+    }
+
+    #[test]
+    fn weak_etags_compare_weakly_and_are_not_used_for_if_range() {
+        assert_eq!(opaque_tag("W/\"a\""), opaque_tag("\"a\""));
+        install_tls_provider();
+        let (tx, _rx) = mpsc::channel(1);
+        let mut t = Transfer {
+            client: Client::new(),
+            url: Url::parse("http://x/").unwrap(),
+            name: "http://x/".into(),
+            headers: HeaderMap::new(),
+            auth: None,
+            connect_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(1),
+            max_retries: 0,
+            retry_backoff: Duration::from_millis(1),
+            tx,
+            etag: Some("W/\"a\"".into()),
+            last_modified: Some("Tue, 03 Nov 2026 10:00:00 GMT".into()),
+            length: None,
+            seen_entity: true,
+            delivered: 0,
+        };
+        assert_eq!(t.if_range(), Some("Tue, 03 Nov 2026 10:00:00 GMT"));
+        t.last_modified = None;
+        assert_eq!(t.if_range(), None);
+        t.etag = Some("\"b\"".into());
+        assert_eq!(t.if_range(), Some("\"b\""));
+    }
+
+    #[test]
+    fn userinfo_is_percent_decoded() {
+        assert_eq!(percent_decode("a%40b%3Ac"), "a@b:c");
+        assert_eq!(percent_decode("100%"), "100%");
     }
 }

@@ -4,6 +4,8 @@
 //! plus what is known about it up front. Errors that cross the `Read` boundary carry a
 //! [`crate::Error`] inside the `io::Error` (see [`crate::Error::into_io`]) so their kind survives.
 
+pub mod http;
+
 use std::io::Read;
 
 /// What is known about a source before reading it.
@@ -20,7 +22,6 @@ pub trait ByteSource: Read + Send {
     fn info(&self) -> &SourceInfo;
 }
 pub mod file;
-pub mod http;
 
 use std::path::PathBuf;
 
