@@ -305,6 +305,37 @@ fn cross_host_redirect_does_not_leak_authorization() {
 }
 
 #[test]
+fn cross_host_redirect_drops_an_authorization_extra_header() {
+    let data = random_bytes(1000, 8);
+    let fault = FaultServer::start(FaultConfig::new(data.clone()));
+    let redirector = FaultServer::start(
+        FaultConfig::new(Vec::new()).redirect("/disk.img", &fault.url("/disk.img")),
+    );
+    let url = redirector.url("/disk.img");
+    let o = HttpOptions {
+        headers: vec![("Authorization".into(), "Bearer tok".into())],
+        ..opts()
+    };
+    let (got, _) = bounded(30, move || read_all(&url, &o).unwrap());
+    assert_same(&got, &data);
+    assert_eq!(
+        redirector.requests()[0].header("authorization"),
+        Some("Bearer tok")
+    );
+    assert_eq!(fault.requests()[0].header("authorization"), None);
+}
+
+#[test]
+fn redirect_loops_are_rejected() {
+    let fault = FaultServer::start(FaultConfig::new(Vec::new()).redirect("/loop", "/loop"));
+    let url = fault.url("/loop");
+    let err = bounded(30, move || read_all(&url, &opts()).unwrap_err());
+    eprintln!("error: {err}");
+    assert_eq!(err.kind(), ErrorKind::SourceRejected, "{err}");
+    assert!(fault.request_count() <= 12, "{}", fault.request_count());
+}
+
+#[test]
 fn extra_headers_arrive() {
     let data = random_bytes(1000, 3);
     let fault = FaultServer::start(FaultConfig::new(data.clone()));
@@ -337,6 +368,40 @@ fn chunked_body_has_unknown_length() {
 }
 
 // ---------------------------------------------------------------- faults
+
+#[test]
+fn chunked_body_reset_after_its_last_byte_completes() {
+    let data = random_bytes(MIB + 3, 5);
+    let fault = FaultServer::start(
+        FaultConfig::new(data.clone())
+            .chunked(true)
+            .script([Step::reset_after(data.len() as u64)]),
+    );
+    let url = fault.url("/disk.img");
+    let (got, len) = bounded(30, move || read_all(&url, &opts()).unwrap());
+    assert_eq!(len, None);
+    assert_same(&got, &data);
+    let reqs = fault.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+    assert_eq!(
+        reqs[1].header("range"),
+        Some(format!("bytes={}-", MIB + 3).as_str())
+    );
+}
+
+#[test]
+fn chunked_body_reset_mid_way_resumes() {
+    let data = random_bytes(2 * MIB, 6);
+    let fault = FaultServer::start(
+        FaultConfig::new(data.clone())
+            .chunked(true)
+            .script([Step::reset_after(MIB as u64)]),
+    );
+    let url = fault.url("/disk.img");
+    let (got, _) = bounded(30, move || read_all(&url, &opts()).unwrap());
+    assert_same(&got, &data);
+    assert_eq!(fault.request_count(), 2);
+}
 
 #[test]
 fn reset_mid_body_resumes_with_range_and_if_range() {

@@ -354,9 +354,10 @@ fn retry(cause: impl Into<String>) -> Failure {
     }
 }
 
-/// One response to stream: entity bytes `[start, end)` (end unknown when chunked).
+/// One response to stream: entity bytes `[start, end)` (end unknown when chunked). No response
+/// means nothing is left to read (a 416 confirming that the entity ends where we are).
 struct Body {
-    resp: Response,
+    resp: Option<Response>,
     start: u64,
     end: Option<u64>,
 }
@@ -514,6 +515,25 @@ impl Transfer {
         if status == StatusCode::PARTIAL_CONTENT {
             return self.check_partial(resp, offset, &where_);
         }
+        if status == StatusCode::RANGE_NOT_SATISFIABLE && offset > 0 {
+            // Fine only when the entity ends exactly where we are (a chunked body that broke
+            // after its last byte); otherwise it shrank.
+            let cr = header_str(&resp, header::CONTENT_RANGE).unwrap_or_default();
+            let total = cr
+                .strip_prefix("bytes */")
+                .and_then(|t| t.trim().parse::<u64>().ok());
+            if total == Some(offset) && self.length.is_none_or(|l| l == offset) {
+                self.length = Some(offset);
+                return Ok(Body {
+                    resp: None,
+                    start: offset,
+                    end: Some(offset),
+                });
+            }
+            return Err(Failure::Fatal(self.changed(&format!(
+                "a range from byte {offset} is not satisfiable (Content-Range {cr:?})"
+            ))));
+        }
         if status.is_success() {
             let cl = content_length(&resp);
             if !self.seen_entity {
@@ -532,7 +552,7 @@ impl Transfer {
             }
             return Ok(Body {
                 end: cl,
-                resp,
+                resp: Some(resp),
                 start: 0,
             });
         }
@@ -607,7 +627,7 @@ impl Transfer {
             debug!(source = %self.name, offset, "resuming with 206 {cr}");
         }
         Ok(Body {
-            resp,
+            resp: Some(resp),
             start: first,
             end: Some(end),
         })
@@ -667,12 +687,11 @@ impl Transfer {
 
     /// Streams one response downstream, discarding bytes already delivered.
     async fn pump(&mut self, body: Body) -> Result<(), Failure> {
-        let Body {
-            mut resp,
-            start,
-            end,
-        } = body;
+        let Body { resp, start, end } = body;
         let mut pos = start;
+        let Some(mut resp) = resp else {
+            return Ok(());
+        };
         loop {
             let next = tokio::select! {
                 _ = self.tx.closed() => return Err(Failure::Closed),
