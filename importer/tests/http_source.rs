@@ -125,6 +125,27 @@ fn nginx_plain_without_ranges() {
 }
 
 #[test]
+fn slow_server_within_the_idle_timeout_is_fine() {
+    // ~1.5 s of transfer at 1 MiB/s with a 1 s idle timeout: the timeout is per chunk, not
+    // per transfer.
+    let s = site(3 * MIB / 2);
+    let nginx = Nginx::start(NginxConfig {
+        root: s.root().into(),
+        ranges: true,
+        limit_rate: Some(MIB as u64),
+        ..Default::default()
+    });
+    let url = nginx.url("/disk.img");
+    let o = HttpOptions {
+        idle_timeout: Duration::from_secs(1),
+        max_retries: 0,
+        ..opts()
+    };
+    let (got, _) = bounded(60, move || read_all(&url, &o).unwrap());
+    assert_same(&got, &s.data);
+}
+
+#[test]
 fn nginx_missing_file_is_rejected() {
     let s = site(10);
     let nginx = Nginx::start(NginxConfig {
