@@ -126,9 +126,9 @@ fn nginx_plain_without_ranges() {
 
 #[test]
 fn slow_server_within_the_idle_timeout_is_fine() {
-    // ~1.5 s of transfer at 1 MiB/s with a 1 s idle timeout: the timeout is per chunk, not
+    // ~3 s of transfer at 1 MiB/s with a 2 s idle timeout: the timeout is per chunk, not
     // per transfer.
-    let s = site(3 * MIB / 2);
+    let s = site(3 * MIB);
     let nginx = Nginx::start(NginxConfig {
         root: s.root().into(),
         ranges: true,
@@ -137,7 +137,7 @@ fn slow_server_within_the_idle_timeout_is_fine() {
     });
     let url = nginx.url("/disk.img");
     let o = HttpOptions {
-        idle_timeout: Duration::from_secs(1),
+        idle_timeout: Duration::from_secs(2),
         max_retries: 0,
         ..opts()
     };
@@ -514,6 +514,24 @@ fn read_works_from_inside_an_async_runtime() {
 }
 
 #[test]
+fn resume_without_validators_sends_no_if_range() {
+    let data = random_bytes(2 * MIB, 14);
+    let fault = FaultServer::start(
+        FaultConfig::new(data.clone())
+            .etag(None)
+            .last_modified(None)
+            .script([Step::reset_after(MIB as u64)]),
+    );
+    let url = fault.url("/disk.img");
+    let (got, _) = bounded(60, move || read_all(&url, &opts()).unwrap());
+    assert_same(&got, &data);
+    let reqs = fault.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+    assert!(reqs[1].header("range").is_some());
+    assert_eq!(reqs[1].header("if-range"), None);
+}
+
+#[test]
 fn reset_with_ranges_ignored_restarts_and_discards() {
     let data = random_bytes(3 * MIB, 21);
     let fault = FaultServer::start(
@@ -695,10 +713,21 @@ fn stalled_body_fails_within_bounded_time() {
         max_retries: 1,
         ..opts()
     };
-    let err = bounded(30, move || read_all(&url, &o).unwrap_err());
+    let (err, again) = bounded(30, move || {
+        let mut src = HttpSource::open(&url, &o).unwrap();
+        let mut out = Vec::new();
+        let err = src.read_to_end(&mut out).unwrap_err();
+        // The failure sticks: later reads fail the same way instead of looking like EOF.
+        let again = src.read(&mut [0u8; 10]).unwrap_err();
+        (
+            Error::from_read(err, "http body"),
+            Error::from_read(again, "http body"),
+        )
+    });
     eprintln!("error: {err}");
     assert_eq!(err.kind(), ErrorKind::SourceUnavailable, "{err}");
     assert!(err.to_string().contains("no data"), "{err}");
+    assert_eq!(again.kind(), ErrorKind::SourceUnavailable, "{again}");
     assert_eq!(fault.request_count(), 2);
 }
 
