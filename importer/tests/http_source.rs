@@ -125,6 +125,27 @@ fn nginx_plain_without_ranges() {
 }
 
 #[test]
+fn slow_server_within_the_idle_timeout_is_fine() {
+    // ~3 s of transfer at 1 MiB/s with a 2 s idle timeout: the timeout is per chunk, not
+    // per transfer.
+    let s = site(3 * MIB);
+    let nginx = Nginx::start(NginxConfig {
+        root: s.root().into(),
+        ranges: true,
+        limit_rate: Some(MIB as u64),
+        ..Default::default()
+    });
+    let url = nginx.url("/disk.img");
+    let o = HttpOptions {
+        idle_timeout: Duration::from_secs(2),
+        max_retries: 0,
+        ..opts()
+    };
+    let (got, _) = bounded(60, move || read_all(&url, &o).unwrap());
+    assert_same(&got, &s.data);
+}
+
+#[test]
 fn nginx_missing_file_is_rejected() {
     let s = site(10);
     let nginx = Nginx::start(NginxConfig {
@@ -305,6 +326,37 @@ fn cross_host_redirect_does_not_leak_authorization() {
 }
 
 #[test]
+fn cross_host_redirect_drops_an_authorization_extra_header() {
+    let data = random_bytes(1000, 8);
+    let fault = FaultServer::start(FaultConfig::new(data.clone()));
+    let redirector = FaultServer::start(
+        FaultConfig::new(Vec::new()).redirect("/disk.img", &fault.url("/disk.img")),
+    );
+    let url = redirector.url("/disk.img");
+    let o = HttpOptions {
+        headers: vec![("Authorization".into(), "Bearer tok".into())],
+        ..opts()
+    };
+    let (got, _) = bounded(30, move || read_all(&url, &o).unwrap());
+    assert_same(&got, &data);
+    assert_eq!(
+        redirector.requests()[0].header("authorization"),
+        Some("Bearer tok")
+    );
+    assert_eq!(fault.requests()[0].header("authorization"), None);
+}
+
+#[test]
+fn redirect_loops_are_rejected() {
+    let fault = FaultServer::start(FaultConfig::new(Vec::new()).redirect("/loop", "/loop"));
+    let url = fault.url("/loop");
+    let err = bounded(30, move || read_all(&url, &opts()).unwrap_err());
+    eprintln!("error: {err}");
+    assert_eq!(err.kind(), ErrorKind::SourceRejected, "{err}");
+    assert!(fault.request_count() <= 12, "{}", fault.request_count());
+}
+
+#[test]
 fn extra_headers_arrive() {
     let data = random_bytes(1000, 3);
     let fault = FaultServer::start(FaultConfig::new(data.clone()));
@@ -337,6 +389,40 @@ fn chunked_body_has_unknown_length() {
 }
 
 // ---------------------------------------------------------------- faults
+
+#[test]
+fn chunked_body_reset_after_its_last_byte_completes() {
+    let data = random_bytes(MIB + 3, 5);
+    let fault = FaultServer::start(
+        FaultConfig::new(data.clone())
+            .chunked(true)
+            .script([Step::reset_after(data.len() as u64)]),
+    );
+    let url = fault.url("/disk.img");
+    let (got, len) = bounded(30, move || read_all(&url, &opts()).unwrap());
+    assert_eq!(len, None);
+    assert_same(&got, &data);
+    let reqs = fault.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+    assert_eq!(
+        reqs[1].header("range"),
+        Some(format!("bytes={}-", MIB + 3).as_str())
+    );
+}
+
+#[test]
+fn chunked_body_reset_mid_way_resumes() {
+    let data = random_bytes(2 * MIB, 6);
+    let fault = FaultServer::start(
+        FaultConfig::new(data.clone())
+            .chunked(true)
+            .script([Step::reset_after(MIB as u64)]),
+    );
+    let url = fault.url("/disk.img");
+    let (got, _) = bounded(30, move || read_all(&url, &opts()).unwrap());
+    assert_same(&got, &data);
+    assert_eq!(fault.request_count(), 2);
+}
 
 #[test]
 fn reset_mid_body_resumes_with_range_and_if_range() {
@@ -425,6 +511,24 @@ fn read_works_from_inside_an_async_runtime() {
         rt.block_on(async move { read_all(&url, &opts()).unwrap().0 })
     });
     assert_same(&got, &data);
+}
+
+#[test]
+fn resume_without_validators_sends_no_if_range() {
+    let data = random_bytes(2 * MIB, 14);
+    let fault = FaultServer::start(
+        FaultConfig::new(data.clone())
+            .etag(None)
+            .last_modified(None)
+            .script([Step::reset_after(MIB as u64)]),
+    );
+    let url = fault.url("/disk.img");
+    let (got, _) = bounded(60, move || read_all(&url, &opts()).unwrap());
+    assert_same(&got, &data);
+    let reqs = fault.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+    assert!(reqs[1].header("range").is_some());
+    assert_eq!(reqs[1].header("if-range"), None);
 }
 
 #[test]
@@ -609,10 +713,21 @@ fn stalled_body_fails_within_bounded_time() {
         max_retries: 1,
         ..opts()
     };
-    let err = bounded(30, move || read_all(&url, &o).unwrap_err());
+    let (err, again) = bounded(30, move || {
+        let mut src = HttpSource::open(&url, &o).unwrap();
+        let mut out = Vec::new();
+        let err = src.read_to_end(&mut out).unwrap_err();
+        // The failure sticks: later reads fail the same way instead of looking like EOF.
+        let again = src.read(&mut [0u8; 10]).unwrap_err();
+        (
+            Error::from_read(err, "http body"),
+            Error::from_read(again, "http body"),
+        )
+    });
     eprintln!("error: {err}");
     assert_eq!(err.kind(), ErrorKind::SourceUnavailable, "{err}");
     assert!(err.to_string().contains("no data"), "{err}");
+    assert_eq!(again.kind(), ErrorKind::SourceUnavailable, "{again}");
     assert_eq!(fault.request_count(), 2);
 }
 

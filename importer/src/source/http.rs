@@ -21,7 +21,8 @@
 //! - Connection errors, timeouts, 408/429/5xx and bodies that break mid-way (reset, error, no
 //!   byte for [`HttpOptions::idle_timeout`], a clean close before `Content-Length`) are retried
 //!   with exponential back-off (`retry_backoff`, doubling, capped at 30 s; a `Retry-After` in
-//!   seconds is honoured as a lower bound, capped at 60 s). After `max_retries` retries in a row
+//!   seconds is honoured as a lower bound, capped at 60 s; an HTTP-date `Retry-After` is
+//!   ignored). After `max_retries` retries in a row
 //!   the transfer fails with [`Error::SourceUnavailable`]. An attempt that passed at least 1 MiB
 //!   of new bytes downstream resets the count, so a long download over a flaky link keeps going
 //!   while a server that makes no progress is given up on.
@@ -74,8 +75,9 @@ use tracing::{debug, warn};
 use crate::source::{ByteSource, SourceInfo};
 use crate::{Error, ErrorKind, Result};
 
-/// How an [`HttpSource`] connects and how hard it tries.
-#[derive(Debug, Clone)]
+/// How an [`HttpSource`] connects and how hard it tries. `Debug` redacts the password and the
+/// header values.
+#[derive(Clone)]
 pub struct HttpOptions {
     /// Extra trusted CA certificates (PEM files, each may hold several). They are trusted in
     /// addition to the platform's roots.
@@ -111,6 +113,30 @@ impl Default for HttpOptions {
             retry_backoff: Duration::from_secs(1),
             chunk_depth: 32,
         }
+    }
+}
+
+impl std::fmt::Debug for HttpOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: Vec<String> = self
+            .headers
+            .iter()
+            .map(|(k, _)| format!("{k}: <redacted>"))
+            .collect();
+        f.debug_struct("HttpOptions")
+            .field("ca_certs", &self.ca_certs)
+            .field("insecure", &self.insecure)
+            .field("headers", &headers)
+            .field(
+                "basic_auth",
+                &self.basic_auth.as_ref().map(|(u, _)| (u, "<redacted>")),
+            )
+            .field("connect_timeout", &self.connect_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_retries", &self.max_retries)
+            .field("retry_backoff", &self.retry_backoff)
+            .field("chunk_depth", &self.chunk_depth)
+            .finish()
     }
 }
 
@@ -354,9 +380,10 @@ fn retry(cause: impl Into<String>) -> Failure {
     }
 }
 
-/// One response to stream: entity bytes `[start, end)` (end unknown when chunked).
+/// One response to stream: entity bytes `[start, end)` (end unknown when chunked). No response
+/// means nothing is left to read (a 416 confirming that the entity ends where we are).
 struct Body {
-    resp: Response,
+    resp: Option<Response>,
     start: u64,
     end: Option<u64>,
 }
@@ -514,6 +541,25 @@ impl Transfer {
         if status == StatusCode::PARTIAL_CONTENT {
             return self.check_partial(resp, offset, &where_);
         }
+        if status == StatusCode::RANGE_NOT_SATISFIABLE && offset > 0 {
+            // Fine only when the entity ends exactly where we are (a chunked body that broke
+            // after its last byte); otherwise it shrank.
+            let cr = header_str(&resp, header::CONTENT_RANGE).unwrap_or_default();
+            let total = cr
+                .strip_prefix("bytes */")
+                .and_then(|t| t.trim().parse::<u64>().ok());
+            if total == Some(offset) && self.length.is_none_or(|l| l == offset) {
+                self.length = Some(offset);
+                return Ok(Body {
+                    resp: None,
+                    start: offset,
+                    end: Some(offset),
+                });
+            }
+            return Err(Failure::Fatal(self.changed(&format!(
+                "a range from byte {offset} is not satisfiable (Content-Range {cr:?})"
+            ))));
+        }
         if status.is_success() {
             let cl = content_length(&resp);
             if !self.seen_entity {
@@ -532,7 +578,7 @@ impl Transfer {
             }
             return Ok(Body {
                 end: cl,
-                resp,
+                resp: Some(resp),
                 start: 0,
             });
         }
@@ -607,7 +653,7 @@ impl Transfer {
             debug!(source = %self.name, offset, "resuming with 206 {cr}");
         }
         Ok(Body {
-            resp,
+            resp: Some(resp),
             start: first,
             end: Some(end),
         })
@@ -667,12 +713,11 @@ impl Transfer {
 
     /// Streams one response downstream, discarding bytes already delivered.
     async fn pump(&mut self, body: Body) -> Result<(), Failure> {
-        let Body {
-            mut resp,
-            start,
-            end,
-        } = body;
+        let Body { resp, start, end } = body;
         let mut pos = start;
+        let Some(mut resp) = resp else {
+            return Ok(());
+        };
         loop {
             let next = tokio::select! {
                 _ = self.tx.closed() => return Err(Failure::Closed),
@@ -879,6 +924,18 @@ mod tests {
         assert_eq!(t.if_range(), None);
         t.etag = Some("\"b\"".into());
         assert_eq!(t.if_range(), Some("\"b\""));
+    }
+
+    #[test]
+    fn debug_redacts_secrets() {
+        let o = HttpOptions {
+            basic_auth: Some(("alice".into(), "s3cret".into())),
+            headers: vec![("Authorization".into(), "Bearer tok".into())],
+            ..HttpOptions::default()
+        };
+        let d = format!("{o:?}");
+        assert!(d.contains("alice") && d.contains("Authorization"), "{d}");
+        assert!(!d.contains("s3cret") && !d.contains("tok"), "{d}");
     }
 
     #[test]
