@@ -30,6 +30,8 @@ struct Cli {
 enum Command {
     /// Import a disk image (raw or qcow2, optionally gzip/xz/zstd compressed) into a volume.
     Import(Box<ImportArgs>),
+    /// Serve the CSI hostpath driver (Identity, Controller, Node) on one socket.
+    Csi(csi::CsiArgs),
 }
 
 #[derive(clap::Args)]
@@ -132,17 +134,37 @@ fn parse_header(s: &str) -> Result<(String, String), String> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("QUARRY_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Import(args) => run_import(*args),
+        Command::Import(args) => {
+            init_logs("warn");
+            run_import(*args)
+        }
+        Command::Csi(args) => {
+            init_logs("info");
+            let served = tokio::runtime::Runtime::new()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| Ok(rt.block_on(csi::run(args))?));
+            match served {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("error: {err:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
+}
+
+/// Logs to stderr, filtered by `QUARRY_LOG` (or `RUST_LOG`), else at `default` level.
+fn init_logs(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("QUARRY_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 fn run_import(args: ImportArgs) -> ExitCode {

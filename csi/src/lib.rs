@@ -1,1 +1,48 @@
-//! CSI gRPC services (Identity, Controller, Node) over the provisioner (not yet built).
+//! CSI gRPC services (Identity, Controller, Node) over the [`provisioner`] crate: a drop-in for
+//! KubeVirt's hostpath-provisioner CSI driver (same driver name, topology key and `storagePool`
+//! parameter), with enforced sizes, block volumes, snapshots and clones.
+
+mod controller;
+mod identity;
+mod node;
+mod server;
+mod status;
+
+/// Generated CSI v1 protocol types, servers and clients.
+pub mod pb {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("csi.v1");
+}
+
+pub use server::{CsiArgs, Driver, DriverConfig, Endpoint, run, serve};
+pub use status::to_status;
+
+/// HPP's CSI driver name.
+pub const DRIVER_NAME: &str = "kubevirt.io.hostpath-provisioner";
+/// HPP's topology key; its value is the node id.
+pub const TOPOLOGY_KEY: &str = "topology.hostpath.csi/node";
+/// StorageClass parameter selecting the pool.
+pub const POOL_PARAMETER: &str = "storagePool";
+
+/// Errors of the CSI server as a whole (request errors are gRPC statuses).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad command-line or configuration value.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The provisioner failed to open its pools.
+    #[error(transparent)]
+    Provisioner(#[from] provisioner::Error),
+    /// Socket setup failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}

@@ -1,0 +1,79 @@
+//! Pools on a real loop-mounted XFS image: reflink copies, and project quotas where the kernel
+//! has them.
+
+use csi::pb;
+use provisioner::{PoolConfig, QuotaMode};
+
+use crate::common::*;
+use crate::require;
+
+async fn xfs_server(fs: &LoopFs, quota: QuotaMode) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    Server::start_with(
+        dir,
+        vec![PoolConfig {
+            name: "xfs".into(),
+            path: fs.mnt.join("pool"),
+            quota,
+        }],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn xfs_reflink_pool_snapshots_share_extents() {
+    let fs = LoopFs::new(&["mkfs.xfs", "-q", "-m", "reflink=1"], 300, "rw");
+    require!(fs.is_ok(), fs.err().unwrap());
+    let fs = fs.unwrap();
+    let s = xfs_server(&fs, QuotaMode::Auto).await;
+    assert_eq!(
+        s.prov.pools()[0].copy,
+        provisioner::meta::CopyMethod::Reflink
+    );
+    create(&s, create_req("src", 32 * MIB, block_cap())).await;
+    let img = s.pool_path(0).join("src/disk.img");
+    std::fs::write(&img, vec![0xabu8; 16 << 20]).unwrap();
+    let free_before = nix::sys::statvfs::statvfs(&fs.mnt)
+        .unwrap()
+        .blocks_available();
+    s.controller()
+        .create_snapshot(pb::CreateSnapshotRequest {
+            source_volume_id: "src".into(),
+            name: "snap".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let free_after = nix::sys::statvfs::statvfs(&fs.mnt)
+        .unwrap()
+        .blocks_available();
+    let bsize = nix::sys::statvfs::statvfs(&fs.mnt).unwrap().fragment_size();
+    let used = (free_before.saturating_sub(free_after)) * bsize;
+    assert!(
+        used < 4 << 20,
+        "a reflinked snapshot of 16 MiB used {used} bytes"
+    );
+    drop(s);
+}
+
+#[tokio::test]
+async fn xfs_project_quota_enforces_volume_size() {
+    let fs = LoopFs::new(&["mkfs.xfs", "-q"], 300, "prjquota");
+    require!(
+        fs.is_ok(),
+        format!("no quota-enabled XFS here: {}", fs.err().unwrap())
+    );
+    let fs = fs.unwrap();
+    let s = xfs_server(&fs, QuotaMode::Project).await;
+    assert_eq!(s.prov.pools()[0].quota, provisioner::QuotaInForce::Project);
+    create(&s, create_req("q", 4 * MIB, mount_cap())).await;
+    let dir = s.pool_path(0).join("q");
+    let err = std::fs::write(dir.join("big"), vec![1u8; 8 << 20]).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    // the rest of the pool is unaffected
+    std::fs::write(s.pool_path(0).join("outside"), vec![1u8; 8 << 20]).unwrap();
+    let (used, _) = s.prov.pools()[0]
+        .volume_usage(&s.prov.volume("q").unwrap().1)
+        .unwrap();
+    assert!(used <= 4 << 20);
+}

@@ -1,0 +1,706 @@
+//! The provisioner: volumes and snapshots over a node's pools (the controller side).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::config::PoolConfig;
+use crate::error::{Error, IoContext, Result};
+use crate::guard::{OpGuard, OpGuards};
+use crate::meta::{
+    ContentSource, CopyMethod, SnapshotMeta, State, VolumeMeta, VolumeMode, remove_file, sync_dir,
+    write_json,
+};
+use crate::page::{Page, paginate};
+use crate::pool::{Pool, PoolCapacity, QuotaInForce};
+use crate::sys::{copy, loopdev, quota};
+
+/// First project quota id handed out to volumes.
+pub const FIRST_PROJECT_ID: u32 = 100_000;
+/// Size given to block volumes created without a capacity.
+pub const DEFAULT_BLOCK_SIZE: u64 = 1 << 30;
+
+/// A requested capacity: at least `required`, at most `limit` (0 = no bound).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CapacityRange {
+    /// Minimum bytes (0 = unspecified).
+    pub required: u64,
+    /// Maximum bytes (0 = unspecified).
+    pub limit: u64,
+}
+
+impl CapacityRange {
+    /// Whether `bytes` satisfies the range.
+    pub fn accepts(&self, bytes: u64) -> bool {
+        bytes >= self.required && (self.limit == 0 || bytes <= self.limit)
+    }
+}
+
+/// A CreateVolume request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateVolume {
+    /// Volume name, used as its id (as HPP does).
+    pub name: String,
+    /// Requested size.
+    pub capacity: CapacityRange,
+    /// Filesystem or block.
+    pub mode: VolumeMode,
+    /// Pool name (`storagePool` parameter); `None` selects the first pool.
+    pub pool: Option<String>,
+    /// Initial content.
+    pub source: Option<ContentSource>,
+    /// StorageClass parameters, recorded.
+    pub parameters: BTreeMap<String, String>,
+    /// Created for an ephemeral inline volume.
+    pub ephemeral: bool,
+}
+
+/// The hostpath provisioner for one node.
+#[derive(Debug)]
+pub struct Provisioner {
+    pools: Vec<Pool>,
+    guards: OpGuards,
+    project_alloc: Mutex<()>,
+}
+
+fn now() -> (u64, u32) {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    (d.as_secs(), d.subsec_nanos())
+}
+
+/// Checks that a volume or snapshot name can be used as a directory name.
+pub fn validate_name(what: &str, name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::InvalidArgument(format!("{what} name is required")));
+    }
+    if name.len() > 200
+        || name.starts_with('.')
+        || name
+            .chars()
+            .any(|c| c == '/' || c == '\0' || c.is_control())
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{what} name {name:?} is not usable as a directory name"
+        )));
+    }
+    Ok(())
+}
+
+fn vol_key(id: &str) -> String {
+    format!("volume/{id}")
+}
+fn snap_key(id: &str) -> String {
+    format!("snapshot/{id}")
+}
+
+impl Provisioner {
+    /// Opens every pool and recovers interrupted operations.
+    pub fn open(pools: &[PoolConfig]) -> Result<Provisioner> {
+        crate::config::validate(pools)?;
+        let pools = pools.iter().map(Pool::open).collect::<Result<Vec<_>>>()?;
+        let p = Provisioner {
+            pools,
+            guards: OpGuards::default(),
+            project_alloc: Mutex::new(()),
+        };
+        p.recover()?;
+        Ok(p)
+    }
+
+    /// The pools, in configuration order (the first is the default).
+    pub fn pools(&self) -> &[Pool] {
+        &self.pools
+    }
+
+    /// The operation guards (shared with the node side).
+    pub fn guards(&self) -> &OpGuards {
+        &self.guards
+    }
+
+    /// The pool named `name`, or the default pool for `None` / an empty name.
+    pub fn pool(&self, name: Option<&str>) -> Result<&Pool> {
+        match name {
+            None | Some("") => Ok(&self.pools[0]),
+            Some(n) => self
+                .pools
+                .iter()
+                .find(|p| p.name == n)
+                .ok_or_else(|| Error::PoolNotFound(n.to_string())),
+        }
+    }
+
+    /// Takes the guard of a volume.
+    pub fn lock_volume(&self, id: &str) -> Result<OpGuard> {
+        self.guards.try_lock([vol_key(id)])
+    }
+
+    /// Finds a volume in any pool, in any state.
+    pub fn find_volume(&self, id: &str) -> Result<Option<(&Pool, VolumeMeta)>> {
+        if validate_name("volume", id).is_err() {
+            return Ok(None);
+        }
+        for p in &self.pools {
+            if let Some(m) = p.volume(id)? {
+                return Ok(Some((p, m)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A ready volume, or NotFound.
+    pub fn volume(&self, id: &str) -> Result<(&Pool, VolumeMeta)> {
+        match self.find_volume(id)? {
+            Some((p, m)) if m.state == State::Ready => Ok((p, m)),
+            _ => Err(Error::VolumeNotFound(id.to_string())),
+        }
+    }
+
+    fn find_snapshot(&self, id: &str) -> Result<Option<(&Pool, SnapshotMeta)>> {
+        if validate_name("snapshot", id).is_err() {
+            return Ok(None);
+        }
+        for p in &self.pools {
+            if let Some(m) = p.snapshot(id)? {
+                return Ok(Some((p, m)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A ready snapshot, or NotFound.
+    pub fn snapshot(&self, id: &str) -> Result<(&Pool, SnapshotMeta)> {
+        match self.find_snapshot(id)? {
+            Some((p, m)) if m.state == State::Ready => Ok((p, m)),
+            _ => Err(Error::SnapshotNotFound(id.to_string())),
+        }
+    }
+
+    /// Finishes or rolls back operations a crash interrupted, re-applies quota limits, and
+    /// releases loop devices backed by pool files that nothing has mounted any more.
+    pub fn recover(&self) -> Result<()> {
+        for pool in &self.pools {
+            for m in pool.volumes()? {
+                match m.state {
+                    State::Creating | State::Deleting => {
+                        tracing::warn!(volume = %m.id, state = ?m.state, "removing volume left by an interrupted operation");
+                        self.remove_volume_data(pool, &m)?;
+                    }
+                    State::Ready => self.reconcile_volume(pool, m)?,
+                }
+            }
+            for s in pool.snapshots()? {
+                if s.state != State::Ready {
+                    tracing::warn!(snapshot = %s.id, state = ?s.state, "removing snapshot left by an interrupted operation");
+                    self.remove_snapshot_data(pool, &s)?;
+                }
+            }
+        }
+        self.release_stale_loops();
+        Ok(())
+    }
+
+    fn reconcile_volume(&self, pool: &Pool, mut m: VolumeMeta) -> Result<()> {
+        if m.mode == VolumeMode::Block {
+            // an expansion that grew the file but crashed before recording it
+            if let Ok(md) = std::fs::metadata(pool.block_file(&m.id))
+                && md.len() > m.capacity_bytes
+            {
+                m.capacity_bytes = md.len();
+                write_json(&pool.volume_meta_path(&m.id), &m)?;
+            }
+        } else if let (QuotaInForce::Project, Some(pid)) = (pool.quota, m.project_id) {
+            quota::set_limit(&pool.path, pid, m.capacity_bytes)
+                .ctx(|| format!("re-apply quota of volume {}", m.id))?;
+        }
+        Ok(())
+    }
+
+    /// Detaches loop devices whose backing file is inside a pool and that no mount uses.
+    pub fn release_stale_loops(&self) {
+        let Ok(attached) = loopdev::list() else {
+            return;
+        };
+        let mounts = crate::sys::mount::mounts().unwrap_or_default();
+        for a in attached {
+            if !self.pools.iter().any(|p| p.contains(&a.backing)) {
+                continue;
+            }
+            let name = a.dev.file_name().unwrap_or_default().to_string_lossy();
+            let root = format!("/{name}");
+            let in_use = mounts.iter().any(|m| m.root == root && m.source != "none")
+                || mounts.iter().any(|m| m.source == a.dev.to_string_lossy());
+            if in_use {
+                continue;
+            }
+            match loopdev::detach(&a.dev) {
+                Ok(()) => {
+                    tracing::warn!(dev = %a.dev.display(), backing = %a.backing.display(), "released a stale loop device")
+                }
+                Err(e) => {
+                    tracing::error!(dev = %a.dev.display(), error = %e, "cannot release stale loop device")
+                }
+            }
+        }
+    }
+
+    fn remove_volume_data(&self, pool: &Pool, m: &VolumeMeta) -> Result<()> {
+        let mut m = m.clone();
+        if m.state != State::Deleting {
+            m.state = State::Deleting;
+            write_json(&pool.volume_meta_path(&m.id), &m)?;
+        }
+        let dir = pool.volume_dir(&m.id);
+        if m.mode == VolumeMode::Block
+            && let Ok(f) = std::fs::canonicalize(pool.block_file(&m.id))
+        {
+            for dev in loopdev::find_by_backing(&f).unwrap_or_default() {
+                let _ = loopdev::detach(&dev);
+            }
+        }
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(format!("remove {}", dir.display()), e)),
+        }
+        sync_dir(&pool.path)?;
+        if let (QuotaInForce::Project, Some(pid)) = (pool.quota, m.project_id) {
+            quota::set_limit(&pool.path, pid, 0)
+                .ctx(|| format!("clear quota of volume {}", m.id))?;
+        }
+        remove_file(&pool.volume_meta_path(&m.id))
+    }
+
+    fn remove_snapshot_data(&self, pool: &Pool, s: &SnapshotMeta) -> Result<()> {
+        let mut s = s.clone();
+        if s.state != State::Deleting {
+            s.state = State::Deleting;
+            write_json(&pool.snapshot_meta_path(&s.id), &s)?;
+        }
+        let dir = pool.snapshot_dir(&s.id);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(format!("remove {}", dir.display()), e)),
+        }
+        remove_file(&pool.snapshot_meta_path(&s.id))
+    }
+
+    fn allocate_project_id(&self) -> Result<u32> {
+        let mut max = FIRST_PROJECT_ID - 1;
+        for p in &self.pools {
+            for m in p.volumes()? {
+                if let Some(id) = m.project_id {
+                    max = max.max(id);
+                }
+            }
+        }
+        Ok(max + 1)
+    }
+
+    fn resolve_size(pool: &Pool, req: &CreateVolume, min: u64) -> Result<u64> {
+        let CapacityRange { required, limit } = req.capacity;
+        if limit > 0 && limit < required {
+            return Err(Error::OutOfRange(format!(
+                "limit_bytes {limit} is smaller than required_bytes {required}"
+            )));
+        }
+        let mut size = if required > 0 {
+            required
+        } else if req.mode == VolumeMode::Block {
+            if limit > 0 {
+                limit.min(DEFAULT_BLOCK_SIZE)
+            } else {
+                DEFAULT_BLOCK_SIZE
+            }
+        } else {
+            0
+        };
+        size = size.max(min);
+        if req.mode == VolumeMode::Block {
+            size = size.div_ceil(512) * 512;
+        }
+        if limit > 0 && size > limit {
+            return Err(Error::OutOfRange(format!(
+                "a {size}-byte volume does not fit limit_bytes {limit}"
+            )));
+        }
+        let cap = pool.capacity()?;
+        if size > cap.total_bytes {
+            return Err(Error::OutOfRange(format!(
+                "{size} bytes is more than pool {} can ever hold ({} bytes)",
+                pool.name, cap.total_bytes
+            )));
+        }
+        if (pool.quota == QuotaInForce::Project || req.mode == VolumeMode::Block)
+            && size > cap.available_bytes
+        {
+            return Err(Error::NoSpace(format!(
+                "pool {} can promise {} more bytes, {size} requested",
+                pool.name, cap.available_bytes
+            )));
+        }
+        Ok(size)
+    }
+
+    /// Creates a volume, or returns the existing one when an identical request already made it.
+    pub fn create_volume(&self, req: &CreateVolume) -> Result<VolumeMeta> {
+        validate_name("volume", &req.name)?;
+        let mut keys = vec![vol_key(&req.name)];
+        match &req.source {
+            Some(ContentSource::Volume(src)) => keys.push(vol_key(src)),
+            Some(ContentSource::Snapshot(src)) => keys.push(snap_key(src)),
+            None => {}
+        }
+        let _guard = self.guards.try_lock(keys)?;
+        let pool = self.pool(req.pool.as_deref())?;
+
+        if let Some((p, m)) = self.find_volume(&req.name)? {
+            if m.state == State::Ready {
+                let same = p.name == pool.name
+                    && m.mode == req.mode
+                    && m.source == req.source
+                    && (req.capacity == CapacityRange::default()
+                        || req.capacity.accepts(m.capacity_bytes));
+                if same {
+                    return Ok(m);
+                }
+                return Err(Error::AlreadyExists(format!(
+                    "volume {} exists in pool {} with {} bytes, mode {:?}, source {:?}",
+                    m.id, p.name, m.capacity_bytes, m.mode, m.source
+                )));
+            }
+            // an earlier attempt failed half-way: clear it and start again
+            self.remove_volume_data(p, &m)?;
+        }
+
+        // the content source decides the minimum size and the data to copy
+        let (min, copy_from) = match &req.source {
+            None => (0, None),
+            Some(ContentSource::Snapshot(sid)) => {
+                let (sp, s) = self.snapshot(sid)?;
+                if s.mode != req.mode {
+                    return Err(Error::InvalidArgument(format!(
+                        "snapshot {sid} is a {:?} volume snapshot, a {:?} volume was requested",
+                        s.mode, req.mode
+                    )));
+                }
+                (s.size_bytes, Some((sp, sp.snapshot_dir(sid))))
+            }
+            Some(ContentSource::Volume(vid)) => {
+                let (vp, v) = self.volume(vid)?;
+                if v.mode != req.mode {
+                    return Err(Error::InvalidArgument(format!(
+                        "volume {vid} is a {:?} volume, a {:?} volume was requested",
+                        v.mode, req.mode
+                    )));
+                }
+                (v.capacity_bytes, Some((vp, vp.volume_dir(vid))))
+            }
+        };
+        if min > 0 && req.capacity.limit > 0 && min > req.capacity.limit {
+            return Err(Error::OutOfRange(format!(
+                "the source holds {min} bytes, more than limit_bytes {}",
+                req.capacity.limit
+            )));
+        }
+        let size = Self::resolve_size(pool, req, min)?;
+        let dir = pool.volume_dir(&req.name);
+        if dir.exists() {
+            return Err(Error::AlreadyExists(format!(
+                "{} exists but is not a volume of this driver",
+                dir.display()
+            )));
+        }
+
+        let _alloc = self.project_alloc.lock().unwrap_or_else(|p| p.into_inner());
+        let project_id = match pool.quota {
+            QuotaInForce::Project => Some(self.allocate_project_id()?),
+            QuotaInForce::None => None,
+        };
+        let mut meta = VolumeMeta {
+            id: req.name.clone(),
+            pool: pool.name.clone(),
+            capacity_bytes: size,
+            mode: req.mode,
+            state: State::Creating,
+            project_id,
+            source: req.source.clone(),
+            ephemeral: req.ephemeral,
+            parameters: req.parameters.clone(),
+            created_unix: now().0,
+        };
+        write_json(&pool.volume_meta_path(&meta.id), &meta)?;
+        drop(_alloc);
+
+        let built = (|| -> Result<()> {
+            std::fs::create_dir(&dir).ctx(|| format!("create {}", dir.display()))?;
+            if let Some(pid) = project_id {
+                quota::set_project(&dir, pid)
+                    .ctx(|| format!("set project {pid} on {}", dir.display()))?;
+                // block volumes are bounded by their file size; the project only accounts them
+                let limit = if req.mode == VolumeMode::Block {
+                    0
+                } else {
+                    size
+                };
+                quota::set_limit(&pool.path, pid, limit)
+                    .ctx(|| format!("set quota of project {pid}"))?;
+            }
+            if let Some((src_pool, src_dir)) = &copy_from {
+                let method = if src_pool.name == pool.name {
+                    pool.copy
+                } else {
+                    CopyMethod::Sparse
+                };
+                copy::copy_tree(src_dir, &dir, method)
+                    .ctx(|| format!("copy {} to {}", src_dir.display(), dir.display()))?;
+            }
+            if req.mode == VolumeMode::Block {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(pool.block_file(&req.name))
+                    .ctx(|| format!("create block file of {}", req.name))?;
+                if f.metadata().map(|m| m.len()).unwrap_or(0) < size {
+                    f.set_len(size)
+                        .ctx(|| format!("size block file of {}", req.name))?;
+                }
+                f.sync_all()
+                    .ctx(|| format!("fsync block file of {}", req.name))?;
+            }
+            sync_dir(&dir)?;
+            sync_dir(&pool.path)
+        })();
+        if let Err(e) = built {
+            tracing::warn!(volume = %meta.id, error = %e, "create failed; rolling back");
+            if let Err(e2) = self.remove_volume_data(pool, &meta) {
+                tracing::error!(volume = %meta.id, error = %e2, "rollback failed; retried at restart");
+            }
+            return Err(e);
+        }
+        meta.state = State::Ready;
+        write_json(&pool.volume_meta_path(&meta.id), &meta)?;
+        tracing::info!(volume = %meta.id, pool = %pool.name, bytes = size, mode = ?meta.mode, "volume created");
+        Ok(meta)
+    }
+
+    /// Deletes a volume; deleting a missing volume succeeds.
+    pub fn delete_volume(&self, id: &str) -> Result<()> {
+        if id.is_empty() {
+            return Err(Error::InvalidArgument("volume id is required".into()));
+        }
+        let _guard = self.lock_volume(id)?;
+        let Some((pool, m)) = self.find_volume(id)? else {
+            return Ok(());
+        };
+        if m.mode == VolumeMode::Block
+            && let Ok(f) = std::fs::canonicalize(pool.block_file(id))
+            && !loopdev::find_by_backing(&f).unwrap_or_default().is_empty()
+            && m.state == State::Ready
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {id} is still published (a loop device holds it)"
+            )));
+        }
+        self.remove_volume_data(pool, &m)?;
+        tracing::info!(volume = %id, "volume deleted");
+        Ok(())
+    }
+
+    /// Ready volumes of all pools, one page.
+    pub fn list_volumes(&self, token: &str, max_entries: i32) -> Result<Page<VolumeMeta>> {
+        let mut all = Vec::new();
+        for p in &self.pools {
+            all.extend(p.volumes()?.into_iter().filter(|m| m.state == State::Ready));
+        }
+        paginate(all, |m| m.id.as_str(), token, max_entries)
+    }
+
+    /// Capacity of a pool (`None` = default pool).
+    pub fn capacity(&self, pool: Option<&str>) -> Result<PoolCapacity> {
+        self.pool(pool)?.capacity()
+    }
+
+    /// Checks a volume's health; `Some(message)` when abnormal.
+    pub fn volume_condition(&self, pool: &Pool, m: &VolumeMeta) -> Option<String> {
+        let dir = pool.volume_dir(&m.id);
+        if !dir.is_dir() {
+            return Some(format!("volume directory {} is missing", dir.display()));
+        }
+        if m.mode == VolumeMode::Block {
+            match std::fs::metadata(pool.block_file(&m.id)) {
+                Err(e) => return Some(format!("block file is unreadable: {e}")),
+                Ok(md) if md.len() < m.capacity_bytes => {
+                    return Some(format!(
+                        "block file holds {} bytes, {} expected",
+                        md.len(),
+                        m.capacity_bytes
+                    ));
+                }
+                Ok(_) => {}
+            }
+        }
+        if let (QuotaInForce::Project, Some(pid)) = (pool.quota, m.project_id) {
+            match quota::get_project(&dir) {
+                Ok(got) if got == pid => {}
+                Ok(got) => return Some(format!("directory has project {got}, {pid} expected")),
+                Err(e) => return Some(format!("cannot read project id: {e}")),
+            }
+        }
+        None
+    }
+
+    /// Grows a volume to at least `range.required`. Returns the new capacity and whether the
+    /// node must act (block volumes: refresh attached loop devices).
+    pub fn expand_volume(&self, id: &str, range: CapacityRange) -> Result<(u64, bool)> {
+        if id.is_empty() {
+            return Err(Error::InvalidArgument("volume id is required".into()));
+        }
+        let _guard = self.lock_volume(id)?;
+        let (pool, mut m) = self.volume(id)?;
+        if range.limit > 0 && range.limit < range.required {
+            return Err(Error::OutOfRange(format!(
+                "limit_bytes {} is smaller than required_bytes {}",
+                range.limit, range.required
+            )));
+        }
+        let mut want = range.required;
+        if m.mode == VolumeMode::Block {
+            want = want.div_ceil(512) * 512;
+        }
+        let node = m.mode == VolumeMode::Block;
+        if want <= m.capacity_bytes {
+            return Ok((m.capacity_bytes, node));
+        }
+        if range.limit > 0 && want > range.limit {
+            return Err(Error::OutOfRange(format!(
+                "{want} bytes exceeds limit_bytes {}",
+                range.limit
+            )));
+        }
+        let cap = pool.capacity()?;
+        if want > cap.total_bytes {
+            return Err(Error::OutOfRange(format!(
+                "{want} bytes is more than pool {} can ever hold",
+                pool.name
+            )));
+        }
+        let growth = want - m.capacity_bytes;
+        if pool.is_bounded(&m) && growth > cap.available_bytes {
+            return Err(Error::NoSpace(format!(
+                "pool {} can promise {} more bytes, {growth} needed",
+                pool.name, cap.available_bytes
+            )));
+        }
+        if m.mode == VolumeMode::Block {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(pool.block_file(id))
+                .ctx(|| format!("open block file of {id}"))?;
+            f.set_len(want).ctx(|| format!("grow block file of {id}"))?;
+            f.sync_all().ctx(|| format!("fsync block file of {id}"))?;
+        } else if let (QuotaInForce::Project, Some(pid)) = (pool.quota, m.project_id) {
+            quota::set_limit(&pool.path, pid, want).ctx(|| format!("raise quota of {id}"))?;
+        }
+        m.capacity_bytes = want;
+        write_json(&pool.volume_meta_path(id), &m)?;
+        tracing::info!(volume = %id, bytes = want, "volume expanded");
+        Ok((want, node))
+    }
+
+    /// Snapshots a volume (a reflink or sparse copy in the volume's pool). Idempotent by name.
+    pub fn create_snapshot(&self, name: &str, source_volume: &str) -> Result<SnapshotMeta> {
+        validate_name("snapshot", name)?;
+        if source_volume.is_empty() {
+            return Err(Error::InvalidArgument(
+                "source_volume_id is required".into(),
+            ));
+        }
+        let _guard = self
+            .guards
+            .try_lock([snap_key(name), vol_key(source_volume)])?;
+        if let Some((p, s)) = self.find_snapshot(name)? {
+            if s.state == State::Ready {
+                if s.source_volume_id == source_volume {
+                    return Ok(s);
+                }
+                return Err(Error::AlreadyExists(format!(
+                    "snapshot {name} exists for volume {}",
+                    s.source_volume_id
+                )));
+            }
+            self.remove_snapshot_data(p, &s)?;
+        }
+        let (pool, v) = self.volume(source_volume)?;
+        let (secs, nanos) = now();
+        let mut s = SnapshotMeta {
+            id: name.to_string(),
+            source_volume_id: v.id.clone(),
+            pool: pool.name.clone(),
+            size_bytes: v.capacity_bytes,
+            mode: v.mode,
+            state: State::Creating,
+            copy: pool.copy,
+            created_unix: secs,
+            created_nanos: nanos,
+        };
+        write_json(&pool.snapshot_meta_path(name), &s)?;
+        let dir = pool.snapshot_dir(name);
+        let made = (|| -> Result<()> {
+            std::fs::create_dir(&dir).ctx(|| format!("create {}", dir.display()))?;
+            copy::copy_tree(&pool.volume_dir(&v.id), &dir, pool.copy)
+                .ctx(|| format!("copy volume {} to snapshot {name}", v.id))?;
+            sync_dir(dir.parent().unwrap_or(&pool.path))
+        })();
+        if let Err(e) = made {
+            let _ = self.remove_snapshot_data(pool, &s);
+            return Err(e);
+        }
+        s.state = State::Ready;
+        write_json(&pool.snapshot_meta_path(name), &s)?;
+        tracing::info!(snapshot = %name, volume = %v.id, copy = ?pool.copy, "snapshot created");
+        Ok(s)
+    }
+
+    /// Deletes a snapshot; a missing snapshot succeeds.
+    pub fn delete_snapshot(&self, id: &str) -> Result<()> {
+        if id.is_empty() {
+            return Err(Error::InvalidArgument("snapshot id is required".into()));
+        }
+        let _guard = self.guards.try_lock([snap_key(id)])?;
+        if let Some((p, s)) = self.find_snapshot(id)? {
+            self.remove_snapshot_data(p, &s)?;
+            tracing::info!(snapshot = %id, "snapshot deleted");
+        }
+        Ok(())
+    }
+
+    /// Ready snapshots, optionally filtered, one page.
+    pub fn list_snapshots(
+        &self,
+        snapshot_id: &str,
+        source_volume_id: &str,
+        token: &str,
+        max_entries: i32,
+    ) -> Result<Page<SnapshotMeta>> {
+        let mut all = Vec::new();
+        for p in &self.pools {
+            all.extend(p.snapshots()?.into_iter().filter(|s| {
+                s.state == State::Ready
+                    && (snapshot_id.is_empty() || s.id == snapshot_id)
+                    && (source_volume_id.is_empty() || s.source_volume_id == source_volume_id)
+            }));
+        }
+        paginate(all, |s| s.id.as_str(), token, max_entries)
+    }
+
+    /// The directory of a ready volume (what is published), and its block file for block volumes.
+    pub fn volume_paths(&self, id: &str) -> Result<(VolumeMeta, PathBuf, PathBuf)> {
+        let (pool, m) = self.volume(id)?;
+        Ok((m, pool.volume_dir(id), pool.block_file(id)))
+    }
+}

@@ -1,0 +1,8 @@
+//! Thin, safe wrappers over the Linux interfaces the provisioner uses: project quotas, loop
+//! devices, bind mounts, reflink and sparse copies, filesystem statistics.
+
+pub mod copy;
+pub mod fsinfo;
+pub mod loopdev;
+pub mod mount;
+pub mod quota;

@@ -1,0 +1,75 @@
+//! Helpers shared by the CLI test suites: running `quarry`, sample disks, output checks.
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn quarry() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_quarry"))
+}
+
+pub fn run(args: &[&str]) -> Output {
+    quarry().args(args).output().expect("running quarry")
+}
+
+pub fn arg(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// A deterministic 8 MiB disk: random-looking data, zero runs and a hole, so sparse handling and
+/// zero detection are both exercised.
+pub fn sample_disk(dir: &Path) -> (PathBuf, Vec<u8>) {
+    let mut data = vec![0u8; 8 << 20];
+    let mut x: u64 = 0x9e3779b97f4a7c15;
+    for (i, b) in data.iter_mut().enumerate() {
+        // Zero 1 MiB..3 MiB and the last 512 KiB; pseudo-random elsewhere.
+        if (1 << 20..3 << 20).contains(&i) || i >= (8 << 20) - (512 << 10) {
+            continue;
+        }
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = (x >> 56) as u8 & 0x3f; // compressible, never all-zero blocks
+    }
+    let path = dir.join("disk.raw");
+    fs::write(&path, &data).unwrap();
+    (path, data)
+}
+
+pub fn compress(tool: &[&str], input: &Path, output: &Path) {
+    let out = Command::new(tool[0])
+        .args(&tool[1..])
+        .arg(input)
+        .stdout(fs::File::create(output).unwrap())
+        .status()
+        .unwrap_or_else(|e| panic!("running {}: {e} (install it)", tool[0]));
+    assert!(out.success(), "{tool:?} failed");
+}
+
+pub fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "quarry failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+pub fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+pub fn no_partial_left(dir: &Path) {
+    let leftovers: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains("quarry-partial"))
+        .collect();
+    assert!(leftovers.is_empty(), "partial files left: {leftovers:?}");
+}
