@@ -149,6 +149,17 @@ fn emit(out: &mut Out<'_>, g: &Geo, t: Target, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// How many bytes of its host cluster guest cluster `t` reads.
+fn needed_len(g: &Geo, t: Target) -> u64 {
+    let glen = g.cs.min(g.vsize - (t.guest_cluster << g.cb));
+    if t.mask == g.full_mask {
+        glen
+    } else {
+        let last = u64::from(31 - t.mask.leading_zeros());
+        ((last + 1) * (g.cs / 32)).min(glen)
+    }
+}
+
 fn be64(b: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
@@ -424,7 +435,13 @@ impl<'s> Stream<'s> {
             self.flush_release();
             self.maybe_stop_holding();
         } else if let Some(targets) = self.data.remove(&ci) {
-            if !full {
+            // qemu reads past the end of the file as zeroes, and writes only the subclusters it
+            // allocates: the cluster may end early, but not before the bytes the guest reads.
+            let needed = match &targets {
+                Targets::One(t) => needed_len(&self.g, *t),
+                Targets::Many(v) => v.iter().map(|t| needed_len(&self.g, *t)).max().unwrap_or(0),
+            };
+            if ((hi - lo) as u64) < needed {
                 self.data.insert(ci, targets);
                 return Err(self.truncated());
             }

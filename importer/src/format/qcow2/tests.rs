@@ -159,9 +159,15 @@ pub(crate) fn reference(img: &[u8]) -> std::result::Result<Vec<u8>, String> {
         match l2::l2_entry(raw, bitmap, cb)? {
             Mapping::Zero => {}
             Mapping::Data { host, data_mask } => {
-                let src = get(host, cs)?;
                 let sc = u64::from(h.subclusters());
                 let scs = cs / sc;
+                // Only the bytes the guest reads must exist (past the end reads as zero).
+                let last = u64::from(31 - data_mask.leading_zeros());
+                let needed = ((last + 1) * scs).min(glen as u64);
+                get(host, needed)?;
+                let avail = img.len().min((host + cs) as usize);
+                let mut src = img[host as usize..avail].to_vec();
+                src.resize(cs as usize, 0);
                 for i in 0..sc {
                     if data_mask >> i & 1 == 1 {
                         let a = (i * scs) as usize;
@@ -606,6 +612,37 @@ fn extended_l2_entries_read_subclusters() {
     want[2 * cs as usize..].copy_from_slice(&d2[..tail]);
     assert_eq!(stream(&img.b).unwrap(), want);
     assert_eq!(reference(&img.b).unwrap(), want);
+}
+
+#[test]
+fn a_data_cluster_may_end_at_eof_after_the_bytes_the_guest_reads() {
+    // qemu writes only allocated subclusters, so the last cluster of the file can be short.
+    let cs = 16384u64;
+    let scs = cs / 32;
+    let mut f = Fields::v3(14, 2 * cs);
+    f.incompat = incompat::EXTENDED_L2;
+    let mut img = Img::new(f);
+    img.l1(0, 3 * cs);
+    img.l2x(3 * cs, 1, 4 * cs, 0b110);
+    let d = pat(3, 3 * scs as usize);
+    img.put(4 * cs, &d);
+    assert_eq!(img.b.len() as u64, 4 * cs + 3 * scs);
+    let mut want = vec![0u8; 2 * cs as usize];
+    let at = (cs + scs) as usize;
+    want[at..at + 2 * scs as usize].copy_from_slice(&d[scs as usize..]);
+    assert_eq!(stream(&img.b).unwrap(), want);
+    assert_eq!(reference(&img.b).unwrap(), want);
+    // One byte fewer and the guest would read past the end: truncated.
+    let short = &img.b[..img.b.len() - 1];
+    let e = stream_with(short, &opts(0), usize::MAX).err().unwrap();
+    assert!(e.to_string().contains("truncated: the data cluster"), "{e}");
+    // Same for the partial last guest cluster of a standard image.
+    let mut img = Img::v3(12, 4096 + 100);
+    img.l1(0, 3 * 4096);
+    img.l2(3 * 4096, 1, 4 * 4096);
+    img.put(4 * 4096, &[7; 100]);
+    let out = stream(&img.b).unwrap();
+    assert_eq!(&out[4096..], &[7; 100]);
 }
 
 #[test]
