@@ -222,6 +222,9 @@ pub(crate) struct Stream<'s> {
     /// Pending contiguous data write: guest offset, window offset, length.
     run: (u64, usize, usize),
     inflater: Inflater,
+    /// The second inflate thread's decoder.
+    helper: Inflater,
+    outbuf: Vec<u8>,
     cluster_buf: Vec<u8>,
     scratch: Vec<u8>,
     table_buf: Vec<u8>,
@@ -280,6 +283,8 @@ impl<'s> Stream<'s> {
             out: Out { sink, zero: None },
             run: (0, 0, 0),
             inflater: Inflater::new(h.compression),
+            helper: Inflater::new(h.compression),
+            outbuf: Vec::new(),
             cluster_buf: vec![0; cs as usize],
             scratch: Vec::new(),
             table_buf: Vec::new(),
@@ -703,7 +708,8 @@ impl<'s> Stream<'s> {
         ))
     }
 
-    /// Inflates the compressed clusters whose bytes are all in the window.
+    /// Inflates the compressed clusters whose bytes are all in the window, on two threads when
+    /// there is enough work, and writes them in order.
     fn compressed_ready(&mut self) -> Result<()> {
         let end = self.buf_end();
         let limit = self.pos.min(end);
@@ -713,37 +719,105 @@ impl<'s> Stream<'s> {
                 self.ready.push(k);
             }
         }
+        if self.ready.is_empty() {
+            return Ok(());
+        }
         let g = self.g;
-        for i in 0..self.ready.len() {
-            let k = self.ready[i];
-            let n = self.compressed.remove(&k).expect("listed above");
-            let from = (k.0 - self.buf_start) as usize;
-            let src: &[u8] = if n.end <= end {
-                &self.buf[from..(n.end - self.buf_start) as usize]
+        let cs = g.cs as usize;
+        let jobs: Vec<Job> = self
+            .ready
+            .iter()
+            .map(|k| {
+                let n = self.compressed.remove(k).expect("listed above");
+                Job {
+                    start: k.0,
+                    end: n.end,
+                    guest_cluster: n.guest_cluster,
+                }
+            })
+            .collect();
+        // Bounded output per round: at most INFLATE_ROUND bytes of clusters (and 2 clusters).
+        let per_round = (INFLATE_ROUND / cs).max(2);
+        for round in jobs.chunks(per_round) {
+            self.outbuf.resize(round.len() * cs, 0);
+            let win = Window {
+                buf: &self.buf[..self.buf_len],
+                start: self.buf_start,
+            };
+            let (a, b) = round.split_at(round.len() / 2);
+            let (out_a, out_b) = self.outbuf.split_at_mut(a.len() * cs);
+            let inflater = &mut self.inflater;
+            let helper = &mut self.helper;
+            let r = if round.len() * cs >= PARALLEL_MIN && !a.is_empty() {
+                std::thread::scope(|sc| {
+                    let h = sc.spawn(|| inflate_jobs(helper, &win, b, out_b, cs));
+                    let ra = inflate_jobs(inflater, &win, a, out_a, cs);
+                    let rb = h.join().expect("inflate thread panicked");
+                    ra.and(rb.map_err(|(i, e)| (i + a.len(), e)))
+                })
             } else {
-                // Past the end of the stream reads as zeroes, as in qemu (the last compressed
-                // cluster of an image may end mid-sector).
-                self.scratch.clear();
-                self.scratch
-                    .extend_from_slice(&self.buf[from..self.buf_len]);
-                self.scratch.resize((n.end - k.0) as usize, 0);
-                &self.scratch
+                inflate_jobs(inflater, &win, round, &mut self.outbuf, cs)
             };
-            self.inflater
-                .inflate(src, &mut self.cluster_buf)
-                .map_err(|e| {
-                    Error::Corrupt(format!(
-                        "qcow2: compressed cluster at {:#x} (guest offset {:#x}): {e}",
-                        k.0,
-                        n.guest_cluster << g.cb
-                    ))
-                })?;
-            let t = Target {
-                guest_cluster: n.guest_cluster,
-                mask: g.full_mask,
-            };
-            emit(&mut self.out, &g, t, &self.cluster_buf)?;
+            if let Err((i, e)) = r {
+                let j = &round[i];
+                return Err(Error::Corrupt(format!(
+                    "qcow2: compressed cluster at {:#x} (guest offset {:#x}): {e}",
+                    j.start,
+                    j.guest_cluster << g.cb
+                )));
+            }
+            for (i, j) in round.iter().enumerate() {
+                let t = Target {
+                    guest_cluster: j.guest_cluster,
+                    mask: g.full_mask,
+                };
+                emit(&mut self.out, &g, t, &self.outbuf[i * cs..(i + 1) * cs])?;
+            }
         }
         Ok(())
     }
+}
+
+/// Output bytes inflated per round (bounds the output buffer).
+const INFLATE_ROUND: usize = 16 << 20;
+/// Rounds with less output than this inflate on the calling thread alone.
+const PARALLEL_MIN: usize = 1 << 20;
+
+/// A compressed cluster whose bytes are in the window.
+struct Job {
+    start: u64,
+    end: u64,
+    guest_cluster: u64,
+}
+
+/// The read window: `buf[0]` is stream offset `start`.
+struct Window<'a> {
+    buf: &'a [u8],
+    start: u64,
+}
+
+/// Inflates `jobs` into consecutive clusters of `out`; on failure, the job's index and why.
+fn inflate_jobs(
+    inflater: &mut Inflater,
+    win: &Window<'_>,
+    jobs: &[Job],
+    out: &mut [u8],
+    cs: usize,
+) -> std::result::Result<(), (usize, String)> {
+    for (i, j) in jobs.iter().enumerate() {
+        let from = (j.start - win.start) as usize;
+        let dst = &mut out[i * cs..(i + 1) * cs];
+        let win_end = win.start + win.buf.len() as u64;
+        let r = if j.end <= win_end {
+            inflater.inflate(&win.buf[from..(j.end - win.start) as usize], dst)
+        } else {
+            // Past the end of the stream reads as zeroes, as in qemu (the last compressed
+            // cluster of an image may end mid-sector).
+            let mut src = win.buf[from..].to_vec();
+            src.resize((j.end - j.start) as usize, 0);
+            inflater.inflate(&src, dst)
+        };
+        r.map_err(|e| (i, e))?;
+    }
+    Ok(())
 }

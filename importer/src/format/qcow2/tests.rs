@@ -850,6 +850,40 @@ fn garbage_compressed_data_is_corrupt() {
 }
 
 #[test]
+fn many_compressed_clusters_inflate_in_parallel_and_errors_name_the_cluster() {
+    let cs = 65536u64;
+    let n = 40u64;
+    let mut img = Img::v3(16, n * cs);
+    img.l1(0, 3 * cs);
+    let mut at = 4 * cs;
+    let mut want = Vec::new();
+    let mut offsets = Vec::new();
+    for j in 0..n {
+        let d = pat(j as u8, cs as usize);
+        let z = deflate(&d);
+        let e = img.compressed(at, &z);
+        img.l2(3 * cs, j, e);
+        offsets.push(at);
+        at += z.len() as u64;
+        want.extend(d);
+    }
+    assert_eq!(stream(&img.b).unwrap(), want);
+    // Corrupt one cluster in the second half (inflated by the helper thread).
+    img.put(offsets[30], &[0xff; 16]);
+    let e = stream_with(&img.b, &opts(1 << 20), usize::MAX)
+        .err()
+        .unwrap();
+    assert_eq!(e.kind(), ErrorKind::CorruptImage);
+    assert!(
+        e.to_string().contains(&format!(
+            "compressed cluster at {:#x} (guest offset 0x1e0000)",
+            offsets[30]
+        )),
+        "{e}"
+    );
+}
+
+#[test]
 fn unaligned_entries_are_corrupt() {
     let mut img = Img::v3(12, 4 * 4096);
     img.l1(0, 3 * 4096 + 512);
