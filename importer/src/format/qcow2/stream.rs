@@ -1,0 +1,823 @@
+//! The single-pass streaming converter.
+//!
+//! The image is read front to back once, in large chunks, and never seeks. Each host cluster is
+//! dispatched as it passes, by what is known about it at that moment:
+//!
+//! - the header cluster, the refcount table and the L1 table have roles known from the header
+//!   (the L1 table is collected and, once complete, tells where the L2 tables are);
+//! - an L2 table is parsed when it passes: it reports its zero and unallocated clusters at once and
+//!   registers where its data clusters and compressed clusters are;
+//! - a data cluster whose mapping is known is written to the sink as it passes (contiguous runs in
+//!   one call); compressed clusters are inflated once all their bytes are in the read window;
+//! - a cluster whose role is still unknown is *held* (memory up to the budget, then an unlinked
+//!   temp file): an L2 table (or the L1 table) arriving later may map it, and then it is written
+//!   from the hold and freed. Once every L2 table of the active L1 has passed, nothing unknown can
+//!   become needed, so the hold is dropped and unknown clusters are skipped.
+//!
+//! Within a cluster that holds compressed data, the bytes outside the registered compressed
+//! clusters are held too, and so is the last 512-byte sector of each (descriptors are rounded up
+//! to sectors, so another compressed cluster mapped by a later L2 table may begin in it).
+//!
+//! A host cluster used in two exclusive roles (header, L1, refcount table, L2 table, data), a
+//! mapping to something that has already passed and was not held, and anything needed that lies
+//! past the end of the stream are corruption. Shared data clusters (several guest clusters mapping
+//! one host cluster) are written to every guest cluster as long as all mappings are known when the
+//! cluster passes.
+//!
+//! Memory: a read window of [`CHUNK`] plus up to three clusters, the L1 table (capped at 32 MiB),
+//! one map entry per pending L2 table / data cluster / compressed cluster (that is, bounded by the
+//! L2 tables seen), and the hold's memory budget. Work is proportional to the stream length plus the
+//! number of guest clusters (the caller checks the virtual size against the target first).
+
+use std::collections::BTreeMap;
+use std::io::{self, Read};
+
+use super::header::Header;
+use super::hold::Hold;
+use super::inflate::Inflater;
+use super::l2::{self, Mapping, SECTOR};
+use crate::error::{Error, Result};
+use crate::format::ReaderOptions;
+use crate::sink::ExtentSink;
+
+/// How far ahead of the processing position the window reads.
+pub(crate) const CHUNK: usize = 4 << 20;
+
+/// What a conversion did, for logs and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Qcow2Stats {
+    /// Bytes of the image read (the conversion stops once every guest byte is reported).
+    pub bytes_read: u64,
+    /// Bytes held because they passed before their role was known.
+    pub held_bytes: u64,
+    /// Of those, bytes that went to the spill file.
+    pub spilled_bytes: u64,
+}
+
+/// Cluster geometry, copied out of the header.
+#[derive(Clone, Copy)]
+struct Geo {
+    cb: u32,
+    cs: u64,
+    vsize: u64,
+    guest_clusters: u64,
+    l2_entries: u64,
+    extended: bool,
+    full_mask: u32,
+}
+
+/// A guest cluster that reads (some subclusters of) a host cluster.
+#[derive(Clone, Copy, Debug)]
+struct Target {
+    guest_cluster: u64,
+    mask: u32,
+}
+
+enum Targets {
+    One(Target),
+    Many(Vec<Target>),
+}
+
+struct CompressedNeed {
+    end: u64,
+    guest_cluster: u64,
+}
+
+/// The sink, with adjacent zero ranges coalesced.
+struct Out<'s> {
+    sink: &'s mut dyn ExtentSink,
+    zero: Option<(u64, u64)>,
+}
+
+impl Out<'_> {
+    fn data(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.sink.write_data(offset, data)
+    }
+
+    fn zero(&mut self, start: u64, end: u64) -> Result<()> {
+        if start >= end {
+            return Ok(());
+        }
+        match &mut self.zero {
+            Some((_, e)) if *e == start => *e = end,
+            _ => {
+                self.flush()?;
+                self.zero = Some((start, end));
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if let Some((s, e)) = self.zero.take() {
+            self.sink.write_zeroes(s, e - s)?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes what guest cluster `t` reads, given its host cluster's bytes.
+fn emit(out: &mut Out<'_>, g: &Geo, t: Target, bytes: &[u8]) -> Result<()> {
+    let goff = t.guest_cluster << g.cb;
+    let gend = (goff + g.cs).min(g.vsize);
+    if t.mask == g.full_mask {
+        return out.data(goff, &bytes[..(gend - goff) as usize]);
+    }
+    let scs = g.cs / 32;
+    let mut i = 0u64;
+    while i < 32 {
+        let is_data = t.mask >> i & 1 == 1;
+        let mut j = i + 1;
+        while j < 32 && (t.mask >> j & 1 == 1) == is_data {
+            j += 1;
+        }
+        let a = goff + i * scs;
+        let b = (goff + j * scs).min(gend);
+        if a < b {
+            if is_data {
+                let from = (i * scs) as usize;
+                out.data(a, &bytes[from..from + (b - a) as usize])?;
+            } else {
+                out.zero(a, b)?;
+            }
+        }
+        i = j;
+    }
+    Ok(())
+}
+
+/// How many bytes of its host cluster guest cluster `t` reads.
+fn needed_len(g: &Geo, t: Target) -> u64 {
+    let glen = g.cs.min(g.vsize - (t.guest_cluster << g.cb));
+    if t.mask == g.full_mask {
+        glen
+    } else {
+        let last = u64::from(31 - t.mask.leading_zeros());
+        ((last + 1) * (g.cs / 32)).min(glen)
+    }
+}
+
+fn be64(b: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Decodes the entries of the L2 table for L1 entry `l1_index` that map the virtual disk.
+fn decode_l2(
+    bytes: &[u8],
+    g: &Geo,
+    l1_index: u64,
+    table: u64,
+    out: &mut Vec<(u64, Mapping)>,
+) -> Result<()> {
+    out.clear();
+    let g0 = l1_index * g.l2_entries;
+    let n = g.l2_entries.min(g.guest_clusters - g0);
+    let esize = if g.extended { 16 } else { 8 };
+    for j in 0..n as usize {
+        let raw = be64(bytes, j * esize);
+        let bitmap = g.extended.then(|| be64(bytes, j * esize + 8));
+        let m = l2::l2_entry(raw, bitmap, g.cb).map_err(|e| {
+            Error::Corrupt(format!(
+                "qcow2 L2 table at {table:#x}, entry {j} (guest offset {:#x}): {e}",
+                (g0 + j as u64) << g.cb
+            ))
+        })?;
+        out.push((g0 + j as u64, m));
+    }
+    Ok(())
+}
+
+pub(crate) struct Stream<'s> {
+    g: Geo,
+    l1_offset: u64,
+    reader: Box<dyn Read + Send>,
+    buf: Vec<u8>,
+    buf_len: usize,
+    buf_start: u64,
+    eof: bool,
+    /// Stream offset of the next cluster to dispatch.
+    pos: u64,
+    /// Cluster index ranges with roles from the header.
+    l1_clusters: (u64, u64),
+    rt_clusters: (u64, u64),
+    /// Byte range of the L1 entries that map the disk.
+    l1_bytes: (u64, u64),
+    l1: Vec<u8>,
+    l1_done: bool,
+    /// Host cluster -> the L1 entries that point at it.
+    pending_l2: BTreeMap<u64, Vec<u32>>,
+    /// Host cluster -> the guest clusters that read it.
+    data: BTreeMap<u64, Targets>,
+    /// (start, sequence) -> compressed cluster.
+    compressed: BTreeMap<(u64, u64), CompressedNeed>,
+    seq: u64,
+    holding: bool,
+    hold: Hold,
+    /// Held ranges to free once the L2 table being processed is done.
+    release: Vec<(u64, u64)>,
+    out: Out<'s>,
+    /// Pending contiguous data write: guest offset, window offset, length.
+    run: (u64, usize, usize),
+    inflater: Inflater,
+    /// The second inflate thread's decoder.
+    helper: Inflater,
+    outbuf: Vec<u8>,
+    cluster_buf: Vec<u8>,
+    scratch: Vec<u8>,
+    table_buf: Vec<u8>,
+    mappings: Vec<(u64, Mapping)>,
+    ready: Vec<(u64, u64)>,
+}
+
+impl<'s> Stream<'s> {
+    pub fn new(
+        h: &Header,
+        head: Vec<u8>,
+        reader: Box<dyn Read + Send>,
+        opts: &ReaderOptions,
+        sink: &'s mut dyn ExtentSink,
+    ) -> Stream<'s> {
+        let cb = h.cluster_bits;
+        let cs = h.cluster_size();
+        let l1_needed = h.l1_entries_needed();
+        let l1_len = u64::from(h.l1_entries) * 8;
+        let l1_clusters = if l1_len == 0 {
+            (0, 0)
+        } else {
+            (h.l1_offset >> cb, (h.l1_offset + l1_len).div_ceil(cs))
+        };
+        let rt_first = h.refcount_table_offset >> cb;
+        let head_len = head.len();
+        Stream {
+            g: Geo {
+                cb,
+                cs,
+                vsize: h.virtual_size,
+                guest_clusters: h.guest_clusters(),
+                l2_entries: h.l2_entries(),
+                extended: h.extended_l2,
+                full_mask: if h.extended_l2 { u32::MAX } else { 1 },
+            },
+            l1_offset: h.l1_offset,
+            reader,
+            buf: head,
+            buf_len: head_len,
+            buf_start: 0,
+            eof: false,
+            pos: 0,
+            l1_clusters,
+            rt_clusters: (rt_first, rt_first + u64::from(h.refcount_table_clusters)),
+            l1_bytes: (h.l1_offset, h.l1_offset + l1_needed * 8),
+            l1: Vec::new(),
+            l1_done: l1_needed == 0,
+            pending_l2: BTreeMap::new(),
+            data: BTreeMap::new(),
+            compressed: BTreeMap::new(),
+            seq: 0,
+            holding: l1_needed != 0,
+            hold: Hold::new(opts.memory_budget, opts.spill_dir.clone()),
+            release: Vec::new(),
+            out: Out { sink, zero: None },
+            run: (0, 0, 0),
+            inflater: Inflater::new(h.compression),
+            helper: Inflater::new(h.compression),
+            outbuf: Vec::new(),
+            cluster_buf: vec![0; cs as usize],
+            scratch: Vec::new(),
+            table_buf: Vec::new(),
+            mappings: Vec::new(),
+            ready: Vec::new(),
+        }
+    }
+
+    pub fn run(mut self) -> Result<Qcow2Stats> {
+        while !self.done() {
+            self.fill()?;
+            let end = self.buf_end();
+            while self.pos < end && (self.pos + self.g.cs <= end || self.eof) && !self.done() {
+                self.cluster()?;
+            }
+            self.flush_run()?;
+            self.compressed_ready()?;
+            if !self.done() && self.eof {
+                return Err(self.truncated());
+            }
+        }
+        self.flush_run()?;
+        self.out.flush()?;
+        Ok(Qcow2Stats {
+            bytes_read: self.buf_end(),
+            held_bytes: self.hold.held_bytes,
+            spilled_bytes: self.hold.spilled_bytes,
+        })
+    }
+
+    fn buf_end(&self) -> u64 {
+        self.buf_start + self.buf_len as u64
+    }
+
+    fn done(&self) -> bool {
+        self.l1_done
+            && self.pending_l2.is_empty()
+            && self.data.is_empty()
+            && self.compressed.is_empty()
+    }
+
+    fn corrupt(&self, msg: String) -> Error {
+        Error::Corrupt(format!("qcow2: {msg}"))
+    }
+
+    fn truncated(&self) -> Error {
+        let cb = self.g.cb;
+        let what = if !self.l1_done {
+            format!("the L1 table at {:#x}", self.l1_offset)
+        } else if let Some((h, l1s)) = self.pending_l2.first_key_value() {
+            format!("the L2 table at {:#x} (L1 entry {})", h << cb, l1s[0])
+        } else if let Some((h, t)) = self.data.first_key_value() {
+            let g = match t {
+                Targets::One(t) => t.guest_cluster,
+                Targets::Many(v) => v[0].guest_cluster,
+            };
+            format!(
+                "the data cluster at {:#x} (guest offset {:#x})",
+                h << cb,
+                g << cb
+            )
+        } else if let Some(((s, _), n)) = self.compressed.first_key_value() {
+            format!(
+                "the compressed cluster at {s:#x} (guest offset {:#x})",
+                n.guest_cluster << cb
+            )
+        } else {
+            "data".to_string()
+        };
+        self.corrupt(format!(
+            "truncated: {what} is past the end of the image ({} bytes)",
+            self.buf_end()
+        ))
+    }
+
+    /// Drops what the window no longer needs and reads until it reaches `CHUNK` past `pos`.
+    fn fill(&mut self) -> Result<()> {
+        self.flush_run()?;
+        let mut keep = self.pos.min(self.buf_end());
+        if let Some((&(s, _), _)) = self.compressed.first_key_value() {
+            keep = keep.min(s);
+        }
+        let keep = keep.max(self.buf_start);
+        let drop = (keep - self.buf_start) as usize;
+        if drop > 0 {
+            self.buf.copy_within(drop..self.buf_len, 0);
+            self.buf_len -= drop;
+            self.buf_start = keep;
+        }
+        let want = (self.pos.max(self.buf_start) - self.buf_start) as usize + CHUNK;
+        if self.buf.len() < want {
+            self.buf.resize(want, 0);
+        }
+        while !self.eof && self.buf_len < want {
+            match self.reader.read(&mut self.buf[self.buf_len..want]) {
+                Ok(0) => self.eof = true,
+                Ok(n) => self.buf_len += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::from_read(e, "qcow2 image")),
+            }
+        }
+        Ok(())
+    }
+
+    fn flush_run(&mut self) -> Result<()> {
+        let (guest, at, len) = self.run;
+        if len > 0 {
+            self.run.2 = 0;
+            self.out.data(guest, &self.buf[at..at + len])?;
+        }
+        Ok(())
+    }
+
+    /// Dispatches the cluster at `pos` (partial only at the end of the stream).
+    fn cluster(&mut self) -> Result<()> {
+        let c = self.pos;
+        let ci = c >> self.g.cb;
+        let lo = (c - self.buf_start) as usize;
+        let hi = (lo + self.g.cs as usize).min(self.buf_len);
+        let full = hi - lo == self.g.cs as usize;
+        if ci == 0 {
+            // The header, parsed already.
+        } else if (self.l1_clusters.0..self.l1_clusters.1).contains(&ci) {
+            let (bs, be) = self.l1_bytes;
+            let s = c.max(bs);
+            let e = (c + (hi - lo) as u64).min(be);
+            if s < e {
+                let from = lo + (s - c) as usize;
+                self.l1
+                    .extend_from_slice(&self.buf[from..from + (e - s) as usize]);
+            }
+            if !self.l1_done && self.l1.len() as u64 == be - bs {
+                self.finish_l1(ci)?;
+            }
+        } else if (self.rt_clusters.0..self.rt_clusters.1).contains(&ci) {
+            // Refcounts do not matter for reading.
+        } else if let Some(l1s) = self.pending_l2.get(&ci) {
+            if !full {
+                return Err(self.truncated());
+            }
+            let l1s = l1s.clone();
+            for i in l1s {
+                decode_l2(
+                    &self.buf[lo..hi],
+                    &self.g,
+                    u64::from(i),
+                    c,
+                    &mut self.mappings,
+                )?;
+                self.register_mappings(ci, ci)?;
+            }
+            self.pending_l2.remove(&ci);
+            self.flush_release();
+            self.maybe_stop_holding();
+        } else if let Some(targets) = self.data.remove(&ci) {
+            // qemu reads past the end of the file as zeroes, and writes only the subclusters it
+            // allocates: the cluster may end early, but not before the bytes the guest reads.
+            let needed = match &targets {
+                Targets::One(t) => needed_len(&self.g, *t),
+                Targets::Many(v) => v.iter().map(|t| needed_len(&self.g, *t)).max().unwrap_or(0),
+            };
+            if ((hi - lo) as u64) < needed {
+                self.data.insert(ci, targets);
+                return Err(self.truncated());
+            }
+            match targets {
+                Targets::One(t) if t.mask == self.g.full_mask => {
+                    let goff = t.guest_cluster << self.g.cb;
+                    let glen = (self.g.cs.min(self.g.vsize - goff)) as usize;
+                    let (rg, ro, rl) = self.run;
+                    if rl > 0
+                        && (rl as u64).is_multiple_of(self.g.cs)
+                        && rg + rl as u64 == goff
+                        && ro + rl == lo
+                    {
+                        self.run.2 += glen;
+                    } else {
+                        self.flush_run()?;
+                        self.run = (goff, lo, glen);
+                    }
+                }
+                Targets::One(t) => emit(&mut self.out, &self.g, t, &self.buf[lo..hi])?,
+                Targets::Many(v) => {
+                    for t in v {
+                        emit(&mut self.out, &self.g, t, &self.buf[lo..hi])?;
+                    }
+                }
+            }
+        } else if self.holding {
+            self.hold_cluster(c, lo, hi)?;
+        }
+        self.pos = c + self.g.cs;
+        Ok(())
+    }
+
+    /// Holds the parts of a cluster of unknown role that no registered compressed cluster owns.
+    fn hold_cluster(&mut self, c: u64, lo: usize, hi: usize) -> Result<()> {
+        let cend = c + (hi - lo) as u64;
+        let lower = c.saturating_sub(l2::max_compressed_len(self.g.cb));
+        let mut covered = c;
+        let mut pieces: Vec<(u64, u64)> = Vec::new();
+        for (&(s, _), n) in self.compressed.range((lower, 0)..(cend, 0)) {
+            // Everything but the last sector belongs to this compressed cluster alone.
+            let owned_end = if n.end - s > SECTOR {
+                n.end - SECTOR
+            } else {
+                s
+            };
+            let a = s.max(c);
+            let b = owned_end.min(cend);
+            if b <= a {
+                continue;
+            }
+            if a > covered {
+                pieces.push((covered, a));
+            }
+            covered = covered.max(b);
+        }
+        if covered < cend {
+            pieces.push((covered, cend));
+        }
+        for (a, b) in pieces {
+            let from = lo + (a - c) as usize;
+            self.hold.add(a, &self.buf[from..from + (b - a) as usize])?;
+        }
+        Ok(())
+    }
+
+    fn finish_l1(&mut self, ci: u64) -> Result<()> {
+        self.l1_done = true;
+        let l1 = std::mem::take(&mut self.l1);
+        let cb = self.g.cb;
+        for (i, e) in l1.chunks_exact(8).enumerate() {
+            let raw = be64(e, 0);
+            match l2::l1_entry(raw, cb) {
+                Err(m) => return Err(self.corrupt(format!("L1 entry {i}: {m}"))),
+                Ok(None) => {
+                    let span = self.g.l2_entries << cb;
+                    let start = i as u64 * span;
+                    self.out.zero(start, (start + span).min(self.g.vsize))?;
+                }
+                Ok(Some(off)) => {
+                    let h = off >> cb;
+                    if let Some(role) = self.fixed_role(h) {
+                        return Err(self.corrupt(format!(
+                            "L1 entry {i} puts an L2 table at {off:#x}, inside {role}"
+                        )));
+                    }
+                    self.pending_l2.entry(h).or_default().push(i as u32);
+                }
+            }
+        }
+        // L2 tables that passed before the L1 table come from the hold.
+        let passed: Vec<u64> = self.pending_l2.range(..ci).map(|(&h, _)| h).collect();
+        for h in passed {
+            let mut bytes = std::mem::take(&mut self.table_buf);
+            if !self.hold.read(h << cb, self.g.cs, &mut bytes)? {
+                let i = self.pending_l2[&h][0];
+                return Err(self.corrupt(format!(
+                    "L1 entry {i} puts an L2 table at {:#x}, a cluster already used for something else",
+                    h << cb
+                )));
+            }
+            let l1s = self.pending_l2[&h].clone();
+            for i in l1s {
+                decode_l2(&bytes, &self.g, u64::from(i), h << cb, &mut self.mappings)?;
+                self.register_mappings(h, ci)?;
+            }
+            self.table_buf = bytes;
+            self.pending_l2.remove(&h);
+            self.release.push((h << cb, (h + 1) << cb));
+            self.flush_release();
+        }
+        self.maybe_stop_holding();
+        Ok(())
+    }
+
+    /// The role a host cluster has from the header alone, if any.
+    fn fixed_role(&self, h: u64) -> Option<&'static str> {
+        if h == 0 {
+            Some("the header")
+        } else if (self.l1_clusters.0..self.l1_clusters.1).contains(&h) {
+            Some("the L1 table")
+        } else if (self.rt_clusters.0..self.rt_clusters.1).contains(&h) {
+            Some("the refcount table")
+        } else {
+            None
+        }
+    }
+
+    fn maybe_stop_holding(&mut self) {
+        if self.holding && self.l1_done && self.pending_l2.is_empty() {
+            self.holding = false;
+            self.hold.clear();
+        }
+    }
+
+    fn flush_release(&mut self) {
+        for (a, b) in self.release.drain(..) {
+            self.hold.release(a, b);
+        }
+    }
+
+    /// Registers what `self.mappings` (decoded from the L2 table in host cluster `table`) maps.
+    /// `cur` is the cluster being dispatched: everything before it has passed.
+    fn register_mappings(&mut self, table: u64, cur: u64) -> Result<()> {
+        let maps = std::mem::take(&mut self.mappings);
+        let r = maps
+            .iter()
+            .try_for_each(|&(g, m)| self.register(g, m, table, cur));
+        self.mappings = maps;
+        r
+    }
+
+    fn register(&mut self, gc: u64, m: Mapping, table: u64, cur: u64) -> Result<()> {
+        let g = self.g;
+        let goff = gc << g.cb;
+        match m {
+            Mapping::Zero => self.out.zero(goff, (goff + g.cs).min(g.vsize)),
+            Mapping::Data { host, data_mask } => {
+                let h = host >> g.cb;
+                let role = if h == table {
+                    Some("the L2 table that maps it")
+                } else if self.pending_l2.contains_key(&h) {
+                    Some("an L2 table")
+                } else {
+                    self.fixed_role(h)
+                };
+                if let Some(role) = role {
+                    return Err(self.corrupt(format!(
+                        "guest offset {goff:#x} maps to host cluster {host:#x}, which is {role}"
+                    )));
+                }
+                let t = Target {
+                    guest_cluster: gc,
+                    mask: data_mask,
+                };
+                if h < cur {
+                    if !self.hold.read(host, g.cs, &mut self.scratch)? {
+                        return Err(self.passed(goff, host));
+                    }
+                    emit(&mut self.out, &g, t, &self.scratch)?;
+                    self.release.push((host, host + g.cs));
+                } else {
+                    match self.data.get_mut(&h) {
+                        None => {
+                            self.data.insert(h, Targets::One(t));
+                        }
+                        Some(Targets::One(first)) => {
+                            let first = *first;
+                            self.data.insert(h, Targets::Many(vec![first, t]));
+                        }
+                        Some(Targets::Many(v)) => v.push(t),
+                    }
+                }
+                Ok(())
+            }
+            Mapping::Compressed(c) => {
+                let end = c.end();
+                let overlaps =
+                    |(a, b): (u64, u64)| a < b && c.offset < b << g.cb && end > a << g.cb;
+                let role = if c.offset < g.cs {
+                    Some("the header")
+                } else if overlaps(self.l1_clusters) {
+                    Some("the L1 table")
+                } else if overlaps(self.rt_clusters) {
+                    Some("the refcount table")
+                } else if overlaps((table, table + 1)) || overlaps((cur, cur + 1)) {
+                    Some("the L2 table that maps it")
+                } else {
+                    None
+                };
+                if let Some(role) = role {
+                    return Err(self.corrupt(format!(
+                        "guest offset {goff:#x} maps to compressed data at {:#x}..{end:#x}, which overlaps {role}",
+                        c.offset
+                    )));
+                }
+                if end <= cur << g.cb {
+                    if !self.hold.read(c.offset, c.len, &mut self.scratch)? {
+                        return Err(self.passed(goff, c.offset));
+                    }
+                    self.inflater
+                        .inflate(&self.scratch, &mut self.cluster_buf)
+                        .map_err(|e| {
+                            Error::Corrupt(format!(
+                                "qcow2: compressed cluster at {:#x} (guest offset {goff:#x}): {e}",
+                                c.offset
+                            ))
+                        })?;
+                    let t = Target {
+                        guest_cluster: gc,
+                        mask: g.full_mask,
+                    };
+                    emit(&mut self.out, &g, t, &self.cluster_buf)?;
+                    let owned_end = if c.len > SECTOR {
+                        end - SECTOR
+                    } else {
+                        c.offset
+                    };
+                    self.release.push((c.offset, owned_end));
+                } else {
+                    self.compressed.insert(
+                        (c.offset, self.seq),
+                        CompressedNeed {
+                            end,
+                            guest_cluster: gc,
+                        },
+                    );
+                    self.seq += 1;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn passed(&self, goff: u64, host: u64) -> Error {
+        self.corrupt(format!(
+            "guest offset {goff:#x} maps to host offset {host:#x}, which already passed as \
+             metadata or as another guest cluster's data (a single streaming pass cannot go back)"
+        ))
+    }
+
+    /// Inflates the compressed clusters whose bytes are all in the window, on two threads when
+    /// there is enough work, and writes them in order.
+    fn compressed_ready(&mut self) -> Result<()> {
+        let end = self.buf_end();
+        let limit = self.pos.min(end);
+        self.ready.clear();
+        for (&k, n) in self.compressed.range(..(limit, 0)) {
+            if n.end <= limit || self.eof {
+                self.ready.push(k);
+            }
+        }
+        if self.ready.is_empty() {
+            return Ok(());
+        }
+        let g = self.g;
+        let cs = g.cs as usize;
+        let jobs: Vec<Job> = self
+            .ready
+            .iter()
+            .map(|k| {
+                let n = self.compressed.remove(k).expect("listed above");
+                Job {
+                    start: k.0,
+                    end: n.end,
+                    guest_cluster: n.guest_cluster,
+                }
+            })
+            .collect();
+        // Bounded output per round: at most INFLATE_ROUND bytes of clusters (and 2 clusters).
+        let per_round = (INFLATE_ROUND / cs).max(2);
+        for round in jobs.chunks(per_round) {
+            self.outbuf.resize(round.len() * cs, 0);
+            let win = Window {
+                buf: &self.buf[..self.buf_len],
+                start: self.buf_start,
+            };
+            let (a, b) = round.split_at(round.len() / 2);
+            let (out_a, out_b) = self.outbuf.split_at_mut(a.len() * cs);
+            let inflater = &mut self.inflater;
+            let helper = &mut self.helper;
+            let r = if round.len() * cs >= PARALLEL_MIN && !a.is_empty() {
+                std::thread::scope(|sc| {
+                    let h = sc.spawn(|| inflate_jobs(helper, &win, b, out_b, cs));
+                    let ra = inflate_jobs(inflater, &win, a, out_a, cs);
+                    let rb = h.join().expect("inflate thread panicked");
+                    ra.and(rb.map_err(|(i, e)| (i + a.len(), e)))
+                })
+            } else {
+                inflate_jobs(inflater, &win, round, &mut self.outbuf, cs)
+            };
+            if let Err((i, e)) = r {
+                let j = &round[i];
+                return Err(Error::Corrupt(format!(
+                    "qcow2: compressed cluster at {:#x} (guest offset {:#x}): {e}",
+                    j.start,
+                    j.guest_cluster << g.cb
+                )));
+            }
+            for (i, j) in round.iter().enumerate() {
+                let t = Target {
+                    guest_cluster: j.guest_cluster,
+                    mask: g.full_mask,
+                };
+                emit(&mut self.out, &g, t, &self.outbuf[i * cs..(i + 1) * cs])?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Output bytes inflated per round (bounds the output buffer).
+const INFLATE_ROUND: usize = 16 << 20;
+/// Rounds with less output than this inflate on the calling thread alone.
+const PARALLEL_MIN: usize = 1 << 20;
+
+/// A compressed cluster whose bytes are in the window.
+struct Job {
+    start: u64,
+    end: u64,
+    guest_cluster: u64,
+}
+
+/// The read window: `buf[0]` is stream offset `start`.
+struct Window<'a> {
+    buf: &'a [u8],
+    start: u64,
+}
+
+/// Inflates `jobs` into consecutive clusters of `out`; on failure, the job's index and why.
+fn inflate_jobs(
+    inflater: &mut Inflater,
+    win: &Window<'_>,
+    jobs: &[Job],
+    out: &mut [u8],
+    cs: usize,
+) -> std::result::Result<(), (usize, String)> {
+    for (i, j) in jobs.iter().enumerate() {
+        let from = (j.start - win.start) as usize;
+        let dst = &mut out[i * cs..(i + 1) * cs];
+        let win_end = win.start + win.buf.len() as u64;
+        let r = if j.end <= win_end {
+            inflater.inflate(&win.buf[from..(j.end - win.start) as usize], dst)
+        } else {
+            // Past the end of the stream reads as zeroes, as in qemu (the last compressed
+            // cluster of an image may end mid-sector).
+            let mut src = win.buf[from..].to_vec();
+            src.resize((j.end - j.start) as usize, 0);
+            inflater.inflate(&src, dst)
+        };
+        r.map_err(|e| (i, e))?;
+    }
+    Ok(())
+}
