@@ -290,56 +290,6 @@ fn poll_metrics(port: u16) -> String {
     panic!("metrics endpoint on port {port} never answered");
 }
 
-/// A loop device over a sparse file, detached on drop.
-struct LoopDevice {
-    device: PathBuf,
-}
-
-impl LoopDevice {
-    fn new(backing: &Path, size: u64) -> Option<Self> {
-        if !nix_is_root() {
-            eprintln!("skipping: loop devices need root");
-            return None;
-        }
-        let f = fs::File::create(backing).unwrap();
-        f.set_len(size).unwrap();
-        let out = Command::new("losetup")
-            .args(["--find", "--show", arg(backing)])
-            .output()
-            .expect("losetup");
-        if !out.status.success() {
-            eprintln!(
-                "skipping: losetup failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            return None;
-        }
-        let device = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
-        Some(LoopDevice { device })
-    }
-}
-
-impl Drop for LoopDevice {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").arg("-d").arg(&self.device).status();
-    }
-}
-
-fn nix_is_root() -> bool {
-    fs::metadata("/proc/self")
-        .map(|m| m.uid() == 0)
-        .unwrap_or(false)
-}
-
-fn read_prefix(device: &Path, len: usize) -> Vec<u8> {
-    let mut buf = vec![0u8; len];
-    fs::File::open(device)
-        .unwrap()
-        .read_exact(&mut buf)
-        .unwrap();
-    buf
-}
-
 #[test]
 fn block_device_target_gets_the_image_and_zeroes_old_data() {
     let dir = tempfile::tempdir().unwrap();

@@ -2,6 +2,8 @@
 #![allow(dead_code)]
 
 use std::fs;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -72,4 +74,54 @@ pub fn no_partial_left(dir: &Path) {
         .filter(|e| e.file_name().to_string_lossy().contains("quarry-partial"))
         .collect();
     assert!(leftovers.is_empty(), "partial files left: {leftovers:?}");
+}
+
+/// A loop device over a sparse file, detached on drop.
+pub struct LoopDevice {
+    pub device: PathBuf,
+}
+
+impl LoopDevice {
+    pub fn new(backing: &Path, size: u64) -> Option<Self> {
+        if !nix_is_root() {
+            eprintln!("skipping: loop devices need root");
+            return None;
+        }
+        let f = fs::File::create(backing).unwrap();
+        f.set_len(size).unwrap();
+        let out = Command::new("losetup")
+            .args(["--find", "--show", arg(backing)])
+            .output()
+            .expect("losetup");
+        if !out.status.success() {
+            eprintln!(
+                "skipping: losetup failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return None;
+        }
+        let device = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+        Some(LoopDevice { device })
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.device).status();
+    }
+}
+
+pub fn nix_is_root() -> bool {
+    fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false)
+}
+
+pub fn read_prefix(device: &Path, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    fs::File::open(device)
+        .unwrap()
+        .read_exact(&mut buf)
+        .unwrap();
+    buf
 }

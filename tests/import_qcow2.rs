@@ -1,0 +1,209 @@
+//! `quarry import` of the qcow2 test corpus (`testdata/make-images.sh`), compared byte for byte
+//! with `qemu-img convert -O raw`: into files, from standard input (compressed, so nothing can
+//! seek), and onto loop-device block targets; plus the refusals and corrupt images by exit code.
+
+use std::fs;
+use std::process::Stdio;
+
+use testkit::qemu::{self, TestImage};
+
+mod common;
+use common::*;
+
+fn corpus() -> (tempfile::TempDir, Vec<TestImage>) {
+    let dir = tempfile::tempdir().unwrap();
+    let images = qemu::make_images(dir.path());
+    assert!(images.iter().filter(|i| i.expect == "convert").count() >= 10);
+    (dir, images)
+}
+
+fn reference(image: &TestImage, dir: &std::path::Path) -> Vec<u8> {
+    let raw = dir.join("reference.raw");
+    qemu::convert_to_raw(&image.path, &raw);
+    fs::read(&raw).unwrap()
+}
+
+fn assert_same(what: &str, got: &[u8], expected: &[u8]) {
+    if let Some(at) = qemu::first_difference(got, expected) {
+        panic!(
+            "{what}: differs from qemu-img at byte {at} (got {} bytes, expected {})",
+            got.len(),
+            expected.len()
+        );
+    }
+}
+
+#[test]
+fn every_image_equals_qemu_img_from_a_file_and_from_a_compressed_stream() {
+    let (dir, images) = corpus();
+    let work = tempfile::tempdir().unwrap();
+    for image in images.iter().filter(|i| i.expect == "convert") {
+        let expected = reference(image, work.path());
+        let name = image.path.file_name().unwrap().to_string_lossy();
+
+        let target = work.path().join("from-file.img");
+        let out = run(&["import", arg(&image.path), arg(&target), "--json"]);
+        assert_ok(&out);
+        assert_same(
+            &format!("{name} from a file"),
+            &fs::read(&target).unwrap(),
+            &expected,
+        );
+        assert_eq!(json(&out)["virtual_size"], expected.len() as u64, "{name}");
+
+        let xz = dir.path().join(format!("{name}.xz"));
+        compress(&["xz", "-c", "-T2"], &image.path, &xz);
+        let target = work.path().join("from-stdin.img");
+        let out = quarry()
+            .args(["import", "-", arg(&target), "--json"])
+            .stdin(fs::File::open(&xz).unwrap())
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        assert_eq!(
+            json(&out)["format_chain"],
+            serde_json::json!(["xz", "qcow2"]),
+            "{name}"
+        );
+        assert_same(
+            &format!("{name} from stdin (xz)"),
+            &fs::read(&target).unwrap(),
+            &expected,
+        );
+    }
+}
+
+#[test]
+fn images_with_held_clusters_convert_with_no_memory_budget() {
+    // Snapshot and resized images carry data before the tables that map it; with no memory
+    // budget all of it goes through the spill file beside the target.
+    let (_dir, images) = corpus();
+    let work = tempfile::tempdir().unwrap();
+    for name in ["snapshot.qcow2", "resized.qcow2"] {
+        let image = images
+            .iter()
+            .find(|i| i.path.ends_with(name))
+            .unwrap_or_else(|| panic!("{name} missing from the corpus"));
+        let expected = reference(image, work.path());
+        let target = work.path().join("disk.img");
+        let out = quarry()
+            .args(["import", "-", arg(&target), "--memory-budget", "0"])
+            .stdin(fs::File::open(&image.path).unwrap())
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        assert_same(name, &fs::read(&target).unwrap(), &expected);
+        no_partial_left(work.path());
+    }
+}
+
+#[test]
+fn every_image_equals_qemu_img_on_a_block_device() {
+    let (_dir, images) = corpus();
+    let work = tempfile::tempdir().unwrap();
+    let Some(dev) = LoopDevice::new(&work.path().join("backing"), 64 << 20) else {
+        return;
+    };
+    for image in images.iter().filter(|i| i.expect == "convert") {
+        let expected = reference(image, work.path());
+        if expected.len() > 64 << 20 {
+            continue;
+        }
+        // Old bytes everywhere, so a zero range that was skipped would show.
+        fs::write(&dev.device, vec![0xa5u8; 64 << 20]).unwrap();
+        let out = run(&["import", arg(&image.path), arg(&dev.device)]);
+        assert_ok(&out);
+        let name = image.path.file_name().unwrap().to_string_lossy();
+        assert_same(
+            &format!("{name} on a block device"),
+            &read_prefix(&dev.device, expected.len()),
+            &expected,
+        );
+    }
+}
+
+#[test]
+fn refused_images_exit_as_unsupported_and_name_the_problem() {
+    let (_dir, images) = corpus();
+    let work = tempfile::tempdir().unwrap();
+    let refused: Vec<_> = images
+        .iter()
+        .filter(|i| i.expect == "unsupported")
+        .collect();
+    assert_eq!(refused.len(), 3, "{refused:?}");
+    for image in refused {
+        let target = work.path().join("disk.img");
+        let out = run(&["import", arg(&image.path), arg(&target), "--json"]);
+        assert_eq!(out.status.code(), Some(11), "{image:?}: {out:?}");
+        let message = json(&out)["error"].as_str().unwrap().to_lowercase();
+        let name = image.path.file_name().unwrap().to_string_lossy();
+        let expected_word = match &*name {
+            "backing.qcow2" => "backing",
+            "luks.qcow2" => "encrypt",
+            "datafile.qcow2" => "data file",
+            other => panic!("unexpected refused image {other}"),
+        };
+        assert!(message.contains(expected_word), "{name}: {message}");
+        assert!(!target.exists());
+    }
+}
+
+#[test]
+fn truncated_image_is_corrupt_and_leaves_no_target() {
+    let (dir, images) = corpus();
+    let image = images
+        .iter()
+        .find(|i| i.path.ends_with("default.qcow2"))
+        .unwrap();
+    let bytes = fs::read(&image.path).unwrap();
+    let cut = dir.path().join("cut.qcow2");
+    fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let target = work.path().join("disk.img");
+    let out = run(&["import", arg(&cut), arg(&target), "--json"]);
+    assert_eq!(out.status.code(), Some(12), "{out:?}");
+    assert!(!target.exists());
+    no_partial_left(work.path());
+}
+
+#[test]
+fn corrupt_tables_are_refused() {
+    let (dir, images) = corpus();
+    let image = images
+        .iter()
+        .find(|i| i.path.ends_with("default.qcow2"))
+        .unwrap();
+    let mut bytes = fs::read(&image.path).unwrap();
+    // The L1 table offset (header bytes 40..48) pointing far past the end of the file.
+    bytes[40..48].copy_from_slice(&(1u64 << 50).to_be_bytes());
+    let bad = dir.path().join("bad-l1.qcow2");
+    fs::write(&bad, &bytes).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let target = work.path().join("disk.img");
+    let out = quarry()
+        .args(["import", arg(&bad), arg(&target)])
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(12), "{out:?}");
+    assert!(!target.exists());
+}
+
+#[test]
+fn image_larger_than_the_requested_size_is_refused_before_writing() {
+    let (_dir, images) = corpus();
+    let image = images
+        .iter()
+        .find(|i| i.path.ends_with("default.qcow2"))
+        .unwrap();
+    let virtual_size = qemu::virtual_size(&image.path);
+    let work = tempfile::tempdir().unwrap();
+    let target = work.path().join("disk.img");
+    let size = (virtual_size / 2).to_string();
+    let out = run(&["import", arg(&image.path), arg(&target), "--size", &size]);
+    assert_eq!(out.status.code(), Some(13), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&virtual_size.to_string()), "{stderr}");
+    assert!(!target.exists());
+    no_partial_left(work.path());
+}
