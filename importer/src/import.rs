@@ -14,16 +14,18 @@ use crate::checksum::{Checksum, Hasher};
 use crate::decode::{self, Compression};
 use crate::error::{Error, Result};
 use crate::format::qcow2::Qcow2Reader;
-use crate::format::raw::RawReader;
+use crate::format::raw::{RawReader, SparseFileReader};
 use crate::format::{self, FormatReader, ImageFormat, ReaderOptions};
+use crate::peek::Peeked;
 use crate::pipe::{self, ChunkObserver};
 use crate::progress::Progress;
 use crate::sink::block::{self, BlockSink, ZeroMode};
 use crate::sink::file::FileSink;
 use crate::sink::{Bounded, VolumeSink};
 use crate::size::usable_space;
-use crate::source::SourceSpec;
+use crate::source::file::FileSource;
 use crate::source::http::HttpOptions;
+use crate::source::{ByteSource, SourceSpec};
 
 /// CDI's default filesystem overhead for filesystem volumes, as a fraction.
 pub const DEFAULT_FILESYSTEM_OVERHEAD: f64 = 0.06;
@@ -177,44 +179,61 @@ fn usable_space_exact(size: u64, overhead: f64) -> u64 {
     }
 }
 
+/// A source opened as far as its format: the reader, plus the stages feeding it.
+struct Opened {
+    reader: Box<dyn FormatReader>,
+    chain: Vec<String>,
+    format: ImageFormat,
+    source_name: String,
+    source_length: Option<u64>,
+    stages: Stages,
+}
+
 /// Runs one import to completion. `progress` is updated as it goes.
 pub fn import(req: &ImportRequest, progress: Arc<Progress>) -> Result<ImportReport> {
     let started = Instant::now();
     let capacity = capacity(req)?;
-
-    let source = req.source.open(&req.http)?;
-    let info = source.info().clone();
-    progress
-        .source_length
-        .store(info.length.unwrap_or(0), Ordering::Relaxed);
-    let observer = SourceObserver {
-        hasher: req.checksum.as_ref().map(|c| c.algorithm.hasher()),
-        progress: progress.clone(),
-        bytes: 0,
+    let opened = match open_local_sparse_raw(req)? {
+        Some(opened) => opened,
+        None => open_stream(req, &progress)?,
     };
-    let (raw_stream, source_stage) = pipe::spawn("source", source, observer);
+    let Opened {
+        reader,
+        chain,
+        format,
+        source_name,
+        source_length,
+        mut stages,
+    } = opened;
 
-    let mut stages = Stages {
-        source: Some(source_stage),
-        decode: None,
-    };
-    let outcome = run(
-        req,
-        &capacity,
-        &info.length,
-        raw_stream,
-        &mut stages,
-        &progress,
-    );
-    let (reader_result, sink, chain, format) = match outcome {
-        Ok(parts) => parts,
+    let virtual_size = reader.virtual_size();
+    if let Some(v) = virtual_size {
+        progress.virtual_size.store(v, Ordering::Relaxed);
+    }
+    if let (Some(needed), Some(available)) = (virtual_size, capacity.limit)
+        && needed > available
+    {
+        stages.cancel();
+        return Err(Error::TooSmall {
+            needed,
+            available,
+            detail: capacity.detail.clone(),
+        });
+    }
+    let mut sink = match open_sink(req, &capacity) {
+        Ok(sink) => sink,
         Err(e) => {
             stages.cancel();
             return Err(e);
         }
     };
-    let (virtual_size, sink) = match reader_result {
-        Ok(v) => (v, sink),
+    let copied = reader.copy_to(&mut Bounded {
+        inner: sink.as_mut(),
+        limit: capacity.limit,
+        progress: &progress,
+    });
+    let virtual_size = match copied {
+        Ok(v) => v,
         Err(e) => {
             stages.cancel();
             sink.abort();
@@ -223,30 +242,25 @@ pub fn import(req: &ImportRequest, progress: Arc<Progress>) -> Result<ImportRepo
     };
 
     // Every guest byte is written; let the source stage read to the end so the checksum covers it.
-    if let Some(decode) = stages.decode.take() {
-        let _ = decode.finish();
-    }
-    let observed = match stages.source.take().expect("source stage").finish() {
-        Ok(o) => o,
+    let (source_bytes, source_checksum) = match stages.finish() {
+        Ok(observed) => observed.unwrap_or((source_length.unwrap_or(0), None)),
         Err(e) => {
             sink.abort();
-            return Err(Error::from_read(e, "source"));
+            return Err(e);
         }
     };
-    let source_checksum = observed.hasher.map(Hasher::finish);
     if let (Some(expected), Some(actual)) = (&req.checksum, &source_checksum)
         && let Err(e) = expected.verify(actual)
     {
         sink.abort();
         return Err(e);
     }
-    if let Some(length) = info.length
-        && observed.bytes != length
+    if let Some(length) = source_length
+        && source_bytes != length
     {
         sink.abort();
         return Err(Error::SourceUnavailable(format!(
-            "{} announced {length} bytes but {} arrived",
-            info.name, observed.bytes
+            "{source_name} announced {length} bytes but {source_bytes} arrived"
         )));
     }
 
@@ -260,13 +274,13 @@ pub fn import(req: &ImportRequest, progress: Arc<Progress>) -> Result<ImportRepo
     };
     sink.commit(target_size)?;
     Ok(ImportReport {
-        source: info.name,
+        source: source_name,
         target: req.target.display().to_string(),
         format_chain: chain,
         format,
         virtual_size,
         target_size,
-        source_bytes: observed.bytes,
+        source_bytes,
         bytes_written: progress.data_written.load(Ordering::Relaxed),
         source_checksum: source_checksum.map(|c| c.to_string()),
         duration_seconds: started.elapsed().as_secs_f64(),
@@ -279,6 +293,13 @@ struct Stages {
 }
 
 impl Stages {
+    fn none() -> Self {
+        Stages {
+            source: None,
+            decode: None,
+        }
+    }
+
     fn cancel(&mut self) {
         if let Some(s) = self.decode.take() {
             s.cancel();
@@ -287,20 +308,91 @@ impl Stages {
             s.cancel();
         }
     }
+
+    /// Joins the stages; returns the source bytes read and their checksum (None without stages).
+    fn finish(&mut self) -> Result<Option<(u64, Option<Checksum>)>> {
+        if let Some(decode) = self.decode.take() {
+            let _ = decode.finish();
+        }
+        let Some(source) = self.source.take() else {
+            return Ok(None);
+        };
+        let observed = source.finish().map_err(|e| Error::from_read(e, "source"))?;
+        Ok(Some((observed.bytes, observed.hasher.map(Hasher::finish))))
+    }
 }
 
-type RunParts = (Result<u64>, Box<dyn VolumeSink>, Vec<String>, ImageFormat);
+/// The fast path for an uncompressed raw image in a local regular file with no checksum to
+/// compute: read only its data extents, as `qemu-img convert` does.
+fn open_local_sparse_raw(req: &ImportRequest) -> Result<Option<Opened>> {
+    let SourceSpec::File(path) = &req.source else {
+        return Ok(None);
+    };
+    if req.checksum.is_some() || !matches!(req.format, None | Some(ImageFormat::Raw)) {
+        return Ok(None);
+    }
+    let source = FileSource::open(path)?;
+    if source.info().length.is_none() {
+        return Ok(None); // a pipe or device: stream it
+    }
+    let file = std::fs::File::open(path)
+        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    let head = Peeked::new(&file, decode::SNIFF_LEN).map_err(|e| Error::from_read(e, "source"))?;
+    let format = req.format.unwrap_or_else(|| format::detect(head.head()));
+    if decode::detect(head.head()).is_some() || format != ImageFormat::Raw {
+        return Ok(None);
+    }
+    let reader = SparseFileReader::new(file)?;
+    Ok(Some(Opened {
+        source_length: reader.virtual_size(),
+        reader: Box::new(reader),
+        chain: vec![ImageFormat::Raw.as_str().to_string()],
+        format: ImageFormat::Raw,
+        source_name: source.info().name.clone(),
+        stages: Stages::none(),
+    }))
+}
 
-/// Builds the reader and the sink, checks the size, and streams. Errors before the sink exists
-/// come back as `Err`; errors while streaming come back inside the parts so the sink is aborted.
-fn run(
+/// Opens the source as a stream: a reading (and hashing) stage, compression layers peeled on a
+/// decoding stage, and the format reader on top.
+fn open_stream(req: &ImportRequest, progress: &Arc<Progress>) -> Result<Opened> {
+    let source = req.source.open(&req.http)?;
+    let info = source.info().clone();
+    progress
+        .source_length
+        .store(info.length.unwrap_or(0), Ordering::Relaxed);
+    let observer = SourceObserver {
+        hasher: req.checksum.as_ref().map(|c| c.algorithm.hasher()),
+        progress: progress.clone(),
+        bytes: 0,
+    };
+    let (raw_stream, source_stage) = pipe::spawn("source", source, observer);
+    let mut stages = Stages {
+        source: Some(source_stage),
+        decode: None,
+    };
+    match open_layers(req, info.length, raw_stream, &mut stages) {
+        Ok((reader, chain, format)) => Ok(Opened {
+            reader,
+            chain,
+            format,
+            source_name: info.name,
+            source_length: info.length,
+            stages,
+        }),
+        Err(e) => {
+            stages.cancel();
+            Err(e)
+        }
+    }
+}
+
+fn open_layers(
     req: &ImportRequest,
-    capacity: &Capacity,
-    source_length: &Option<u64>,
+    source_length: Option<u64>,
     raw_stream: pipe::ChannelReader,
     stages: &mut Stages,
-    progress: &Progress,
-) -> Result<RunParts> {
+) -> Result<(Box<dyn FormatReader>, Vec<String>, ImageFormat)> {
     let (decoded, layers) = decode::unwrap_layers(Box::new(raw_stream))?;
     let format = req.format.unwrap_or_else(|| format::detect(decoded.head()));
     let mut chain: Vec<String> = layers.iter().map(|c| c.as_str().to_string()).collect();
@@ -313,23 +405,12 @@ fn run(
         stages.decode = Some(stage);
         Box::new(reader)
     };
-    let reader = open_reader(req, format, stream, &layers, *source_length)?;
+    let reader = open_reader(req, format, stream, &layers, source_length)?;
+    Ok((reader, chain, format))
+}
 
-    let virtual_size = reader.virtual_size();
-    if let Some(v) = virtual_size {
-        progress.virtual_size.store(v, Ordering::Relaxed);
-    }
-    if let (Some(needed), Some(available)) = (virtual_size, capacity.limit)
-        && needed > available
-    {
-        return Err(Error::TooSmall {
-            needed,
-            available,
-            detail: capacity.detail.clone(),
-        });
-    }
-
-    let mut sink: Box<dyn VolumeSink> = if capacity.is_block {
+fn open_sink(req: &ImportRequest, capacity: &Capacity) -> Result<Box<dyn VolumeSink>> {
+    Ok(if capacity.is_block {
         Box::new(BlockSink::open(
             &req.target,
             if req.assume_zeroed {
@@ -340,16 +421,7 @@ fn run(
         )?)
     } else {
         Box::new(FileSink::create(&req.target, req.preallocate)?)
-    };
-    let result = {
-        let mut bounded = Bounded {
-            inner: sink.as_mut(),
-            limit: capacity.limit,
-            progress,
-        };
-        reader.copy_to(&mut bounded)
-    };
-    Ok((result, sink, chain, format))
+    })
 }
 
 fn open_reader(

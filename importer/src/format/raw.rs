@@ -63,3 +63,144 @@ impl FormatReader for RawReader {
         Ok(offset)
     }
 }
+
+/// Copies a raw image from a local regular file, reading only its data extents
+/// (`SEEK_DATA`/`SEEK_HOLE`): holes are reported as zeroes without being read, as qemu-img does.
+pub struct SparseFileReader {
+    file: std::fs::File,
+    length: u64,
+}
+
+impl SparseFileReader {
+    pub fn new(file: std::fs::File) -> Result<Self> {
+        let length = file
+            .metadata()
+            .map_err(|e| Error::io("inspecting the source file", e))?
+            .len();
+        Ok(SparseFileReader { file, length })
+    }
+
+    /// The next data extent at or after `pos`, as `(start, end)`; None when only a hole is left.
+    fn next_data(&self, pos: u64) -> Result<Option<(u64, u64)>> {
+        use nix::unistd::{Whence, lseek};
+        let start = match lseek(&self.file, pos as i64, Whence::SeekData) {
+            Ok(s) => s as u64,
+            Err(nix::errno::Errno::ENXIO) => return Ok(None),
+            // Filesystems without SEEK_DATA: treat the rest as data.
+            Err(nix::errno::Errno::EINVAL) => return Ok(Some((pos, self.length))),
+            Err(e) => return Err(Error::io("seeking data in the source", e.into())),
+        };
+        let end = match lseek(&self.file, start as i64, Whence::SeekHole) {
+            Ok(e) => e as u64,
+            Err(e) => return Err(Error::io("seeking a hole in the source", e.into())),
+        };
+        Ok(Some((start, end.min(self.length))))
+    }
+}
+
+impl FormatReader for SparseFileReader {
+    fn format(&self) -> ImageFormat {
+        ImageFormat::Raw
+    }
+
+    fn virtual_size(&self) -> Option<u64> {
+        Some(self.length)
+    }
+
+    fn copy_to(self: Box<Self>, sink: &mut dyn ExtentSink) -> Result<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; READ_SIZE];
+        let mut pos = 0u64;
+        while pos < self.length {
+            let Some((start, end)) = self.next_data(pos)? else {
+                break;
+            };
+            if start > pos {
+                sink.write_zeroes(pos, start - pos)?;
+            }
+            let mut offset = start;
+            while offset < end {
+                let want = (end - offset).min(READ_SIZE as u64) as usize;
+                self.file
+                    .read_exact_at(&mut buf[..want], offset)
+                    .map_err(|e| Error::from_read(e, "raw image"))?;
+                sink.write_data(offset, &buf[..want])?;
+                offset += want as u64;
+            }
+            pos = end;
+        }
+        if pos < self.length {
+            sink.write_zeroes(pos, self.length - pos)?;
+        }
+        Ok(self.length)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Seek, SeekFrom, Write};
+
+    /// Records extents and checks every byte is reported exactly once.
+    #[derive(Default)]
+    struct Recorder {
+        bytes: Vec<u8>,
+        seen: Vec<bool>,
+        zero_bytes: u64,
+    }
+
+    impl Recorder {
+        fn mark(&mut self, offset: u64, len: usize) {
+            let end = offset as usize + len;
+            if self.seen.len() < end {
+                self.seen.resize(end, false);
+                self.bytes.resize(end, 0);
+            }
+            for s in &mut self.seen[offset as usize..end] {
+                assert!(!*s, "byte reported twice");
+                *s = true;
+            }
+        }
+    }
+
+    impl ExtentSink for Recorder {
+        fn write_data(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+            self.mark(offset, data.len());
+            self.bytes[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+            Ok(())
+        }
+        fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<()> {
+            self.mark(offset, len as usize);
+            self.zero_bytes += len;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn sparse_file_holes_are_zeroes_and_data_is_exact() {
+        let mut f = tempfile::tempfile().unwrap();
+        f.seek(SeekFrom::Start(3 << 20)).unwrap();
+        f.write_all(&[9u8; 70_000]).unwrap();
+        f.set_len(16 << 20).unwrap();
+        let mut sink = Recorder::default();
+        let n = Box::new(SparseFileReader::new(f).unwrap())
+            .copy_to(&mut sink)
+            .unwrap();
+        assert_eq!(n, 16 << 20);
+        assert!(sink.seen.iter().all(|&s| s), "every byte reported");
+        let mut expected = vec![0u8; 16 << 20];
+        expected[3 << 20..(3 << 20) + 70_000].fill(9);
+        assert_eq!(sink.bytes, expected);
+        // The filesystem's holes (at least the first 3 MiB) were not read.
+        assert!(sink.zero_bytes >= 3 << 20, "{}", sink.zero_bytes);
+    }
+
+    #[test]
+    fn stream_length_must_match_the_stated_length() {
+        let reader = RawReader::new(Box::new(std::io::Cursor::new(vec![1u8; 100])), Some(200));
+        let err = Box::new(reader)
+            .copy_to(&mut Recorder::default())
+            .unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::CorruptImage);
+    }
+}
