@@ -13,6 +13,8 @@ Corpus (under --corpus, default bench/corpus/<profile>-<version>/, git-ignored):
   disk-zlib.qcow2   qemu-img convert -O qcow2 -c (zlib clusters)
   disk-zstd.qcow2   qemu-img convert -O qcow2 -c -o compression_type=zstd
   disk.raw.xz       xz -T0 (multi-block)          disk.qcow2.xz   xz -T0 of disk.qcow2
+                    (24 MiB blocks and 8 MiB dictionary as xz -T0 makes them, but the fast
+                    preset-1 match finder: see --xz-preset)
   disk.raw.gz       pigz (gzip if pigz is absent)  disk.raw.zst    zstd -T0
   random.raw        2 GiB of seeded incompressible bytes
 Each artefact is built only if missing (keyed by the corpus version), so the first run takes
@@ -159,6 +161,16 @@ class Gen:
         return b"".join(parts)[:n]
 
 
+def xz_options(preset: str) -> list[str]:
+    """The corpus's xz options: the block size and dictionary of `xz -T0` at its default preset
+    6 (24 MiB blocks, 8 MiB dictionary: what decoders must handle), with a faster match finder
+    preset unless --xz-preset 6 (preset 6 costs ~30 CPU-minutes per file on this machine kind;
+    LZMA2 decode speed hardly depends on it)."""
+    if preset == "6":
+        return []
+    return ["--block-size=24MiB", f"--lzma2=preset={preset},dict=8MiB"]
+
+
 def write_chunked(path: Path, size: int, make, chunk: int = 8 * MiB) -> None:
     with open(path, "wb") as f:
         left = size
@@ -250,7 +262,7 @@ class Corpus:
         self.save()
 
     def _step(self, name: str, build) -> None:
-        if self._have(name):
+        if self._have(name) or (self.wanted is not None and name not in self.wanted):
             return
         log(f"corpus: building {name}")
         t = time.perf_counter()
@@ -262,8 +274,19 @@ class Corpus:
         log(f"  {name} built in {time.perf_counter() - t:.1f}s")
         self._done(name)
 
-    def build(self, gzip_tool: str) -> None:
+    def build(self, gzip_tool: str, xz_level: str, wanted: set[str] | None = None) -> None:
+        """Build the missing artefacts (those in `wanted` and what they are made from)."""
         self.root.mkdir(parents=True, exist_ok=True)
+        self.wanted = None
+        if wanted is not None:
+            self.wanted = set(wanted) | {"disk.raw", "random.raw"}
+            if "disk.qcow2.xz" in wanted:
+                self.wanted.add("disk.qcow2")
+        xz = ["xz", "-T0"] + xz_options(xz_level)
+        if self.manifest.get("xz") != xz:
+            self.manifest["built"] = [n for n in self.manifest.get("built", [])
+                                      if not n.endswith(".xz")]
+            self.manifest["xz"] = xz
         # Invalidate everything when the version/profile changed.
         for name in list(self.manifest.get("built", [])):
             if not self.path(name).exists():
@@ -302,13 +325,17 @@ class Corpus:
 
         self._step("disk.raw.zst", compress(["zstd", "-q", "-T0", "-c"], raw))
         self._step("disk.raw.gz", compress([gzip_tool, "-c"], raw))
-        self._step("disk.raw.xz", compress(["xz", "-T0", "-c"], raw))
-        self._step("disk.qcow2.xz", compress(["xz", "-T0", "-c"], qcow))
+        xz = xz + ["-c"]
+        self._step("disk.raw.xz", compress(xz, raw))
+        self._step("disk.qcow2.xz", compress(xz, qcow))
         for name in ("disk.raw", "random.raw"):
             if name not in self.manifest["digests"]:
                 log(f"corpus: digest of {name}")
                 self.manifest["digests"][name] = content_digest(self.path(name))
                 self.save()
+
+    def missing(self, name: str) -> bool:
+        return not self._have(name)
 
     def describe(self) -> str:
         lines = ["| corpus file | size MiB | allocated MiB |", "|---|---:|---:|"]
@@ -788,6 +815,10 @@ def main() -> int:
     ap.add_argument("--no-verify", action="store_true", help="skip the output checks")
     ap.add_argument("--allow-unsupported", action="store_true",
                     help="quarry exit 11 (unsupported / not built yet) does not fail the run")
+    ap.add_argument("--xz-preset", default="1", choices=[str(i) for i in range(10)],
+                    help="match-finder preset of the corpus's xz files [default: 1, with xz -T0 "
+                    "-6's 24 MiB blocks and 8 MiB dictionary; 6 = plain `xz -T0`, which costs "
+                    "~30 CPU-minutes per file on this machine kind]")
     ap.add_argument("--list", action="store_true", help="list the rows and exit")
     ap.add_argument("--corpus-only", action="store_true", help="build the corpus and exit")
     args = ap.parse_args()
@@ -830,7 +861,8 @@ def main() -> int:
     corpus = Corpus(corpus_dir, profile)
     t = time.perf_counter()
     try:
-        corpus.build(gzip_tool)
+        corpus.build(gzip_tool, args.xz_preset,
+                     None if args.corpus_only else {r.input for r in rows})
     except subprocess.CalledProcessError as e:
         log(f"corpus build failed: {e}")
         return 2
@@ -863,7 +895,8 @@ def main() -> int:
         + (f"; {first_line(['curl', '--version'])[:40]}; {first_line(['nginx', '-v'])}"
            if any(r.access == "http" for r in rows) else ""),
         f"- virtual disk: {corpus.disk_size / GiB:g} GiB ext4 with {corpus.files_size / MiB:g} MiB"
-        f" of files; random.raw {corpus.random_size / MiB:g} MiB; MB/s = virtual bytes / wall (1 MB"
+        f" of files; random.raw {corpus.random_size / MiB:g} MiB; xz files made with"
+        f" `{' '.join(['xz', '-T0'] + xz_options(args.xz_preset))}`; MB/s = virtual bytes / wall (1 MB"
         " = 1e6 B)",
         "- every tool's wall time includes flushing its output (quarry fsyncs; dd conv=fsync;"
         " `sync OUT` after qemu-img); outputs deleted and `sync` run (untimed) before each run;"
