@@ -875,9 +875,11 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     out_path, scratch, scratch2 = workdir / "disk.img", workdir / "scratch", workdir / "scratch2"
 
-    qemu_help = subprocess.run(["qemu-img", "--help"], capture_output=True, text=True).stdout
-    fmts = qemu_help.split("Supported image formats:")[-1].split()
-    has_curl = any(f in fmts for f in ("http", "https", "curl"))
+    # `qemu-img --help` lists http even when the block-curl module is not installed; ask it.
+    probe = subprocess.run(["qemu-img", "info", "--image-opts",
+                            "driver=http,url=http://127.0.0.1:9/probe"],
+                           capture_output=True, text=True, timeout=30)
+    has_curl = "Unknown driver" not in probe.stderr and "load module" not in probe.stderr
 
     mem = next((int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemTotal")), 0)
     header = [
@@ -947,7 +949,7 @@ def main() -> int:
                     elif tool.quarry and m.error:
                         try:
                             j = json.loads(m.stdout.strip().splitlines()[-1])
-                            code = re.search(r"quarry exit (-?\d+)", m.error)
+                            code = re.search(r"exit (-?\d+)", m.error)
                             m.error = (f"quarry exit {code.group(1) if code else '?'}"
                                        f" ({j.get('kind')}): {j['error']}")
                         except (ValueError, IndexError, KeyError):
