@@ -1,0 +1,1045 @@
+#!/usr/bin/env python3
+"""Throughput benchmark of `quarry import` against what users run today.
+
+Builds (once, cached) a realistic corpus and times, in ONE run on this machine, `quarry import`
+against the tools it replaces, then prints a Markdown table.  Wall times on shared machines move a
+lot with load, so only compare numbers measured in the same run.
+
+Corpus (under --corpus, default bench/corpus/<profile>-<version>/, git-ignored):
+  disk.raw          a sparse raw disk (4 GiB) holding a real ext4 filesystem (mkfs.ext4 -d, no mount)
+                    with ~1.5 GiB of seeded files: text/log-like (~40%), binary-like with zero runs
+                    (~20%), incompressible blobs (~25%), sparse zero-heavy files (~15%)
+  disk.qcow2        qemu-img convert -O qcow2
+  disk-zlib.qcow2   qemu-img convert -O qcow2 -c (zlib clusters)
+  disk-zstd.qcow2   qemu-img convert -O qcow2 -c -o compression_type=zstd
+  disk.raw.xz       xz -T0 (multi-block)          disk.qcow2.xz   xz -T0 of disk.qcow2
+                    (24 MiB blocks and 8 MiB dictionary as xz -T0 makes them, but the fast
+                    preset-1 match finder: see --xz-preset)
+  disk.raw.gz       pigz (gzip if pigz is absent)  disk.raw.zst    zstd -T0
+  random.raw        2 GiB of seeded incompressible bytes
+Each artefact is built only if missing (keyed by the corpus version), so the first run takes
+minutes and later runs start at once.  Profiles: full (default, sizes above), --quick (512 MiB disk,
+200 MiB of files, 256 MiB random) and --smoke (64 MiB disk, 24 MiB of files, 16 MiB random).
+
+Rows ("file:*" local files, "stdin:*" piped through `cat`, "http:*" served by a private nginx on
+127.0.0.1) time `quarry import SRC OUT --json` into a fresh OUT against:
+  qemu-img convert -O raw (with and without -W -m 8)   for raw, qcow2 and compressed qcow2
+  xz -dc -T0 | dd conv=sparse                          for raw.xz
+  xz -dc -T0 > scratch; qemu-img convert              for qcow2.xz
+  pigz -dc | dd conv=sparse, zstd -dc | dd conv=sparse for raw.gz, raw.zst
+  curl -o scratch; qemu-img convert scratch (CDI's download-then-convert), curl | ... | dd
+                                                        for http rows
+Fairness: quarry fsyncs its target before it reports success, so every competitor includes the
+flush too (dd conv=fsync; `sync OUT` after qemu-img) inside its wall time.  Before every timed run
+the previous output is deleted and `sync` is called (untimed) so no earlier writeback is billed to
+it.  Inputs are read once beforehand so every tool reads them from the page cache.  Scratch files of
+download-then-convert pipelines live on the same filesystem and their deletion is timed.
+Peak RSS is ru_maxrss from wait4() of each process (max over a pipeline's processes; the `cat`
+feeding a stdin row is excluded on both sides); CPU user/sys are summed over the processes.
+Every output is verified once per row and tool (first repetition) against the expected content
+(a sparse-aware sha256 of the raw disk: hashes the offsets and bytes of every non-zero 1 MiB
+block plus the size, so holes and written zeros compare equal); a mismatch is reported loudly
+and makes the exit status 1.
+
+Targets (from the issue): quarry at least as fast as the best competitor on every row (ratio
+<= 1.00), faster on streamed and compressed inputs (ratio < 1.00), under 100 MiB peak RSS.
+
+Usage:
+  python3 bench/import_bench.py                      # full corpus, all rows, best of --repeat 1
+  python3 bench/import_bench.py --quick --repeat 2   # smaller corpus, fast sanity run
+  python3 bench/import_bench.py --rows 'file:raw' --rows 'http:' --out results.md
+  python3 bench/import_bench.py --smoke              # CI check of the harness (tiny corpus)
+  python3 bench/import_bench.py --quarry /work/target/release/quarry --list
+
+Exit status: 0 all rows ran and verified; 1 an output mismatch or a competitor failed; 3 quarry
+failed on some row (with --smoke, exit-11 "unsupported" failures are tolerated when
+--allow-unsupported is given); 2 usage or corpus-building errors.
+Requires: python3 >= 3.11 (standard library only), qemu-img, mkfs.ext4 (e2fsprogs), xz, zstd,
+pigz or gzip, dd/sync/cat (coreutils), and for http rows nginx and curl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import errno
+import fcntl
+import fnmatch
+import hashlib
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CORPUS_VERSION = "v1"
+MiB = 1 << 20
+GiB = 1 << 30
+REPO = Path(__file__).resolve().parent.parent
+RSS_TARGET_MIB = 100
+
+PROFILES = {
+    # name: (disk size, bytes of files, random raw size)
+    "full": (4 * GiB, 1536 * MiB, 2 * GiB),
+    "quick": (512 * MiB, 200 * MiB, 256 * MiB),
+    "smoke": (64 * MiB, 24 * MiB, 16 * MiB),
+}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_checked(argv, **kw) -> subprocess.CompletedProcess:
+    log("  $ " + " ".join(str(a) for a in argv))
+    return subprocess.run([str(a) for a in argv], check=True, **kw)
+
+
+# --------------------------------------------------------------------------------------------
+# Corpus
+# --------------------------------------------------------------------------------------------
+
+
+class Gen:
+    """Seeded, reasonably fast content generators (no per-byte Python loops)."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.counter = 0
+        r = self.rng
+        letters = "etaoinshrdlcumwfgypbvkjxqz"
+        weights = [12, 9, 8, 7.5, 7, 6.3, 6, 6, 4.3, 4, 2.8, 2.8, 2.4, 2.4, 2.2, 2, 2, 1.9, 1.5, 1,
+                   0.8, 0.2, 0.15, 0.1, 0.1, 0.07]
+        words = ["".join(r.choices(letters, weights, k=r.randint(1, 11))) for _ in range(12000)]
+        tokens = words + [f"{r.randrange(1 << 32):08x}" for _ in range(800)] + [
+            str(r.randrange(100000)) for _ in range(800)] + [
+            "INFO", "WARN", "ERROR", "DEBUG", "kernel:", "systemd[1]:", "/usr/lib", "=", "{", "}"]
+        seps = [" ", " ", " ", " ", "\n", ", ", ". ", ": ", "\n  "]
+        self.phrases = [" ".join(r.choices(tokens, k=r.randint(1, 6))) + r.choice(seps)
+                        for _ in range(120000)]
+        self.avg_phrase = sum(map(len, self.phrases[:5000])) / 5000
+
+    def random_bytes(self, n: int) -> bytes:
+        self.counter += 1
+        return hashlib.shake_128(b"quarry-bench-%d-%d" % (self.seed, self.counter)).digest(n)
+
+    def text(self, n: int) -> bytes:
+        k = int(n / self.avg_phrase) + 16
+        return "".join(self.rng.choices(self.phrases, k=k)).encode()[:n]
+
+    def binary(self, n: int) -> bytes:
+        """Executable/database-like: random and text pieces, short zero runs, repeated tables."""
+        r = self.rng
+        rand = self.random_bytes(n)
+        txt = self.text(n // 4 + 4096)
+        table = self.random_bytes(64) * 64
+        parts, size, ro, to = [], 0, 0, 0
+        while size < n:
+            kind = r.random()
+            ln = r.randint(64, 4096)
+            if kind < 0.45:
+                parts.append(rand[ro:ro + ln]); ro += ln
+            elif kind < 0.7:
+                parts.append(bytes(ln))
+            elif kind < 0.9:
+                parts.append(txt[to:to + ln]); to += ln
+                if to >= len(txt) - 4096:
+                    to = 0
+            else:
+                parts.append(table[:ln])
+            size += ln
+        return b"".join(parts)[:n]
+
+
+def xz_options(preset: str) -> list[str]:
+    """The corpus's xz options: the block size and dictionary of `xz -T0` at its default preset
+    6 (24 MiB blocks, 8 MiB dictionary: what decoders must handle), with a faster match finder
+    preset unless --xz-preset 6 (preset 6 costs ~30 CPU-minutes per file on this machine kind;
+    LZMA2 decode speed hardly depends on it)."""
+    if preset == "6":
+        return []
+    return ["--block-size=24MiB", f"--lzma2=preset={preset},dict=8MiB"]
+
+
+def write_chunked(path: Path, size: int, make, chunk: int = 8 * MiB) -> None:
+    with open(path, "wb") as f:
+        left = size
+        while left > 0:
+            n = min(chunk, left)
+            f.write(make(n))
+            left -= n
+
+
+def build_tree(tree: Path, budget: int, seed: int) -> None:
+    g = Gen(seed)
+    r = g.rng
+    fraction = {"text": 0.40, "binary": 0.20, "random": 0.25, "sparse": 0.15}
+    scale = max(budget / (1536 * MiB), 0.01)
+    nfile = 0
+
+    def name(sub: str, ext: str) -> Path:
+        nonlocal nfile
+        nfile += 1
+        d = tree / sub / f"d{nfile % 37:02d}"
+        d.mkdir(parents=True, exist_ok=True)
+        return d / f"f{nfile:06d}{ext}"
+
+    # Text: big log files (70%) and many small documents (30%).
+    left = int(budget * fraction["text"] * 0.7)
+    while left > 0:
+        n = min(left, r.randint(1 * MiB, int(max(2 * MiB, 32 * MiB * scale))))
+        write_chunked(name("var/log", ".log"), n, g.text)
+        left -= n
+    left = int(budget * fraction["text"] * 0.3)
+    while left > 0:
+        n = min(left, int(r.lognormvariate(9.5, 1.2)) + 1)
+        n = min(n, 1 * MiB)
+        name_ = name("usr/share/doc", ".txt")
+        name_.write_bytes(g.text(n))
+        left -= n
+    # Binary-like: libraries and databases.
+    left = int(budget * fraction["binary"])
+    while left > 0:
+        n = min(left, int(r.lognormvariate(12.5, 1.5)) + 4096, int(max(1, 16 * scale)) * MiB)
+        write_chunked(name("usr/lib", ".so"), n, g.binary, 4 * MiB)
+        left -= n
+    # Incompressible blobs: already-compressed archives and media.
+    left = int(budget * fraction["random"])
+    while left > 0:
+        n = min(left, r.randint(256 * 1024, int(max(1, 64 * scale)) * MiB))
+        write_chunked(name("home/media", ".jpg"), n, g.random_bytes)
+        left -= n
+    # Zero-heavy: sparse preallocated files with scattered 4 KiB pages of data.
+    left = int(budget * fraction["sparse"])
+    while left > 0:
+        n = min(left, r.randint(1 * MiB, int(max(2, 48 * scale)) * MiB))
+        with open(name("var/lib/db", ".db"), "wb") as f:
+            f.truncate(n)
+            for _ in range(max(1, n // (64 * 1024))):
+                f.seek(r.randrange(0, max(1, n - 4096)) & ~4095)
+                f.write(g.binary(4096) if r.random() < 0.5 else g.text(4096))
+        left -= n
+    log(f"  generated {nfile} files")
+
+
+class Corpus:
+    def __init__(self, root: Path, profile: str):
+        self.root = root
+        self.profile = profile
+        self.disk_size, self.files_size, self.random_size = PROFILES[profile]
+        self.manifest_path = root / "manifest.json"
+        self.manifest = {}
+        if self.manifest_path.exists():
+            self.manifest = json.loads(self.manifest_path.read_text())
+        if self.manifest.get("version") != CORPUS_VERSION or self.manifest.get("profile") != profile:
+            self.manifest = {"version": CORPUS_VERSION, "profile": profile, "digests": {}}
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+    def save(self) -> None:
+        tmp = self.manifest_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.manifest, indent=1))
+        tmp.replace(self.manifest_path)
+
+    def _have(self, name: str) -> bool:
+        return self.path(name).exists() and name in self.manifest.get("built", [])
+
+    def _done(self, name: str) -> None:
+        self.manifest.setdefault("built", [])
+        if name not in self.manifest["built"]:
+            self.manifest["built"].append(name)
+        self.save()
+
+    def _step(self, name: str, build) -> None:
+        if self._have(name) or (self.wanted is not None and name not in self.wanted):
+            return
+        log(f"corpus: building {name}")
+        t = time.perf_counter()
+        tmp = self.path(name + ".part")
+        if tmp.exists():
+            tmp.unlink()
+        build(tmp)
+        tmp.replace(self.path(name))
+        log(f"  {name} built in {time.perf_counter() - t:.1f}s")
+        self._done(name)
+
+    def build(self, gzip_tool: str, xz_level: str, wanted: set[str] | None = None) -> None:
+        """Build the missing artefacts (those in `wanted` and what they are made from)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.wanted = None
+        if wanted is not None:
+            self.wanted = set(wanted) | {"disk.raw", "random.raw"}
+            if "disk.qcow2.xz" in wanted:
+                self.wanted.add("disk.qcow2")
+        xz = ["xz", "-T0"] + xz_options(xz_level)
+        if self.manifest.get("xz") != xz:
+            self.manifest["built"] = [n for n in self.manifest.get("built", [])
+                                      if not n.endswith(".xz")]
+            self.manifest["xz"] = xz
+        # Invalidate everything when the version/profile changed.
+        for name in list(self.manifest.get("built", [])):
+            if not self.path(name).exists():
+                self.manifest["built"].remove(name)
+
+        def disk(tmp: Path) -> None:
+            tree = self.root / "tree"
+            if tree.exists():
+                shutil.rmtree(tree)
+            t = time.perf_counter()
+            build_tree(tree, self.files_size, seed=1)
+            log(f"  files generated in {time.perf_counter() - t:.1f}s")
+            env = dict(os.environ, E2FSPROGS_FAKE_TIME="1700000000")
+            run_checked(["mkfs.ext4", "-q", "-F", "-U", "0b5e7f6c-1d2a-4b3c-9e8f-112233445566",
+                         "-E", "root_owner=0:0,hash_seed=1b5e7f6c-1d2a-4b3c-9e8f-112233445566",
+                         "-d", tree, tmp, str(self.disk_size // 1024) + "k"], env=env)
+            shutil.rmtree(tree)
+
+        self._step("disk.raw", disk)
+        self._step("random.raw", lambda tmp: write_chunked(
+            tmp, self.random_size, Gen(2).random_bytes, 16 * MiB))
+        raw, qcow = self.path("disk.raw"), self.path("disk.qcow2")
+        self._step("disk.qcow2", lambda tmp: run_checked(
+            ["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, tmp]))
+        self._step("disk-zlib.qcow2", lambda tmp: run_checked(
+            ["qemu-img", "convert", "-f", "raw", "-O", "qcow2", "-c", raw, tmp]))
+        self._step("disk-zstd.qcow2", lambda tmp: run_checked(
+            ["qemu-img", "convert", "-f", "raw", "-O", "qcow2", "-c",
+             "-o", "compression_type=zstd", raw, tmp]))
+
+        def compress(argv, src):
+            def f(tmp):
+                with open(tmp, "wb") as out:
+                    run_checked(argv + [src], stdout=out)
+            return f
+
+        self._step("disk.raw.zst", compress(["zstd", "-q", "-T0", "-c"], raw))
+        self._step("disk.raw.gz", compress([gzip_tool, "-c"], raw))
+        xz = xz + ["-c"]
+        self._step("disk.raw.xz", compress(xz, raw))
+        self._step("disk.qcow2.xz", compress(xz, qcow))
+        for name in ("disk.raw", "random.raw"):
+            if name not in self.manifest["digests"]:
+                log(f"corpus: digest of {name}")
+                self.manifest["digests"][name] = content_digest(self.path(name))
+                self.save()
+
+    def missing(self, name: str) -> bool:
+        return not self._have(name)
+
+    def describe(self) -> str:
+        lines = ["| corpus file | size MiB | allocated MiB |", "|---|---:|---:|"]
+        for name in sorted(self.manifest.get("built", [])):
+            st = self.path(name).stat()
+            lines.append(f"| {name} | {st.st_size / MiB:.1f} | {st.st_blocks * 512 / MiB:.1f} |")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Verification
+# --------------------------------------------------------------------------------------------
+
+BLOCK = MiB
+ZERO_BLOCK = bytes(BLOCK)
+
+
+def content_digest(path: Path) -> str:
+    """sha256 over (size, then offset+bytes of every non-zero 1 MiB block); skips holes."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    h.update(b"size=%d;" % size)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        done = 0  # first block index not yet hashed
+        off = 0
+        while off < size:
+            try:
+                start = os.lseek(fd, off, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno == errno.ENXIO:
+                    break
+                raise
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+            first = max(start // BLOCK, done)
+            last = (end + BLOCK - 1) // BLOCK
+            for b in range(first, last):
+                data = os.pread(fd, BLOCK, b * BLOCK)
+                if data != ZERO_BLOCK[:len(data)]:
+                    h.update(b"@%d:" % (b * BLOCK))
+                    h.update(data)
+            done = max(done, last)
+            off = max(end, done * BLOCK)
+    finally:
+        os.close(fd)
+    return h.hexdigest()
+
+
+def prewarm(path: Path) -> None:
+    """Read a file's data extents once so every tool reads it from the page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        off = 0
+        while off < size:
+            try:
+                start = os.lseek(fd, off, os.SEEK_DATA)
+            except OSError:
+                break
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+            pos = start
+            while pos < end:
+                n = len(os.pread(fd, min(8 * MiB, end - pos), pos))
+                if n == 0:
+                    break
+                pos += n
+            off = end
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------------------------
+# Running measured pipelines
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Proc:
+    argv: list
+    feeder: bool = False  # excluded from RSS/CPU accounting (the `cat` of stdin rows)
+
+
+@dataclasses.dataclass
+class Stage:
+    """A pipeline of processes; stdin/stdout optionally redirected from/to files."""
+    procs: list
+    stdin: Path | None = None
+    stdout: Path | None = None
+
+
+@dataclasses.dataclass
+class Measure:
+    wall: float = 0.0
+    user: float = 0.0
+    sys: float = 0.0
+    rss_kib: int = 0
+    error: str | None = None
+    stdout: str = ""
+
+
+# Linux bills a child's ru_maxrss with the high-water RSS of the process it was forked or vforked
+# from (exec records the old mm's peak), so a command started straight from this (large) Python
+# process would report >= our own peak.  Commands are therefore forked by a throwaway `sh` (RSS
+# < 1 MiB) that exits at once; the command is reparented to us (a child subreaper), so wait4()
+# gives its own rusage.  The command waits for a "go" (EOF on a pipe we hold) before it execs, so
+# it cannot exit (and be reaped by the sh) before the sh is gone.
+LAUNCH = 'exec 3<&0; ( read x <&5; exec 4>&- 5<&-; exec "$@" <&3 3<&- ) & echo $! >&4'
+_subreaper = False
+
+
+def become_subreaper() -> None:
+    global _subreaper
+    if not _subreaper:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+        _subreaper = True
+
+
+def spawn(argv, stdin, stdout, stderr) -> tuple[int, int]:
+    """Start argv via a throwaway sh; return (pid of argv's process, now our child; go fd).
+
+    The process execs argv once the go fd is closed."""
+    r, w = os.pipe()
+    go_r, go_w = os.pipe()
+    try:
+        def fds(w=w, go_r=go_r):  # in the sh: pid pipe on fd 4, go pipe on fd 5 (dash: fds < 10)
+            hi_w = fcntl.fcntl(w, fcntl.F_DUPFD, 100)
+            hi_go = fcntl.fcntl(go_r, fcntl.F_DUPFD, 100)
+            os.dup2(hi_w, 4)
+            os.dup2(hi_go, 5)
+
+        sh = subprocess.Popen(["sh", "-c", LAUNCH, "sh", *argv], stdin=stdin, stdout=stdout,
+                              stderr=stderr, close_fds=False, preexec_fn=fds)
+        os.close(w)
+        w = -1
+        sh.wait()
+        pid = os.read(r, 64).strip()
+        if sh.returncode != 0 or not pid:
+            raise OSError(f"could not start {argv[0]}")
+        go, go_w = go_w, -1
+        return int(pid), go
+    finally:
+        for fd in (r, w, go_r, go_w):
+            if fd >= 0:
+                os.close(fd)
+
+
+def run_stages(stages: list[Stage], workdir: Path) -> Measure:
+    become_subreaper()
+    m = Measure()
+    t0 = time.perf_counter()
+    for st in stages:
+        procs = []  # (Proc, pid, stderr file)
+        gos = []  # closing these lets the spawned processes exec
+        outcap = None
+        fin = open(st.stdin, "rb") if st.stdin else open(os.devnull, "rb")
+        prev_read = None
+        try:
+            for i, p in enumerate(st.procs):
+                last = i == len(st.procs) - 1
+                if last:
+                    if st.stdout:
+                        out = open(st.stdout, "wb")
+                    else:
+                        outcap = tempfile.TemporaryFile(dir=workdir)
+                        out = outcap.fileno()
+                    next_read = None
+                else:
+                    next_read, out = os.pipe()
+                ef = tempfile.TemporaryFile(dir=workdir)
+                try:
+                    pid, go = spawn([str(a) for a in p.argv], prev_read if prev_read is not None
+                                    else fin, out, ef)
+                    gos.append(go)
+                    procs.append((p, pid, ef))
+                except OSError as e:
+                    m.error = f"{p.argv[0]}: {e}"
+                    ef.close()
+                finally:
+                    if last and st.stdout:
+                        out.close()
+                    elif not last:
+                        os.close(out)
+                    if prev_read is not None:
+                        os.close(prev_read)
+                    prev_read = next_read
+                if m.error:
+                    if prev_read is not None:
+                        os.close(prev_read)
+                    break
+        finally:
+            fin.close()
+            for go in gos:
+                os.close(go)
+        statuses = []
+        for p, pid, ef in procs:
+            _, status, ru = os.wait4(pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+            statuses.append(code)
+            if not p.feeder:
+                m.user += ru.ru_utime
+                m.sys += ru.ru_stime
+                m.rss_kib = max(m.rss_kib, ru.ru_maxrss)
+        failures = []
+        for (p, pid, ef), code in zip(procs, statuses):
+            # A feeding `cat` killed by SIGPIPE: its reader stopped early (and reports why).
+            if code != 0 and not (p.feeder and code == -signal.SIGPIPE):
+                ef.seek(0)
+                msg = ef.read().decode(errors="replace").strip().splitlines()
+                failures.append(f"{Path(p.argv[0]).name} exit {code}"
+                                + (f": {msg[-1][:200]}" if msg else ""))
+            ef.close()
+        if outcap is not None:
+            outcap.seek(0)
+            m.stdout = outcap.read().decode(errors="replace")
+            outcap.close()
+        if m.error or failures:
+            m.error = m.error or "; ".join(failures)
+            break
+    m.wall = time.perf_counter() - t0
+    return m
+
+
+# --------------------------------------------------------------------------------------------
+# Rows
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Tool:
+    name: str
+    stages: object  # callable(src, out, scratch, scratch2) -> list[Stage]
+    quarry: bool = False
+
+
+@dataclasses.dataclass
+class Row:
+    name: str
+    input: str  # corpus file name
+    access: str  # file | stdin | http
+    streamed: bool  # target: strictly faster than the best competitor
+    tools: list
+    expect: str  # corpus file whose digest the output must have
+
+
+DD = ["dd", "bs=4M", "iflag=fullblock", "conv=sparse,fsync", "status=none"]
+
+
+def dd_to(out):
+    return Proc(DD + [f"of={out}"])
+
+
+def qemu_convert(src, out, fmt, extra=()):
+    return [Stage([Proc(["qemu-img", "convert", *extra, "-f", fmt, "-O", "raw", src, out])]),
+            Stage([Proc(["sync", out])])]
+
+
+def rm(*paths):
+    return Stage([Proc(["rm", "-f", *paths])])
+
+
+def curl(url):
+    return ["curl", "-sS", "--fail", "--noproxy", "*", url]
+
+
+def make_rows(quarry: str, gzip_tool: str) -> list[Row]:
+    def q_file(src, out, s, s2):
+        return [Stage([Proc([quarry, "import", src, out, "--json"])])]
+
+    def q_stdin(src, out, s, s2):
+        return [Stage([Proc(["cat", src], feeder=True), Proc([quarry, "import", "-", out, "--json"])])]
+
+    QF = Tool("quarry import", q_file, quarry=True)
+    QS = Tool("cat \\| quarry import -", q_stdin, quarry=True)
+    QH = Tool("quarry import URL", q_file, quarry=True)
+
+    def qemu(fmt, W=False):
+        extra = ("-W", "-m", "8") if W else ()
+        label = "qemu-img convert" + (" -W -m 8" if W else "")
+        return Tool(label, lambda src, out, s, s2: qemu_convert(src, out, fmt, extra))
+
+    def unpipe(tool, label):
+        return Tool(f"{label} \\| dd conv=sparse",
+                    lambda src, out, s, s2: [Stage([Proc(tool + [src]), dd_to(out)])])
+
+    xz_dd = unpipe(["xz", "-dc", "-T0"], "xz -dc -T0")
+    gz_dd = unpipe([gzip_tool, "-dc"], f"{gzip_tool} -dc")
+    zst_dd = unpipe(["zstd", "-dc"], "zstd -dc")
+
+    def xz_scratch_qemu(src, out, s, s2):
+        return ([Stage([Proc(["xz", "-dc", "-T0", src])], stdout=s)]
+                + qemu_convert(s, out, "qcow2") + [rm(s)])
+
+    rows = []
+    qcow_inputs = [("qcow2", "disk.qcow2", False), ("qcow2-zlib", "disk-zlib.qcow2", True),
+                   ("qcow2-zstd", "disk-zstd.qcow2", True)]
+    rows.append(Row("file:raw", "disk.raw", "file", False,
+                    [QF, qemu("raw"), qemu("raw", True)], "disk.raw"))
+    for name, f, comp in qcow_inputs:
+        rows.append(Row(f"file:{name}", f, "file", comp, [QF, qemu("qcow2"), qemu("qcow2", True)],
+                        "disk.raw"))
+    rows.append(Row("file:raw.xz", "disk.raw.xz", "file", True, [QF, xz_dd], "disk.raw"))
+    rows.append(Row("file:qcow2.xz", "disk.qcow2.xz", "file", True,
+                    [QF, Tool("xz -dc -T0 > scratch; qemu-img convert", xz_scratch_qemu)],
+                    "disk.raw"))
+    rows.append(Row("file:raw.gz", "disk.raw.gz", "file", True, [QF, gz_dd], "disk.raw"))
+    rows.append(Row("file:raw.zst", "disk.raw.zst", "file", True, [QF, zst_dd], "disk.raw"))
+    rows.append(Row("file:random.raw", "random.raw", "file", False,
+                    [QF, qemu("raw"), qemu("raw", True)], "random.raw"))
+
+    # stdin: quarry reads a pipe; competitors do what is possible with a stream.
+    def cat_pipe(tail):
+        return lambda src, out, s, s2: [Stage([Proc(["cat", src], feeder=True), *tail(out)])]
+
+    rows.append(Row("stdin:raw.xz", "disk.raw.xz", "stdin", True,
+                    [QS, Tool("cat \\| xz -dc -T0 \\| dd conv=sparse",
+                              cat_pipe(lambda out: [Proc(["xz", "-dc", "-T0"]), dd_to(out)]))],
+                    "disk.raw"))
+
+    def stdin_qcow(src, out, s, s2):
+        return ([Stage([Proc(["cat", src], feeder=True),
+                        Proc(["dd", "bs=4M", "status=none", f"of={s}"])])]
+                + qemu_convert(s, out, "qcow2") + [rm(s)])
+
+    rows.append(Row("stdin:qcow2", "disk.qcow2", "stdin", True,
+                    [QS, Tool("cat > scratch; qemu-img convert", stdin_qcow)], "disk.raw"))
+
+    # http: CDI downloads to scratch then converts; streaming pipelines where they exist.
+    def cdi(fmt, decomp=None):
+        def f(url, out, s, s2):
+            if decomp is None:
+                st = [Stage([Proc(curl(url) + ["-o", s])])]
+            else:
+                st = [Stage([Proc(curl(url)), Proc(decomp)], stdout=s)]
+            return st + qemu_convert(s, out, fmt) + [rm(s)]
+        return f
+
+    def curl_then(decomp, label):
+        def f(url, out, s, s2):
+            return ([Stage([Proc(curl(url) + ["-o", s])]),
+                     Stage([Proc(decomp + [s]), dd_to(out)]), rm(s)])
+        return Tool(f"curl -o scratch; {label} scratch \\| dd conv=sparse", f)
+
+    def curl_pipe(decomp, label):
+        def f(url, out, s, s2):
+            return [Stage([Proc(curl(url)), *([Proc(decomp)] if decomp else []), dd_to(out)])]
+        return Tool("curl \\| " + (f"{label} \\| " if decomp else "") + "dd conv=sparse", f)
+
+    CDI_LABEL = "curl -o scratch; qemu-img convert (CDI)"
+    rows.append(Row("http:raw", "disk.raw", "http", True,
+                    [QH, Tool(CDI_LABEL, cdi("raw")), curl_pipe(None, "")], "disk.raw"))
+    for name, f, comp in qcow_inputs[:2]:
+        rows.append(Row(f"http:{name}", f, "http", True, [QH, Tool(CDI_LABEL, cdi("qcow2"))],
+                        "disk.raw"))
+    rows.append(Row("http:raw.xz", "disk.raw.xz", "http", True,
+                    [QH, curl_then(["xz", "-dc", "-T0"], "xz -dc -T0"),
+                     curl_pipe(["xz", "-dc", "-T0"], "xz -dc -T0")], "disk.raw"))
+    rows.append(Row("http:qcow2.xz", "disk.qcow2.xz", "http", True,
+                    [QH, Tool("curl \\| xz -dc -T0 > scratch; qemu-img convert (CDI)",
+                              cdi("qcow2", ["xz", "-dc", "-T0"]))], "disk.raw"))
+    rows.append(Row("http:raw.gz", "disk.raw.gz", "http", True,
+                    [QH, curl_pipe([gzip_tool, "-dc"], f"{gzip_tool} -dc")], "disk.raw"))
+    rows.append(Row("http:raw.zst", "disk.raw.zst", "http", True,
+                    [QH, curl_pipe(["zstd", "-dc"], "zstd -dc")], "disk.raw"))
+    rows.append(Row("http:random.raw", "random.raw", "http", True,
+                    [QH, Tool(CDI_LABEL, cdi("raw")), curl_pipe(None, "")], "random.raw"))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# nginx
+# --------------------------------------------------------------------------------------------
+
+
+class Nginx:
+    def __init__(self, root: Path, tmp: Path):
+        self.tmp = tmp
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        user = ""
+        if os.geteuid() == 0:  # workers would drop to nobody, who may not read the corpus
+            import grp
+            import pwd
+            user = f"user {pwd.getpwuid(0).pw_name} {grp.getgrgid(0).gr_name};"
+        conf = tmp / "nginx.conf"
+        conf.write_text(f"""
+daemon off;
+worker_processes 1;
+{user}
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 64; }}
+http {{
+  access_log off;
+  client_body_temp_path {tmp}/body; proxy_temp_path {tmp}/proxy; fastcgi_temp_path {tmp}/fcgi;
+  uwsgi_temp_path {tmp}/uwsgi; scgi_temp_path {tmp}/scgi;
+  default_type application/octet-stream;
+  sendfile on; tcp_nopush on; keepalive_timeout 10;
+  server {{ listen 127.0.0.1:{self.port}; root {root}; location / {{ }} }}
+}}
+""")
+        self.proc = subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(conf), "-e",
+                                      str(tmp / "error.log")], stdout=subprocess.DEVNULL,
+                                     stderr=open(tmp / "nginx.stderr", "wb"))
+        deadline = time.monotonic() + 10
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError("nginx exited: " + (tmp / "nginx.stderr").read_text())
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("nginx did not start listening")
+                time.sleep(0.05)
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{name}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------------
+
+
+def first_line(argv) -> str:
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+        return ((p.stdout or p.stderr).strip().splitlines() or ["?"])[0]
+    except (OSError, subprocess.TimeoutExpired):
+        return "not found"
+
+
+def find_quarry(arg: str | None) -> str:
+    if arg:
+        return str(Path(arg).resolve())
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    exe = target / "release" / "quarry"
+    if not exe.exists():
+        log(f"building {exe} (cargo build --release)")
+        run_checked(["cargo", "build", "--release", "--bin", "quarry"], cwd=REPO)
+    return str(exe)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    prof = ap.add_mutually_exclusive_group()
+    prof.add_argument("--quick", action="store_true", help="512 MiB disk, 200 MiB of files")
+    prof.add_argument("--smoke", action="store_true",
+                      help="CI check of the harness: tiny corpus, every row once, exit 1 on mismatch")
+    ap.add_argument("--quarry", help="quarry binary [default: $CARGO_TARGET_DIR or the repo's "
+                    "target/release/quarry, built with cargo build --release if missing]")
+    ap.add_argument("--corpus", type=Path, help="corpus directory "
+                    "[default: bench/corpus/<profile>-" + CORPUS_VERSION + "]")
+    ap.add_argument("--workdir", type=Path, help="where outputs and scratch files go (same "
+                    "filesystem as the volume under test) [default: <corpus>/run]")
+    ap.add_argument("--rows", action="append", default=[], metavar="PATTERN",
+                    help="run rows whose name matches (regex search, or glob if it has * ?); "
+                    "repeatable; e.g. 'file:', 'http:qcow2*', 'xz'")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per measurement, best wall kept")
+    ap.add_argument("--out", type=Path, help="also write the Markdown report here")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the last output of each tool in the workdir (and the corpus)")
+    ap.add_argument("--no-verify", action="store_true", help="skip the output checks")
+    ap.add_argument("--allow-unsupported", action="store_true",
+                    help="quarry exit 11 (unsupported / not built yet) does not fail the run")
+    ap.add_argument("--xz-preset", default="1", choices=[str(i) for i in range(10)],
+                    help="match-finder preset of the corpus's xz files [default: 1, with xz -T0 "
+                    "-6's 24 MiB blocks and 8 MiB dictionary; 6 = plain `xz -T0`, which costs "
+                    "~30 CPU-minutes per file on this machine kind]")
+    ap.add_argument("--list", action="store_true", help="list the rows and exit")
+    ap.add_argument("--corpus-only", action="store_true", help="build the corpus and exit")
+    args = ap.parse_args()
+
+    profile = "smoke" if args.smoke else "quick" if args.quick else "full"
+    gzip_tool = "pigz" if shutil.which("pigz") else "gzip"
+    quarry = args.quarry or "quarry"
+    rows = make_rows(quarry, gzip_tool)
+    if args.rows:
+        def sel(name):
+            for pat in args.rows:
+                if any(c in pat for c in "*?["):
+                    if fnmatch.fnmatch(name, pat):
+                        return True
+                elif re.search(pat, name):
+                    return True
+            return False
+        rows = [r for r in rows if sel(r.name)]
+    if args.list:
+        for r in rows:
+            print(r.name + ": " + ", ".join(t.name.replace("\\", "") for t in r.tools))
+        return 0
+    if not rows:
+        log("no rows selected")
+        return 2
+
+    needed = ["qemu-img", "mkfs.ext4", "xz", "zstd", gzip_tool, "dd", "sync", "cat"]
+    if any(r.access == "http" for r in rows):
+        needed += ["nginx", "curl"]
+    missing = [t for t in needed if not shutil.which(t)]
+    if missing:
+        log("missing tools: " + ", ".join(missing))
+        return 2
+
+    quarry = find_quarry(args.quarry) if not args.corpus_only else quarry
+    rows = make_rows(quarry, gzip_tool) if not args.rows else [
+        r for r in make_rows(quarry, gzip_tool) if r.name in {x.name for x in rows}]
+
+    corpus_dir = args.corpus or (REPO / "bench" / "corpus" / f"{profile}-{CORPUS_VERSION}")
+    corpus = Corpus(corpus_dir, profile)
+    t = time.perf_counter()
+    try:
+        corpus.build(gzip_tool, args.xz_preset,
+                     None if args.corpus_only else {r.input for r in rows})
+    except subprocess.CalledProcessError as e:
+        log(f"corpus build failed: {e}")
+        return 2
+    log(f"corpus ready in {time.perf_counter() - t:.1f}s: {corpus_dir}")
+    if args.corpus_only:
+        print(corpus.describe())
+        return 0
+
+    workdir = args.workdir or (corpus_dir / "run")
+    workdir.mkdir(parents=True, exist_ok=True)
+    out_path, scratch, scratch2 = workdir / "disk.img", workdir / "scratch", workdir / "scratch2"
+
+    # `qemu-img --help` lists http even when the block-curl module is not installed; ask it.
+    probe = subprocess.run(["qemu-img", "info", "--image-opts",
+                            "driver=http,url=http://127.0.0.1:9/probe"],
+                           capture_output=True, text=True, timeout=30)
+    has_curl = "Unknown driver" not in probe.stderr and "load module" not in probe.stderr
+
+    mem = next((int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemTotal")), 0)
+    header = [
+        f"# quarry import benchmark ({profile} corpus {CORPUS_VERSION})",
+        "",
+        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"- machine: {platform.node()}, {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}),"
+        f" {mem / (1 << 20):.1f} GiB RAM, kernel {platform.release()},"
+        f" workdir fs {first_line(['stat', '-f', '-c', '%T', str(workdir)])}",
+        f"- load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        f"- quarry: {first_line([quarry, '--version'])} ({quarry})",
+        f"- {first_line(['qemu-img', '--version'])}; {first_line(['xz', '--version'])};"
+        f" {first_line(['zstd', '--version'])}; {first_line([gzip_tool, '--version'])};"
+        f" {first_line(['dd', '--version'])}"
+        + (f"; {first_line(['curl', '--version'])[:40]}; {first_line(['nginx', '-v'])}"
+           if any(r.access == "http" for r in rows) else ""),
+        f"- virtual disk: {corpus.disk_size / GiB:g} GiB ext4 with {corpus.files_size / MiB:g} MiB"
+        f" of files; random.raw {corpus.random_size / MiB:g} MiB; xz files made with"
+        f" `{' '.join(['xz', '-T0'] + xz_options(args.xz_preset))}`; MB/s = virtual bytes / wall (1 MB"
+        " = 1e6 B)",
+        "- every tool's wall time includes flushing its output (quarry fsyncs; dd conv=fsync;"
+        " `sync OUT` after qemu-img); outputs deleted and `sync` run (untimed) before each run;"
+        " inputs pre-read into the page cache; scratch deletion is timed",
+        f"- best of {args.repeat} run(s) per tool; peak RSS = max ru_maxrss over the tool's"
+        " processes (feeding `cat` excluded); user/sys = CPU seconds summed over the processes",
+        "- qemu-img has " + ("a" if has_curl else "no") + " curl/http block driver"
+        + ("" if has_curl else " here: `qemu-img convert http://...` rows skipped"),
+        "",
+        corpus.describe(),
+        "",
+    ]
+    print("\n".join(header), flush=True)
+
+    nginx = None
+    tmp = Path(tempfile.mkdtemp(prefix="quarry-bench-"))
+    results = []  # (row, [(tool, Measure-best, maxrss, verify)])
+    mismatch = competitor_failed = quarry_failed = False
+    try:
+        if any(r.access == "http" for r in rows):
+            nginx = Nginx(corpus_dir, tmp)
+            log(f"nginx serving {corpus_dir} on 127.0.0.1:{nginx.port}")
+        for row in rows:
+            src_file = corpus.path(row.input)
+            src = nginx.url(row.input) if row.access == "http" else str(src_file)
+            prewarm(src_file)
+            expect = corpus.manifest["digests"][row.expect]
+            vsize = corpus.path(row.expect).stat().st_size
+            best: dict[str, Measure] = {}
+            rss: dict[str, int] = {}
+            verdict: dict[str, str] = {}
+            for rep in range(args.repeat):
+                for tool in row.tools:
+                    if tool.name in best and best[tool.name].error:
+                        continue
+                    for p in (out_path, scratch, scratch2):
+                        if p.exists():
+                            p.unlink()
+                    os.sync()
+                    m = run_stages(tool.stages(src, out_path, scratch, scratch2), workdir)
+                    if tool.quarry and not m.error:
+                        try:
+                            rep_json = json.loads(m.stdout.strip().splitlines()[-1])
+                            if "error" in rep_json:
+                                m.error = rep_json["error"]
+                        except (ValueError, IndexError):
+                            pass
+                    elif tool.quarry and m.error:
+                        try:
+                            j = json.loads(m.stdout.strip().splitlines()[-1])
+                            code = re.search(r"exit (-?\d+)", m.error)
+                            m.error = (f"quarry exit {code.group(1) if code else '?'}"
+                                       f" ({j.get('kind')}): {j['error']}")
+                        except (ValueError, IndexError, KeyError):
+                            pass
+                    log(f"{row.name:18} {tool.name.replace(chr(92), ''):52} "
+                        + (f"ERROR {m.error}" if m.error else
+                           f"{m.wall:7.2f}s rss {m.rss_kib / 1024:6.1f} MiB "
+                           f"cpu {m.user:.1f}u+{m.sys:.1f}s"))
+                    if not m.error and rep == 0 and not args.no_verify:
+                        got_size = out_path.stat().st_size
+                        if got_size < vsize:
+                            verdict[tool.name] = f"MISMATCH: size {got_size} < {vsize}"
+                        else:
+                            d = content_digest(out_path) if got_size == vsize else None
+                            if d == expect:
+                                verdict[tool.name] = "ok"
+                            elif d is None:
+                                verdict[tool.name] = f"ok? size {got_size} > virtual {vsize}"
+                            else:
+                                verdict[tool.name] = "MISMATCH: content differs"
+                        if verdict[tool.name].startswith("MISMATCH"):
+                            log(f"  !!! {verdict[tool.name]}")
+                    if args.keep and not m.error and out_path.exists():
+                        out_path.replace(workdir / f"{row.name.replace(':', '_')}."
+                                         f"{row.tools.index(tool)}.img")
+                    rss[tool.name] = max(rss.get(tool.name, 0), m.rss_kib)
+                    if tool.name not in best or m.error or m.wall < best[tool.name].wall:
+                        best[tool.name] = m
+            for p in (out_path, scratch, scratch2):
+                if p.exists():
+                    p.unlink()
+            results.append((row, vsize, [(t, best[t.name], rss[t.name], verdict.get(t.name, "-"))
+                                         for t in row.tools]))
+    except KeyboardInterrupt:
+        log("interrupted; reporting what ran")
+    finally:
+        if nginx:
+            nginx.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    lines = ["| row | tool | wall s | MB/s | peak RSS MiB | user s | sys s | quarry/best | check |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    misses = []
+    for row, vsize, tools in results:
+        comp = [m.wall for t, m, _, _ in tools if not t.quarry and not m.error]
+        best_comp = min(comp) if comp else None
+        for t, m, rss_kib, verdict in tools:
+            if verdict.startswith("MISMATCH"):
+                mismatch = True
+            if m.error:
+                if t.quarry:
+                    if not (args.allow_unsupported and "exit 11" in m.error):
+                        quarry_failed = True
+                else:
+                    competitor_failed = True
+                lines.append(f"| {row.name} | {t.name} | error: {m.error.replace('|', '/')[:160]}"
+                             " | | | | | | FAILED |")
+                continue
+            ratio = ""
+            check = verdict
+            if t.quarry and best_comp:
+                r = m.wall / best_comp
+                ratio = f"**{r:.2f}**"
+                goal_ok = r < 1.0 if row.streamed else r <= 1.0
+                rss_ok = rss_kib / 1024 < RSS_TARGET_MIB
+                if not goal_ok:
+                    misses.append(f"{row.name}: ratio {r:.2f} (target {'<' if row.streamed else '<='}"
+                                  " 1.00)")
+                if not rss_ok:
+                    misses.append(f"{row.name}: peak RSS {rss_kib / 1024:.0f} MiB (target < 100)")
+                check += ("" if goal_ok else ", SLOWER") + ("" if rss_ok else ", RSS>100MiB")
+            elif best_comp and m.wall == best_comp:
+                ratio = "best"
+            lines.append(f"| {row.name} | {t.name} | {m.wall:.2f} | {vsize / 1e6 / m.wall:.0f} | "
+                         f"{rss_kib / 1024:.1f} | {m.user:.2f} | {m.sys:.2f} | {ratio} | {check} |")
+    footer = ["", f"- load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"]
+    if misses:
+        footer.append("- rows missing the targets: " + "; ".join(misses))
+    if mismatch:
+        footer.append("- **OUTPUT MISMATCH: some tool produced a different disk (see check column)**")
+    table = "\n".join(lines + footer)
+    print(table, flush=True)
+    if args.out:
+        args.out.write_text("\n".join(header) + "\n" + table + "\n")
+    if mismatch or competitor_failed:
+        return 1
+    if quarry_failed:
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
