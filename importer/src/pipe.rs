@@ -1,6 +1,7 @@
 //! Pipeline stages: a thread that reads one stream and hands its bytes, in bounded chunks, to the
 //! next stage through a bounded channel. Memory between two stages is at most
-//! `depth * chunk_size`, whatever the image size.
+//! `(DEPTH + 2) * CHUNK_SIZE`, whatever the image size: the reader hands each emptied chunk back
+//! to the stage for reuse, so a long import does not churn the allocator.
 
 use std::io::{self, Read};
 use std::sync::Arc;
@@ -9,15 +10,17 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::{self, JoinHandle};
 
 /// Chunk size handed between stages.
-pub const CHUNK_SIZE: usize = 1 << 20;
+pub const CHUNK_SIZE: usize = 256 << 10;
 /// Chunks in flight between two stages.
-pub const DEPTH: usize = 4;
+pub const DEPTH: usize = 8;
 
 type Chunk = io::Result<Vec<u8>>;
 
 /// The receiving end of a stage: a blocking [`Read`].
 pub struct ChannelReader {
     rx: Receiver<Chunk>,
+    /// Emptied chunks go back to the stage for reuse.
+    recycle: SyncSender<Vec<u8>>,
     current: Vec<u8>,
     pos: usize,
     done: bool,
@@ -31,7 +34,10 @@ impl Read for ChannelReader {
             }
             match self.rx.recv() {
                 Ok(Ok(chunk)) => {
-                    self.current = chunk;
+                    let used = std::mem::replace(&mut self.current, chunk);
+                    if used.capacity() > 0 {
+                        let _ = self.recycle.try_send(used);
+                    }
                     self.pos = 0;
                 }
                 Ok(Err(e)) => {
@@ -90,6 +96,7 @@ where
     O: ChunkObserver,
 {
     let (tx, rx) = sync_channel::<Chunk>(DEPTH);
+    let (recycle, recycled) = sync_channel::<Vec<u8>>(2);
     let cancel = Arc::new(AtomicBool::new(false));
     let stop = cancel.clone();
     let handle = thread::Builder::new()
@@ -100,7 +107,13 @@ where
                 if stop.load(Ordering::Relaxed) {
                     return Err(io::Error::other("stage cancelled"));
                 }
-                let mut chunk = vec![0u8; CHUNK_SIZE];
+                let mut chunk = match recycled.try_recv() {
+                    Ok(mut reused) => {
+                        reused.resize(CHUNK_SIZE, 0);
+                        reused
+                    }
+                    Err(_) => vec![0u8; CHUNK_SIZE],
+                };
                 let n = match read_full(&mut input, &mut chunk) {
                     Ok(n) => n,
                     Err(e) => {
@@ -128,6 +141,7 @@ where
         .expect("spawning a pipeline thread");
     let reader = ChannelReader {
         rx,
+        recycle,
         current: Vec::new(),
         pos: 0,
         done: false,

@@ -65,6 +65,11 @@ pub fn decoder(compression: Compression, input: BoxRead) -> Result<BoxRead> {
     })
 }
 
+/// Memory liblzma may use for decoding threads. Files from `xz -T0` (24 MiB blocks, 8 MiB
+/// dictionary) need about 50 MiB a thread; beyond this limit liblzma uses fewer threads.
+/// Chosen so that peak RSS of a whole import stays under 100 MiB.
+const XZ_THREADING_MEMORY: u64 = 88 << 20;
+
 /// A multi-threaded xz decoder: blocks of a multi-block file decode in parallel; a single-block
 /// file decodes on one thread. Memory is capped: liblzma drops to fewer threads rather than
 /// exceed the threading limit. (Only the first of concatenated xz streams is read: the
@@ -73,7 +78,7 @@ fn xz_stream() -> std::result::Result<liblzma::stream::Stream, liblzma::stream::
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     liblzma::stream::MtStreamBuilder::new()
         .threads(threads)
-        .memlimit_threading(96 << 20)
+        .memlimit_threading(XZ_THREADING_MEMORY)
         .memlimit_stop(1 << 30)
         .timeout_ms(0)
         .decoder()

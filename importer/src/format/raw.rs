@@ -20,7 +20,7 @@ impl RawReader {
 }
 
 /// Read size for raw copies: large, so each write is large.
-const READ_SIZE: usize = 4 << 20;
+const READ_SIZE: usize = 2 << 20;
 
 impl FormatReader for RawReader {
     fn format(&self) -> ImageFormat {
