@@ -220,7 +220,7 @@ pub fn import(req: &ImportRequest, progress: Arc<Progress>) -> Result<ImportRepo
             detail: capacity.detail.clone(),
         });
     }
-    let mut sink = match open_sink(req, &capacity) {
+    let mut sink = match open_sink(req, &capacity, virtual_size) {
         Ok(sink) => sink,
         Err(e) => {
             stages.cancel();
@@ -409,8 +409,12 @@ fn open_layers(
     Ok((reader, chain, format))
 }
 
-fn open_sink(req: &ImportRequest, capacity: &Capacity) -> Result<Box<dyn VolumeSink>> {
-    Ok(if capacity.is_block {
+fn open_sink(
+    req: &ImportRequest,
+    capacity: &Capacity,
+    virtual_size: Option<u64>,
+) -> Result<Box<dyn VolumeSink>> {
+    let mut sink: Box<dyn VolumeSink> = if capacity.is_block {
         Box::new(BlockSink::open(
             &req.target,
             if req.assume_zeroed {
@@ -421,7 +425,14 @@ fn open_sink(req: &ImportRequest, capacity: &Capacity) -> Result<Box<dyn VolumeS
         )?)
     } else {
         Box::new(FileSink::create(&req.target, req.preallocate)?)
-    })
+    };
+    if let Some(size) = virtual_size
+        && let Err(e) = sink.expect_size(size)
+    {
+        sink.abort();
+        return Err(e);
+    }
+    Ok(sink)
 }
 
 fn open_reader(

@@ -104,6 +104,12 @@ impl VolumeSink for FileSink {
         None
     }
 
+    fn expect_size(&mut self, size: u64) -> Result<()> {
+        self.file
+            .set_len(size)
+            .map_err(|e| Error::io(self.ctx("sizing"), e))
+    }
+
     fn commit(self: Box<Self>, size: u64) -> Result<()> {
         self.file
             .set_len(size)

@@ -29,6 +29,11 @@ use crate::progress::Progress;
 pub trait VolumeSink: ExtentSink + Send {
     /// The fixed capacity of the target (a block device's size); `None` for files, which grow.
     fn device_size(&self) -> Option<u64>;
+    /// Told the virtual size before any write, when it is known: a file is sized up front so
+    /// that writes do not extend it (and journal a new size) one by one.
+    fn expect_size(&mut self, _size: u64) -> Result<()> {
+        Ok(())
+    }
     /// Makes the result final: sized to `size` (files), synced, and only then visible as complete.
     fn commit(self: Box<Self>, size: u64) -> Result<()>;
     /// Gives up: removes what the import wrote where it can (never anything the user had).
