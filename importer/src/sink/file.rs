@@ -13,10 +13,13 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::{FallocateFlags, fallocate};
 
 use crate::error::{Error, Result};
+use crate::sink::direct::DirectWriter;
 use crate::sink::{ExtentSink, VolumeSink, for_each_run};
 
 pub struct FileSink {
     file: File,
+    /// Large writes bypass the page cache where the filesystem allows it.
+    direct: Option<DirectWriter>,
     partial: PathBuf,
     target: PathBuf,
     preallocate: bool,
@@ -64,6 +67,7 @@ impl FileSink {
             .open(&partial)
             .map_err(|e| Error::io(format!("creating {}", partial.display()), e))?;
         Ok(FileSink {
+            direct: DirectWriter::open(&partial),
             file,
             partial,
             target: target.to_path_buf(),
@@ -87,9 +91,13 @@ impl ExtentSink for FileSink {
             if zero {
                 return Ok(());
             }
-            self.file
-                .write_all_at(&data[start..end], offset + start as u64)
-                .map_err(|e| Error::io(self.ctx("writing"), e))
+            let run = &data[start..end];
+            let at = offset + start as u64;
+            match &mut self.direct {
+                Some(direct) => direct.write_at(&self.file, run, at),
+                None => self.file.write_all_at(run, at),
+            }
+            .map_err(|e| Error::io(format!("writing {}", self.partial.display()), e))
         })
     }
 

@@ -18,6 +18,7 @@ pub trait ExtentSink {
 }
 
 pub mod block;
+pub mod direct;
 pub mod file;
 
 use std::sync::atomic::Ordering;
