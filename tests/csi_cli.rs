@@ -158,3 +158,36 @@ fn bad_endpoint_fails_fast() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("endpoint"));
 }
+
+/// A connected client that stops answering (its runtime is blocked here) cannot hold up
+/// shutdown past the grace period.
+#[tokio::test]
+async fn a_hung_client_does_not_block_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("csi.sock");
+    let mut child = spawn(
+        &format!("unix://{}", sock.display()),
+        &dir.path().join("pool"),
+    );
+    let ch = connect_retry(|| unix_channel(sock.clone()), &mut child).await;
+    assert_info(&plugin_info(ch.clone()).await);
+    // blocks this (single-threaded) runtime: the client cannot react to GOAWAY
+    let pid = child.id() as libc::pid_t;
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let start = Instant::now();
+    let limit = csi::SHUTDOWN_GRACE + Duration::from_secs(5);
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("quarry csi did not exit within {limit:?} of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(st.success(), "exit status {st}");
+    assert!(!sock.exists());
+    drop(ch);
+}
