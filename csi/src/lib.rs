@@ -14,7 +14,7 @@ pub mod pb {
     tonic::include_proto!("csi.v1");
 }
 
-pub use server::{CsiArgs, Driver, DriverConfig, Endpoint, run, serve};
+pub use server::{CsiArgs, Driver, DriverConfig, Endpoint, SHUTDOWN_GRACE, run, serve};
 pub use status::to_status;
 
 /// HPP's CSI driver name.

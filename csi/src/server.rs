@@ -93,7 +93,43 @@ impl std::str::FromStr for Endpoint {
     }
 }
 
-/// Serves the three services on `endpoint` until `shutdown` completes.
+/// How long in-flight requests and connected clients may hold up shutdown. Clients normally
+/// close their idle connections on GOAWAY at once; a hung one would otherwise keep the driver
+/// alive until the kubelet's SIGKILL.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs `serve` (a tonic server given `shutdown`) until it stops, or until [`SHUTDOWN_GRACE`]
+/// after `shutdown` completed.
+async fn bounded<S, F>(
+    shutdown: S,
+    serve: impl FnOnce(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>) -> F,
+) -> Result<(), Error>
+where
+    S: Future<Output = ()> + Send + 'static,
+    F: Future<Output = Result<(), tonic::transport::Error>>,
+{
+    let (fired, on_fire) = tokio::sync::oneshot::channel::<()>();
+    let served = serve(Box::pin(async move {
+        shutdown.await;
+        let _ = fired.send(());
+    }));
+    let deadline = async move {
+        match on_fire.await {
+            Ok(()) => tokio::time::sleep(SHUTDOWN_GRACE).await,
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = served => Ok(r?),
+        () = deadline => {
+            tracing::warn!(grace = ?SHUTDOWN_GRACE, "clients still connected after the shutdown grace: stopping anyway");
+            Ok(())
+        }
+    }
+}
+
+/// Serves the three services on `endpoint` until `shutdown` completes (and then at most
+/// [`SHUTDOWN_GRACE`] longer while requests finish).
 pub async fn serve(
     driver: Driver,
     endpoint: &Endpoint,
@@ -127,9 +163,10 @@ pub async fn serve(
             })?;
             tracing::info!(endpoint = %path.display(), "CSI server listening");
             let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-            let res = router
-                .serve_with_incoming_shutdown(incoming, shutdown)
-                .await;
+            let res = bounded(shutdown, |s| {
+                router.serve_with_incoming_shutdown(incoming, s)
+            })
+            .await;
             let _ = std::fs::remove_file(path);
             res?;
         }
@@ -142,9 +179,10 @@ pub async fn serve(
                 })?;
             tracing::info!(endpoint = %addr, "CSI server listening");
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            router
-                .serve_with_incoming_shutdown(incoming, shutdown)
-                .await?;
+            bounded(shutdown, |s| {
+                router.serve_with_incoming_shutdown(incoming, s)
+            })
+            .await?;
         }
     }
     tracing::info!("CSI server stopped");

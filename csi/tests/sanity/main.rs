@@ -6,4 +6,5 @@ mod common;
 mod controller;
 mod identity;
 mod node;
+mod race;
 mod xfs;
