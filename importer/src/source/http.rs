@@ -111,7 +111,7 @@ impl Default for HttpOptions {
             idle_timeout: Duration::from_secs(60),
             max_retries: 5,
             retry_backoff: Duration::from_secs(1),
-            chunk_depth: 32,
+            chunk_depth: 8,
         }
     }
 }
