@@ -158,12 +158,13 @@ fn main() -> ExitCode {
 }
 
 /// Makes glibc return large freed buffers (pipeline chunks, decoder windows) to the system at
-/// once instead of caching them per thread arena: without this, peak RSS of an xz import grows by
-/// tens of MiB beyond what the pipeline holds.
+/// once instead of caching them, and caps the per-thread arenas: without this, peak RSS of an xz
+/// import grows by tens of MiB beyond what the pipeline holds.
 fn bound_allocator_caching() {
     // SAFETY: mallopt only changes allocator tuning; it is called before any other thread starts.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
+        libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }
 

@@ -68,7 +68,7 @@ pub fn decoder(compression: Compression, input: BoxRead) -> Result<BoxRead> {
 /// Memory liblzma may use for decoding threads. Files from `xz -T0` (24 MiB blocks, 8 MiB
 /// dictionary) need about 50 MiB a thread; beyond this limit liblzma uses fewer threads.
 /// Chosen so that peak RSS of a whole import stays under 100 MiB.
-const XZ_THREADING_MEMORY: u64 = 80 << 20;
+const XZ_THREADING_MEMORY: u64 = 88 << 20;
 
 /// A multi-threaded xz decoder: blocks of a multi-block file decode in parallel; a single-block
 /// file decodes on one thread. Memory is capped: liblzma drops to fewer threads rather than
