@@ -23,9 +23,9 @@ use crate::sink::block::{self, BlockSink, ZeroMode};
 use crate::sink::file::FileSink;
 use crate::sink::{Bounded, VolumeSink};
 use crate::size::usable_space;
-use crate::source::file::FileSource;
+use crate::source::SourceSpec;
+use crate::source::file::open_file;
 use crate::source::http::HttpOptions;
-use crate::source::{ByteSource, SourceSpec};
 
 /// CDI's default filesystem overhead for filesystem volumes, as a fraction.
 pub const DEFAULT_FILESYSTEM_OVERHEAD: f64 = 0.06;
@@ -331,24 +331,21 @@ fn open_local_sparse_raw(req: &ImportRequest) -> Result<Option<Opened>> {
     if req.checksum.is_some() || !matches!(req.format, None | Some(ImageFormat::Raw)) {
         return Ok(None);
     }
-    let source = FileSource::open(path)?;
-    if source.info().length.is_none() {
+    let (file, info) = open_file(path)?;
+    let Some(length) = info.length else {
         return Ok(None); // a pipe or device: stream it
-    }
-    let file = std::fs::File::open(path)
-        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    };
     let head = Peeked::new(&file, decode::SNIFF_LEN).map_err(|e| Error::from_read(e, "source"))?;
     let format = req.format.unwrap_or_else(|| format::detect(head.head()));
     if decode::detect(head.head()).is_some() || format != ImageFormat::Raw {
         return Ok(None);
     }
-    let reader = SparseFileReader::new(file)?;
     Ok(Some(Opened {
-        source_length: reader.virtual_size(),
-        reader: Box::new(reader),
+        source_length: Some(length),
+        reader: Box::new(SparseFileReader::new(file, length)),
         chain: vec![ImageFormat::Raw.as_str().to_string()],
         format: ImageFormat::Raw,
-        source_name: source.info().name.clone(),
+        source_name: info.name,
         stages: Stages::none(),
     }))
 }

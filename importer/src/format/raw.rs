@@ -72,12 +72,9 @@ pub struct SparseFileReader {
 }
 
 impl SparseFileReader {
-    pub fn new(file: std::fs::File) -> Result<Self> {
-        let length = file
-            .metadata()
-            .map_err(|e| Error::io("inspecting the source file", e))?
-            .len();
-        Ok(SparseFileReader { file, length })
+    /// `length` is the file's size, as its caller already read it.
+    pub fn new(file: std::fs::File, length: u64) -> Self {
+        SparseFileReader { file, length }
     }
 
     /// The next data extent at or after `pos`, as `(start, end)`; None when only a hole is left.
@@ -183,7 +180,7 @@ mod tests {
         f.write_all(&[9u8; 70_000]).unwrap();
         f.set_len(16 << 20).unwrap();
         let mut sink = Recorder::default();
-        let n = Box::new(SparseFileReader::new(f).unwrap())
+        let n = Box::new(SparseFileReader::new(f, 16 << 20))
             .copy_to(&mut sink)
             .unwrap();
         assert_eq!(n, 16 << 20);

@@ -14,30 +14,10 @@ pub struct FileSource {
 
 impl FileSource {
     pub fn open(path: &Path) -> Result<Self> {
-        let file = File::open(path).map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => {
-                Error::InvalidInput(format!("source {} does not exist", path.display()))
-            }
-            io::ErrorKind::PermissionDenied => {
-                Error::InvalidInput(format!("source {} is not readable", path.display()))
-            }
-            _ => Error::io(format!("opening {}", path.display()), e),
-        })?;
-        let meta = file
-            .metadata()
-            .map_err(|e| Error::io(format!("inspecting {}", path.display()), e))?;
-        if meta.is_dir() {
-            return Err(Error::InvalidInput(format!(
-                "source {} is a directory",
-                path.display()
-            )));
-        }
+        let (file, info) = open_file(path)?;
         Ok(FileSource {
             input: Box::new(file),
-            info: SourceInfo {
-                name: path.display().to_string(),
-                length: meta.is_file().then_some(meta.len()),
-            },
+            info,
         })
     }
 
@@ -62,4 +42,32 @@ impl ByteSource for FileSource {
     fn info(&self) -> &SourceInfo {
         &self.info
     }
+}
+
+/// Opens a local source file with clear errors for the usual mistakes; the length is known only
+/// for regular files (not pipes or devices).
+pub fn open_file(path: &Path) -> Result<(File, SourceInfo)> {
+    let file = File::open(path).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => {
+            Error::InvalidInput(format!("source {} does not exist", path.display()))
+        }
+        io::ErrorKind::PermissionDenied => {
+            Error::InvalidInput(format!("source {} is not readable", path.display()))
+        }
+        _ => Error::io(format!("opening {}", path.display()), e),
+    })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io(format!("inspecting {}", path.display()), e))?;
+    if meta.is_dir() {
+        return Err(Error::InvalidInput(format!(
+            "source {} is a directory",
+            path.display()
+        )));
+    }
+    let info = SourceInfo {
+        name: path.display().to_string(),
+        length: meta.is_file().then_some(meta.len()),
+    };
+    Ok((file, info))
 }
