@@ -60,16 +60,7 @@ where
 }
 
 async fn unix_channel(sock: PathBuf) -> Result<Channel, tonic::transport::Error> {
-    tonic::transport::Endpoint::try_from("http://[::1]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_| {
-            let sock = sock.clone();
-            async move {
-                let s = tokio::net::UnixStream::connect(sock).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-            }
-        }))
-        .await
+    csi::connect_unix(&sock).await
 }
 
 async fn plugin_info(ch: Channel) -> pb::GetPluginInfoResponse {

@@ -114,19 +114,6 @@ impl Drop for Cleanup {
     }
 }
 
-async fn connect(sock: &Path) -> Result<Channel, Box<dyn std::error::Error>> {
-    let sock = sock.to_path_buf();
-    Ok(tonic::transport::Endpoint::try_from("http://[::1]:50051")?
-        .connect_with_connector(tower::service_fn(move |_| {
-            let sock = sock.clone();
-            async move {
-                let s = tokio::net::UnixStream::connect(sock).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-            }
-        }))
-        .await?)
-}
-
 fn capability(block: bool) -> pb::VolumeCapability {
     pb::VolumeCapability {
         access_mode: Some(vc::AccessMode {
@@ -175,7 +162,7 @@ pub async fn run(count: usize, block: bool) -> Result<Report, Box<dyn std::error
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let channel = connect(&sock).await?;
+    let channel = csi::connect_unix(&sock).await?;
     let result = round_trips(channel, &root, count, block).await;
     let _ = stop.send(());
     server.await??;

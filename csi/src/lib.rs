@@ -2,6 +2,7 @@
 //! KubeVirt's hostpath-provisioner CSI driver (same driver name, topology key and `storagePool`
 //! parameter), with enforced sizes, block volumes, snapshots and clones.
 
+mod client;
 mod controller;
 mod identity;
 mod node;
@@ -14,6 +15,7 @@ pub mod pb {
     tonic::include_proto!("csi.v1");
 }
 
+pub use client::connect_unix;
 pub use server::{CsiArgs, Driver, DriverConfig, Endpoint, SHUTDOWN_GRACE, run, serve};
 pub use status::to_status;
 

@@ -150,18 +150,7 @@ impl Server {
 }
 
 pub async fn connect(sock: &Path) -> Channel {
-    let sock = sock.to_path_buf();
-    tonic::transport::Endpoint::try_from("http://[::1]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_| {
-            let sock = sock.clone();
-            async move {
-                let s = tokio::net::UnixStream::connect(sock).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-            }
-        }))
-        .await
-        .unwrap()
+    csi::connect_unix(sock).await.unwrap()
 }
 
 pub fn mount_cap() -> pb::VolumeCapability {
