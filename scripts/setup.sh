@@ -15,6 +15,7 @@ declare -A needs=(
   [openssl]=openssl
   [mkfs.xfs]=xfsprogs
   [mkfs.ext4]=e2fsprogs
+  [mkfs.btrfs]=btrfs-progs
   [losetup]=util-linux
   [gzip]=gzip
 )

@@ -21,7 +21,7 @@ pub struct CsiArgs {
     /// This node's id (the Kubernetes node name); also the topology value.
     #[arg(long, env = "NODE_NAME")]
     pub node_id: String,
-    /// Storage pools: a JSON list of `{"name","path"[,"quota":"auto|project|none"]}`, or `@file`.
+    /// Storage pools: a JSON list of `{"name","path"[,"quota":"auto|project|btrfs|none"]}`, or `@file`.
     #[arg(long, env = "STORAGE_POOLS")]
     pub pools: String,
     /// CSI driver name.

@@ -11,11 +11,15 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum QuotaMode {
-    /// Project quotas if the pool filesystem has them enabled, otherwise none.
+    /// Project quotas if the pool filesystem has them enabled, else btrfs qgroups if the pool is
+    /// on btrfs with quotas enabled, otherwise none.
     #[default]
     Auto,
     /// Project quotas are required: the pool fails to open without them.
     Project,
+    /// Btrfs qgroups: each volume a subvolume with a qgroup limit (quotas are enabled on the
+    /// filesystem if they are off); the pool fails to open on other filesystems.
+    Btrfs,
     /// Sizes are recorded but not enforced on filesystem volumes.
     None,
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, IoContext, Result};
 use crate::meta::{State, VolumeMode};
-use crate::pool::{Pool, QuotaInForce};
+use crate::pool::Pool;
 use crate::provisioner::{CapacityRange, CreateVolume, Provisioner};
 use crate::sys::{fsinfo, loopdev, mount};
 
@@ -288,7 +288,7 @@ impl Provisioner {
         } else {
             st.total_bytes
         };
-        let bounded = pool.quota == QuotaInForce::Project && m.capacity_bytes > 0;
+        let bounded = pool.enforces_sizes() && m.capacity_bytes > 0;
         let available = if bounded {
             total.saturating_sub(used).min(st.avail_bytes)
         } else {

@@ -4,23 +4,26 @@ use std::path::{Path, PathBuf};
 
 use crate::config::{PoolConfig, QuotaMode};
 use crate::error::{Error, IoContext, Result};
-use crate::meta::{CopyMethod, SnapshotMeta, VolumeMeta, read_json};
-use crate::sys::{copy, fsinfo, quota};
+use crate::meta::{CopyMethod, SnapshotMeta, VolumeMeta, VolumeMode, read_json};
+use crate::sys::{btrfs, copy, fsinfo, quota};
 
 /// Size enforcement actually in force on a pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuotaInForce {
-    /// Each filesystem volume's size is a project quota hard limit.
+    /// Each filesystem volume's size is a project quota hard limit (XFS, ext4).
     Project,
+    /// Each filesystem volume is a btrfs subvolume whose qgroup limits what it references.
+    BtrfsQgroup,
     /// Sizes are recorded only (block volumes are still bounded by their file size).
     None,
 }
 
 impl QuotaInForce {
-    /// `"project"` or `"none"`.
+    /// `"project"`, `"btrfs-qgroup"` or `"none"`.
     pub fn as_str(self) -> &'static str {
         match self {
             QuotaInForce::Project => "project",
+            QuotaInForce::BtrfsQgroup => "btrfs-qgroup",
             QuotaInForce::None => "none",
         }
     }
@@ -66,20 +69,7 @@ impl Pool {
         let fs = fsinfo::stats(&path)
             .ctx(|| format!("statfs {}", path.display()))?
             .kind;
-        let enforced = quota::project_quota_enforced(&path).unwrap_or(false);
-        let quota = match (cfg.quota, enforced) {
-            (QuotaMode::None, _) | (QuotaMode::Auto, false) => QuotaInForce::None,
-            (QuotaMode::Auto, true) | (QuotaMode::Project, true) => QuotaInForce::Project,
-            (QuotaMode::Project, false) => {
-                return Err(Error::Config(format!(
-                    "pool {} asks for project quotas but {} ({}) does not enforce them \
-                     (XFS: mount with prjquota; ext4: mkfs -O quota,project and mount with prjquota)",
-                    cfg.name,
-                    path.display(),
-                    fs.name()
-                )));
-            }
-        };
+        let quota = quota_in_force(&cfg.name, &path, fs, cfg.quota)?;
         let copy = if copy::reflink_supported(&path.join(META_DIR)) {
             CopyMethod::Reflink
         } else {
@@ -192,8 +182,45 @@ impl Pool {
 
     /// Whether a volume's size is bounded (it can never allocate more than its capacity).
     pub fn is_bounded(&self, m: &VolumeMeta) -> bool {
-        m.capacity_bytes > 0
-            && (self.quota == QuotaInForce::Project || m.mode == crate::meta::VolumeMode::Block)
+        m.capacity_bytes > 0 && (self.enforces_sizes() || m.mode == VolumeMode::Block)
+    }
+
+    /// Whether filesystem volumes' sizes are enforced on this pool.
+    pub fn enforces_sizes(&self) -> bool {
+        self.quota != QuotaInForce::None
+    }
+
+    /// Creates a volume's directory: a subvolume on a qgroup pool, tagged with its project on a
+    /// project-quota pool.
+    pub fn make_volume_dir(&self, m: &VolumeMeta) -> Result<PathBuf> {
+        let dir = self.volume_dir(&m.id);
+        match self.quota {
+            QuotaInForce::BtrfsQgroup => btrfs::create_subvolume(&dir)
+                .ctx(|| format!("create subvolume {}", dir.display()))?,
+            _ => std::fs::create_dir(&dir).ctx(|| format!("create {}", dir.display()))?,
+        }
+        if let (QuotaInForce::Project, Some(pid)) = (self.quota, m.project_id) {
+            quota::set_project(&dir, pid)
+                .ctx(|| format!("set project {pid} on {}", dir.display()))?;
+        }
+        Ok(dir)
+    }
+
+    /// Sets (0: clears) the size limit of a volume where the pool enforces sizes. Block volumes
+    /// are bounded by their file, so their limit only ever accounts.
+    pub fn apply_limit(&self, m: &VolumeMeta, bytes: u64) -> Result<()> {
+        let bytes = if m.mode == VolumeMode::Block {
+            0
+        } else {
+            bytes
+        };
+        match (self.quota, m.project_id) {
+            (QuotaInForce::Project, Some(pid)) => quota::set_limit(&self.path, pid, bytes)
+                .ctx(|| format!("set quota of volume {} (project {pid})", m.id)),
+            (QuotaInForce::BtrfsQgroup, _) => btrfs::set_limit(&self.volume_dir(&m.id), bytes)
+                .ctx(|| format!("set qgroup limit of volume {}", m.id)),
+            _ => Ok(()),
+        }
     }
 
     /// What the pool can still promise: free space minus what bounded volumes may still grow into.
@@ -217,6 +244,47 @@ impl Pool {
     pub fn contains(&self, path: &Path) -> bool {
         path.starts_with(&self.path)
     }
+}
+
+/// Decides the enforcement a pool gets from its configured mode and what its filesystem offers.
+fn quota_in_force(
+    name: &str,
+    path: &Path,
+    fs: fsinfo::FsKind,
+    mode: QuotaMode,
+) -> Result<QuotaInForce> {
+    let is_btrfs = fs == fsinfo::FsKind::Btrfs;
+    let project = || quota::project_quota_enforced(path).unwrap_or(false);
+    let qgroups = || is_btrfs && btrfs::quota_enabled(path).unwrap_or(false);
+    Ok(match mode {
+        QuotaMode::None => QuotaInForce::None,
+        QuotaMode::Auto if project() => QuotaInForce::Project,
+        QuotaMode::Auto if qgroups() => QuotaInForce::BtrfsQgroup,
+        QuotaMode::Auto => QuotaInForce::None,
+        QuotaMode::Project if project() => QuotaInForce::Project,
+        QuotaMode::Project => {
+            return Err(Error::Config(format!(
+                "pool {name} asks for project quotas but {} ({}) does not enforce them \
+                 (XFS: mount with prjquota; ext4: mkfs -O quota,project and mount with prjquota)",
+                path.display(),
+                fs.name()
+            )));
+        }
+        QuotaMode::Btrfs if !is_btrfs => {
+            return Err(Error::Config(format!(
+                "pool {name} asks for btrfs qgroups but {} is on {}",
+                path.display(),
+                fs.name()
+            )));
+        }
+        QuotaMode::Btrfs => {
+            if !qgroups() {
+                btrfs::enable_quota(path).ctx(|| format!("enable btrfs quotas for pool {name}"))?;
+                tracing::info!(pool = %name, "btrfs qgroups enabled");
+            }
+            QuotaInForce::BtrfsQgroup
+        }
+    })
 }
 
 /// A pool's capacity figures.

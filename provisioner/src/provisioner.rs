@@ -211,9 +211,8 @@ impl Provisioner {
                 m.capacity_bytes = md.len();
                 write_json(&pool.volume_meta_path(&m.id), &m)?;
             }
-        } else if let (QuotaInForce::Project, Some(pid)) = (pool.quota, m.project_id) {
-            quota::set_limit(&pool.path, pid, m.capacity_bytes)
-                .ctx(|| format!("re-apply quota of volume {}", m.id))?;
+        } else {
+            pool.apply_limit(&m, m.capacity_bytes)?;
         }
         Ok(())
     }
@@ -266,9 +265,9 @@ impl Provisioner {
             Err(e) => return Err(Error::io(format!("remove {}", dir.display()), e)),
         }
         sync_dir(&pool.path)?;
-        if let (QuotaInForce::Project, Some(pid)) = (pool.quota, m.project_id) {
-            quota::set_limit(&pool.path, pid, 0)
-                .ctx(|| format!("clear quota of volume {}", m.id))?;
+        if pool.quota == QuotaInForce::Project {
+            // project ids are reused; a subvolume's qgroup goes with the subvolume
+            pool.apply_limit(&m, 0)?;
         }
         remove_file(&pool.volume_meta_path(&m.id))
     }
@@ -334,9 +333,7 @@ impl Provisioner {
                 pool.name, cap.total_bytes
             )));
         }
-        if (pool.quota == QuotaInForce::Project || req.mode == VolumeMode::Block)
-            && size > cap.available_bytes
-        {
+        if (pool.enforces_sizes() || req.mode == VolumeMode::Block) && size > cap.available_bytes {
             return Err(Error::NoSpace(format!(
                 "pool {} can promise {} more bytes, {size} requested",
                 pool.name, cap.available_bytes
@@ -418,7 +415,7 @@ impl Provisioner {
         let _alloc = self.project_alloc.lock().unwrap_or_else(|p| p.into_inner());
         let project_id = match pool.quota {
             QuotaInForce::Project => Some(self.allocate_project_id()?),
-            QuotaInForce::None => None,
+            QuotaInForce::BtrfsQgroup | QuotaInForce::None => None,
         };
         let mut meta = VolumeMeta {
             id: req.name.clone(),
@@ -436,19 +433,8 @@ impl Provisioner {
         drop(_alloc);
 
         let built = (|| -> Result<()> {
-            std::fs::create_dir(&dir).ctx(|| format!("create {}", dir.display()))?;
-            if let Some(pid) = project_id {
-                quota::set_project(&dir, pid)
-                    .ctx(|| format!("set project {pid} on {}", dir.display()))?;
-                // block volumes are bounded by their file size; the project only accounts them
-                let limit = if req.mode == VolumeMode::Block {
-                    0
-                } else {
-                    size
-                };
-                quota::set_limit(&pool.path, pid, limit)
-                    .ctx(|| format!("set quota of project {pid}"))?;
-            }
+            pool.make_volume_dir(&meta)?;
+            pool.apply_limit(&meta, size)?;
             if let Some((src_pool, src_dir)) = &copy_from {
                 let method = if src_pool.name == pool.name {
                     pool.copy
@@ -544,6 +530,12 @@ impl Provisioner {
                 Ok(_) => {}
             }
         }
+        if pool.quota == QuotaInForce::BtrfsQgroup && !crate::sys::btrfs::is_subvolume(&dir) {
+            return Some(format!(
+                "{} is not a subvolume, so its size is not enforced",
+                dir.display()
+            ));
+        }
         if let (QuotaInForce::Project, Some(pid)) = (pool.quota, m.project_id) {
             match quota::get_project(&dir) {
                 Ok(got) if got == pid => {}
@@ -603,8 +595,8 @@ impl Provisioner {
                 .ctx(|| format!("open block file of {id}"))?;
             f.set_len(want).ctx(|| format!("grow block file of {id}"))?;
             f.sync_all().ctx(|| format!("fsync block file of {id}"))?;
-        } else if let (QuotaInForce::Project, Some(pid)) = (pool.quota, m.project_id) {
-            quota::set_limit(&pool.path, pid, want).ctx(|| format!("raise quota of {id}"))?;
+        } else {
+            pool.apply_limit(&m, want)?;
         }
         m.capacity_bytes = want;
         write_json(&pool.volume_meta_path(id), &m)?;

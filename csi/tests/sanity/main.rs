@@ -2,6 +2,7 @@
 //! starts the driver in-process on a unix socket in a temp dir and talks to it with the
 //! generated tonic clients. Tests that need root, loop devices or XFS print why and pass.
 
+mod btrfs;
 mod common;
 mod controller;
 mod identity;

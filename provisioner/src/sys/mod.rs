@@ -1,6 +1,8 @@
-//! Thin, safe wrappers over the Linux interfaces the provisioner uses: project quotas, loop
-//! devices, bind mounts, reflink and sparse copies, filesystem statistics.
+//! Thin, safe wrappers over the Linux interfaces the provisioner uses: project quotas, btrfs
+//! subvolumes and qgroups, loop devices, bind mounts, reflink and sparse copies, filesystem
+//! statistics.
 
+pub mod btrfs;
 pub mod copy;
 pub mod fsinfo;
 pub mod loopdev;
