@@ -4,6 +4,7 @@
 //! status codes.
 
 pub mod config;
+pub mod crash;
 pub mod error;
 pub mod guard;
 pub mod meta;

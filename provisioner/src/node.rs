@@ -155,6 +155,7 @@ impl Provisioner {
                 }
                 let dev = loopdev::attach(&file, req.read_only)
                     .ctx(|| format!("attach a loop device to {}", file.display()))?;
+                crate::crash::point("publish-block.attached");
                 if let Err(e) = mount::bind(&dev, req.target, req.read_only) {
                     let _ = loopdev::detach(&dev);
                     return Err(Error::io(

@@ -259,12 +259,14 @@ impl Provisioner {
                 let _ = loopdev::detach(&dev);
             }
         }
+        crate::crash::point("delete-volume.marked");
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io(format!("remove {}", dir.display()), e)),
         }
         sync_dir(&pool.path)?;
+        crate::crash::point("delete-volume.removed");
         if pool.quota == QuotaInForce::Project {
             // project ids are reused; a subvolume's qgroup goes with the subvolume
             pool.apply_limit(&m, 0)?;
@@ -443,6 +445,7 @@ impl Provisioner {
                 };
                 copy::copy_tree(src_dir, &dir, method)
                     .ctx(|| format!("copy {} to {}", src_dir.display(), dir.display()))?;
+                crate::crash::point("create-volume.copied");
             }
             if req.mode == VolumeMode::Block {
                 let f = std::fs::OpenOptions::new()
@@ -459,7 +462,9 @@ impl Provisioner {
                     .ctx(|| format!("fsync block file of {}", req.name))?;
             }
             sync_dir(&dir)?;
-            sync_dir(&pool.path)
+            sync_dir(&pool.path)?;
+            crate::crash::point("create-volume.built");
+            Ok(())
         })();
         if let Err(e) = built {
             tracing::warn!(volume = %meta.id, error = %e, "create failed; rolling back");
@@ -595,6 +600,7 @@ impl Provisioner {
                 .ctx(|| format!("open block file of {id}"))?;
             f.set_len(want).ctx(|| format!("grow block file of {id}"))?;
             f.sync_all().ctx(|| format!("fsync block file of {id}"))?;
+            crate::crash::point("expand-volume.grown");
         } else {
             pool.apply_limit(&m, want)?;
         }
@@ -646,7 +652,9 @@ impl Provisioner {
             std::fs::create_dir(&dir).ctx(|| format!("create {}", dir.display()))?;
             copy::copy_tree(&pool.volume_dir(&v.id), &dir, pool.copy)
                 .ctx(|| format!("copy volume {} to snapshot {name}", v.id))?;
-            sync_dir(dir.parent().unwrap_or(&pool.path))
+            sync_dir(dir.parent().unwrap_or(&pool.path))?;
+            crate::crash::point("create-snapshot.copied");
+            Ok(())
         })();
         if let Err(e) = made {
             let _ = self.remove_snapshot_data(pool, &s);
