@@ -36,7 +36,10 @@ pub(crate) fn capability_mode(cap: &pb::VolumeCapability) -> Result<VolumeMode, 
     }
     match &cap.access_type {
         Some(vc::AccessType::Block(_)) => Ok(VolumeMode::Block),
-        Some(vc::AccessType::Mount(_)) => Ok(VolumeMode::Filesystem),
+        Some(vc::AccessType::Mount(m)) => {
+            provisioner::sys::mount::bind_flags(&m.mount_flags)?;
+            Ok(VolumeMode::Filesystem)
+        }
         None => Err("volume capability has no access_type (block or mount)".into()),
     }
 }

@@ -46,6 +46,16 @@ impl pb::node_server::Node for Driver {
         let reader_only = cap.access_mode.as_ref().map(|m| m.mode)
             == Some(vc::access_mode::Mode::SingleNodeReaderOnly as i32);
         let read_only = r.readonly || reader_only;
+        let mount_flags = match &cap.access_type {
+            Some(vc::AccessType::Mount(m)) => {
+                if !m.fs_type.is_empty() {
+                    // a hostpath volume is a directory of the pool's filesystem: nothing to format
+                    tracing::debug!(fs_type = %m.fs_type, "fs_type does not apply to hostpath volumes");
+                }
+                m.mount_flags.clone()
+            }
+            _ => Vec::new(),
+        };
         let context: BTreeMap<String, String> = r.volume_context.into_iter().collect();
         let prov = self.prov.clone();
         let target = PathBuf::from(r.target_path);
@@ -57,6 +67,7 @@ impl pb::node_server::Node for Driver {
                 read_only,
                 mode,
                 context: &context,
+                mount_flags: &mount_flags,
             })
         })
         .await?;

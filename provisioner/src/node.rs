@@ -27,6 +27,8 @@ pub struct Publish<'a> {
     pub mode: VolumeMode,
     /// The volume context (ephemeral inline volumes carry their parameters here).
     pub context: &'a BTreeMap<String, String>,
+    /// CSI `mount_flags` of a filesystem volume (per-mount flags of the bind mount).
+    pub mount_flags: &'a [String],
 }
 
 /// Space and inode usage of one volume.
@@ -96,6 +98,10 @@ impl Provisioner {
                 "target path must be an absolute path".into(),
             ));
         }
+        let mut flags = mount::bind_flags(req.mount_flags).map_err(Error::InvalidArgument)?;
+        if req.read_only {
+            flags |= nix::mount::MsFlags::MS_RDONLY;
+        }
         if req.context.get(EPHEMERAL_KEY).map(String::as_str) == Some("true") {
             self.ensure_ephemeral(req)?;
         }
@@ -141,7 +147,7 @@ impl Provisioner {
             VolumeMode::Filesystem => {
                 std::fs::create_dir_all(req.target)
                     .ctx(|| format!("create target {}", req.target.display()))?;
-                mount::bind(&dir, req.target, req.read_only)
+                mount::bind(&dir, req.target, flags)
                     .ctx(|| format!("bind {} on {}", dir.display(), req.target.display()))?;
             }
             VolumeMode::Block => {
@@ -156,7 +162,7 @@ impl Provisioner {
                 let dev = loopdev::attach(&file, req.read_only)
                     .ctx(|| format!("attach a loop device to {}", file.display()))?;
                 crate::crash::point("publish-block.attached");
-                if let Err(e) = mount::bind(&dev, req.target, req.read_only) {
+                if let Err(e) = mount::bind(&dev, req.target, flags) {
                     let _ = loopdev::detach(&dev);
                     return Err(Error::io(
                         format!("bind {} on {}", dev.display(), req.target.display()),

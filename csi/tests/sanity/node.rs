@@ -172,6 +172,50 @@ async fn publish_unpublish_filesystem() {
 }
 
 #[tokio::test]
+async fn mount_flags_apply_to_the_bind_mount() {
+    require!(is_root(), "bind mounts need root");
+    let s = Server::start().await;
+    let _c = Cleanup(s.dir.path().to_path_buf());
+    create(&s, create_req("v", MIB, mount_cap())).await;
+    let mut n = s.node();
+    let target = s.dir.path().join("flags");
+    let mut flagged = mount_cap();
+    if let Some(vc::AccessType::Mount(m)) = flagged.access_type.as_mut() {
+        m.mount_flags = vec!["noexec,nosuid".into(), "nodev".into()];
+        m.fs_type = "ext4".into(); // does not apply to a directory volume: accepted
+    }
+    n.node_publish_volume(publish("v", &target, flagged.clone(), false))
+        .await
+        .unwrap();
+    let canon = std::fs::canonicalize(&target).unwrap();
+    let entry = provisioner::sys::mount::mounts()
+        .unwrap()
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == canon)
+        .expect("mounted");
+    let opts: Vec<&str> = entry.options.split(',').collect();
+    for want in ["rw", "noexec", "nosuid", "nodev"] {
+        assert!(opts.contains(&want), "{want} missing from {opts:?}");
+    }
+    n.node_unpublish_volume(unpublish("v", &target))
+        .await
+        .unwrap();
+
+    // a filesystem option that a bind mount cannot carry is refused by name
+    if let Some(vc::AccessType::Mount(m)) = flagged.access_type.as_mut() {
+        m.mount_flags = vec!["discard".into()];
+    }
+    let err = n
+        .node_publish_volume(publish("v", &target, flagged, false))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("discard"), "{}", err.message());
+    assert!(!provisioner::sys::mount::is_mount_point(&target).unwrap());
+}
+
+#[tokio::test]
 async fn read_only_publish_is_really_read_only() {
     require!(is_root(), "bind mounts need root");
     let s = Server::start().await;

@@ -80,9 +80,36 @@ pub fn is_mount_point(path: &Path) -> io::Result<bool> {
     Ok(mounts()?.iter().any(|m| m.mount_point == p))
 }
 
+/// Parses CSI `mount_flags` (each entry may hold several, comma-separated) into the per-mount
+/// flags a bind mount can carry. Anything else is refused, by name: a hostpath volume is a
+/// directory of the pool's filesystem, so filesystem options cannot apply.
+pub fn bind_flags(mount_flags: &[String]) -> Result<MsFlags, String> {
+    let mut flags = MsFlags::empty();
+    for flag in mount_flags.iter().flat_map(|f| f.split(',')).map(str::trim) {
+        match flag {
+            "" | "defaults" | "bind" | "rw" | "suid" | "dev" | "exec" | "atime" | "relatime" => {}
+            "ro" => flags |= MsFlags::MS_RDONLY,
+            "nosuid" => flags |= MsFlags::MS_NOSUID,
+            "nodev" => flags |= MsFlags::MS_NODEV,
+            "noexec" => flags |= MsFlags::MS_NOEXEC,
+            "noatime" => flags |= MsFlags::MS_NOATIME,
+            "nodiratime" => flags |= MsFlags::MS_NODIRATIME,
+            "strictatime" => flags |= MsFlags::MS_STRICTATIME,
+            other => {
+                return Err(format!(
+                    "mount flag {other:?} cannot apply to a bind mount (supported: ro, nosuid, \
+                     nodev, noexec, noatime, nodiratime, strictatime)"
+                ));
+            }
+        }
+    }
+    Ok(flags)
+}
+
 /// Bind-mounts `src` onto `target` (a directory onto a directory, or a file or device node onto
-/// a file), read-only if asked (bind + read-only remount; undone if the remount fails).
-pub fn bind(src: &Path, target: &Path, read_only: bool) -> io::Result<()> {
+/// a file), then applies per-mount `flags` such as `MS_RDONLY` by a bind remount (the mount is
+/// undone if the remount fails).
+pub fn bind(src: &Path, target: &Path, flags: MsFlags) -> io::Result<()> {
     nix::mount::mount(
         Some(src),
         target,
@@ -90,12 +117,12 @@ pub fn bind(src: &Path, target: &Path, read_only: bool) -> io::Result<()> {
         MsFlags::MS_BIND,
         None::<&str>,
     )?;
-    if read_only
+    if !flags.is_empty()
         && let Err(e) = nix::mount::mount(
             None::<&str>,
             target,
             None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | flags,
             None::<&str>,
         )
     {
@@ -117,6 +144,29 @@ pub fn unmount(target: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn flags(list: &[&str]) -> Result<MsFlags, String> {
+        bind_flags(&list.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn bind_flags_map_to_per_mount_flags() {
+        assert_eq!(flags(&[]).unwrap(), MsFlags::empty());
+        assert_eq!(
+            flags(&["noexec,nosuid", "ro"]).unwrap(),
+            MsFlags::MS_NOEXEC | MsFlags::MS_NOSUID | MsFlags::MS_RDONLY
+        );
+        assert_eq!(
+            flags(&["defaults", "rw", "relatime"]).unwrap(),
+            MsFlags::empty()
+        );
+    }
+
+    #[test]
+    fn filesystem_options_are_refused_by_name() {
+        let err = flags(&["noexec", "discard"]).unwrap_err();
+        assert!(err.contains("\"discard\""), "{err}");
+    }
 
     #[test]
     fn parses_mountinfo_lines_with_escapes_and_optional_fields() {
