@@ -83,6 +83,10 @@ pub struct VolumeMeta {
     pub parameters: BTreeMap<String, String>,
     /// Creation time, seconds since the epoch.
     pub created_unix: u64,
+    /// Found in the pool without metadata (a volume HPP made) and taken over as it was; its
+    /// size was never recorded, so its capacity is 0 (unknown) until it is expanded.
+    #[serde(default)]
+    pub adopted: bool,
 }
 
 /// A snapshot's metadata.
@@ -183,6 +187,7 @@ mod tests {
 
     fn sample() -> VolumeMeta {
         VolumeMeta {
+            adopted: false,
             id: "pvc-1".into(),
             pool: "fast".into(),
             capacity_bytes: 1 << 20,

@@ -182,6 +182,7 @@ impl Provisioner {
     /// releases loop devices backed by pool files that nothing has mounted any more.
     pub fn recover(&self) -> Result<()> {
         for pool in &self.pools {
+            self.adopt_unknown_volumes(pool)?;
             for m in pool.volumes()? {
                 match m.state {
                     State::Creating | State::Deleting => {
@@ -199,6 +200,46 @@ impl Provisioner {
             }
         }
         self.release_stale_loops();
+        Ok(())
+    }
+
+    /// Takes over the volume directories of a pool that another driver (HPP) made: a directory
+    /// `<pool>/<name>` with no metadata becomes a ready filesystem volume named `<name>`, so the
+    /// PersistentVolumes that point at it keep working (publish, stats, expand, delete).
+    fn adopt_unknown_volumes(&self, pool: &Pool) -> Result<()> {
+        let entries =
+            std::fs::read_dir(&pool.path).ctx(|| format!("list {}", pool.path.display()))?;
+        for entry in entries {
+            let entry = entry.ctx(|| format!("list {}", pool.path.display()))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            if !is_dir || name == "lost+found" || validate_name("volume", &name).is_err() {
+                continue;
+            }
+            if pool.volume(&name)?.is_some() {
+                continue;
+            }
+            let meta = VolumeMeta {
+                id: name.clone(),
+                pool: pool.name.clone(),
+                capacity_bytes: 0,
+                mode: VolumeMode::Filesystem,
+                state: State::Ready,
+                project_id: None,
+                source: None,
+                ephemeral: false,
+                parameters: BTreeMap::new(),
+                created_unix: entry
+                    .metadata()
+                    .ok()
+                    .and_then(|m| m.modified().ok())
+                    .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_secs()),
+                adopted: true,
+            };
+            write_json(&pool.volume_meta_path(&name), &meta)?;
+            tracing::warn!(volume = %name, pool = %pool.name, "adopted a volume directory without metadata (made by HPP?); its size is unknown until expanded");
+        }
         Ok(())
     }
 
@@ -430,6 +471,7 @@ impl Provisioner {
             ephemeral: req.ephemeral,
             parameters: req.parameters.clone(),
             created_unix: now().0,
+            adopted: false,
         };
         write_json(&pool.volume_meta_path(&meta.id), &meta)?;
         drop(_alloc);

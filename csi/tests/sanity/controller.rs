@@ -605,3 +605,57 @@ async fn clone_volume_sparse_block() {
         Code::InvalidArgument
     );
 }
+
+#[tokio::test]
+async fn volumes_made_by_hpp_are_adopted() {
+    let s = Server::start().await;
+    let pool = s.pool_path(0);
+    // HPP's layout: one directory per volume, no metadata anywhere
+    std::fs::create_dir(pool.join("pvc-0b7e")).unwrap();
+    std::fs::write(pool.join("pvc-0b7e/disk.img"), vec![7u8; 4096]).unwrap();
+    std::fs::create_dir(pool.join("lost+found")).unwrap();
+    std::fs::write(pool.join("stray-file"), b"x").unwrap();
+    let s = s.restart().await;
+
+    let (ids, _) = list_ids(&s, "", 0).await;
+    assert_eq!(ids, ["pvc-0b7e"]);
+    let (_, m) = s.prov.volume("pvc-0b7e").unwrap();
+    assert!(m.adopted);
+    assert_eq!(m.capacity_bytes, 0, "HPP never recorded a size");
+    let got = s
+        .controller()
+        .controller_get_volume(pb::ControllerGetVolumeRequest {
+            volume_id: "pvc-0b7e".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let cond = got.status.unwrap().volume_condition.unwrap();
+    assert!(!cond.abnormal, "{cond:?}");
+    // the data is left as it was; expansion records a size; delete removes it
+    assert_eq!(
+        std::fs::read(pool.join("pvc-0b7e/disk.img")).unwrap(),
+        vec![7u8; 4096]
+    );
+    s.controller()
+        .controller_expand_volume(pb::ControllerExpandVolumeRequest {
+            volume_id: "pvc-0b7e".into(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 2 * MIB,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(s.prov.volume("pvc-0b7e").unwrap().1.capacity_bytes, 2 << 20);
+    s.controller()
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: "pvc-0b7e".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(!pool.join("pvc-0b7e").exists());
+    assert!(pool.join("lost+found").is_dir(), "not a volume: left alone");
+}
