@@ -13,7 +13,7 @@ use std::time::Instant;
 use crate::checksum::{Checksum, Hasher};
 use crate::decode::{self, Compression};
 use crate::error::{Error, Result};
-use crate::format::qcow2::Qcow2Reader;
+use crate::format::qcow2::{Qcow2FileReader, Qcow2Reader};
 use crate::format::raw::{RawReader, SparseFileReader};
 use crate::format::{self, FormatReader, ImageFormat, ReaderOptions};
 use crate::peek::Peeked;
@@ -193,7 +193,7 @@ struct Opened {
 pub fn import(req: &ImportRequest, progress: Arc<Progress>) -> Result<ImportReport> {
     let started = Instant::now();
     let capacity = capacity(req)?;
-    let opened = match open_local_sparse_raw(req)? {
+    let opened = match open_local_file(req)? {
         Some(opened) => opened,
         None => open_stream(req, &progress)?,
     };
@@ -322,13 +322,19 @@ impl Stages {
     }
 }
 
-/// The fast path for an uncompressed raw image in a local regular file with no checksum to
-/// compute: read only its data extents, as `qemu-img convert` does.
-fn open_local_sparse_raw(req: &ImportRequest) -> Result<Option<Opened>> {
+/// The fast path for an uncompressed image in a local regular file with no checksum to compute
+/// (a checksum needs every byte in order): raw images are read by their data extents only,
+/// qcow2 images by random access, tables first, as `qemu-img convert` does.
+fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
     let SourceSpec::File(path) = &req.source else {
         return Ok(None);
     };
-    if req.checksum.is_some() || !matches!(req.format, None | Some(ImageFormat::Raw)) {
+    if req.checksum.is_some()
+        || !matches!(
+            req.format,
+            None | Some(ImageFormat::Raw) | Some(ImageFormat::Qcow2)
+        )
+    {
         return Ok(None);
     }
     let (file, info) = open_file(path)?;
@@ -337,14 +343,19 @@ fn open_local_sparse_raw(req: &ImportRequest) -> Result<Option<Opened>> {
     };
     let head = Peeked::new(&file, decode::SNIFF_LEN).map_err(|e| Error::from_read(e, "source"))?;
     let format = req.format.unwrap_or_else(|| format::detect(head.head()));
-    if decode::detect(head.head()).is_some() || format != ImageFormat::Raw {
-        return Ok(None);
+    if decode::detect(head.head()).is_some() {
+        return Ok(None); // compressed: stream it through the decoders
     }
+    let reader: Box<dyn FormatReader> = match format {
+        ImageFormat::Raw => Box::new(SparseFileReader::new(file, length)),
+        ImageFormat::Qcow2 => Box::new(Qcow2FileReader::open(file, length)?),
+        _ => return Ok(None),
+    };
     Ok(Some(Opened {
         source_length: Some(length),
-        reader: Box::new(SparseFileReader::new(file, length)),
-        chain: vec![ImageFormat::Raw.as_str().to_string()],
-        format: ImageFormat::Raw,
+        reader,
+        chain: vec![format.as_str().to_string()],
+        format,
         source_name: info.name,
         stages: Stages::none(),
     }))

@@ -1,12 +1,13 @@
-//! Every image made by `testdata/make-images.sh` streamed through `Qcow2Reader` must equal
-//! `qemu-img convert -O raw` byte for byte; the refused ones must be refused by name.
+//! Every image made by `testdata/make-images.sh`, streamed through `Qcow2Reader` and read by
+//! random access through `Qcow2FileReader`, must equal `qemu-img convert -O raw` byte for byte;
+//! the refused ones must be refused by name by both.
 
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use importer::format::qcow2::{Qcow2Reader, Qcow2Stats};
+use importer::format::qcow2::{Qcow2FileReader, Qcow2Reader, Qcow2Stats};
 use importer::format::{FormatReader, ImageFormat, ReaderOptions};
 use importer::sink::ExtentSink;
 use importer::{ErrorKind, Result};
@@ -47,6 +48,24 @@ fn open(image: &Path, budget: usize, spill: &Path) -> Result<Qcow2Reader> {
         memory_budget: budget,
     };
     Qcow2Reader::new(Box::new(PlainRead(File::open(image).unwrap())), &opts)
+}
+
+/// Converts `image` into `out` by random access.
+fn seek(image: &Path, out: &Path) -> Qcow2Stats {
+    let file = File::open(image).unwrap();
+    let len = file.metadata().unwrap().len();
+    let reader = Qcow2FileReader::open(file, len).unwrap();
+    let vsize = reader.virtual_size().unwrap();
+    let mut sink = FileSink {
+        file: File::create(out).unwrap(),
+        reported: 0,
+    };
+    let stats = reader
+        .convert(&mut sink)
+        .unwrap_or_else(|e| panic!("{}: {e}", image.display()));
+    sink.file.set_len(vsize).unwrap();
+    assert_eq!(sink.reported, vsize, "{}: bytes reported", image.display());
+    stats
 }
 
 /// Streams `image` into `out` and returns the stats.
@@ -103,6 +122,13 @@ fn qcow2_images_convert_exactly_like_qemu_img() {
                     }
                     std::fs::remove_file(&got_path).unwrap();
                 }
+                let got_path = dir.path().join(format!("{name}.seek.raw"));
+                let stats = seek(&img.path, &got_path);
+                let got = std::fs::read(&got_path).unwrap();
+                if let Some(at) = qemu::first_difference(&got, &want) {
+                    panic!("{name}: random access differs from qemu-img at byte {at:#x}");
+                }
+                assert_eq!(stats.held_bytes, 0, "{name}: nothing is held");
                 converted += 1;
             }
             "unsupported" => {
@@ -116,6 +142,10 @@ fn qcow2_images_convert_exactly_like_qemu_img() {
                         .expect_err(&name),
                 };
                 assert_eq!(err.kind(), ErrorKind::Unsupported, "{name}: {err}");
+                let file = File::open(&img.path).unwrap();
+                let len = file.metadata().unwrap().len();
+                let seek_err = Qcow2FileReader::open(file, len).err().expect(&name);
+                assert_eq!(seek_err.to_string(), err.to_string(), "{name}");
                 let needle = match name.as_str() {
                     "backing.qcow2" => "default.qcow2",
                     "luks.qcow2" => "LUKS",

@@ -1,46 +1,126 @@
 //! Direct I/O for large writes: the block-aligned middle of each write goes through an
 //! `O_DIRECT` descriptor (no page-cache copy, no dirty-page writeback storm at `fsync`), the
-//! unaligned edges through the ordinary descriptor of the same file. Filesystems without
-//! `O_DIRECT` (tmpfs) simply keep buffered writes.
+//! unaligned edges through the ordinary descriptor of the same file. The direct writes run on a
+//! writer thread with a few bounce buffers in flight, so the device works while the importer
+//! parses the next data. Filesystems without `O_DIRECT` (tmpfs) simply keep buffered writes.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 /// Alignment of direct writes (offset, length and memory): the largest logical block size.
 const ALIGN: usize = 4096;
 /// Bounce buffer size: data is copied here so that its address is aligned.
-const BOUNCE: usize = 4 << 20;
+const BOUNCE: usize = 2 << 20;
+/// Bounce buffers in flight: the caller fills one while the writer thread waits on the device
+/// for the others, so parsing and device writes overlap.
+const IN_FLIGHT: usize = 4;
 /// Writes smaller than this stay buffered: direct I/O only pays off for large ones.
 const MIN_DIRECT: usize = 64 << 10;
 
-pub struct DirectWriter {
-    file: File,
-    bounce: Vec<u8>,
-    /// Where the aligned part of `bounce` starts.
+/// A heap buffer with an [`ALIGN`]-aligned window of [`BOUNCE`] bytes.
+struct AlignedBuf {
+    mem: Vec<u8>,
     start: usize,
+}
+
+impl AlignedBuf {
+    fn new() -> Self {
+        let mem = vec![0u8; BOUNCE + ALIGN];
+        let start = mem.as_ptr().align_offset(ALIGN);
+        AlignedBuf { mem, start }
+    }
+
+    fn window(&mut self, len: usize) -> &mut [u8] {
+        &mut self.mem[self.start..self.start + len]
+    }
+}
+
+/// One aligned piece for the writer thread.
+struct Job {
+    buf: AlignedBuf,
+    len: usize,
+    offset: u64,
+}
+
+/// Writes the aligned middles of large writes through `O_DIRECT` on a writer thread.
+pub struct DirectWriter {
+    jobs: Option<SyncSender<Job>>,
+    free: Receiver<AlignedBuf>,
+    /// The first error the writer thread met; later writes fail with it.
+    failed: Arc<Mutex<Option<io::Error>>>,
+    worker: Option<JoinHandle<()>>,
 }
 
 impl DirectWriter {
     /// Opens `path` again with `O_DIRECT`; None where the filesystem does not support it.
     pub fn open(path: &Path) -> Option<Self> {
-        let file = OpenOptions::new()
+        let direct = OpenOptions::new()
             .write(true)
             .custom_flags(libc::O_DIRECT)
             .open(path)
             .ok()?;
-        let bounce = vec![0u8; BOUNCE + ALIGN];
-        let start = bounce.as_ptr().align_offset(ALIGN);
+        // some filesystems accept O_DIRECT at open and refuse the write: the writer falls back
+        let buffered = OpenOptions::new().write(true).open(path).ok()?;
+        let (jobs, job_rx) = sync_channel::<Job>(IN_FLIGHT);
+        let (free_tx, free) = sync_channel::<AlignedBuf>(IN_FLIGHT);
+        for _ in 0..IN_FLIGHT {
+            free_tx.send(AlignedBuf::new()).ok()?;
+        }
+        let failed = Arc::new(Mutex::new(None));
+        let record = failed.clone();
+        let worker = std::thread::Builder::new()
+            .name("direct-write".into())
+            .spawn(move || {
+                for mut job in job_rx {
+                    let ok = record.lock().map(|f| f.is_none()).unwrap_or(false);
+                    if ok {
+                        let data = job.buf.window(job.len);
+                        let res = match direct.write_all_at(data, job.offset) {
+                            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                                buffered.write_all_at(data, job.offset)
+                            }
+                            other => other,
+                        };
+                        if let Err(e) = res
+                            && let Ok(mut f) = record.lock()
+                        {
+                            f.get_or_insert(e);
+                        }
+                    }
+                    if free_tx.send(job.buf).is_err() {
+                        return;
+                    }
+                }
+            })
+            .ok()?;
         Some(DirectWriter {
-            file,
-            bounce,
-            start,
+            jobs: Some(jobs),
+            free,
+            failed,
+            worker: Some(worker),
         })
     }
 
-    /// Writes `data` at `offset`: its aligned middle directly, its edges through `buffered`.
+    fn check(&self) -> io::Result<()> {
+        match self.failed.lock() {
+            Ok(f) => match f.as_ref() {
+                Some(e) => Err(io::Error::new(e.kind(), e.to_string())),
+                None => Ok(()),
+            },
+            Err(_) => Err(io::Error::other("the direct writer thread panicked")),
+        }
+    }
+
+    /// Writes `data` at `offset`: its aligned middle directly (queued to the writer thread),
+    /// its edges through `buffered` at once. The middle is durable in the file only after
+    /// [`DirectWriter::finish`].
     pub fn write_at(&mut self, buffered: &File, data: &[u8], offset: u64) -> io::Result<()> {
+        self.check()?;
         let end = offset + data.len() as u64;
         let mid_start = offset.next_multiple_of(ALIGN as u64);
         let mid_end = end / ALIGN as u64 * ALIGN as u64;
@@ -51,21 +131,41 @@ impl DirectWriter {
         let tail = (end - mid_end) as usize;
         buffered.write_all_at(&data[..head], offset)?;
         let middle = &data[head..data.len() - tail];
+        let lost = || io::Error::other("the direct writer thread stopped");
         for (i, piece) in middle.chunks(BOUNCE).enumerate() {
-            let aligned = &mut self.bounce[self.start..self.start + piece.len()];
-            aligned.copy_from_slice(piece);
-            if let Err(e) = self
-                .file
-                .write_all_at(aligned, mid_start + (i * BOUNCE) as u64)
-            {
-                // Some filesystems accept O_DIRECT at open and refuse the write: fall back.
-                if e.raw_os_error() == Some(libc::EINVAL) {
-                    return buffered.write_all_at(data, offset);
-                }
-                return Err(e);
-            }
+            let mut buf = self.free.recv().map_err(|_| lost())?;
+            buf.window(piece.len()).copy_from_slice(piece);
+            let job = Job {
+                buf,
+                len: piece.len(),
+                offset: mid_start + (i * BOUNCE) as u64,
+            };
+            let jobs = self.jobs.as_ref().ok_or_else(lost)?;
+            jobs.send(job).map_err(|_| lost())?;
         }
         buffered.write_all_at(&data[data.len() - tail..], mid_end)
+    }
+
+    /// Waits for every queued write; the first error any of them met.
+    pub fn finish(mut self) -> io::Result<()> {
+        self.stop();
+        self.check()
+    }
+
+    fn stop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(w) = self.worker.take()
+            && w.join().is_err()
+            && let Ok(mut f) = self.failed.lock()
+        {
+            f.get_or_insert(io::Error::other("the direct writer thread panicked"));
+        }
+    }
+}
+
+impl Drop for DirectWriter {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -100,6 +200,7 @@ mod tests {
             direct.write_at(&buffered, &data, offset).unwrap();
             expected[offset as usize..offset as usize + len].copy_from_slice(&data);
         }
+        direct.finish().unwrap();
         buffered.sync_all().unwrap();
         assert!(std::fs::read(&path).unwrap() == expected);
     }

@@ -118,7 +118,12 @@ impl VolumeSink for FileSink {
             .map_err(|e| Error::io(self.ctx("sizing"), e))
     }
 
-    fn commit(self: Box<Self>, size: u64) -> Result<()> {
+    fn commit(mut self: Box<Self>, size: u64) -> Result<()> {
+        if let Some(direct) = self.direct.take() {
+            direct
+                .finish()
+                .map_err(|e| Error::io(format!("writing {}", self.partial.display()), e))?;
+        }
         self.file
             .set_len(size)
             .map_err(|e| Error::io(self.ctx("sizing"), e))?;
@@ -149,7 +154,9 @@ impl VolumeSink for FileSink {
             .map_err(|e| Error::io(format!("syncing directory {}", dir.display()), e))
     }
 
-    fn abort(self: Box<Self>) {
+    fn abort(mut self: Box<Self>) {
+        // stop the writer thread before the file goes
+        drop(self.direct.take());
         if let Err(e) = fs::remove_file(&self.partial) {
             tracing::warn!(path = %self.partial.display(), error = %e, "could not remove the partial import");
         }

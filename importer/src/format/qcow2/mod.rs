@@ -1,8 +1,10 @@
-//! qcow2 reader: converts a qcow2 image to the guest disk in one sequential pass, no seeking.
+//! qcow2 reader: converts a qcow2 image to the guest disk in one sequential pass, no seeking,
+//! or, for a local file, by random access on several threads.
 //!
 //! - [`header`]: pure parse and validation of the header and its extensions;
 //! - [`l2`]: pure decoding of L1/L2 entries and compressed cluster descriptors;
 //! - `stream`: the single-pass converter (see its docs for the algorithm and memory bounds);
+//! - `seek`: the random-access converter for local files (tables first, data in parallel);
 //! - `hold`: bytes that arrive before their role is known (memory, then a spill file);
 //! - `inflate`: deflate and zstd clusters with qemu's acceptance rules.
 //!
@@ -22,6 +24,7 @@ pub mod header;
 mod hold;
 mod inflate;
 pub mod l2;
+mod seek;
 mod stream;
 
 #[cfg(test)]
@@ -83,6 +86,56 @@ impl Qcow2Reader {
     /// tells what it took.
     pub fn convert(self, sink: &mut dyn ExtentSink) -> Result<Qcow2Stats> {
         stream::Stream::new(&self.header, self.head, self.reader, &self.opts, sink).run()
+    }
+}
+
+/// A qcow2 image in a local file, converted by random access (see `seek`): tables first, then
+/// data read and inflated on several threads.
+pub struct Qcow2FileReader {
+    header: Header,
+    file: std::fs::File,
+    length: u64,
+}
+
+impl Qcow2FileReader {
+    /// Reads and validates the header of the image in `file` (`length` bytes).
+    pub fn open(file: std::fs::File, length: u64) -> Result<Self> {
+        use std::os::unix::fs::FileExt;
+        let mut head = vec![0u8; (1usize << header::MIN_CLUSTER_BITS).min(length as usize)];
+        file.read_exact_at(&mut head, 0)
+            .map_err(|e| Error::from_read(e, "qcow2 image"))?;
+        let want = header::wanted_len(&head).min(length as usize);
+        if want > head.len() {
+            head.resize(want, 0);
+            file.read_exact_at(&mut head, 0)
+                .map_err(|e| Error::from_read(e, "qcow2 image"))?;
+        }
+        Ok(Qcow2FileReader {
+            header: header::parse(&head)?,
+            file,
+            length,
+        })
+    }
+
+    /// Converts the guest disk into `sink` and tells what it took.
+    pub fn convert(self, sink: &mut dyn ExtentSink) -> Result<Qcow2Stats> {
+        seek::convert(&self.header, &self.file, self.length, sink)
+    }
+}
+
+impl FormatReader for Qcow2FileReader {
+    fn format(&self) -> ImageFormat {
+        ImageFormat::Qcow2
+    }
+
+    fn virtual_size(&self) -> Option<u64> {
+        Some(self.header.virtual_size)
+    }
+
+    fn copy_to(self: Box<Self>, sink: &mut dyn ExtentSink) -> Result<u64> {
+        let size = self.header.virtual_size;
+        self.convert(sink)?;
+        Ok(size)
     }
 }
 

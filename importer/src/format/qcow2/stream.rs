@@ -56,21 +56,35 @@ pub struct Qcow2Stats {
 
 /// Cluster geometry, copied out of the header.
 #[derive(Clone, Copy)]
-struct Geo {
-    cb: u32,
-    cs: u64,
-    vsize: u64,
-    guest_clusters: u64,
-    l2_entries: u64,
-    extended: bool,
-    full_mask: u32,
+pub(super) struct Geo {
+    pub(super) cb: u32,
+    pub(super) cs: u64,
+    pub(super) vsize: u64,
+    pub(super) guest_clusters: u64,
+    pub(super) l2_entries: u64,
+    pub(super) extended: bool,
+    pub(super) full_mask: u32,
+}
+
+impl Geo {
+    pub(super) fn of(h: &Header) -> Geo {
+        Geo {
+            cb: h.cluster_bits,
+            cs: h.cluster_size(),
+            vsize: h.virtual_size,
+            guest_clusters: h.guest_clusters(),
+            l2_entries: h.l2_entries(),
+            extended: h.extended_l2,
+            full_mask: if h.extended_l2 { u32::MAX } else { 1 },
+        }
+    }
 }
 
 /// A guest cluster that reads (some subclusters of) a host cluster.
 #[derive(Clone, Copy, Debug)]
-struct Target {
-    guest_cluster: u64,
-    mask: u32,
+pub(super) struct Target {
+    pub(super) guest_cluster: u64,
+    pub(super) mask: u32,
 }
 
 enum Targets {
@@ -84,20 +98,20 @@ struct CompressedNeed {
 }
 
 /// The sink, with adjacent zero ranges coalesced.
-struct Out<'s> {
-    sink: &'s mut dyn ExtentSink,
-    zero: Option<(u64, u64)>,
+pub(super) struct Out<'s> {
+    pub(super) sink: &'s mut dyn ExtentSink,
+    pub(super) zero: Option<(u64, u64)>,
 }
 
 impl Out<'_> {
-    fn data(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+    pub(super) fn data(&mut self, offset: u64, data: &[u8]) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }
         self.sink.write_data(offset, data)
     }
 
-    fn zero(&mut self, start: u64, end: u64) -> Result<()> {
+    pub(super) fn zero(&mut self, start: u64, end: u64) -> Result<()> {
         if start >= end {
             return Ok(());
         }
@@ -111,7 +125,7 @@ impl Out<'_> {
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<()> {
+    pub(super) fn flush(&mut self) -> Result<()> {
         if let Some((s, e)) = self.zero.take() {
             self.sink.write_zeroes(s, e - s)?;
         }
@@ -120,7 +134,7 @@ impl Out<'_> {
 }
 
 /// Writes what guest cluster `t` reads, given its host cluster's bytes.
-fn emit(out: &mut Out<'_>, g: &Geo, t: Target, bytes: &[u8]) -> Result<()> {
+pub(super) fn emit(out: &mut Out<'_>, g: &Geo, t: Target, bytes: &[u8]) -> Result<()> {
     let goff = t.guest_cluster << g.cb;
     let gend = (goff + g.cs).min(g.vsize);
     if t.mask == g.full_mask {
@@ -150,7 +164,7 @@ fn emit(out: &mut Out<'_>, g: &Geo, t: Target, bytes: &[u8]) -> Result<()> {
 }
 
 /// How many bytes of its host cluster guest cluster `t` reads.
-fn needed_len(g: &Geo, t: Target) -> u64 {
+pub(super) fn needed_len(g: &Geo, t: Target) -> u64 {
     let glen = g.cs.min(g.vsize - (t.guest_cluster << g.cb));
     if t.mask == g.full_mask {
         glen
@@ -160,12 +174,12 @@ fn needed_len(g: &Geo, t: Target) -> u64 {
     }
 }
 
-fn be64(b: &[u8], at: usize) -> u64 {
+pub(super) fn be64(b: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 /// Decodes the entries of the L2 table for L1 entry `l1_index` that map the virtual disk.
-fn decode_l2(
+pub(super) fn decode_l2(
     bytes: &[u8],
     g: &Geo,
     l1_index: u64,
@@ -240,8 +254,8 @@ impl<'s> Stream<'s> {
         opts: &ReaderOptions,
         sink: &'s mut dyn ExtentSink,
     ) -> Stream<'s> {
-        let cb = h.cluster_bits;
-        let cs = h.cluster_size();
+        let g = Geo::of(h);
+        let (cb, cs) = (g.cb, g.cs);
         let l1_needed = h.l1_entries_needed();
         let l1_len = u64::from(h.l1_entries) * 8;
         let l1_clusters = if l1_len == 0 {
@@ -252,15 +266,7 @@ impl<'s> Stream<'s> {
         let rt_first = h.refcount_table_offset >> cb;
         let head_len = head.len();
         Stream {
-            g: Geo {
-                cb,
-                cs,
-                vsize: h.virtual_size,
-                guest_clusters: h.guest_clusters(),
-                l2_entries: h.l2_entries(),
-                extended: h.extended_l2,
-                full_mask: if h.extended_l2 { u32::MAX } else { 1 },
-            },
+            g,
             l1_offset: h.l1_offset,
             reader,
             buf: head,
