@@ -599,7 +599,7 @@ impl Transfer {
         };
 
         let status = resp.status();
-        let where_ = if resp.url().as_str() == self.name {
+        let where_ = if resp.url() == &self.url {
             self.name.clone()
         } else {
             format!(

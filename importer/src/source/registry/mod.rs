@@ -354,8 +354,8 @@ impl Session {
             authorization: None,
         };
         let pinged = match s.ping().await {
-            Err(e) if s.http.insecure && e.kind() != ErrorKind::SourceRejected => {
-                warn!(registry = %reference.registry, error = %e, "HTTPS failed; trying plain HTTP (insecure registry)");
+            Err(e) if s.http.insecure => {
+                info!(registry = %reference.registry, error = %e, "HTTPS failed; trying plain HTTP (insecure registry)");
                 s.repo_url = repo_url("http", reference)?;
                 s.ping().await.map_err(|_| e)
             }
