@@ -9,6 +9,8 @@ use std::path::Path;
 use std::process::Output;
 
 use base64::Engine as _;
+use testkit::faults::{FaultConfig, FaultServer};
+use testkit::nginx::{Nginx, NginxConfig};
 use testkit::oci::{Compression, Entry, Image, Layer, OciLayout};
 use testkit::proxy::CutProxy;
 use testkit::registry::{self, Registry, RegistryConfig, TokenService};
@@ -464,4 +466,51 @@ fn a_dropped_blob_download_resumes_with_a_range() {
         proxy.sent().contains("range: bytes="),
         "no ranged request was sent"
     );
+}
+
+#[test]
+fn blob_redirects_are_followed_without_the_registry_credentials() {
+    if peers_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (qcow2, expected) = sample_qcow2(dir.path());
+    let mut layout = OciLayout::create(&dir.path().join("layout"));
+    layout.add(
+        "v1",
+        &Image::new(vec![Layer::disk("disk.qcow2", fs::read(&qcow2).unwrap())]),
+    );
+    let reg = Registry::start(RegistryConfig {
+        htpasswd: Some(("alice", "s3cret")),
+        ..Default::default()
+    });
+    reg.push(layout.dir(), "v1", "vm/disk:v1", None, false);
+    // "Blob storage" on another host (localhost, not 127.0.0.1), and nginx in front of the
+    // registry sending the layer there, as registries backed by object storage do.
+    let (layer, digest) = reg.largest_blob();
+    let storage = FaultServer::start(FaultConfig::new(fs::read(&layer).unwrap()));
+    let storage_url = storage.url("/blob").replace("127.0.0.1", "localhost");
+    let front = Nginx::start(NginxConfig {
+        root: dir.path().to_path_buf(),
+        redirects: vec![(format!("/v2/vm/disk/blobs/{digest}"), storage_url)],
+        extra: format!(
+            "location /v2/ {{ proxy_pass http://127.0.0.1:{}; }}\n",
+            reg.port()
+        ),
+        ..Default::default()
+    });
+    let out_dir = tempfile::tempdir().unwrap();
+    let target = out_dir.path().join("disk.img");
+    let image = format!("docker://127.0.0.1:{}/vm/disk:v1", front.port());
+    let out = quarry()
+        .args(["import", &image, arg(&target), "--insecure"])
+        .args(["--user", "alice", "--password-env", "QUARRY_TEST_PW"])
+        .env("QUARRY_TEST_PW", "s3cret")
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert_eq!(fs::read(&target).unwrap(), expected);
+    let reqs = storage.requests();
+    assert_eq!(reqs.len(), 1, "{reqs:?}");
+    assert_eq!(reqs[0].header("authorization"), None, "{reqs:?}");
 }
