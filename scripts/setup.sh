@@ -19,6 +19,7 @@ declare -A needs=(
   [gzip]=gzip
   [docker-registry]=docker-registry
   [skopeo]=skopeo
+  [pip3]=python3-pip
 )
 missing=()
 for cmd in "${!needs[@]}"; do
