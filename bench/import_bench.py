@@ -801,20 +801,8 @@ class Registry:
         conf.write_text(f"version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\n"
                         f"storage:\n  filesystem:\n    rootdirectory: {tmp}/registry\n"
                         f"http:\n  addr: 127.0.0.1:{self.port}\n")
-        self.proc = subprocess.Popen(["docker-registry", "serve", str(conf)],
-                                     stdout=subprocess.DEVNULL,
-                                     stderr=open(tmp / "registry.log", "wb"))
-        deadline = time.monotonic() + 15
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError("docker-registry exited: " + (tmp / "registry.log").read_text())
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("docker-registry did not start listening")
-                time.sleep(0.05)
+        self.proc = start_server(["docker-registry", "serve", str(conf)], self.port,
+                                 tmp / "registry.log")
         run_checked(["skopeo", "--insecure-policy", "copy", "-q", "--dest-tls-verify=false",
                      f"oci:{layout}:v1", f"docker://127.0.0.1:{self.port}/bench/disk:v1"])
 
@@ -822,18 +810,39 @@ class Registry:
         return f"docker://127.0.0.1:{self.port}/bench/disk:v1"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_server(self.proc)
 
 
 # --------------------------------------------------------------------------------------------
 # nginx
 # --------------------------------------------------------------------------------------------
+
+
+def start_server(argv, port: int, log: Path, timeout: float = 15) -> subprocess.Popen:
+    """Starts a server whose stderr goes to `log`; returns once 127.0.0.1:port accepts."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{argv[0]} exited: " + log.read_text())
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"{argv[0]} did not start listening")
+            time.sleep(0.05)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class Nginx:
@@ -864,32 +873,14 @@ http {{
   server {{ listen 127.0.0.1:{self.port}; root {root}; location / {{ }} }}
 }}
 """)
-        self.proc = subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(conf), "-e",
-                                      str(tmp / "error.log")], stdout=subprocess.DEVNULL,
-                                     stderr=open(tmp / "nginx.stderr", "wb"))
-        deadline = time.monotonic() + 10
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError("nginx exited: " + (tmp / "nginx.stderr").read_text())
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("nginx did not start listening")
-                time.sleep(0.05)
+        self.proc = start_server(["nginx", "-p", str(tmp), "-c", str(conf), "-e",
+                                  str(tmp / "error.log")], self.port, tmp / "nginx.stderr")
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.port}/{name}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_server(self.proc)
 
 
 # --------------------------------------------------------------------------------------------

@@ -38,6 +38,17 @@ fn other_disk() -> Vec<u8> {
     (0..1u32 << 20).map(|i| (i % 251) as u8 | 1).collect()
 }
 
+/// An OCI layout with the sample qcow2 as containerDisk `v1`, and qemu-img's conversion of it.
+fn sample_image(dir: &Path) -> (OciLayout, Vec<u8>) {
+    let (qcow2, expected) = sample_qcow2(dir);
+    let mut layout = OciLayout::create(&dir.join("layout"));
+    layout.add(
+        "v1",
+        &Image::new(vec![Layer::disk("disk.qcow2", fs::read(&qcow2).unwrap())]),
+    );
+    (layout, expected)
+}
+
 #[test]
 fn oci_and_docker_schema2_images_import_like_qemu_img() {
     if peers_missing() {
@@ -174,12 +185,7 @@ fn tls_and_basic_auth_with_user_and_auth_file() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (qcow2, expected) = sample_qcow2(dir.path());
-    let mut layout = OciLayout::create(&dir.path().join("layout"));
-    layout.add(
-        "v1",
-        &Image::new(vec![Layer::disk("disk.qcow2", fs::read(&qcow2).unwrap())]),
-    );
+    let (layout, expected) = sample_image(dir.path());
     let ca = TestCa::new();
     let reg = Registry::start(RegistryConfig {
         tls: Some(&ca),
@@ -248,12 +254,7 @@ fn bearer_tokens_from_a_token_service() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (qcow2, expected) = sample_qcow2(dir.path());
-    let mut layout = OciLayout::create(&dir.path().join("layout"));
-    layout.add(
-        "v1",
-        &Image::new(vec![Layer::disk("disk.qcow2", fs::read(&qcow2).unwrap())]),
-    );
+    let (layout, expected) = sample_image(dir.path());
     let tokens = TokenService::start("bob", "t0ken-pw");
     let reg = Registry::start(RegistryConfig {
         token: Some(&tokens),
@@ -446,12 +447,7 @@ fn a_dropped_blob_download_resumes_with_a_range() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (qcow2, expected) = sample_qcow2(dir.path());
-    let mut layout = OciLayout::create(&dir.path().join("layout"));
-    layout.add(
-        "v1",
-        &Image::new(vec![Layer::disk("disk.qcow2", fs::read(&qcow2).unwrap())]),
-    );
+    let (layout, expected) = sample_image(dir.path());
     let reg = Registry::start(RegistryConfig::default());
     reg.push(layout.dir(), "v1", "vm/disk:v1", None, false);
     let proxy = CutProxy::start(SocketAddr::from(([127, 0, 0, 1], reg.port())), 1 << 20);
@@ -474,12 +470,7 @@ fn blob_redirects_are_followed_without_the_registry_credentials() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (qcow2, expected) = sample_qcow2(dir.path());
-    let mut layout = OciLayout::create(&dir.path().join("layout"));
-    layout.add(
-        "v1",
-        &Image::new(vec![Layer::disk("disk.qcow2", fs::read(&qcow2).unwrap())]),
-    );
+    let (layout, expected) = sample_image(dir.path());
     let reg = Registry::start(RegistryConfig {
         htpasswd: Some(("alice", "s3cret")),
         ..Default::default()

@@ -42,19 +42,24 @@ impl<R: Read> DigestReader<R> {
             )));
         }
         let actual = self.hasher.take().expect("finished once").finish();
-        self.expected.verify(&actual).map_err(|e| match e {
-            Error::ChecksumMismatch {
-                algorithm,
-                expected,
-                actual,
-            } => Error::ChecksumMismatch {
-                algorithm,
-                expected: format!("{expected} (digest of {})", self.what),
-                actual,
-            },
-            other => other,
-        })
+        verify_digest(&self.expected, actual, &self.what)
     }
+}
+
+/// Checks a digest; a mismatch names what was digested.
+pub fn verify_digest(expected: &Checksum, actual: Checksum, what: &str) -> Result<()> {
+    expected.verify(&actual).map_err(|e| match e {
+        Error::ChecksumMismatch {
+            algorithm,
+            expected,
+            actual,
+        } => Error::ChecksumMismatch {
+            algorithm,
+            expected: format!("{expected} (digest of {what})"),
+            actual,
+        },
+        other => other,
+    })
 }
 
 impl<R: Read> Read for DigestReader<R> {

@@ -61,7 +61,7 @@ use crate::source::http::{
 };
 use crate::source::{ByteSource, SourceInfo};
 use auth::Basic;
-use layer::{DigestReader, Whiteouts, in_disk_dir, layer_compression, normalize};
+use layer::{DigestReader, Whiteouts, in_disk_dir, layer_compression, normalize, verify_digest};
 use manifest::{ImageConfig, Manifest, Platform};
 use reference::{Reference, parse_digest};
 
@@ -489,18 +489,7 @@ impl Session {
         if let Some(expected) = digest {
             let mut h: Hasher = expected.algorithm.hasher();
             h.update(&body);
-            expected.verify(&h.finish()).map_err(|e| match e {
-                Error::ChecksumMismatch {
-                    algorithm,
-                    expected,
-                    actual,
-                } => Error::ChecksumMismatch {
-                    algorithm,
-                    expected: format!("{expected} (digest of {url})"),
-                    actual,
-                },
-                other => other,
-            })?;
+            verify_digest(expected, h.finish(), url.as_str())?;
         }
         Ok((ct, body))
     }
