@@ -505,3 +505,49 @@ fn blob_redirects_are_followed_without_the_registry_credentials() {
     assert_eq!(reqs.len(), 1, "{reqs:?}");
     assert_eq!(reqs[0].header("authorization"), None, "{reqs:?}");
 }
+
+#[test]
+fn an_expired_token_is_renewed_when_a_dropped_download_resumes() {
+    if peers_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (layout, expected) = sample_image(dir.path());
+    // Expired 57 s ago: inside the registry's 60 s leeway for 3 s.
+    let tokens = TokenService::start_with_lifetime("bob", "t0ken-pw", -57);
+    let reg = Registry::start(RegistryConfig {
+        token: Some(&tokens),
+        ..Default::default()
+    });
+    reg.push(layout.dir(), "v1", "vm/disk:v1", None, false);
+    // The layer download stops after 1 MiB for 4 s, then breaks: the resumed request's token
+    // has expired by then.
+    let proxy = CutProxy::start_stalling(
+        SocketAddr::from(([127, 0, 0, 1], reg.port())),
+        1 << 20,
+        std::time::Duration::from_secs(4),
+    );
+    let before = tokens.requests().len();
+    let out_dir = tempfile::tempdir().unwrap();
+    let target = out_dir.path().join("disk.img");
+    let out = quarry()
+        .arg("import")
+        .arg(format!("docker://127.0.0.1:{}/vm/disk:v1", proxy.port()))
+        .args([
+            arg(&target),
+            "--insecure",
+            "--user",
+            "bob",
+            "--password-env",
+            "PW",
+        ])
+        .env("PW", "t0ken-pw")
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert_eq!(fs::read(&target).unwrap(), expected);
+    assert_eq!(proxy.cuts(), 1);
+    let fetched = tokens.requests().len() - before;
+    assert_eq!(fetched, 2, "{:?}", tokens.requests());
+    assert!(proxy.sent().contains("range: bytes="));
+}

@@ -23,6 +23,12 @@ pub struct CutProxy {
 
 impl CutProxy {
     pub fn start(upstream: SocketAddr, cut_after: u64) -> CutProxy {
+        Self::start_stalling(upstream, cut_after, Duration::ZERO)
+    }
+
+    /// As [`CutProxy::start`], but the cut connection first goes silent for `stall` (so that
+    /// what the client resumes with, a token say, has expired by then).
+    pub fn start_stalling(upstream: SocketAddr, cut_after: u64, stall: Duration) -> CutProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -41,7 +47,7 @@ impl CutProxy {
                     continue;
                 };
                 let (c, log) = (c.clone(), log.clone());
-                std::thread::spawn(move || relay(client, server, cut_after, &c, &log));
+                std::thread::spawn(move || relay(client, server, cut_after, stall, &c, &log));
             }
         });
         CutProxy {
@@ -81,6 +87,7 @@ fn relay(
     client: TcpStream,
     server: TcpStream,
     cut_after: u64,
+    stall: Duration,
     cuts: &AtomicUsize,
     log: &Mutex<Vec<u8>>,
 ) {
@@ -115,6 +122,7 @@ fn relay(
                 let keep = (cut_after - passed) as usize;
                 let _ = c_out.write_all(&buf[..keep]);
                 let _ = c_out.flush();
+                std::thread::sleep(stall);
                 set_linger_zero(&client);
                 let _ = client.shutdown(Shutdown::Both);
                 let _ = server.shutdown(Shutdown::Both);

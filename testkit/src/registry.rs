@@ -238,6 +238,12 @@ pub struct TokenService {
 
 impl TokenService {
     pub fn start(user: &str, password: &str) -> TokenService {
+        Self::start_with_lifetime(user, password, 600)
+    }
+
+    /// Tokens that expire `secs` seconds after they are issued (may be negative: the registry
+    /// accepts tokens up to 60 s past their expiry, for clock skew).
+    pub fn start_with_lifetime(user: &str, password: &str, secs: i64) -> TokenService {
         let dir = tempfile::Builder::new()
             .prefix("testkit-token-")
             .tempdir()
@@ -285,7 +291,7 @@ impl TokenService {
                 match listener.accept() {
                     Ok((conn, _)) => {
                         let _ = conn.set_nonblocking(false);
-                        serve_token(conn, &d, &x5c, &expected, &r);
+                        serve_token(conn, &d, &x5c, &expected, secs, &r);
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),
                 }
@@ -325,7 +331,14 @@ impl Drop for TokenService {
     }
 }
 
-fn serve_token(conn: TcpStream, dir: &Path, x5c: &str, expected: &str, log: &Mutex<Vec<String>>) {
+fn serve_token(
+    conn: TcpStream,
+    dir: &Path,
+    x5c: &str,
+    expected: &str,
+    lifetime: i64,
+    log: &Mutex<Vec<String>>,
+) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
     let mut reader = BufReader::new(&conn);
     let mut line = String::new();
@@ -387,7 +400,7 @@ fn serve_token(conn: TcpStream, dir: &Path, x5c: &str, expected: &str, log: &Mut
     let header = format!(r#"{{"typ":"JWT","alg":"RS256","x5c":["{x5c}"]}}"#);
     let claims = format!(
         r#"{{"iss":"testkit","sub":"testkit","aud":"{service}","exp":{},"nbf":{},"iat":{now},"jti":"{now}","access":[{}]}}"#,
-        now + 600,
+        now as i64 + lifetime,
         now - 60,
         access.join(",")
     );
@@ -407,7 +420,7 @@ fn serve_token(conn: TcpStream, dir: &Path, x5c: &str, expected: &str, log: &Mut
         .unwrap();
     let sig = openssl.wait_with_output().unwrap().stdout;
     let token = format!("{signing_input}.{}", b64(&sig));
-    let body = format!(r#"{{"token":"{token}","expires_in":600}}"#);
+    let body = format!(r#"{{"token":"{token}","expires_in":{lifetime}}}"#);
     let _ = write!(
         conn,
         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

@@ -181,6 +181,13 @@ enum Msg {
 pub trait RequestSigner: Send + Sync {
     /// Adds the authentication headers for a `GET` of `url` to `headers`.
     fn sign(&self, url: &Url, headers: &mut HeaderMap) -> Result<()>;
+
+    /// Called when the server answers 401 (with its `WWW-Authenticate`, if any): `Ok(true)` when
+    /// new credentials were obtained (an expired registry token renewed), so the request is sent
+    /// again; at most once in a row. It may block: it runs on the transfer's own thread.
+    fn renew(&self, _challenge: Option<&str>) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 /// One transfer as the other sources (registry blobs, S3 objects) ask for it: they reuse the
@@ -265,6 +272,7 @@ impl HttpSource {
             auth,
             signer,
             expected_length,
+            renewed: false,
             connect_timeout: opts.connect_timeout,
             idle_timeout: opts.idle_timeout,
             max_retries: opts.max_retries,
@@ -436,6 +444,8 @@ enum Failure {
     Fatal(Error),
     /// The reader is gone: stop quietly.
     Closed,
+    /// The signer renewed its credentials after a 401: ask again at once.
+    Renewed,
 }
 
 fn retry(cause: impl Into<String>) -> Failure {
@@ -462,6 +472,8 @@ struct Transfer {
     auth: Option<(String, String)>,
     signer: Option<Arc<dyn RequestSigner>>,
     expected_length: Option<u64>,
+    /// The last attempt renewed the signer's credentials after a 401.
+    renewed: bool,
     connect_timeout: Duration,
     idle_timeout: Duration,
     max_retries: u32,
@@ -510,6 +522,7 @@ impl Transfer {
                     }
                 },
                 Err(Failure::Closed) => return,
+                Err(Failure::Renewed) => continue,
                 Err(Failure::Fatal(e)) => return self.fail(ready, e).await,
                 Err(Failure::Retry { cause, retry_after }) => (cause, retry_after),
             };
@@ -608,6 +621,9 @@ impl Transfer {
                 strip_userinfo(resp.url())
             )
         };
+        if status.is_success() {
+            self.renewed = false;
+        }
         if status == StatusCode::PARTIAL_CONTENT {
             return self.check_partial(resp, offset, &where_);
         }
@@ -654,6 +670,17 @@ impl Transfer {
             });
         }
         let cause = format!("GET {where_} answered {status}");
+        if status == StatusCode::UNAUTHORIZED
+            && !self.renewed
+            && let Some(signer) = &self.signer
+        {
+            let challenge = header_str(&resp, header::WWW_AUTHENTICATE);
+            if signer.renew(challenge.as_deref()).map_err(Failure::Fatal)? {
+                debug!(source = %self.name, "credentials renewed after a 401; asking again");
+                self.renewed = true;
+                return Err(Failure::Renewed);
+            }
+        }
         if is_transient(status) {
             return Err(Failure::Retry {
                 cause,
@@ -1027,6 +1054,7 @@ mod tests {
             auth: None,
             signer: None,
             expected_length: None,
+            renewed: false,
             connect_timeout: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(1),
             max_retries: 0,

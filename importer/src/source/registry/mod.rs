@@ -20,8 +20,8 @@
 //! and blob requests; reqwest drops it when a blob request is redirected to another host (blob
 //! storage), so credentials never leak there. Plain HTTP is used only with
 //! [`crate::source::http::HttpOptions::insecure`] (as CDI's insecure registries), after HTTPS
-//! failed. A token that expires during a long import is not renewed (the next blob request
-//! fails with 401, a terminal error).
+//! failed. A blob request answered 401 with a bearer challenge (a token that expired during a
+//! long import, say before a resumed range request) gets a new token and is sent again, once.
 //!
 //! # Layers
 //!
@@ -45,6 +45,7 @@ pub mod reference;
 use std::io::{self, Read};
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use reqwest::header::{self, HeaderValue};
@@ -57,7 +58,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::peek::Peeked;
 use crate::pipe::read_full;
 use crate::source::http::{
-    self, HttpOptions, HttpRequest, HttpSource, backoff_delay, build_client, classify_error,
+    self, HttpOptions, HttpRequest, HttpSource, RequestSigner, backoff_delay, build_client,
+    classify_error,
 };
 use crate::source::{ByteSource, SourceInfo};
 use auth::Basic;
@@ -244,9 +246,51 @@ struct Plan {
     name: String,
     /// `scheme://host[:port]/v2/NAME/`.
     repo_url: Url,
-    authorization: Option<HeaderValue>,
+    auth: Arc<BlobAuth>,
     /// Bottom layer first.
     layers: Vec<manifest::Descriptor>,
+}
+
+/// The `Authorization` of blob requests, renewed (a new bearer token) when the registry answers
+/// 401 because the token expired during a long import.
+struct BlobAuth {
+    current: Mutex<Option<HeaderValue>>,
+    repo_url: Url,
+    repository: String,
+    name: String,
+    credentials: Option<Basic>,
+    http: HttpOptions,
+}
+
+impl RequestSigner for BlobAuth {
+    fn sign(&self, _url: &Url, headers: &mut reqwest::header::HeaderMap) -> Result<()> {
+        if let Some(a) = self.current.lock().expect("not poisoned").clone() {
+            headers.insert(header::AUTHORIZATION, a);
+        }
+        Ok(())
+    }
+
+    fn renew(&self, challenge: Option<&str>) -> Result<bool> {
+        let Some(challenge) =
+            challenge.filter(|c| c.trim_start().to_ascii_lowercase().starts_with("bearer"))
+        else {
+            return Ok(false);
+        };
+        info!(image = %self.name, "the registry refused the token (expired?); asking for a new one");
+        let authorization = run_async(async {
+            let mut s = Session::new(
+                self.repo_url.clone(),
+                self.repository.clone(),
+                self.name.clone(),
+                self.credentials.clone(),
+                self.http.clone(),
+            )?;
+            s.authenticate(challenge).await?;
+            Ok(s.authorization)
+        })?;
+        *self.current.lock().expect("not poisoned") = authorization;
+        Ok(true)
+    }
 }
 
 impl Plan {
@@ -329,13 +373,38 @@ async fn resolve(
     }
     Ok(Plan {
         name: what,
+        auth: Arc::new(BlobAuth {
+            current: Mutex::new(s.authorization),
+            repo_url: s.repo_url.clone(),
+            repository: s.repository,
+            name: s.name,
+            credentials: s.credentials,
+            http: s.http,
+        }),
         repo_url: s.repo_url,
-        authorization: s.authorization,
         layers,
     })
 }
 
 impl Session {
+    fn new(
+        repo_url: Url,
+        repository: String,
+        name: String,
+        credentials: Option<Basic>,
+        http: HttpOptions,
+    ) -> Result<Session> {
+        Ok(Session {
+            client: build_client(&http)?,
+            http,
+            repo_url,
+            repository,
+            name,
+            credentials,
+            authorization: None,
+        })
+    }
+
     /// Pings the registry (HTTPS; plain HTTP only when insecure and HTTPS failed) and answers
     /// its authentication challenge.
     async fn connect(
@@ -343,16 +412,13 @@ impl Session {
         credentials: Option<Basic>,
         http: HttpOptions,
     ) -> Result<Session> {
-        let client = build_client(&http)?;
-        let mut s = Session {
-            client,
-            http,
-            repo_url: repo_url("https", reference)?,
-            repository: reference.repository.clone(),
-            name: reference.display(),
+        let mut s = Session::new(
+            repo_url("https", reference)?,
+            reference.repository.clone(),
+            reference.display(),
             credentials,
-            authorization: None,
-        };
+            http,
+        )?;
         let pinged = match s.ping().await {
             Err(e) if s.http.insecure => {
                 info!(registry = %reference.registry, error = %e, "HTTPS failed; trying plain HTTP (insecure registry)");
@@ -577,9 +643,7 @@ fn walk_layers(plan: &Plan, http: &HttpOptions, tx: &SyncSender<Msg>) -> Result<
         let what = format!("{} layer {}", plan.name, layer.digest);
         let mut req = HttpRequest::new(plan.blob_url(&layer.digest)?);
         req.name = what.clone();
-        if let Some(a) = &plan.authorization {
-            req.headers.insert(header::AUTHORIZATION, a.clone());
-        }
+        req.signer = Some(plan.auth.clone());
         req.expected_length = Some(layer.size);
         let blob = HttpSource::open_request(req, http)?;
         let mut verified = DigestReader::new(blob, digest, layer.size, what.clone());
