@@ -284,6 +284,26 @@ fn bearer_tokens_from_a_token_service() {
     );
     assert_ok(&out);
     assert_eq!(fs::read(&target).unwrap(), expected);
+    // A front that answers the ping anonymously (as some registries do): the manifest's 401
+    // challenge is answered then.
+    let front = Nginx::start(NginxConfig {
+        root: dir.path().to_path_buf(),
+        extra: format!(
+            "location = /v2/ {{ return 200 '{{}}'; }}\nlocation /v2/ {{ proxy_pass http://127.0.0.1:{}; }}\n",
+            reg.port()
+        ),
+        ..Default::default()
+    });
+    let target = out_dir.path().join("front.img");
+    let image = format!("docker://127.0.0.1:{}/vm/disk:v1", front.port());
+    let out = quarry()
+        .args(["import", &image, arg(&target), "--insecure"])
+        .args(["--user", "bob", "--password-env", "QUARRY_TEST_PW"])
+        .env("QUARRY_TEST_PW", "t0ken-pw")
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert_eq!(fs::read(&target).unwrap(), expected);
     let last = tokens.requests().pop().unwrap();
     assert!(
         last.contains("scope=repository%3Avm%2Fdisk%3Apull")

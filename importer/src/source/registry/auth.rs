@@ -145,6 +145,14 @@ pub fn parse_challenge(header: &str) -> Option<Challenge> {
     })
 }
 
+/// True for a `Bearer ...` challenge.
+pub fn is_bearer(challenge: &str) -> bool {
+    challenge
+        .trim_start()
+        .get(..6)
+        .is_some_and(|s| s.eq_ignore_ascii_case("bearer"))
+}
+
 /// `Authorization: Basic ...`.
 pub fn basic_header(creds: &Basic) -> Result<HeaderValue> {
     let token =
@@ -197,6 +205,7 @@ mod tests {
             ("basic", "Registry Realm")
         );
         assert_eq!(parse_challenge("Basic").unwrap().params.len(), 0);
+        assert!(is_bearer(" bearer realm=x") && !is_bearer("Basic") && !is_bearer("Bear"));
     }
 
     #[test]

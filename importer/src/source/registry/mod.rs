@@ -271,9 +271,7 @@ impl RequestSigner for BlobAuth {
     }
 
     fn renew(&self, challenge: Option<&str>) -> Result<bool> {
-        let Some(challenge) =
-            challenge.filter(|c| c.trim_start().to_ascii_lowercase().starts_with("bearer"))
-        else {
+        let Some(challenge) = challenge.filter(|c| auth::is_bearer(c)) else {
             return Ok(false);
         };
         info!(image = %self.name, "the registry refused the token (expired?); asking for a new one");
@@ -322,7 +320,7 @@ async fn resolve(
     platform: Option<Platform>,
     http: HttpOptions,
 ) -> Result<Plan> {
-    let s = Session::connect(reference, credentials, http).await?;
+    let mut s = Session::connect(reference, credentials, http).await?;
     let what = reference.display();
     let (ct, body) = s
         .document(
@@ -526,14 +524,27 @@ impl Session {
     /// A manifest or blob of the repository, read whole (at most `limit` bytes) and checked
     /// against `digest` when given. Returns the content type and the bytes.
     async fn document(
-        &self,
+        &mut self,
         path: &str,
         accept: Option<&str>,
         digest: Option<&Checksum>,
         limit: u64,
     ) -> Result<(Option<String>, Bytes)> {
         let url = self.url(path)?;
-        let resp = self.send(&url, accept, self.authorization.as_ref()).await?;
+        let mut resp = self.send(&url, accept, self.authorization.as_ref()).await?;
+        // Registries that answer the ping anonymously may still want a token per repository
+        // (or a renewed one): answer the challenge once and ask again.
+        if resp.status() == StatusCode::UNAUTHORIZED
+            && let Some(challenge) = resp
+                .headers()
+                .get(header::WWW_AUTHENTICATE)
+                .and_then(|v| v.to_str().ok())
+                .filter(|c| auth::is_bearer(c))
+                .map(str::to_string)
+        {
+            self.authenticate(&challenge).await?;
+            resp = self.send(&url, accept, self.authorization.as_ref()).await?;
+        }
         let status = resp.status();
         if !status.is_success() {
             let why = match status {
