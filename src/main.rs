@@ -63,13 +63,14 @@ struct ImportArgs {
     /// Trust this CA certificate (PEM) for HTTPS; repeatable.
     #[arg(long = "ca-cert", value_name = "FILE")]
     ca_certs: Vec<PathBuf>,
-    /// Do not verify the HTTPS server's certificate.
+    /// Do not verify the HTTPS server's certificate (registries: also fall back to plain HTTP).
     #[arg(long)]
     insecure: bool,
     /// Extra HTTP request header, `Name: value`; repeatable.
     #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
     headers: Vec<(String, String)>,
-    /// HTTP basic-auth user (the password comes from --password-file or --password-env).
+    /// HTTP basic-auth user, or the registry user for docker:// sources (the password comes from
+    /// --password-file or --password-env).
     #[arg(long)]
     user: Option<String>,
     /// File holding the basic-auth password.
