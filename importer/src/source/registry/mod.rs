@@ -16,7 +16,8 @@
 //! Anonymous when `/v2/` answers 200. On 401: `Basic` uses the credentials
 //! ([`RegistryOptions::credentials`], or the registry's entry in a Docker `config.json`);
 //! `Bearer realm=..,service=..,scope=..` asks the token service (with the credentials, if any) for
-//! a `repository:NAME:pull` token. The resulting `Authorization` header goes with the manifest
+//! a `repository:NAME:pull` token (also when the ping was anonymous but a manifest request gets a
+//! bearer challenge). The resulting `Authorization` header goes with the manifest
 //! and blob requests; reqwest drops it when a blob request is redirected to another host (blob
 //! storage), so credentials never leak there. Plain HTTP is used only with
 //! [`crate::source::http::HttpOptions::insecure`] (as CDI's insecure registries), after HTTPS
