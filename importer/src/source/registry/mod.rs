@@ -503,7 +503,8 @@ impl Session {
                         strip_query(&url)
                     )));
                 }
-                let body = read_limited(resp, MAX_DOCUMENT, &self.name).await?;
+                let body =
+                    read_limited(resp, MAX_DOCUMENT, self.http.idle_timeout, &self.name).await?;
                 let token = auth::parse_token(&body)?;
                 self.authorization = Some(auth::header_value(&format!("Bearer {token}"))?);
             }
@@ -563,7 +564,7 @@ impl Session {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let body = read_limited(resp, limit, &self.name).await?;
+        let body = read_limited(resp, limit, self.http.idle_timeout, &self.name).await?;
         if let Some(expected) = digest {
             let mut h: Hasher = expected.algorithm.hasher();
             h.update(&body);
@@ -629,12 +630,23 @@ fn strip_query(url: &Url) -> String {
     u.to_string()
 }
 
-async fn read_limited(mut resp: reqwest::Response, limit: u64, name: &str) -> Result<Bytes> {
+/// A small response body, at most `limit` bytes, each chunk within `idle`.
+async fn read_limited(
+    mut resp: reqwest::Response,
+    limit: u64,
+    idle: std::time::Duration,
+    name: &str,
+) -> Result<Bytes> {
     let mut out = Vec::new();
     loop {
-        let chunk = resp.chunk().await.map_err(|e| {
-            Error::SourceUnavailable(format!("{name}: reading a response: {}", e.without_url()))
-        })?;
+        let chunk = tokio::time::timeout(idle, resp.chunk())
+            .await
+            .map_err(|_| {
+                Error::SourceUnavailable(format!("{name}: no response data for {idle:?}"))
+            })?
+            .map_err(|e| {
+                Error::SourceUnavailable(format!("{name}: reading a response: {}", e.without_url()))
+            })?;
         let Some(chunk) = chunk else {
             return Ok(out.into());
         };
