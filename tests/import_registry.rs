@@ -33,6 +33,17 @@ fn import(image: &str, target: &Path, extra: &[&str]) -> Output {
     run(&args)
 }
 
+/// [`import`] as `user`, the password passed the way a pod would: in an environment variable.
+fn import_as(image: &str, target: &Path, user: &str, password: &str, extra: &[&str]) -> Output {
+    quarry()
+        .args(["import", image, arg(target), "--json", "--retries", "2"])
+        .args(["--user", user, "--password-env", "QUARRY_TEST_PW"])
+        .args(extra)
+        .env("QUARRY_TEST_PW", password)
+        .output()
+        .unwrap()
+}
+
 /// A small raw disk that differs from the sample one.
 fn other_disk() -> Vec<u8> {
     (0..1u32 << 20).map(|i| (i % 251) as u8 | 1).collect()
@@ -218,12 +229,7 @@ fn tls_and_basic_auth_with_user_and_auth_file() {
     );
     assert_refused(&out, 15, "unauthorised", &target);
 
-    let out = quarry()
-        .args(["import", &image, arg(&target), "--ca-cert", &ca_arg])
-        .args(["--user", "alice", "--password-env", "QUARRY_TEST_PW"])
-        .env("QUARRY_TEST_PW", "s3cret")
-        .output()
-        .unwrap();
+    let out = import_as(&image, &target, "alice", "s3cret", &["--ca-cert", &ca_arg]);
     assert_ok(&out);
     assert_eq!(fs::read(&target).unwrap(), expected);
 
@@ -296,12 +302,7 @@ fn bearer_tokens_from_a_token_service() {
     });
     let target = out_dir.path().join("front.img");
     let image = format!("docker://127.0.0.1:{}/vm/disk:v1", front.port());
-    let out = quarry()
-        .args(["import", &image, arg(&target), "--insecure"])
-        .args(["--user", "bob", "--password-env", "QUARRY_TEST_PW"])
-        .env("QUARRY_TEST_PW", "t0ken-pw")
-        .output()
-        .unwrap();
+    let out = import_as(&image, &target, "bob", "t0ken-pw", &["--insecure"]);
     assert_ok(&out);
     assert_eq!(fs::read(&target).unwrap(), expected);
     let last = tokens.requests().pop().unwrap();
@@ -513,12 +514,7 @@ fn blob_redirects_are_followed_without_the_registry_credentials() {
     let out_dir = tempfile::tempdir().unwrap();
     let target = out_dir.path().join("disk.img");
     let image = format!("docker://127.0.0.1:{}/vm/disk:v1", front.port());
-    let out = quarry()
-        .args(["import", &image, arg(&target), "--insecure"])
-        .args(["--user", "alice", "--password-env", "QUARRY_TEST_PW"])
-        .env("QUARRY_TEST_PW", "s3cret")
-        .output()
-        .unwrap();
+    let out = import_as(&image, &target, "alice", "s3cret", &["--insecure"]);
     assert_ok(&out);
     assert_eq!(fs::read(&target).unwrap(), expected);
     let reqs = storage.requests();
@@ -550,20 +546,8 @@ fn an_expired_token_is_renewed_when_a_dropped_download_resumes() {
     let before = tokens.requests().len();
     let out_dir = tempfile::tempdir().unwrap();
     let target = out_dir.path().join("disk.img");
-    let out = quarry()
-        .arg("import")
-        .arg(format!("docker://127.0.0.1:{}/vm/disk:v1", proxy.port()))
-        .args([
-            arg(&target),
-            "--insecure",
-            "--user",
-            "bob",
-            "--password-env",
-            "PW",
-        ])
-        .env("PW", "t0ken-pw")
-        .output()
-        .unwrap();
+    let image = format!("docker://127.0.0.1:{}/vm/disk:v1", proxy.port());
+    let out = import_as(&image, &target, "bob", "t0ken-pw", &["--insecure"]);
     assert_ok(&out);
     assert_eq!(fs::read(&target).unwrap(), expected);
     assert_eq!(proxy.cuts(), 1);
