@@ -1,6 +1,6 @@
 //! End-to-end tests of `quarry import` from S3 against a real SeaweedFS (`weed mini`, which
-//! checks SigV4 signatures): signed GETs with credentials from the environment and from a
-//! CDI-style file, CDI's `http://HOST/BUCKET/KEY` form, a wrong secret refused, unsigned requests
+//! checks SigV4 signatures): signed GETs over HTTP and HTTPS (`--ca-cert`) with credentials from
+//! the environment and from a CDI-style file, CDI's `http://HOST/BUCKET/KEY` form, a wrong secret refused, unsigned requests
 //! refused, a presigned URL through the plain HTTP source, and a ranged resume after a cut.
 
 use std::fs;
@@ -64,6 +64,22 @@ fn signed_gets_presigned_urls_and_refusals() {
     assert_ok(&out);
     assert_eq!(fs::read(&target).unwrap(), expected);
     assert_eq!(json(&out)["format_chain"], serde_json::json!(["qcow2"]));
+
+    // HTTPS with the server's CA, and refused without it.
+    let https = s3.https_endpoint();
+    let ca = arg(&s3.ca().ca_pem()).to_string();
+    let target = out_dir.path().join("tls.img");
+    let out = import(
+        &source,
+        &target,
+        Some(SECRET_KEY),
+        &["--endpoint", &https, "--ca-cert", &ca],
+    );
+    assert_ok(&out);
+    assert_eq!(fs::read(&target).unwrap(), expected);
+    let target = out_dir.path().join("untrusted.img");
+    let out = import(&source, &target, Some(SECRET_KEY), &["--endpoint", &https]);
+    assert_refused(&out, 15, "TLS verification failed", &target);
 
     // CDI's URL form with the keys of its Secret in a file.
     let creds = out_dir.path().join("creds");

