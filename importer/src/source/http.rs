@@ -249,11 +249,6 @@ impl HttpSource {
     pub fn open_request(req: HttpRequest, opts: &HttpOptions) -> Result<Self> {
         install_tls_provider();
         let client = build_client(opts)?;
-        Self::open_with_client(client, req, opts)
-    }
-
-    /// As [`HttpSource::open_request`], on a client already built from `opts`.
-    pub fn open_with_client(client: Client, req: HttpRequest, opts: &HttpOptions) -> Result<Self> {
         let HttpRequest {
             url,
             name,
@@ -386,7 +381,7 @@ fn block_on<F: Future>(fut: F) -> F::Output {
 }
 
 /// The extra headers of `opts` as a header map.
-pub fn extra_headers(opts: &HttpOptions) -> Result<HeaderMap> {
+fn extra_headers(opts: &HttpOptions) -> Result<HeaderMap> {
     let mut headers = HeaderMap::new();
     for (k, v) in &opts.headers {
         let hn = HeaderName::from_bytes(k.as_bytes())
