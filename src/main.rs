@@ -37,7 +37,8 @@ enum Command {
 #[derive(clap::Args)]
 #[command(after_help = EXIT_CODES)]
 struct ImportArgs {
-    /// A local path, `-` for standard input, or an http:// or https:// URL.
+    /// A local path, `-` for standard input, an http:// or https:// URL, a containerDisk image
+    /// `docker://HOST[:PORT]/NAME[:TAG|@DIGEST]`, or an S3 object `s3://BUCKET/KEY`.
     source: String,
     /// A file (a filesystem volume's disk.img) or a block device (/dev/...).
     target: PathBuf,
@@ -62,13 +63,14 @@ struct ImportArgs {
     /// Trust this CA certificate (PEM) for HTTPS; repeatable.
     #[arg(long = "ca-cert", value_name = "FILE")]
     ca_certs: Vec<PathBuf>,
-    /// Do not verify the HTTPS server's certificate.
+    /// Do not verify the HTTPS server's certificate (registries: also fall back to plain HTTP).
     #[arg(long)]
     insecure: bool,
     /// Extra HTTP request header, `Name: value`; repeatable.
     #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
     headers: Vec<(String, String)>,
-    /// HTTP basic-auth user (the password comes from --password-file or --password-env).
+    /// HTTP basic-auth user, or the registry user for docker:// sources (the password comes from
+    /// --password-file or --password-env).
     #[arg(long)]
     user: Option<String>,
     /// File holding the basic-auth password.
@@ -82,6 +84,29 @@ struct ImportArgs {
         conflicts_with = "password_file"
     )]
     password_env: Option<String>,
+    /// Registry: the platform an image index resolves to, OS/ARCH[/VARIANT] [default: linux/amd64;
+    /// when given, a single-platform image must match it too].
+    #[arg(long, value_parser = parse_platform)]
+    platform: Option<importer::source::registry::manifest::Platform>,
+    /// Registry: a Docker config.json-style credentials file (a pull secret's .dockerconfigjson);
+    /// the entry for the image's registry is used unless --user is given.
+    #[arg(long, value_name = "FILE")]
+    auth_file: Option<PathBuf>,
+    /// S3: the service endpoint, http(s)://HOST[:PORT] [default: https://s3.REGION.amazonaws.com].
+    #[arg(long, value_name = "URL")]
+    endpoint: Option<String>,
+    /// S3: the signing region [default: from an AWS endpoint, else us-east-1].
+    #[arg(long)]
+    region: Option<String>,
+    /// S3: credentials as CDI's Secret holds them (accessKeyId, secretKey): a directory with one
+    /// file per key, or a file of key=value lines [default: AWS_ACCESS_KEY_ID and
+    /// AWS_SECRET_ACCESS_KEY from the environment, else unsigned requests]. Makes an http(s) URL
+    /// an S3 source.
+    #[arg(long, value_name = "PATH")]
+    s3_credentials: Option<PathBuf>,
+    /// Read an http(s)://HOST/BUCKET/KEY URL as an S3 object (CDI's S3 URL form), signed.
+    #[arg(long)]
+    s3: bool,
     /// Seconds without any body byte after which an HTTP transfer attempt is abandoned.
     #[arg(long, default_value_t = 60)]
     idle_timeout: u64,
@@ -120,6 +145,10 @@ fn parse_format(s: &str) -> Result<ImageFormat, String> {
         "qcow2" => Ok(ImageFormat::Qcow2),
         other => Err(format!("format {other:?} is not one of raw, qcow2")),
     }
+}
+
+fn parse_platform(s: &str) -> Result<importer::source::registry::manifest::Platform, String> {
+    importer::source::registry::manifest::Platform::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_header(s: &str) -> Result<(String, String), String> {
@@ -220,8 +249,55 @@ fn run_import(args: ImportArgs) -> ExitCode {
     }
 }
 
+/// Fills the registry and S3 options of `spec` from the arguments; an http(s) URL becomes an S3
+/// source with `--s3` or `--s3-credentials`.
+fn source_spec(args: &ImportArgs, basic: Option<(String, String)>) -> anyhow::Result<SourceSpec> {
+    let mut spec = SourceSpec::parse(&args.source)?;
+    if let SourceSpec::Http(url) = &spec
+        && (args.s3 || args.s3_credentials.is_some())
+    {
+        spec = SourceSpec::S3 {
+            url: url.clone(),
+            options: Default::default(),
+        };
+    }
+    match &mut spec {
+        SourceSpec::Registry { options, .. } => {
+            options.platform = args.platform.clone();
+            options.credentials = basic;
+            options.auth_file = args.auth_file.clone();
+        }
+        SourceSpec::S3 { options, .. } => {
+            if basic.is_some() {
+                anyhow::bail!(
+                    "--user does not apply to S3 sources (use --s3-credentials or AWS_* variables)"
+                );
+            }
+            options.endpoint = args.endpoint.clone();
+            options.region = args.region.clone();
+            options.credentials = match &args.s3_credentials {
+                Some(path) => Some(importer::source::s3::Credentials::from_file(path)?),
+                None => importer::source::s3::Credentials::from_env(),
+            };
+        }
+        _ => {
+            if args.s3 || args.endpoint.is_some() || args.region.is_some() {
+                anyhow::bail!(
+                    "--s3, --endpoint and --region apply to s3:// and http(s) sources only"
+                );
+            }
+            if args.platform.is_some() || args.auth_file.is_some() {
+                anyhow::bail!("--platform and --auth-file apply to docker:// sources only");
+            }
+        }
+    }
+    Ok(spec)
+}
+
 fn import_command(args: ImportArgs) -> anyhow::Result<ImportReport> {
-    let mut req = ImportRequest::new(SourceSpec::parse(&args.source)?, &args.target);
+    let basic = basic_auth(&args)?;
+    let spec = source_spec(&args, basic.clone())?;
+    let mut req = ImportRequest::new(spec, &args.target);
     req.size = args.size;
     req.filesystem_overhead = args.filesystem_overhead;
     req.checksum = args.checksum;
@@ -234,18 +310,8 @@ fn import_command(args: ImportArgs) -> anyhow::Result<ImportReport> {
     req.http.headers = args.headers;
     req.http.idle_timeout = Duration::from_secs(args.idle_timeout);
     req.http.max_retries = args.retries;
-    if let Some(user) = args.user {
-        let password = match (&args.password_file, &args.password_env) {
-            (Some(file), _) => std::fs::read_to_string(file)
-                .with_context(|| format!("reading the password file {}", file.display()))?
-                .trim_end_matches(['\n', '\r'])
-                .to_string(),
-            (None, Some(var)) => {
-                std::env::var(var).with_context(|| format!("reading the password from ${var}"))?
-            }
-            (None, None) => String::new(),
-        };
-        req.http.basic_auth = Some((user, password));
+    if !matches!(req.source, SourceSpec::Registry { .. }) {
+        req.http.basic_auth = basic;
     }
 
     let progress = Arc::new(Progress::default());
@@ -257,6 +323,24 @@ fn import_command(args: ImportArgs) -> anyhow::Result<ImportReport> {
     let result = import(&req, progress);
     bar.finish();
     Ok(result?)
+}
+
+/// `--user` with its password (from --password-file or --password-env).
+fn basic_auth(args: &ImportArgs) -> anyhow::Result<Option<(String, String)>> {
+    let Some(user) = args.user.clone() else {
+        return Ok(None);
+    };
+    let password = match (&args.password_file, &args.password_env) {
+        (Some(file), _) => std::fs::read_to_string(file)
+            .with_context(|| format!("reading the password file {}", file.display()))?
+            .trim_end_matches(['\n', '\r'])
+            .to_string(),
+        (None, Some(var)) => {
+            std::env::var(var).with_context(|| format!("reading the password from ${var}"))?
+        }
+        (None, None) => String::new(),
+    };
+    Ok(Some((user, password)))
 }
 
 /// A terminal progress bar fed from the import's counters (hidden when stderr is not a terminal).

@@ -3,7 +3,8 @@
 //! ```text
 //! ByteSource ──> Decoder* ──> FormatReader ──> extents ──> VolumeSink
 //!  (file, stdin,   (gzip, xz,    (raw, qcow2)    (data | zero,   (disk.img file,
-//!   http(s))        zstd)                         guest offset)   block device)
+//!   http(s), s3,    zstd)                         guest offset)   block device)
+//!   registry)
 //! ```
 //!
 //! Each arrow is a bounded channel between threads, so memory stays flat whatever the image size,

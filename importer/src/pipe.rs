@@ -150,7 +150,7 @@ where
 }
 
 /// Reads until `buf` is full or the stream ends.
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     let mut filled = 0;
     while filled < buf.len() {
         match r.read(&mut buf[filled..]) {

@@ -533,7 +533,7 @@ fn parse_range(v: &str, total: u64) -> Option<Result<(u64, u64), ()>> {
     Some(Ok((start, end)))
 }
 
-fn set_linger_zero(conn: &TcpStream) {
+pub(crate) fn set_linger_zero(conn: &TcpStream) {
     let linger = libc::linger {
         l_onoff: 1,
         l_linger: 0,

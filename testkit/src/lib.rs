@@ -5,5 +5,9 @@
 
 pub mod faults;
 pub mod nginx;
+pub mod oci;
+pub mod proxy;
 pub mod qemu;
+pub mod registry;
+pub mod s3;
 pub mod tls;

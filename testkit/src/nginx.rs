@@ -150,14 +150,19 @@ impl Drop for Nginx {
     }
 }
 
-fn check_installed(bin: &str, package: &str) {
-    let found = std::env::var_os("PATH")
+/// True when `bin` is on the PATH (or in /usr/sbin, /sbin).
+pub(crate) fn on_path(bin: &str) -> bool {
+    std::env::var_os("PATH")
         .map(|paths| {
             std::env::split_paths(&paths)
                 .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
                 .any(|p| p.join(bin).is_file())
         })
-        .unwrap_or(false);
+        .unwrap_or(false)
+}
+
+fn check_installed(bin: &str, package: &str) {
+    let found = on_path(bin);
     assert!(
         found,
         "testkit: `{bin}` is not installed; the HTTP tests need it (Debian package `{package}`, \
@@ -165,7 +170,7 @@ fn check_installed(bin: &str, package: &str) {
     );
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
     l.local_addr().unwrap().port()
 }

@@ -125,3 +125,45 @@ pub fn read_prefix(device: &Path, len: usize) -> Vec<u8> {
         .unwrap();
     buf
 }
+
+/// [`sample_disk`] converted to qcow2 by qemu-img, and qemu-img's raw conversion of that qcow2
+/// (the reference every import of it must equal).
+pub fn sample_qcow2(dir: &Path) -> (PathBuf, Vec<u8>) {
+    let (raw, _) = sample_disk(dir);
+    let qcow2 = dir.join("disk.qcow2");
+    testkit::qemu::qemu_img(&[
+        "convert".as_ref(),
+        "-O".as_ref(),
+        "qcow2".as_ref(),
+        raw.as_os_str(),
+        qcow2.as_os_str(),
+    ]);
+    let reference = dir.join("reference.raw");
+    testkit::qemu::convert_to_raw(&qcow2, &reference);
+    let expected = fs::read(&reference).unwrap();
+    (qcow2, expected)
+}
+
+/// Exit code, with the output in the panic message when it differs.
+pub fn assert_exit(out: &Output, code: i32) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stderr: {}\nstdout: {}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// A refused import: this exit code, the message names `what`, and no target or partial file.
+pub fn assert_refused(out: &Output, code: i32, what: &str, target: &Path) {
+    assert_exit(out, code);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(what), "expected {what:?} in: {err}");
+    assert!(
+        !target.exists(),
+        "{} exists after a refusal",
+        target.display()
+    );
+    no_partial_left(target.parent().unwrap());
+}

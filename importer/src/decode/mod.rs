@@ -48,7 +48,10 @@ pub fn detect(head: &[u8]) -> Option<Compression> {
 pub type BoxRead = Box<dyn Read + Send>;
 
 /// Wraps `input` in a decoder for `compression`.
-pub fn decoder(compression: Compression, input: BoxRead) -> Result<BoxRead> {
+pub fn decoder<'a>(
+    compression: Compression,
+    input: Box<dyn Read + Send + 'a>,
+) -> Result<Box<dyn Read + Send + 'a>> {
     Ok(match compression {
         // Multi-member files (concatenated gzip) are one stream, as gzip -d treats them.
         Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(

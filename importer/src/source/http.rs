@@ -176,6 +176,49 @@ enum Msg {
     Failed(Error),
 }
 
+/// Signs each attempt's request just before it is sent (S3 SigV4 signatures carry the time, so
+/// they are made per attempt, not once).
+pub trait RequestSigner: Send + Sync {
+    /// Adds the authentication headers for a `GET` of `url` to `headers`.
+    fn sign(&self, url: &Url, headers: &mut HeaderMap) -> Result<()>;
+
+    /// Called when the server answers 401 (with its `WWW-Authenticate`, if any): `Ok(true)` when
+    /// new credentials were obtained (an expired registry token renewed), so the request is sent
+    /// again; at most once in a row. It may block: it runs on the transfer's own thread.
+    fn renew(&self, _challenge: Option<&str>) -> Result<bool> {
+        Ok(false)
+    }
+}
+
+/// One transfer as the other sources (registry blobs, S3 objects) ask for it: they reuse the
+/// whole retry, resume and length-check machinery of [`HttpSource`].
+pub struct HttpRequest {
+    pub url: Url,
+    /// Name for messages (the URL without credentials, or something more telling).
+    pub name: String,
+    /// Sent with every attempt (e.g. `Authorization: Bearer ...` for a registry blob).
+    pub headers: HeaderMap,
+    pub basic_auth: Option<(String, String)>,
+    /// Called for every attempt after the headers above are set.
+    pub signer: Option<Arc<dyn RequestSigner>>,
+    /// The length the entity must have (a registry descriptor's size): a different
+    /// `Content-Length` is refused, and a body without one is still held to it.
+    pub expected_length: Option<u64>,
+}
+
+impl HttpRequest {
+    pub fn new(url: Url) -> Self {
+        HttpRequest {
+            name: strip_userinfo(&url),
+            url,
+            headers: HeaderMap::new(),
+            basic_auth: None,
+            signer: None,
+            expected_length: None,
+        }
+    }
+}
+
 impl HttpSource {
     /// Starts the transfer and waits for the first response's headers.
     pub fn open(url: &str, opts: &HttpOptions) -> Result<Self> {
@@ -196,18 +239,24 @@ impl HttpSource {
             let _ = url.set_username("");
             let _ = url.set_password(None);
         }
-        let name = url.to_string();
+        let mut req = HttpRequest::new(url);
+        req.headers = extra_headers(opts)?;
+        req.basic_auth = auth;
+        Self::open_request(req, opts)
+    }
 
-        let mut headers = HeaderMap::new();
-        for (k, v) in &opts.headers {
-            let hn = HeaderName::from_bytes(k.as_bytes())
-                .map_err(|e| Error::InvalidInput(format!("invalid header name {k:?}: {e}")))?;
-            let hv = HeaderValue::from_str(v)
-                .map_err(|e| Error::InvalidInput(format!("invalid value for header {k}: {e}")))?;
-            headers.append(hn, hv);
-        }
-
+    /// Starts a prepared transfer and waits for the first response's headers.
+    pub fn open_request(req: HttpRequest, opts: &HttpOptions) -> Result<Self> {
+        install_tls_provider();
         let client = build_client(opts)?;
+        let HttpRequest {
+            url,
+            name,
+            headers,
+            basic_auth: auth,
+            signer,
+            expected_length,
+        } = req;
         let (tx, rx) = mpsc::channel(opts.chunk_depth.max(1));
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
         let transfer = Transfer {
@@ -216,6 +265,9 @@ impl HttpSource {
             name: name.clone(),
             headers,
             auth,
+            signer,
+            expected_length,
+            renewed: false,
             connect_timeout: opts.connect_timeout,
             idle_timeout: opts.idle_timeout,
             max_retries: opts.max_retries,
@@ -328,7 +380,23 @@ fn block_on<F: Future>(fut: F) -> F::Output {
     }
 }
 
-fn build_client(opts: &HttpOptions) -> Result<Client> {
+/// The extra headers of `opts` as a header map.
+fn extra_headers(opts: &HttpOptions) -> Result<HeaderMap> {
+    let mut headers = HeaderMap::new();
+    for (k, v) in &opts.headers {
+        let hn = HeaderName::from_bytes(k.as_bytes())
+            .map_err(|e| Error::InvalidInput(format!("invalid header name {k:?}: {e}")))?;
+        let hv = HeaderValue::from_str(v)
+            .map_err(|e| Error::InvalidInput(format!("invalid value for header {k}: {e}")))?;
+        headers.append(hn, hv);
+    }
+    Ok(headers)
+}
+
+/// The HTTP client every source uses: TLS roots plus `opts.ca_certs`, `insecure`, redirects
+/// (credentials dropped across hosts), timeouts.
+pub fn build_client(opts: &HttpOptions) -> Result<Client> {
+    install_tls_provider();
     let mut b = Client::builder()
         .connect_timeout(opts.connect_timeout)
         .redirect(reqwest::redirect::Policy::limited(MAX_REDIRECTS))
@@ -371,6 +439,8 @@ enum Failure {
     Fatal(Error),
     /// The reader is gone: stop quietly.
     Closed,
+    /// The signer renewed its credentials after a 401: ask again at once.
+    Renewed,
 }
 
 fn retry(cause: impl Into<String>) -> Failure {
@@ -395,6 +465,10 @@ struct Transfer {
     name: String,
     headers: HeaderMap,
     auth: Option<(String, String)>,
+    signer: Option<Arc<dyn RequestSigner>>,
+    expected_length: Option<u64>,
+    /// The last attempt renewed the signer's credentials after a 401.
+    renewed: bool,
     connect_timeout: Duration,
     idle_timeout: Duration,
     max_retries: u32,
@@ -443,6 +517,7 @@ impl Transfer {
                     }
                 },
                 Err(Failure::Closed) => return,
+                Err(Failure::Renewed) => continue,
                 Err(Failure::Fatal(e)) => return self.fail(ready, e).await,
                 Err(Failure::Retry { cause, retry_after }) => (cause, retry_after),
             };
@@ -461,11 +536,7 @@ impl Transfer {
                 ));
                 return self.fail(ready, e).await;
             }
-            let backoff = self
-                .retry_backoff
-                .saturating_mul(1u32 << (failures - 1).min(16))
-                .min(MAX_BACKOFF);
-            let delay = backoff.max(retry_after.unwrap_or_default());
+            let delay = backoff_delay(self.retry_backoff, failures, retry_after);
             warn!(
                 source = %self.name,
                 offset = self.delivered,
@@ -512,6 +583,13 @@ impl Transfer {
         if let Some((user, pass)) = &self.auth {
             rb = rb.basic_auth(user, Some(pass));
         }
+        if let Some(signer) = &self.signer {
+            let mut signed = HeaderMap::new();
+            signer
+                .sign(&self.url, &mut signed)
+                .map_err(Failure::Fatal)?;
+            rb = rb.headers(signed);
+        }
         if offset > 0 {
             rb = rb.header(header::RANGE, format!("bytes={offset}-"));
             if let Some(v) = self.if_range() {
@@ -529,7 +607,7 @@ impl Transfer {
         };
 
         let status = resp.status();
-        let where_ = if resp.url().as_str() == self.name {
+        let where_ = if resp.url() == &self.url {
             self.name.clone()
         } else {
             format!(
@@ -538,6 +616,9 @@ impl Transfer {
                 strip_userinfo(resp.url())
             )
         };
+        if status.is_success() {
+            self.renewed = false;
+        }
         if status == StatusCode::PARTIAL_CONTENT {
             return self.check_partial(resp, offset, &where_);
         }
@@ -567,6 +648,7 @@ impl Transfer {
                 self.etag = header_str(&resp, header::ETAG);
                 self.last_modified = header_str(&resp, header::LAST_MODIFIED);
                 self.length = cl;
+                self.check_expected_length(&where_)?;
             } else if let Err(what) = self.same_entity(&resp, true) {
                 return Err(Failure::Fatal(self.changed(&what)));
             } else if offset > 0 {
@@ -582,18 +664,23 @@ impl Transfer {
                 start: 0,
             });
         }
-        let retry_after = resp
-            .headers()
-            .get(header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER));
         let cause = format!("GET {where_} answered {status}");
-        if status == StatusCode::REQUEST_TIMEOUT
-            || status == StatusCode::TOO_MANY_REQUESTS
-            || status.is_server_error()
+        if status == StatusCode::UNAUTHORIZED
+            && !self.renewed
+            && let Some(signer) = &self.signer
         {
-            return Err(Failure::Retry { cause, retry_after });
+            let challenge = header_str(&resp, header::WWW_AUTHENTICATE);
+            if signer.renew(challenge.as_deref()).map_err(Failure::Fatal)? {
+                debug!(source = %self.name, "credentials renewed after a 401; asking again");
+                self.renewed = true;
+                return Err(Failure::Renewed);
+            }
+        }
+        if is_transient(status) {
+            return Err(Failure::Retry {
+                cause,
+                retry_after: retry_after(&resp),
+            });
         }
         Err(Failure::Fatal(Error::SourceRejected(cause)))
     }
@@ -626,6 +713,7 @@ impl Transfer {
         }
         if self.length.is_none() {
             self.length = total;
+            self.check_expected_length(where_)?;
         }
         let end = last + 1;
         if let Some(len) = self.length
@@ -659,6 +747,23 @@ impl Transfer {
         })
     }
 
+    /// Holds the entity to the length the caller expects (when it does): a different announced
+    /// length is refused; an unannounced one becomes the expected one.
+    fn check_expected_length(&mut self, where_: &str) -> Result<(), Failure> {
+        let Some(expected) = self.expected_length else {
+            return Ok(());
+        };
+        match self.length {
+            Some(len) if len != expected => Err(Failure::Fatal(Error::SourceRejected(format!(
+                "{where_}: the server announces {len} bytes but {expected} are expected"
+            )))),
+            _ => {
+                self.length = Some(expected);
+                Ok(())
+            }
+        }
+    }
+
     /// Compares the validators both responses carry. `Err` names what changed.
     fn same_entity(&self, resp: &Response, full: bool) -> Result<(), String> {
         if let (Some(a), Some(b)) = (&self.etag, header_str(resp, header::ETAG))
@@ -688,27 +793,11 @@ impl Transfer {
     }
 
     fn classify(&self, e: reqwest::Error) -> Failure {
-        let e = e.without_url();
-        let msg = chain(&e);
-        if let Some(tls) = find_rustls_error(&e) {
-            let hint = match tls {
-                rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => {
-                    " (the server certificate is not trusted: give its CA, or allow insecure)"
-                }
-                _ => "",
-            };
-            return Failure::Fatal(Error::SourceRejected(format!(
-                "{}: TLS verification failed: {tls}{hint}",
-                self.name
-            )));
+        match classify_error(&self.name, e) {
+            (e, false) => Failure::Fatal(e),
+            (Error::SourceUnavailable(cause), true) => retry(cause),
+            (e, true) => retry(e.to_string()),
         }
-        if e.is_redirect() {
-            return Failure::Fatal(Error::SourceRejected(format!("{}: {msg}", self.name)));
-        }
-        if e.is_builder() {
-            return Failure::Fatal(Error::InvalidInput(format!("{}: {msg}", self.name)));
-        }
-        retry(format!("GET {}: {msg}", self.name))
     }
 
     /// Streams one response downstream, discarding bytes already delivered.
@@ -770,6 +859,56 @@ impl Transfer {
         }
         Ok(())
     }
+}
+
+/// Classifies a request error: `(error, retryable)`. TLS verification failures and refused
+/// redirects are terminal; connection errors and timeouts are worth retrying.
+pub fn classify_error(name: &str, e: reqwest::Error) -> (Error, bool) {
+    let e = e.without_url();
+    let msg = chain(&e);
+    if let Some(tls) = find_rustls_error(&e) {
+        let hint = match tls {
+            rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => {
+                " (the server certificate is not trusted: give its CA, or allow insecure)"
+            }
+            _ => "",
+        };
+        return (
+            Error::SourceRejected(format!("{name}: TLS verification failed: {tls}{hint}")),
+            false,
+        );
+    }
+    if e.is_redirect() {
+        return (Error::SourceRejected(format!("{name}: {msg}")), false);
+    }
+    if e.is_builder() {
+        return (Error::InvalidInput(format!("{name}: {msg}")), false);
+    }
+    (Error::SourceUnavailable(format!("GET {name}: {msg}")), true)
+}
+
+/// The delay before retry number `failures` (1-based): `base` doubled each time, capped at
+/// 30 s, and at least the server's `Retry-After`.
+pub fn backoff_delay(base: Duration, failures: u32, retry_after: Option<Duration>) -> Duration {
+    base.saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(MAX_BACKOFF)
+        .max(retry_after.unwrap_or_default())
+}
+
+/// A `Retry-After` given in seconds (capped at 60 s); HTTP dates are ignored.
+pub fn retry_after(resp: &Response) -> Option<Duration> {
+    resp.headers()
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER))
+}
+
+/// True for the statuses worth retrying: 408, 429 and 5xx.
+pub fn is_transient(status: StatusCode) -> bool {
+    status == StatusCode::REQUEST_TIMEOUT
+        || status == StatusCode::TOO_MANY_REQUESTS
+        || status.is_server_error()
 }
 
 fn header_str(resp: &Response, name: HeaderName) -> Option<String> {
@@ -908,6 +1047,9 @@ mod tests {
             name: "http://x/".into(),
             headers: HeaderMap::new(),
             auth: None,
+            signer: None,
+            expected_length: None,
+            renewed: false,
             connect_timeout: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(1),
             max_retries: 0,

@@ -1,10 +1,13 @@
-//! Byte sources: where an image's bytes come from (a local file, stdin, HTTP(S)).
+//! Byte sources: where an image's bytes come from (a local file, stdin, HTTP(S), a container
+//! registry's containerDisk image, an S3 object).
 //!
 //! A source is a blocking [`Read`] of the image exactly as stored at the source (still compressed),
 //! plus what is known about it up front. Errors that cross the `Read` boundary carry a
 //! [`crate::Error`] inside the `io::Error` (see [`crate::Error::into_io`]) so their kind survives.
 
 pub mod http;
+pub mod registry;
+pub mod s3;
 
 use std::io::Read;
 
@@ -33,6 +36,16 @@ pub enum SourceSpec {
     Stdin,
     File(PathBuf),
     Http(String),
+    /// `docker://HOST[:PORT]/NAME[:TAG|@DIGEST]`: the disk of a containerDisk image.
+    Registry {
+        image: String,
+        options: registry::RegistryOptions,
+    },
+    /// `s3://BUCKET/KEY`, or CDI's `http(s)://HOST/BUCKET/KEY` when chosen explicitly.
+    S3 {
+        url: String,
+        options: s3::S3Options,
+    },
 }
 
 impl SourceSpec {
@@ -44,9 +57,21 @@ impl SourceSpec {
         if lower.starts_with("http://") || lower.starts_with("https://") {
             return Ok(SourceSpec::Http(spec.to_string()));
         }
+        if lower.starts_with("docker://") {
+            return Ok(SourceSpec::Registry {
+                image: spec.to_string(),
+                options: Default::default(),
+            });
+        }
+        if lower.starts_with("s3://") {
+            return Ok(SourceSpec::S3 {
+                url: spec.to_string(),
+                options: Default::default(),
+            });
+        }
         if let Some((scheme, _)) = spec.split_once("://") {
             return Err(Error::InvalidInput(format!(
-                "source scheme {scheme:?} is not supported (use a path, '-', http:// or https://)"
+                "source scheme {scheme:?} is not supported (use a path, '-', http://, https://, docker:// or s3://)"
             )));
         }
         Ok(SourceSpec::File(PathBuf::from(spec)))
@@ -58,6 +83,10 @@ impl SourceSpec {
             SourceSpec::Stdin => Box::new(file::FileSource::stdin()),
             SourceSpec::File(path) => Box::new(file::FileSource::open(path)?),
             SourceSpec::Http(url) => Box::new(http::HttpSource::open(url, http)?),
+            SourceSpec::Registry { image, options } => {
+                Box::new(registry::RegistrySource::open(image, http, options)?)
+            }
+            SourceSpec::S3 { url, options } => Box::new(s3::open(url, options, http)?),
         })
     }
 }
@@ -77,6 +106,14 @@ mod tests {
             SourceSpec::parse("./a:b.img").unwrap(),
             SourceSpec::File("./a:b.img".into())
         );
+        assert!(matches!(
+            SourceSpec::parse("docker://h.io/x:1").unwrap(),
+            SourceSpec::Registry { .. }
+        ));
+        assert!(matches!(
+            SourceSpec::parse("S3://b/k").unwrap(),
+            SourceSpec::S3 { .. }
+        ));
         assert_eq!(
             SourceSpec::parse("ftp://h/x").unwrap_err().kind(),
             crate::ErrorKind::InvalidInput

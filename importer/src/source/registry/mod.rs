@@ -1,0 +1,760 @@
+//! Registry source: the disk of a KubeVirt containerDisk image (`docker://HOST/NAME[:TAG|@DIGEST]`),
+//! streamed out of its layer as the layer arrives, with no scratch copy of the image.
+//!
+//! # Protocol
+//!
+//! The distribution API v2 on reqwest: `GET /v2/` (ping, and the authentication challenge),
+//! then the manifest with one `Accept` naming the OCI manifest and index and the Docker schema-2
+//! manifest and manifest list (schema 1 is refused). An index or list is resolved to the
+//! requested platform (`linux/amd64` unless [`RegistryOptions::platform`] says otherwise; with an
+//! explicit platform a single-image manifest must match it too). The image config is read for
+//! CDI's bootc/ostree refusal. Manifests fetched by digest, the config and every layer are
+//! verified against their digests (and descriptor sizes).
+//!
+//! # Authentication
+//!
+//! Anonymous when `/v2/` answers 200. On 401: `Basic` uses the credentials
+//! ([`RegistryOptions::credentials`], or the registry's entry in a Docker `config.json`);
+//! `Bearer realm=..,service=..,scope=..` asks the token service (with the credentials, if any) for
+//! a `repository:NAME:pull` token (also when the ping was anonymous but a manifest request gets a
+//! bearer challenge). The resulting `Authorization` header goes with the manifest
+//! and blob requests; reqwest drops it when a blob request is redirected to another host (blob
+//! storage), so credentials never leak there. Plain HTTP is used only with
+//! [`crate::source::http::HttpOptions::insecure`] (as CDI's insecure registries), after HTTPS
+//! failed. A blob request answered 401 with a bearer challenge (a token that expired during a
+//! long import, say before a resumed range request) gets a new token and is sent again, once.
+//!
+//! # Layers
+//!
+//! Layers are read from the top one down, each streamed once: an [`HttpSource`] (retries and
+//! ranged resume), a [`DigestReader`], gzip or zstd decoding, and the `tar` crate. Whiteouts of
+//! upper layers hide the files of lower ones. The first layer holding a visible regular file
+//! under `disk/` is the disk's: that file's bytes are the source's bytes (the pipeline then
+//! detects qcow2/raw and compression as for any source). The rest of that layer is still read,
+//! so a second disk in it is refused and its digest is checked; lower layers are not downloaded.
+//! The end of the stream is reported only after the digest check, so a mismatch fails the
+//! import before the target is committed.
+//!
+//! Threads: resolution runs on a short-lived thread with its own runtime (the caller may or may
+//! not be in one); the layer walk runs on a `quarry-registry` thread feeding a bounded channel.
+
+pub mod auth;
+pub mod layer;
+pub mod manifest;
+pub mod reference;
+
+use std::io::{self, Read};
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use reqwest::header::{self, HeaderValue};
+use reqwest::{Client, StatusCode, Url};
+use tracing::{debug, info, warn};
+
+use crate::checksum::{Checksum, Hasher};
+use crate::decode;
+use crate::error::{Error, ErrorKind, Result};
+use crate::peek::Peeked;
+use crate::pipe::read_full;
+use crate::source::http::{
+    self, HttpOptions, HttpRequest, HttpSource, RequestSigner, backoff_delay, build_client,
+    classify_error,
+};
+use crate::source::{ByteSource, SourceInfo};
+use auth::Basic;
+use layer::{DigestReader, Whiteouts, in_disk_dir, layer_compression, normalize, verify_digest};
+use manifest::{ImageConfig, Manifest, Platform};
+use reference::{Reference, parse_digest};
+
+/// The platform an index resolves to when none is given.
+pub const DEFAULT_PLATFORM: &str = "linux/amd64";
+/// Manifests and configs larger than this are refused (real ones are a few KiB).
+const MAX_DOCUMENT: u64 = 4 << 20;
+/// Bytes per chunk handed from the layer walk to the reader.
+const CHUNK: usize = 128 << 10;
+/// Chunks in flight between the layer walk and the reader.
+const DEPTH: usize = 16;
+
+/// How to pull from a registry. `Debug` redacts the password.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RegistryOptions {
+    /// Platform to resolve an index to, and to require of the image; None: resolve indexes to
+    /// [`DEFAULT_PLATFORM`] and accept any single-platform image.
+    pub platform: Option<Platform>,
+    /// Basic credentials, for the registry or its token service.
+    pub credentials: Option<Basic>,
+    /// A Docker `config.json`-style file to take credentials from (used when `credentials` is
+    /// None).
+    pub auth_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for RegistryOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryOptions")
+            .field("platform", &self.platform)
+            .field(
+                "credentials",
+                &self.credentials.as_ref().map(|(u, _)| (u, "<redacted>")),
+            )
+            .field("auth_file", &self.auth_file)
+            .finish()
+    }
+}
+
+/// The disk file of a containerDisk image. See the module docs.
+pub struct RegistrySource {
+    info: SourceInfo,
+    rx: Receiver<Msg>,
+    current: Vec<u8>,
+    pos: usize,
+    done: bool,
+    failed: Option<(ErrorKind, String)>,
+}
+
+enum Msg {
+    /// The disk file was found: its path in the image and size.
+    Found {
+        path: String,
+        size: u64,
+    },
+    Data(Vec<u8>),
+    /// The disk and its layer are complete and verified.
+    End,
+    Failed(Error),
+}
+
+impl RegistrySource {
+    /// Resolves the image and opens its disk; fails (before any target is touched) when the
+    /// image cannot be pulled, is refused, or has no disk.
+    pub fn open(spec: &str, http: &HttpOptions, opts: &RegistryOptions) -> Result<Self> {
+        let reference = Reference::parse(spec)?;
+        let credentials = match (&opts.credentials, &opts.auth_file) {
+            (Some(c), _) => Some(c.clone()),
+            (None, Some(file)) => auth::from_auth_file(file, &reference.registry)?,
+            (None, None) => None,
+        };
+        let plan = run_async(resolve(
+            &reference,
+            credentials,
+            opts.platform.clone(),
+            http.clone(),
+        ))?;
+        let name = plan.name.clone();
+        let (tx, rx) = sync_channel(DEPTH);
+        let http = http.clone();
+        std::thread::Builder::new()
+            .name("quarry-registry".into())
+            .spawn(move || {
+                let outcome = walk_layers(&plan, &http, &tx);
+                let _ = tx.send(match outcome {
+                    Ok(()) => Msg::End,
+                    Err(e) => Msg::Failed(e),
+                });
+            })
+            .map_err(|e| Error::io("spawning the registry thread", e))?;
+        match rx.recv() {
+            Ok(Msg::Found { path, size }) => {
+                info!(image = %name, disk = %path, size, "found the disk");
+                Ok(RegistrySource {
+                    info: SourceInfo {
+                        name: format!("{name} (/{path})"),
+                        length: Some(size),
+                    },
+                    rx,
+                    current: Vec::new(),
+                    pos: 0,
+                    done: false,
+                    failed: None,
+                })
+            }
+            Ok(Msg::Failed(e)) => Err(e),
+            _ => Err(Error::SourceUnavailable(format!(
+                "{name}: the layer walk ended without an answer"
+            ))),
+        }
+    }
+}
+
+impl Read for RegistrySource {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.pos == self.current.len() {
+            if self.done {
+                return Ok(0);
+            }
+            if let Some((kind, msg)) = &self.failed {
+                let msg = format!("{msg} (already reported)");
+                let e = match kind {
+                    ErrorKind::SourceUnavailable => Error::SourceUnavailable(msg),
+                    _ => Error::SourceRejected(msg),
+                };
+                return Err(e.into_io());
+            }
+            let e = match self.rx.recv() {
+                Ok(Msg::Data(chunk)) => {
+                    self.current = chunk;
+                    self.pos = 0;
+                    continue;
+                }
+                Ok(Msg::End) => {
+                    self.done = true;
+                    continue;
+                }
+                Ok(Msg::Failed(e)) => e,
+                Ok(Msg::Found { .. }) | Err(_) => Error::SourceUnavailable(format!(
+                    "{}: the layer walk ended before the disk was complete",
+                    self.info.name
+                )),
+            };
+            self.failed = Some((e.kind(), e.to_string()));
+            return Err(e.into_io());
+        }
+        let n = buf.len().min(self.current.len() - self.pos);
+        buf[..n].copy_from_slice(&self.current[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+impl ByteSource for RegistrySource {
+    fn info(&self) -> &SourceInfo {
+        &self.info
+    }
+}
+
+/// Runs `fut` to completion on a fresh current-thread runtime on its own thread.
+fn run_async<T: Send>(fut: impl Future<Output = Result<T>> + Send) -> Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| Error::io("starting the registry runtime", e))?;
+            rt.block_on(fut)
+        })
+        .join()
+        .unwrap_or_else(|_| {
+            Err(Error::SourceUnavailable(
+                "the registry resolution thread panicked".into(),
+            ))
+        })
+    })
+}
+
+/// What resolution found: where the blobs are, how to authorise, which layers.
+struct Plan {
+    name: String,
+    /// `scheme://host[:port]/v2/NAME/`.
+    repo_url: Url,
+    auth: Arc<BlobAuth>,
+    /// Bottom layer first.
+    layers: Vec<manifest::Descriptor>,
+}
+
+/// The `Authorization` of blob requests, renewed (a new bearer token) when the registry answers
+/// 401 because the token expired during a long import.
+struct BlobAuth {
+    current: Mutex<Option<HeaderValue>>,
+    repo_url: Url,
+    repository: String,
+    name: String,
+    credentials: Option<Basic>,
+    http: HttpOptions,
+}
+
+impl RequestSigner for BlobAuth {
+    fn sign(&self, _url: &Url, headers: &mut reqwest::header::HeaderMap) -> Result<()> {
+        if let Some(a) = self.current.lock().expect("not poisoned").clone() {
+            headers.insert(header::AUTHORIZATION, a);
+        }
+        Ok(())
+    }
+
+    fn renew(&self, challenge: Option<&str>) -> Result<bool> {
+        let Some(challenge) = challenge.filter(|c| auth::is_bearer(c)) else {
+            return Ok(false);
+        };
+        info!(image = %self.name, "the registry refused the token (expired?); asking for a new one");
+        let authorization = run_async(async {
+            let mut s = Session::new(
+                self.repo_url.clone(),
+                self.repository.clone(),
+                self.name.clone(),
+                self.credentials.clone(),
+                self.http.clone(),
+            )?;
+            s.authenticate(challenge).await?;
+            Ok(s.authorization)
+        })?;
+        *self.current.lock().expect("not poisoned") = authorization;
+        Ok(true)
+    }
+}
+
+impl Plan {
+    fn blob_url(&self, digest: &str) -> Result<Url> {
+        blob_url(&self.repo_url, digest)
+    }
+}
+
+fn blob_url(repo_url: &Url, digest: &str) -> Result<Url> {
+    repo_url
+        .join(&format!("blobs/{digest}"))
+        .map_err(|e| Error::InvalidInput(format!("blob URL for {digest}: {e}")))
+}
+
+/// A connection to one repository of one registry, with its authorisation.
+struct Session {
+    client: Client,
+    http: HttpOptions,
+    repo_url: Url,
+    repository: String,
+    name: String,
+    credentials: Option<Basic>,
+    authorization: Option<HeaderValue>,
+}
+
+async fn resolve(
+    reference: &Reference,
+    credentials: Option<Basic>,
+    platform: Option<Platform>,
+    http: HttpOptions,
+) -> Result<Plan> {
+    let mut s = Session::connect(reference, credentials, http).await?;
+    let what = reference.display();
+    let (ct, body) = s
+        .document(
+            &format!("manifests/{}", reference.reference),
+            Some(manifest::ACCEPT),
+            reference.digest.as_ref(),
+            MAX_DOCUMENT,
+        )
+        .await?;
+    let mut parsed = Manifest::parse(ct.as_deref(), &body, &what)?;
+    if let Manifest::Index(list) = &parsed {
+        let wanted = match &platform {
+            Some(p) => p.clone(),
+            None => Platform::parse(DEFAULT_PLATFORM)?,
+        };
+        let chosen = manifest::select_platform(list, &wanted, &what)?;
+        debug!(image = %what, platform = %wanted, digest = %chosen.digest, "resolved the index");
+        let digest = parse_digest(&chosen.digest)?;
+        let (ct, body) = s
+            .document(
+                &format!("manifests/{}", chosen.digest),
+                Some(manifest::ACCEPT),
+                Some(&digest),
+                chosen.size.min(MAX_DOCUMENT),
+            )
+            .await?;
+        parsed = Manifest::parse(ct.as_deref(), &body, &what)?;
+    }
+    let Manifest::Image { config, layers } = parsed else {
+        return Err(Error::Unsupported(format!(
+            "{what}: an index inside an index is not supported"
+        )));
+    };
+    let digest = parse_digest(&config.digest)?;
+    let (_, body) = s
+        .document(
+            &format!("blobs/{}", config.digest),
+            None,
+            Some(&digest),
+            config.size.min(MAX_DOCUMENT),
+        )
+        .await?;
+    ImageConfig::parse(&body, &what)?.check(platform.as_ref(), &what)?;
+    if layers.is_empty() {
+        return Err(Error::Unsupported(format!(
+            "{what}: the image has no layers, so no disk"
+        )));
+    }
+    Ok(Plan {
+        name: what,
+        auth: Arc::new(BlobAuth {
+            current: Mutex::new(s.authorization),
+            repo_url: s.repo_url.clone(),
+            repository: s.repository,
+            name: s.name,
+            credentials: s.credentials,
+            http: s.http,
+        }),
+        repo_url: s.repo_url,
+        layers,
+    })
+}
+
+impl Session {
+    fn new(
+        repo_url: Url,
+        repository: String,
+        name: String,
+        credentials: Option<Basic>,
+        http: HttpOptions,
+    ) -> Result<Session> {
+        Ok(Session {
+            client: build_client(&http)?,
+            http,
+            repo_url,
+            repository,
+            name,
+            credentials,
+            authorization: None,
+        })
+    }
+
+    /// Pings the registry (HTTPS; plain HTTP only when insecure and HTTPS failed) and answers
+    /// its authentication challenge.
+    async fn connect(
+        reference: &Reference,
+        credentials: Option<Basic>,
+        http: HttpOptions,
+    ) -> Result<Session> {
+        let mut s = Session::new(
+            repo_url("https", reference)?,
+            reference.repository.clone(),
+            reference.display(),
+            credentials,
+            http,
+        )?;
+        let pinged = match s.ping().await {
+            Err(e) if s.http.insecure => {
+                info!(registry = %reference.registry, error = %e, "HTTPS failed; trying plain HTTP (insecure registry)");
+                s.repo_url = repo_url("http", reference)?;
+                s.ping().await.map_err(|_| e)
+            }
+            other => other,
+        };
+        let challenge = pinged?;
+        if let Some(challenge) = challenge {
+            s.authenticate(&challenge).await?;
+        }
+        Ok(s)
+    }
+
+    /// `GET /v2/`: None when anonymous access is fine, else the `WWW-Authenticate` challenge.
+    async fn ping(&self) -> Result<Option<String>> {
+        let url = self.url("/v2/")?;
+        let resp = self.send(&url, None, None).await?;
+        match resp.status() {
+            s if s.is_success() => Ok(None),
+            StatusCode::UNAUTHORIZED => Ok(Some(
+                resp.headers()
+                    .get(header::WWW_AUTHENTICATE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string(),
+            )),
+            s => Err(Error::SourceRejected(format!(
+                "{}: GET {url} answered {s}: not a registry speaking the v2 API",
+                self.name
+            ))),
+        }
+    }
+
+    async fn authenticate(&mut self, challenge: &str) -> Result<()> {
+        let unauthorised =
+            |why: &str| Error::SourceRejected(format!("{}: unauthorised: {why}", self.name));
+        let c = auth::parse_challenge(challenge).ok_or_else(|| {
+            unauthorised("the registry demands authentication without a usable challenge")
+        })?;
+        match c.scheme.as_str() {
+            "basic" => {
+                let creds = self.credentials.as_ref().ok_or_else(|| {
+                    unauthorised("the registry demands credentials (give --user with a password, or --auth-file)")
+                })?;
+                self.authorization = Some(auth::basic_header(creds)?);
+            }
+            "bearer" => {
+                let realm = c.params.get("realm").ok_or_else(|| {
+                    unauthorised("the bearer challenge names no token service (realm)")
+                })?;
+                let mut url = Url::parse(realm).map_err(|e| {
+                    unauthorised(&format!("the token service URL {realm:?} is invalid: {e}"))
+                })?;
+                {
+                    let mut q = url.query_pairs_mut();
+                    if let Some(service) = c.params.get("service") {
+                        q.append_pair("service", service);
+                    }
+                    q.append_pair("scope", &format!("repository:{}:pull", self.repository));
+                }
+                let basic = match &self.credentials {
+                    Some(c) => Some(auth::basic_header(c)?),
+                    None => None,
+                };
+                let resp = self.send(&url, None, basic.as_ref()).await?;
+                let status = resp.status();
+                if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+                    return Err(unauthorised(&format!(
+                        "the token service refused {} ({status})",
+                        if self.credentials.is_some() {
+                            "the credentials"
+                        } else {
+                            "anonymous access"
+                        }
+                    )));
+                }
+                if !status.is_success() {
+                    return Err(Error::SourceRejected(format!(
+                        "{}: token service {} answered {status}",
+                        self.name,
+                        strip_query(&url)
+                    )));
+                }
+                let body =
+                    read_limited(resp, MAX_DOCUMENT, self.http.idle_timeout, &self.name).await?;
+                let token = auth::parse_token(&body)?;
+                self.authorization = Some(auth::header_value(&format!("Bearer {token}"))?);
+            }
+            other => {
+                return Err(unauthorised(&format!(
+                    "unsupported authentication scheme {other:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn url(&self, path: &str) -> Result<Url> {
+        self.repo_url
+            .join(path)
+            .map_err(|e| Error::InvalidInput(format!("{}: URL {path}: {e}", self.name)))
+    }
+
+    /// A manifest or blob of the repository, read whole (at most `limit` bytes) and checked
+    /// against `digest` when given. Returns the content type and the bytes.
+    async fn document(
+        &mut self,
+        path: &str,
+        accept: Option<&str>,
+        digest: Option<&Checksum>,
+        limit: u64,
+    ) -> Result<(Option<String>, Bytes)> {
+        let url = self.url(path)?;
+        let mut resp = self.send(&url, accept, self.authorization.as_ref()).await?;
+        // Registries that answer the ping anonymously may still want a token per repository
+        // (or a renewed one): answer the challenge once and ask again.
+        if resp.status() == StatusCode::UNAUTHORIZED
+            && let Some(challenge) = resp
+                .headers()
+                .get(header::WWW_AUTHENTICATE)
+                .and_then(|v| v.to_str().ok())
+                .filter(|c| auth::is_bearer(c))
+                .map(str::to_string)
+        {
+            self.authenticate(&challenge).await?;
+            resp = self.send(&url, accept, self.authorization.as_ref()).await?;
+        }
+        let status = resp.status();
+        if !status.is_success() {
+            let why = match status {
+                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => "unauthorised: ",
+                StatusCode::NOT_FOUND => "not found: ",
+                _ => "",
+            };
+            return Err(Error::SourceRejected(format!(
+                "{}: {why}GET {url} answered {status}",
+                self.name
+            )));
+        }
+        let ct = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = read_limited(resp, limit, self.http.idle_timeout, &self.name).await?;
+        if let Some(expected) = digest {
+            let mut h: Hasher = expected.algorithm.hasher();
+            h.update(&body);
+            verify_digest(expected, h.finish(), url.as_str())?;
+        }
+        Ok((ct, body))
+    }
+
+    /// One GET, retried (with back-off) on connection errors and 408/429/5xx.
+    async fn send(
+        &self,
+        url: &Url,
+        accept: Option<&str>,
+        authorization: Option<&HeaderValue>,
+    ) -> Result<reqwest::Response> {
+        let mut failures = 0u32;
+        loop {
+            let mut rb = self.client.get(url.clone());
+            if let Some(a) = accept {
+                rb = rb.header(header::ACCEPT, a);
+            }
+            if let Some(a) = authorization {
+                rb = rb.header(header::AUTHORIZATION, a.clone());
+            }
+            let limit = self.http.connect_timeout + self.http.idle_timeout;
+            let (cause, retry_after) = match tokio::time::timeout(limit, rb.send()).await {
+                Err(_) => (format!("no response within {limit:?}"), None),
+                Ok(Err(e)) => match classify_error(url.as_str(), e) {
+                    (e, false) => return Err(e),
+                    (e, true) => (e.to_string(), None),
+                },
+                Ok(Ok(resp)) if http::is_transient(resp.status()) => (
+                    format!("GET {} answered {}", strip_query(url), resp.status()),
+                    http::retry_after(&resp),
+                ),
+                Ok(Ok(resp)) => return Ok(resp),
+            };
+            failures += 1;
+            if failures > self.http.max_retries {
+                return Err(Error::SourceUnavailable(format!(
+                    "{}: giving up after {failures} attempts: {cause}",
+                    self.name
+                )));
+            }
+            let delay = backoff_delay(self.http.retry_backoff, failures, retry_after);
+            warn!(image = %self.name, attempt = failures, delay_ms = delay.as_millis() as u64, cause = %cause, "registry request failed; retrying");
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
+fn repo_url(scheme: &str, reference: &Reference) -> Result<Url> {
+    Url::parse(&format!(
+        "{scheme}://{}/v2/{}/",
+        reference.registry, reference.repository
+    ))
+    .map_err(|e| Error::InvalidInput(format!("registry {:?}: {e}", reference.registry)))
+}
+
+fn strip_query(url: &Url) -> String {
+    let mut u = url.clone();
+    u.set_query(None);
+    u.to_string()
+}
+
+/// A small response body, at most `limit` bytes, each chunk within `idle`.
+async fn read_limited(
+    mut resp: reqwest::Response,
+    limit: u64,
+    idle: std::time::Duration,
+    name: &str,
+) -> Result<Bytes> {
+    let mut out = Vec::new();
+    loop {
+        let chunk = tokio::time::timeout(idle, resp.chunk())
+            .await
+            .map_err(|_| {
+                Error::SourceUnavailable(format!("{name}: no response data for {idle:?}"))
+            })?
+            .map_err(|e| {
+                Error::SourceUnavailable(format!("{name}: reading a response: {}", e.without_url()))
+            })?;
+        let Some(chunk) = chunk else {
+            return Ok(out.into());
+        };
+        if (out.len() + chunk.len()) as u64 > limit {
+            return Err(Error::SourceRejected(format!(
+                "{name}: a manifest, config or token answer larger than {limit} bytes"
+            )));
+        }
+        out.extend_from_slice(&chunk);
+    }
+}
+
+/// The layer walk (see the module docs); sends `Found` and the disk's bytes to `tx`.
+fn walk_layers(plan: &Plan, http: &HttpOptions, tx: &SyncSender<Msg>) -> Result<()> {
+    let mut hidden = Whiteouts::default();
+    for layer in plan.layers.iter().rev() {
+        let digest = parse_digest(&layer.digest)?;
+        let what = format!("{} layer {}", plan.name, layer.digest);
+        let mut req = HttpRequest::new(plan.blob_url(&layer.digest)?);
+        req.name = what.clone();
+        req.signer = Some(plan.auth.clone());
+        req.expected_length = Some(layer.size);
+        let blob = HttpSource::open_request(req, http)?;
+        let mut verified = DigestReader::new(blob, digest, layer.size, what.clone());
+        let (found, whiteouts) = {
+            let peeked = Peeked::new(&mut verified, decode::SNIFF_LEN)
+                .map_err(|e| Error::from_read(e, &what))?;
+            let compression = layer_compression(&layer.media_type, peeked.head());
+            let input: Box<dyn Read + Send + '_> = Box::new(peeked);
+            let input = match compression {
+                Some(c) => decode::decoder(c, input)?,
+                None => input,
+            };
+            scan_layer(input, &hidden, tx, &what)?
+        };
+        verified.finish()?;
+        if found {
+            return Ok(());
+        }
+        hidden.merge(whiteouts);
+    }
+    Err(Error::Unsupported(format!(
+        "{}: no disk in the image: a containerDisk holds its disk as the one regular file under /disk/",
+        plan.name
+    )))
+}
+
+/// Errors out of the tar reader: ours (HTTP, digest) keep their kind, the rest is a bad layer.
+fn tar_error(e: io::Error, what: &str) -> Error {
+    match Error::from_read(e, what) {
+        Error::Io { source, .. } => {
+            Error::Corrupt(format!("{what}: not a valid tar layer: {source}"))
+        }
+        other => other,
+    }
+}
+
+/// Reads one layer tarball; streams the visible disk file if it has one, refusing a second.
+/// Returns whether it had the disk, and the layer's whiteouts.
+fn scan_layer(
+    input: Box<dyn Read + Send + '_>,
+    hidden: &Whiteouts,
+    tx: &SyncSender<Msg>,
+    what: &str,
+) -> Result<(bool, Whiteouts)> {
+    let mut archive = tar::Archive::new(input);
+    let mut here = Whiteouts::default();
+    let mut found: Option<String> = None;
+    for entry in archive.entries().map_err(|e| tar_error(e, what))? {
+        let mut entry = entry.map_err(|e| tar_error(e, what))?;
+        let path = normalize(&entry.path_bytes())?;
+        if here.record(&path) || !in_disk_dir(&path) || hidden.hides(&path) {
+            continue;
+        }
+        let kind = entry.header().entry_type();
+        if kind.is_dir() {
+            continue;
+        }
+        if !(kind.is_file() || kind.is_gnu_sparse() || kind.is_contiguous()) {
+            return Err(Error::Unsupported(format!(
+                "{what}: /{path} is not a regular file ({kind:?}); the disk must be a regular file under /disk/"
+            )));
+        }
+        if let Some(first) = &found {
+            return Err(Error::Unsupported(format!(
+                "{what}: two disks, /{first} and /{path}: a containerDisk holds exactly one file under /disk/"
+            )));
+        }
+        let size = entry.size();
+        let gone = || Error::SourceUnavailable(format!("{what}: the import stopped reading"));
+        tx.send(Msg::Found {
+            path: path.clone(),
+            size,
+        })
+        .map_err(|_| gone())?;
+        found = Some(path);
+        loop {
+            let mut buf = vec![0u8; CHUNK];
+            let n = read_full(&mut entry, &mut buf).map_err(|e| tar_error(e, what))?;
+            if n == 0 {
+                break;
+            }
+            buf.truncate(n);
+            tx.send(Msg::Data(buf)).map_err(|_| gone())?;
+        }
+    }
+    // The rest of the stream (end-of-archive blocks, padding) so the digest covers every byte.
+    let mut rest = archive.into_inner();
+    io::copy(&mut rest, &mut io::sink()).map_err(|e| tar_error(e, what))?;
+    Ok((found.is_some(), here))
+}

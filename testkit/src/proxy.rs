@@ -1,0 +1,138 @@
+//! A TCP proxy in front of a real server that cuts one download: the first connection whose
+//! server-to-client stream passes `cut_after` bytes gets exactly that many, then the connection is
+//! dropped (`SO_LINGER 0`, shut down both ways); every other connection is passed through untouched. Small requests
+//! (pings, manifests, tokens) never reach the threshold, so the cut lands in the big body, and
+//! the client's resumed request goes through. What clients send is recorded. Stopped on drop.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::faults::set_linger_zero;
+
+pub struct CutProxy {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    cuts: Arc<AtomicUsize>,
+    sent: Arc<Mutex<Vec<u8>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl CutProxy {
+    pub fn start(upstream: SocketAddr, cut_after: u64) -> CutProxy {
+        Self::start_stalling(upstream, cut_after, Duration::ZERO)
+    }
+
+    /// As [`CutProxy::start`], but the cut connection first goes silent for `stall` (so that
+    /// what the client resumes with, a token say, has expired by then).
+    pub fn start_stalling(upstream: SocketAddr, cut_after: u64, stall: Duration) -> CutProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let cuts = Arc::new(AtomicUsize::new(0));
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let (s, c, log) = (stop.clone(), cuts.clone(), sent.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let Ok((client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                let _ = client.set_nonblocking(false);
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    continue;
+                };
+                let (c, log) = (c.clone(), log.clone());
+                std::thread::spawn(move || relay(client, server, cut_after, stall, &c, &log));
+            }
+        });
+        CutProxy {
+            port,
+            stop,
+            cuts,
+            sent,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// How many connections were cut (0 or 1).
+    pub fn cuts(&self) -> usize {
+        self.cuts.load(Ordering::SeqCst)
+    }
+
+    /// Everything clients sent, as text (request lines and headers, lower-cased).
+    pub fn sent(&self) -> String {
+        String::from_utf8_lossy(&self.sent.lock().unwrap()).to_lowercase()
+    }
+}
+
+impl Drop for CutProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    cut_after: u64,
+    stall: Duration,
+    cuts: &AtomicUsize,
+    log: &Mutex<Vec<u8>>,
+) {
+    let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut buf = [0u8; 16 << 10];
+            while let Ok(n) = c_in.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                log.lock().unwrap().extend_from_slice(&buf[..n]);
+                if s_out.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            let _ = s_out.shutdown(Shutdown::Write);
+        });
+        let (mut s_in, mut c_out) = (&server, &client);
+        let mut buf = [0u8; 64 << 10];
+        let mut passed = 0u64;
+        while let Ok(n) = s_in.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            let n = n as u64;
+            if passed + n > cut_after
+                && cuts
+                    .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+            {
+                let keep = (cut_after - passed) as usize;
+                let _ = c_out.write_all(&buf[..keep]);
+                let _ = c_out.flush();
+                std::thread::sleep(stall);
+                set_linger_zero(&client);
+                let _ = client.shutdown(Shutdown::Both);
+                let _ = server.shutdown(Shutdown::Both);
+                break;
+            }
+            passed += n;
+            if c_out.write_all(&buf[..n as usize]).is_err() {
+                break;
+            }
+        }
+        let _ = client.shutdown(Shutdown::Write);
+    });
+}

