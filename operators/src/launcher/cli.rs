@@ -1,0 +1,195 @@
+//! Command-line arguments of `quarry launch` and `quarry hotplug`, and their entry points (the
+//! binary only parses and dispatches).
+
+use std::path::PathBuf;
+
+use super::error::{Error, Result};
+use super::hotplug::{self, ControlRequest};
+use super::lifecycle::{self, Outcome};
+use super::spec::{Accel, Bus, DiskSpec, KernelBoot, Quantity, VmSpec};
+
+/// `quarry launch`: boot a VM from a spec file and/or flags (flags override the file).
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "States go to stdout as JSON lines and to the status file. Exit codes: 0 the guest \
+powered off (Succeeded); 1 the VM failed (see the reason); 2 bad spec or usage."
+)]
+pub struct LaunchArgs {
+    /// VM spec (YAML).
+    pub spec: Option<PathBuf>,
+    /// VM name [required without a spec file].
+    #[arg(long)]
+    pub name: Option<String>,
+    #[arg(long)]
+    pub vcpus: Option<u32>,
+    /// Memory, a quantity such as 512Mi.
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// A disk volume (disk.img file or block device); repeatable, named disk0, disk1, ...; the
+    /// first boots first.
+    #[arg(long = "disk", value_name = "PATH")]
+    pub disks: Vec<PathBuf>,
+    /// Bus of the --disk volumes.
+    #[arg(long, value_enum)]
+    pub bus: Option<Bus>,
+    /// Direct kernel boot: the kernel image.
+    #[arg(long)]
+    pub kernel: Option<PathBuf>,
+    #[arg(long, requires = "kernel")]
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line.
+    #[arg(long, requires = "kernel")]
+    pub append: Option<String>,
+    #[arg(long, value_enum)]
+    pub accel: Option<Accel>,
+    /// Allow TCG software emulation when KVM is unusable.
+    #[arg(long)]
+    pub allow_emulation: bool,
+    #[arg(long)]
+    pub serial_log: Option<PathBuf>,
+    /// Directory for sockets, pid file and logs [default: /run/quarry/NAME].
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub status_file: Option<PathBuf>,
+    /// Seconds without serial output after which the boot fails (0: never).
+    #[arg(long)]
+    pub boot_watchdog: Option<u64>,
+    /// Seconds the guest gets to power off after SIGTERM.
+    #[arg(long)]
+    pub grace_period: Option<u64>,
+    /// The qemu binary.
+    #[arg(long)]
+    pub qemu: Option<PathBuf>,
+}
+
+impl LaunchArgs {
+    /// The spec: the file's, with the flags applied on top, validated.
+    pub fn to_spec(&self) -> Result<VmSpec> {
+        let mut spec = match (&self.spec, &self.name) {
+            (Some(path), _) => VmSpec::from_file(path)?,
+            (None, Some(name)) => VmSpec::new(name.clone()),
+            (None, None) => {
+                return Err(Error::InvalidSpec(
+                    "give a spec file or at least --name and --disk".into(),
+                ));
+            }
+        };
+        if let Some(n) = &self.name {
+            spec.name = n.clone();
+        }
+        if let Some(v) = self.vcpus {
+            spec.vcpus = v;
+        }
+        if let Some(m) = &self.memory {
+            spec.memory = Quantity::Text(m.clone());
+        }
+        let first = spec.disks.len();
+        for (i, path) in self.disks.iter().enumerate() {
+            spec.disks.push(DiskSpec {
+                name: format!("disk{}", first + i),
+                path: path.clone(),
+                bus: self.bus.unwrap_or_default(),
+                readonly: false,
+                boot_order: (first == 0 && i == 0).then_some(1),
+            });
+        }
+        if let Some(kernel) = &self.kernel {
+            spec.kernel_boot = Some(KernelBoot {
+                kernel: kernel.clone(),
+                initrd: self.initrd.clone(),
+                cmdline: self.append.clone(),
+            });
+        }
+        if let Some(a) = self.accel {
+            spec.accel = a;
+        }
+        spec.allow_emulation |= self.allow_emulation;
+        macro_rules! set {
+            ($field:ident, $flag:expr) => {
+                if let Some(v) = &$flag {
+                    spec.$field = Some(v.clone());
+                }
+            };
+        }
+        set!(serial_log, self.serial_log);
+        set!(run_dir, self.run_dir);
+        set!(status_file, self.status_file);
+        set!(qemu, self.qemu);
+        if let Some(w) = self.boot_watchdog {
+            spec.boot_watchdog_seconds = w;
+        }
+        if let Some(g) = self.grace_period {
+            spec.grace_period_seconds = g;
+        }
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+/// Runs `quarry launch`: SIGTERM and SIGINT stop the VM gracefully. Must run on a runtime whose
+/// spawning thread lives as long as the process (see [`lifecycle`]): the binary uses a
+/// current-thread runtime.
+pub async fn launch(spec: VmSpec) -> Result<Outcome> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term =
+        signal(SignalKind::terminate()).map_err(|e| Error::io("installing SIGTERM handler", e))?;
+    let mut int =
+        signal(SignalKind::interrupt()).map_err(|e| Error::io("installing SIGINT handler", e))?;
+    let stop = async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM"),
+            _ = int.recv() => tracing::info!("SIGINT"),
+        }
+    };
+    lifecycle::run(spec, stop).await
+}
+
+/// `quarry hotplug`: attach or detach a disk of a VM run by `quarry launch`.
+#[derive(Debug, clap::Args)]
+pub struct HotplugArgs {
+    /// The launcher's control socket (RUN_DIR/control.sock).
+    #[arg(long, value_name = "SOCKET")]
+    pub control: PathBuf,
+    #[command(subcommand)]
+    pub action: HotplugAction,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum HotplugAction {
+    /// Attach a volume to the running VM.
+    Attach {
+        /// Disk name (lowercase letters, digits, '-').
+        name: String,
+        /// The volume: disk.img file or block device.
+        path: PathBuf,
+        #[arg(long)]
+        readonly: bool,
+        #[arg(long, value_enum, default_value_t = Bus::VirtioBlk)]
+        bus: Bus,
+    },
+    /// Detach a hot-plugged disk (the guest must release it).
+    Detach { name: String },
+}
+
+/// Runs `quarry hotplug`.
+pub async fn hotplug(args: HotplugArgs) -> Result<()> {
+    let req = match args.action {
+        HotplugAction::Attach {
+            name,
+            path,
+            readonly,
+            bus,
+        } => ControlRequest::Attach {
+            disk: DiskSpec {
+                name,
+                path,
+                bus,
+                readonly,
+                boot_order: None,
+            },
+        },
+        HotplugAction::Detach { name } => ControlRequest::Detach { name },
+    };
+    hotplug::request(&args.control, &req).await
+}

@@ -1,0 +1,473 @@
+//! The VM lifecycle: start qemu paused, check it over QMP, let the guest run, watch it, stop it.
+//!
+//! 1. Pending: the accelerator is chosen, every disk probed, qemu started with `-S` (paused), its
+//!    QMP socket connected, and `query-block` must show every disk attached to its device.
+//! 2. `cont`, Running. From here the launcher watches QMP events, the qemu process and the serial
+//!    log: the guest powering itself off (SHUTDOWN with reason `guest-shutdown`) ends it with
+//!    Succeeded; a panic, a reset under `noReboot`, qemu dying, or no serial output within the boot
+//!    watchdog ends it with Failed and the reason.
+//! 3. A stop request (SIGTERM) sends an ACPI power-down; a guest that does not power off within
+//!    the grace period gets `quit`, and qemu that does not exit gets SIGKILL.
+//!
+//! qemu never outlives the launcher: it is started with `PR_SET_PDEATHSIG(SIGKILL)` (the kernel
+//! kills it when the launcher dies, even by SIGKILL), killed when its handle is dropped (panics,
+//! early returns) and reaped on every exit path.
+
+use std::future::Future;
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::process::{Child, Command};
+use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::time::{Instant, sleep, sleep_until, timeout};
+
+use super::accel::{self, HostVirt};
+use super::cmdline::{self, RunPaths};
+use super::disk;
+use super::error::{Error, Result};
+use super::hotplug;
+use super::qmp::{Event, Qmp};
+use super::spec::VmSpec;
+use super::status::{Reason, Reporter, State};
+
+/// How long qemu may take to open its QMP socket.
+const QMP_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long `quit` may take before qemu is killed.
+const QUIT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the serial log is checked by the boot watchdog.
+const WATCHDOG_POLL: Duration = Duration::from_millis(200);
+
+/// Where a launch keeps its files.
+#[derive(Debug, Clone)]
+pub struct LaunchPaths {
+    pub run_dir: PathBuf,
+    pub qemu: RunPaths,
+    pub status_file: PathBuf,
+    pub control_socket: PathBuf,
+    /// qemu's own stderr (its error messages end up in failure reasons).
+    pub qemu_log: PathBuf,
+}
+
+impl LaunchPaths {
+    pub fn for_spec(spec: &VmSpec) -> Self {
+        let run_dir = spec.run_dir();
+        LaunchPaths {
+            qemu: RunPaths {
+                qmp_socket: run_dir.join("qmp.sock"),
+                serial_log: spec
+                    .serial_log
+                    .clone()
+                    .unwrap_or_else(|| run_dir.join("serial.log")),
+                pidfile: run_dir.join("qemu.pid"),
+            },
+            status_file: spec
+                .status_file
+                .clone()
+                .unwrap_or_else(|| run_dir.join("status.json")),
+            control_socket: run_dir.join("control.sock"),
+            qemu_log: run_dir.join("qemu.log"),
+            run_dir,
+        }
+    }
+}
+
+/// How the VM ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub state: State,
+    pub reason: Reason,
+}
+
+impl Outcome {
+    fn failed(code: &'static str, message: impl Into<String>) -> Self {
+        Outcome {
+            state: State::Failed,
+            reason: Reason::new(code, message),
+        }
+    }
+}
+
+/// Boots the VM of `spec` and runs it to the end. `stop` resolves when the VM should be stopped
+/// (SIGTERM). States go to stdout and the status file; the final one is also returned. Errors
+/// are returned only when not even the status could be reported.
+pub async fn run(spec: VmSpec, stop: impl Future<Output = ()>) -> Result<Outcome> {
+    let paths = LaunchPaths::for_spec(&spec);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&paths.run_dir)
+        .map_err(|e| Error::io(format!("cannot create {}", paths.run_dir.display()), e))?;
+    let mut reporter = Reporter::new(&spec.name, &paths.status_file);
+    reporter.report(State::Pending, None)?;
+    let mut vm = Vm {
+        spec: &spec,
+        paths: &paths,
+        child: None,
+        qmp: None,
+        events: None,
+    };
+    let outcome = match vm.boot(&mut reporter).await {
+        Ok(()) => vm.supervise(&mut reporter, stop).await,
+        Err(e) => Outcome::failed(
+            match e.kind() {
+                super::ErrorKind::InvalidInput => "InvalidSpec",
+                super::ErrorKind::Unsupported => "Unsupported",
+                _ => "StartFailed",
+            },
+            e.to_string(),
+        ),
+    };
+    // Whatever happened, qemu is gone before the final state is reported.
+    let tail = vm.terminate().await;
+    let outcome = match (outcome.reason.code, tail) {
+        ("QemuExited" | "StartFailed", Some(t)) if !t.is_empty() => Outcome {
+            reason: Reason::new(
+                outcome.reason.code,
+                format!("{}; qemu said: {t}", outcome.reason.message),
+            ),
+            ..outcome
+        },
+        _ => outcome,
+    };
+    for p in [&paths.qemu.qmp_socket, &paths.control_socket] {
+        let _ = std::fs::remove_file(p);
+    }
+    reporter.report(outcome.state, Some(outcome.reason.clone()))?;
+    Ok(outcome)
+}
+
+struct Vm<'a> {
+    spec: &'a VmSpec,
+    paths: &'a LaunchPaths,
+    child: Option<Child>,
+    qmp: Option<Arc<Qmp>>,
+    events: Option<broadcast::Receiver<Event>>,
+}
+
+/// What the event loop learnt that decides the outcome when qemu exits.
+#[derive(Default)]
+struct Seen {
+    /// The reason of the SHUTDOWN event, if one came.
+    shutdown: Option<String>,
+    panicked: bool,
+    /// An outcome the launcher decided itself (watchdog, grace period).
+    forced: Option<Outcome>,
+    stop_requested: bool,
+}
+
+impl Vm<'_> {
+    /// Everything up to the guest running: Pending work, then `cont`.
+    async fn boot(&mut self, reporter: &mut Reporter) -> Result<()> {
+        let spec = self.spec;
+        let accel = accel::resolve(spec.accel, spec.allow_emulation, HostVirt::probe())?;
+        let disks = spec
+            .disks
+            .iter()
+            .map(|d| disk::probe(d).map(|io| (d.clone(), io)))
+            .collect::<Result<Vec<_>>>()?;
+        for k in spec.kernel_boot.iter() {
+            for p in std::iter::once(&k.kernel).chain(k.initrd.iter()) {
+                if !p.is_file() {
+                    return Err(Error::InvalidSpec(format!(
+                        "kernelBoot: {} is not a file",
+                        p.display()
+                    )));
+                }
+            }
+        }
+        let args = cmdline::build(spec, accel, &disks, &self.paths.qemu)?;
+        for p in [
+            &self.paths.qemu.qmp_socket,
+            &self.paths.qemu.serial_log,
+            &self.paths.control_socket,
+        ] {
+            // Stale files from an earlier run would confuse the socket wait and the watchdog.
+            let _ = std::fs::remove_file(p);
+        }
+        let qemu = spec
+            .qemu
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("qemu-system-x86_64"));
+        tracing::info!(accel = ?accel, qemu = %qemu.display(), ?args, "starting qemu");
+        let child = spawn_qemu(&qemu, &args, &self.paths.qemu_log)?;
+        reporter.set_qemu_pid(child.id());
+        self.child = Some(child);
+
+        let (qmp, events) = self.connect_qmp().await?;
+        let qmp = Arc::new(qmp);
+        self.qmp = Some(qmp.clone());
+        check_block_devices(&qmp, spec).await?;
+        let control = hotplug::ControlServer::bind(&self.paths.control_socket, qmp.clone())?;
+        tokio::spawn(control.serve());
+        qmp.execute("cont", None).await?;
+        reporter.report(State::Running, None)?;
+        self.events = Some(events);
+        Ok(())
+    }
+
+    /// Waits for qemu's QMP socket, as long as qemu lives and at most [`QMP_CONNECT_TIMEOUT`].
+    async fn connect_qmp(&mut self) -> Result<(Qmp, broadcast::Receiver<Event>)> {
+        let path = &self.paths.qemu.qmp_socket;
+        let child = self.child.as_mut().expect("qemu was started");
+        let deadline = Instant::now() + QMP_CONNECT_TIMEOUT;
+        loop {
+            if let Some(status) = child
+                .try_wait()
+                .map_err(|e| Error::io("waiting for qemu", e))?
+            {
+                return Err(Error::Qemu(format!(
+                    "qemu exited ({status}) before its QMP socket was ready"
+                )));
+            }
+            if path.exists() {
+                match Qmp::connect(path).await {
+                    Ok(session) => return Ok(session),
+                    Err(e) if Instant::now() >= deadline => return Err(e),
+                    Err(e) => tracing::debug!(%e, "QMP not ready yet"),
+                }
+            } else if Instant::now() >= deadline {
+                return Err(Error::Qemu(format!(
+                    "qemu did not open its QMP socket {} within {} s",
+                    path.display(),
+                    QMP_CONNECT_TIMEOUT.as_secs()
+                )));
+            }
+            sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The event loop while the guest runs; returns how the VM ended (qemu may still be alive
+    /// when the launcher decided to end it; [`Vm::terminate`] follows).
+    async fn supervise(&mut self, reporter: &mut Reporter, stop: impl Future<Output = ()>) -> Outcome {
+        let spec = self.spec;
+        let mut events = self.events.take().expect("boot subscribed to events");
+        let qmp = self.qmp.clone().expect("boot connected QMP");
+        let child = self.child.as_mut().expect("boot started qemu");
+        let watchdog = (spec.boot_watchdog_seconds > 0)
+            .then(|| Instant::now() + Duration::from_secs(spec.boot_watchdog_seconds));
+        let mut booted = false;
+        let mut seen = Seen::default();
+        let mut events_open = true;
+        let mut grace_deadline: Option<Instant> = None;
+        let mut tick = tokio::time::interval(WATCHDOG_POLL);
+        tokio::pin!(stop);
+        let exit_status: Option<ExitStatus> = loop {
+            tokio::select! {
+                status = child.wait() => break status.ok(),
+                ev = events.recv(), if events_open => match ev {
+                    Ok(ev) => {
+                        if let Some(forced) = on_event(&ev, &mut seen, reporter) {
+                            seen.forced = Some(forced);
+                            break None;
+                        }
+                    }
+                    Err(RecvError::Lagged(n)) => tracing::warn!(n, "missed QMP events"),
+                    // qemu closed QMP: it is exiting, child.wait() will tell.
+                    Err(RecvError::Closed) => events_open = false,
+                },
+                _ = tick.tick(), if !booted && watchdog.is_some() => {
+                    if file_len(&self.paths.qemu.serial_log) > 0 {
+                        booted = true;
+                        tracing::info!("first serial output: boot watchdog disarmed");
+                    } else if watchdog.is_some_and(|w| Instant::now() >= w) {
+                        seen.forced = Some(Outcome::failed(
+                            "WatchdogExpired",
+                            format!(
+                                "boot watchdog: no serial console output within {} s",
+                                spec.boot_watchdog_seconds
+                            ),
+                        ));
+                        break None;
+                    }
+                }
+                () = &mut stop, if !seen.stop_requested => {
+                    seen.stop_requested = true;
+                    tracing::info!(grace_s = spec.grace_period_seconds, "stop requested: ACPI power-down");
+                    if let Err(e) = qmp.execute("system_powerdown", None).await {
+                        tracing::warn!(%e, "system_powerdown failed");
+                    }
+                    grace_deadline = Some(Instant::now() + Duration::from_secs(spec.grace_period_seconds));
+                }
+                () = sleep_until(grace_deadline.unwrap_or_else(Instant::now)), if grace_deadline.is_some() => {
+                    seen.forced = Some(Outcome::failed(
+                        "GracePeriodExpired",
+                        format!(
+                            "the guest did not power off within the {} s grace period; qemu was stopped",
+                            spec.grace_period_seconds
+                        ),
+                    ));
+                    break None;
+                }
+            }
+        };
+        outcome_of(seen, exit_status)
+    }
+
+    /// Ends qemu if it still runs (`quit`, then SIGKILL) and reaps it; returns the end of its
+    /// stderr for failure reasons.
+    async fn terminate(&mut self) -> Option<String> {
+        let child = self.child.as_mut()?;
+        if matches!(child.try_wait(), Ok(None)) {
+            if let Some(qmp) = &self.qmp {
+                // qemu may close the socket before answering quit: only its exit counts.
+                let _ = timeout(QUIT_TIMEOUT, qmp.execute("quit", None)).await;
+            }
+            if timeout(QUIT_TIMEOUT, child.wait()).await.is_err() {
+                tracing::warn!("qemu ignored quit: killing it");
+                let _ = child.start_kill();
+            }
+        }
+        if let Err(e) = child.wait().await {
+            tracing::warn!(%e, "reaping qemu");
+        }
+        self.qmp = None;
+        Some(log_tail(&self.paths.qemu_log))
+    }
+}
+
+/// Handles one QMP event; returns an outcome when the event ends the VM by itself.
+fn on_event(ev: &Event, seen: &mut Seen, reporter: &mut Reporter) -> Option<Outcome> {
+    tracing::debug!(event = %ev.name, data = %ev.data, "QMP event");
+    let report = |r: &mut Reporter, state| {
+        if let Err(e) = r.report(state, None) {
+            tracing::warn!(%e, "cannot report state");
+        }
+    };
+    match ev.name.as_str() {
+        "SHUTDOWN" => {
+            seen.shutdown = Some(
+                ev.data
+                    .get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("none")
+                    .to_string(),
+            );
+        }
+        "GUEST_PANICKED" => {
+            seen.panicked = true;
+            return Some(Outcome::failed(
+                "GuestPanicked",
+                format!("the guest kernel panicked ({})", ev.data),
+            ));
+        }
+        "STOP" if seen.shutdown.is_none() => report(reporter, State::Paused),
+        "RESUME" => report(reporter, State::Running),
+        "BLOCK_IO_ERROR" => tracing::warn!(data = %ev.data, "guest disk I/O error"),
+        _ => {}
+    }
+    None
+}
+
+/// The final outcome once qemu is gone (or about to be).
+fn outcome_of(seen: Seen, exit_status: Option<ExitStatus>) -> Outcome {
+    if let Some(forced) = seen.forced {
+        return forced;
+    }
+    match seen.shutdown.as_deref() {
+        Some("guest-shutdown") => Outcome {
+            state: State::Succeeded,
+            reason: Reason::new(
+                "GuestShutdown",
+                if seen.stop_requested {
+                    "the guest powered off after the ACPI power-down request"
+                } else {
+                    "the guest powered off"
+                },
+            ),
+        },
+        Some("guest-reset") => Outcome::failed(
+            "GuestReset",
+            "the guest reset itself and noReboot is set",
+        ),
+        Some("guest-panic") => Outcome::failed("GuestPanicked", "the guest kernel panicked"),
+        Some(other) => Outcome::failed("QemuStopped", format!("qemu shut down: {other}")),
+        None => Outcome::failed(
+            "QemuExited",
+            match exit_status {
+                Some(s) => format!("qemu exited ({s}) without a shutdown event"),
+                None => "qemu exited without a shutdown event".to_string(),
+            },
+        ),
+    }
+}
+
+/// Starts qemu in its own process group (a terminal's Ctrl-C reaches only the launcher, which
+/// stops the guest gracefully), with stdout/stderr into `log`, killed by the kernel if the
+/// launcher dies and killed on drop.
+fn spawn_qemu(qemu: &Path, args: &[std::ffi::OsString], log: &Path) -> Result<Child> {
+    let out = std::fs::File::create(log)
+        .map_err(|e| Error::io(format!("cannot create {}", log.display()), e))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| Error::io(format!("cannot create {}", log.display()), e))?;
+    let mut cmd = std::process::Command::new(qemu);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0);
+    let launcher = std::process::id();
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe syscalls.
+    unsafe {
+        cmd.pre_exec(move || {
+            // PDEATHSIG fires when the forking *thread* ends: the launcher runs qemu from a
+            // thread that lives as long as the process (the CLI uses a current-thread runtime).
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The launcher died before prctl took effect: do not run unsupervised.
+            if libc::getppid() as u32 != launcher {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let mut cmd = Command::from(cmd);
+    cmd.kill_on_drop(true);
+    cmd.spawn()
+        .map_err(|e| Error::Qemu(format!("cannot start {}: {e}", qemu.display())))
+}
+
+/// `query-block` must show every spec disk inserted under its device.
+async fn check_block_devices(qmp: &Qmp, spec: &VmSpec) -> Result<()> {
+    let blocks = qmp.execute("query-block", None).await?;
+    let list = blocks.as_array().cloned().unwrap_or_default();
+    for d in &spec.disks {
+        let node = disk::format_node(&d.name);
+        let dev = format!("/machine/peripheral/{}", disk::device_id(&d.name));
+        // virtio-blk reports its backend child (`.../virtio-backend`), scsi-hd the device itself.
+        let found = list.iter().any(|b| {
+            b["inserted"]["node-name"] == node.as_str()
+                && b["qdev"]
+                    .as_str()
+                    .is_some_and(|q| q == dev || q.starts_with(&format!("{dev}/")))
+        });
+        if !found {
+            return Err(Error::Qemu(format!(
+                "disk {:?} is not attached to its device according to query-block",
+                d.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn file_len(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+/// The last few non-empty lines of qemu's output, at most 600 bytes.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text[text.len().saturating_sub(600)..]).into_owned();
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
