@@ -123,9 +123,13 @@ mod tests {
 
     #[test]
     fn cpuinfo_flags() {
-        assert!(cpuinfo_has_hw_virt("processor\t: 0\nflags\t\t: fpu vme vmx sse\n"));
+        assert!(cpuinfo_has_hw_virt(
+            "processor\t: 0\nflags\t\t: fpu vme vmx sse\n"
+        ));
         assert!(cpuinfo_has_hw_virt("flags\t\t: fpu svm\n"));
-        assert!(!cpuinfo_has_hw_virt("flags\t\t: fpu vmxx sse\nmodel name\t: vmx\n"));
+        assert!(!cpuinfo_has_hw_virt(
+            "flags\t\t: fpu vmxx sse\nmodel name\t: vmx\n"
+        ));
         assert!(!cpuinfo_has_hw_virt(""));
     }
 
@@ -143,7 +147,10 @@ mod tests {
     #[test]
     fn explicit_choices() {
         assert_eq!(resolve(Accel::Kvm, false, REAL).unwrap(), Resolved::Kvm);
-        assert!(resolve(Accel::Kvm, true, PVM).is_err(), "kvm never falls back");
+        assert!(
+            resolve(Accel::Kvm, true, PVM).is_err(),
+            "kvm never falls back"
+        );
         assert_eq!(resolve(Accel::Tcg, true, REAL).unwrap(), Resolved::Tcg);
         assert!(resolve(Accel::Tcg, false, REAL).is_err());
     }

@@ -219,8 +219,14 @@ mod tests {
             .iter()
             .map(|j| serde_json::from_str(j).unwrap())
             .collect();
-        let drivers: Vec<&str> = devices.iter().map(|d| d["driver"].as_str().unwrap()).collect();
-        assert_eq!(drivers, ["pvpanic", "virtio-scsi-pci", "virtio-blk-pci", "scsi-hd"]);
+        let drivers: Vec<&str> = devices
+            .iter()
+            .map(|d| d["driver"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            drivers,
+            ["pvpanic", "virtio-scsi-pci", "virtio-blk-pci", "scsi-hd"]
+        );
         assert_eq!(devices[2]["bootindex"], 1);
         assert_eq!(devices[2]["drive"], "fmt-root");
         assert!(devices[3].get("bootindex").is_none());
@@ -235,6 +241,9 @@ mod tests {
         s.no_reboot = false;
         s.kernel_boot = None;
         let a = args_of(&s, Resolved::Tcg);
-        assert!(!a.iter().any(|x| x == "-no-reboot" || x == "-kernel" || x == "-append"));
+        assert!(
+            !a.iter()
+                .any(|x| x == "-no-reboot" || x == "-kernel" || x == "-append")
+        );
     }
 }

@@ -54,7 +54,11 @@ pub fn choose_io(block_device: bool, direct_ok: bool, preallocated: bool) -> Dis
 pub fn probe(disk: &DiskSpec) -> Result<DiskIo> {
     let path = &disk.path;
     let meta = std::fs::metadata(path).map_err(|e| {
-        Error::InvalidSpec(format!("disk {:?}: cannot use {}: {e}", disk.name, path.display()))
+        Error::InvalidSpec(format!(
+            "disk {:?}: cannot use {}: {e}",
+            disk.name,
+            path.display()
+        ))
     })?;
     let block_device = meta.file_type().is_block_device();
     if !block_device && !meta.is_file() {
@@ -65,7 +69,11 @@ pub fn probe(disk: &DiskSpec) -> Result<DiskIo> {
         )));
     }
     let direct_ok = direct_io_works(path).map_err(|e| {
-        Error::InvalidSpec(format!("disk {:?}: cannot open {}: {e}", disk.name, path.display()))
+        Error::InvalidSpec(format!(
+            "disk {:?}: cannot open {}: {e}",
+            disk.name,
+            path.display()
+        ))
     })?;
     let preallocated = !block_device && meta.blocks() * 512 >= meta.size();
     Ok(choose_io(block_device, direct_ok, preallocated))
@@ -161,7 +169,11 @@ mod tests {
     fn kubevirt_rule() {
         assert_eq!(choose_io(true, true, false).aio, Aio::Native);
         assert_eq!(choose_io(false, true, true).aio, Aio::Native);
-        assert_eq!(choose_io(false, true, false).aio, Aio::Threads, "sparse file");
+        assert_eq!(
+            choose_io(false, true, false).aio,
+            Aio::Threads,
+            "sparse file"
+        );
         let no_direct = choose_io(true, false, true);
         assert_eq!((no_direct.direct, no_direct.aio), (false, Aio::Threads));
     }
@@ -171,9 +183,15 @@ mod tests {
         // The source tree lives on a filesystem that takes O_DIRECT (ext4 or xfs); /tmp may be tmpfs.
         let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
         let sparse = dir.path().join("sparse.img");
-        std::fs::File::create(&sparse).unwrap().set_len(8 << 20).unwrap();
+        std::fs::File::create(&sparse)
+            .unwrap()
+            .set_len(8 << 20)
+            .unwrap();
         let io = probe(&disk(sparse)).unwrap();
-        assert_eq!((io.block_device, io.direct, io.aio), (false, true, Aio::Threads));
+        assert_eq!(
+            (io.block_device, io.direct, io.aio),
+            (false, true, Aio::Threads)
+        );
 
         let full = dir.path().join("full.img");
         std::fs::write(&full, vec![1u8; 1 << 20]).unwrap();

@@ -193,10 +193,16 @@ pub async fn detach(qmp: &Qmp, name: &str) -> Result<()> {
                 UNPLUG_TIMEOUT.as_secs()
             ))
         })??;
-    qmp.execute("blockdev-del", Some(json!({ "node-name": disk::format_node(name) })))
-        .await?;
-    qmp.execute("blockdev-del", Some(json!({ "node-name": disk::file_node(name) })))
-        .await?;
+    qmp.execute(
+        "blockdev-del",
+        Some(json!({ "node-name": disk::format_node(name) })),
+    )
+    .await?;
+    qmp.execute(
+        "blockdev-del",
+        Some(json!({ "node-name": disk::file_node(name) })),
+    )
+    .await?;
     tracing::info!(disk = name, "disk unplugged");
     Ok(())
 }

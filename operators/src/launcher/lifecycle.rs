@@ -243,7 +243,11 @@ impl Vm<'_> {
 
     /// The event loop while the guest runs; returns how the VM ended (qemu may still be alive
     /// when the launcher decided to end it; [`Vm::terminate`] follows).
-    async fn supervise(&mut self, reporter: &mut Reporter, stop: impl Future<Output = ()>) -> Outcome {
+    async fn supervise(
+        &mut self,
+        reporter: &mut Reporter,
+        stop: impl Future<Output = ()>,
+    ) -> Outcome {
         let spec = self.spec;
         let mut events = self.events.take().expect("boot subscribed to events");
         let qmp = self.qmp.clone().expect("boot connected QMP");
@@ -380,10 +384,9 @@ fn outcome_of(seen: Seen, exit_status: Option<ExitStatus>) -> Outcome {
                 },
             ),
         },
-        Some("guest-reset") => Outcome::failed(
-            "GuestReset",
-            "the guest reset itself and noReboot is set",
-        ),
+        Some("guest-reset") => {
+            Outcome::failed("GuestReset", "the guest reset itself and noReboot is set")
+        }
         Some("guest-panic") => Outcome::failed("GuestPanicked", "the guest kernel panicked"),
         Some(other) => Outcome::failed("QemuStopped", format!("qemu shut down: {other}")),
         None => Outcome::failed(

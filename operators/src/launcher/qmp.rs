@@ -124,7 +124,12 @@ impl Qmp {
             return Ok(ret.clone());
         }
         let err = answer.get("error").cloned().unwrap_or(Value::Null);
-        let text = |k: &str| err.get(k).and_then(Value::as_str).unwrap_or("?").to_string();
+        let text = |k: &str| {
+            err.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .to_string()
+        };
         Err(Error::QmpCommand {
             command: command.to_string(),
             class: text("class"),
@@ -197,7 +202,9 @@ mod tests {
         let (sock, _) = listener.accept().await.unwrap();
         let (r, mut w) = sock.into_split();
         let mut lines = BufReader::new(r).lines();
-        w.write_all(format!("{GREETING}\n").as_bytes()).await.unwrap();
+        w.write_all(format!("{GREETING}\n").as_bytes())
+            .await
+            .unwrap();
         let mut negotiated = false;
         while let Ok(Some(line)) = lines.next_line().await {
             let cmd: Value = serde_json::from_str(&line).unwrap();
@@ -244,11 +251,21 @@ mod tests {
         assert_eq!(qmp.greeting()["QMP"]["version"]["qemu"]["major"], 10);
         let st = qmp.execute("query-status", None).await.unwrap();
         assert_eq!(st["status"], "prelaunch");
-        let back = qmp.execute("echo", Some(json!({"a": [1, "b"]}))).await.unwrap();
+        let back = qmp
+            .execute("echo", Some(json!({"a": [1, "b"]})))
+            .await
+            .unwrap();
         assert_eq!(back, json!({"a": [1, "b"]}));
-        let e = qmp.execute("device_add", Some(json!({"id": "disk-x"}))).await.unwrap_err();
+        let e = qmp
+            .execute("device_add", Some(json!({"id": "disk-x"})))
+            .await
+            .unwrap_err();
         match &e {
-            Error::QmpCommand { command, class, desc } => {
+            Error::QmpCommand {
+                command,
+                class,
+                desc,
+            } => {
                 assert_eq!(command, "device_add");
                 assert_eq!(class, "GenericError");
                 assert!(desc.contains("Duplicate"));
@@ -313,8 +330,11 @@ mod tests {
             let (sock, _) = l.accept().await.unwrap();
             let (r, mut w) = sock.into_split();
             let mut lines = BufReader::new(r).lines();
-            w.write_all(format!("{GREETING}\n").as_bytes()).await.unwrap();
-            let cmd: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+            w.write_all(format!("{GREETING}\n").as_bytes())
+                .await
+                .unwrap();
+            let cmd: Value =
+                serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
             w.write_all(format!("{}\n", json!({"return": {}, "id": cmd["id"]})).as_bytes())
                 .await
                 .unwrap();

@@ -311,7 +311,10 @@ gracePeriodSeconds: 5
         assert_eq!(s.disks[0].boot_order, Some(1));
         assert_eq!(s.disks[1].bus, Bus::VirtioScsi);
         assert!(s.disks[1].readonly);
-        assert_eq!(s.kernel_boot.unwrap().cmdline.as_deref(), Some("console=ttyS0"));
+        assert_eq!(
+            s.kernel_boot.unwrap().cmdline.as_deref(),
+            Some("console=ttyS0")
+        );
         assert_eq!(s.boot_watchdog_seconds, 20);
         assert!(s.no_reboot);
         assert_eq!(s.machine, "pc");
@@ -356,7 +359,9 @@ gracePeriodSeconds: 5
                 .contains("bootOrder 1")
         );
         assert!(err("name: a\ndisks: [{name: 1d, path: /x}]\n").contains("disk name"));
-        assert!(err("name: a\ndisks: [{name: d, path: /x}]\naccel: tcg\n").contains("allowEmulation"));
+        assert!(
+            err("name: a\ndisks: [{name: d, path: /x}]\naccel: tcg\n").contains("allowEmulation")
+        );
         assert!(err("name: a\ndisks: [{name: d, path: /x}]\ncolour: red\n").contains("colour"));
         assert!(err("name: a\ndisks: [{name: d, path: /x, bus: ide}]\n").contains("ide"));
         assert!(err("name: [a\n").contains("invalid VM spec"));

@@ -1,0 +1,531 @@
+//! End-to-end tests of `quarry launch` and `quarry hotplug`: real qemu-system-x86_64 under TCG
+//! booting a tiny Debian-made guest (see `testkit::guest`) from volumes filled by `quarry import`.
+//!
+//! Boot tests run one at a time (a nextest test group in `.config/nextest.toml`, and a lock for
+//! plain `cargo test`): TCG boots on two cores slow each other down.
+
+mod common;
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+use testkit::guest::Guest;
+
+/// Generous bounds for waits (not timing assertions): TCG boots take seconds, CI may be loaded.
+const WAIT: Duration = Duration::from_secs(120);
+
+static ONE_BOOT_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn boot_lock() -> MutexGuard<'static, ()> {
+    ONE_BOOT_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn have_qemu() -> bool {
+    if Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_ok()
+    {
+        return true;
+    }
+    eprintln!("skipping: qemu-system-x86_64 is missing (scripts/setup.sh installs it)");
+    false
+}
+
+/// The test guest, built once and cached in the target directory.
+fn guest() -> Option<Guest> {
+    if !have_qemu() {
+        return None;
+    }
+    Guest::get(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("launcher-guest"))
+}
+
+fn sha256(path: &Path) -> String {
+    let out = Command::new("sha256sum").arg(path).output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout)[..64].to_string()
+}
+
+/// `quarry import SRC DIR/NAME/disk.img`; returns the volume.
+fn import(src: &Path, dir: &Path, name: &str) -> PathBuf {
+    let vol = dir.join(name);
+    fs::create_dir_all(&vol).unwrap();
+    let target = vol.join("disk.img");
+    assert_ok(&run(&["import", arg(src), arg(&target)]));
+    target
+}
+
+/// A small data disk (8 MiB, deterministic) named `name` in `dir`.
+fn data_disk(dir: &Path, name: &str) -> PathBuf {
+    let sub = dir.join(format!("src-{name}"));
+    fs::create_dir_all(&sub).unwrap();
+    let (raw, _) = sample_disk(&sub);
+    raw
+}
+
+/// A spec for the test guest (or, without `qmode`, for booting from the first disk alone).
+fn spec_yaml(name: &str, guest: Option<(&Guest, &str)>, disks: &[&Path], extra: &str) -> String {
+    let mut y = format!("name: {name}\nmemory: 128Mi\naccel: tcg\nallowEmulation: true\n");
+    if let Some((g, qmode)) = guest {
+        y += &format!(
+            "kernelBoot:\n  kernel: {:?}\n  initrd: {:?}\n  cmdline: {:?}\n",
+            g.kernel,
+            g.initrd,
+            Guest::cmdline(qmode)
+        );
+    }
+    y += "disks:\n";
+    for (i, d) in disks.iter().enumerate() {
+        y += &format!("  - name: disk{i}\n    path: {d:?}\n");
+        if i == 0 {
+            y += "    bootOrder: 1\n";
+        }
+    }
+    y + extra
+}
+
+/// A running `quarry launch`, killed (with its qemu, through PDEATHSIG) if the test fails.
+struct Launch {
+    dir: PathBuf,
+    child: Child,
+    states: mpsc::Receiver<Value>,
+    seen: Vec<Value>,
+}
+
+impl Launch {
+    fn start(dir: &Path, yaml: &str) -> Launch {
+        let yaml = format!("{yaml}runDir: {:?}\n", dir.join("run"));
+        let spec = dir.join("spec.yaml");
+        fs::write(&spec, yaml).unwrap();
+        let mut child = quarry()
+            .arg("launch")
+            .arg(&spec)
+            .stdout(Stdio::piped())
+            .stderr(fs::File::create(dir.join("launcher.err")).unwrap())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, states) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let v: Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"));
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        });
+        Launch {
+            dir: dir.to_path_buf(),
+            child,
+            states,
+            seen: Vec::new(),
+        }
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        self.dir.join("run")
+    }
+
+    fn context(&self) -> String {
+        format!(
+            "states so far: {:?}\nlauncher stderr: {}\nserial: {}\nqemu: {}",
+            self.seen,
+            fs::read_to_string(self.dir.join("launcher.err")).unwrap_or_default(),
+            self.serial(),
+            fs::read_to_string(self.run_dir().join("qemu.log")).unwrap_or_default(),
+        )
+    }
+
+    /// Waits for the state record `state` and returns it.
+    fn wait_state(&mut self, state: &str) -> Value {
+        let deadline = Instant::now() + WAIT;
+        if let Some(v) = self.seen.iter().find(|v| v["state"] == state) {
+            return v.clone();
+        }
+        while let Ok(v) = self
+            .states
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            self.seen.push(v.clone());
+            if v["state"] == state {
+                return v;
+            }
+        }
+        panic!("no {state} state\n{}", self.context());
+    }
+
+    fn serial(&self) -> String {
+        fs::read_to_string(self.run_dir().join("serial.log")).unwrap_or_default()
+    }
+
+    /// Waits until the serial console shows `needle`.
+    fn wait_serial(&self, needle: &str) {
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
+            if self.serial().contains(needle) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("serial console never showed {needle:?}\n{}", self.context());
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: plain kill(2) on our own child.
+        assert_eq!(
+            unsafe { libc::kill(self.child.id() as libc::pid_t, sig) },
+            0
+        );
+    }
+
+    /// Waits for the launcher to exit; returns its status and final state record.
+    fn finish(&mut self) -> (ExitStatus, Value) {
+        let deadline = Instant::now() + WAIT;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "launcher did not exit\n{}",
+                self.context()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        while let Ok(v) = self.states.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(v);
+        }
+        let last = self.seen.last().cloned().expect("at least one state");
+        // The status file holds the same final record.
+        let file: Value =
+            serde_json::from_str(&fs::read_to_string(self.run_dir().join("status.json")).unwrap())
+                .unwrap();
+        assert_eq!(file["state"], last["state"]);
+        assert_eq!(file["reason"], last["reason"]);
+        (status, last)
+    }
+
+    fn qemu_pid(&mut self) -> i32 {
+        self.wait_state("Running")["qemu_pid"].as_i64().unwrap() as i32
+    }
+}
+
+impl Drop for Launch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// True once `pid` is gone (or a zombie nobody has reaped yet: it runs no more).
+fn process_gone(pid: i32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+fn assert_gone_soon(pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !process_gone(pid) {
+        assert!(Instant::now() < deadline, "qemu {pid} still runs");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn states(l: &Launch) -> Vec<String> {
+    l.seen
+        .iter()
+        .map(|v| v["state"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn boots_disks_imported_from_qcow2_and_xz_and_the_guest_reads_them() {
+    let Some(g) = guest() else { return };
+    let _one = boot_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let raw = data_disk(dir.path(), "a");
+    let qcow2 = dir.path().join("disk.qcow2");
+    testkit::qemu::qemu_img(&[
+        "convert".as_ref(),
+        "-O".as_ref(),
+        "qcow2".as_ref(),
+        raw.as_os_str(),
+        qcow2.as_os_str(),
+    ]);
+    let xz = dir.path().join("disk.raw.xz");
+    compress(&["xz", "-c", "-T2"], &raw, &xz);
+    let vol_a = import(&qcow2, dir.path(), "pvc-a");
+    let vol_b = import(&xz, dir.path(), "pvc b,with comma");
+    let (sha_a, sha_b) = (sha256(&vol_a), sha256(&vol_b));
+    assert_eq!(sha_a, sha256(&raw), "the qcow2 import holds the raw disk");
+
+    let mut l = Launch::start(
+        dir.path(),
+        &spec_yaml(
+            "boot",
+            Some((&g, "poweroff")),
+            &[&vol_a, &vol_b],
+            "bootWatchdogSeconds: 60\n",
+        ),
+    );
+    let pid = l.qemu_pid();
+    let (status, last) = l.finish();
+    assert!(status.success(), "{}", l.context());
+    assert_eq!(states(&l), ["Pending", "Running", "Succeeded"]);
+    assert_eq!(last["reason"]["code"], "GuestShutdown");
+    let serial = l.serial();
+    assert!(
+        serial.contains(&format!("QUARRY-SHA256 vda {sha_a}")),
+        "{serial}"
+    );
+    assert!(
+        serial.contains(&format!("QUARRY-SHA256 vdb {sha_b}")),
+        "{serial}"
+    );
+    assert_gone_soon(pid);
+    // Sockets are cleaned up; the volumes are untouched.
+    assert!(!l.run_dir().join("qmp.sock").exists());
+    assert_eq!(sha256(&vol_a), sha_a);
+}
+
+#[test]
+fn sigterm_powers_the_guest_down_gracefully() {
+    let Some(g) = guest() else { return };
+    let _one = boot_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = data_disk(dir.path(), "a");
+    let mut l = Launch::start(
+        dir.path(),
+        &spec_yaml(
+            "graceful",
+            Some((&g, "wait")),
+            &[&disk],
+            "gracePeriodSeconds: 60\n",
+        ),
+    );
+    let pid = l.qemu_pid();
+    l.wait_serial("QUARRY-WAITING");
+    l.signal(libc::SIGTERM);
+    let (status, last) = l.finish();
+    assert!(status.success(), "{}", l.context());
+    assert_eq!(last["state"], "Succeeded");
+    assert_eq!(last["reason"]["code"], "GuestShutdown");
+    assert!(last["reason"]["message"].as_str().unwrap().contains("ACPI"));
+    assert!(
+        l.serial().contains("QUARRY-POWER-BUTTON"),
+        "{}",
+        l.context()
+    );
+    assert_gone_soon(pid);
+}
+
+#[test]
+fn a_guest_ignoring_power_down_is_stopped_after_the_grace_period() {
+    let Some(g) = guest() else { return };
+    let _one = boot_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = data_disk(dir.path(), "a");
+    let mut l = Launch::start(
+        dir.path(),
+        &spec_yaml(
+            "deaf",
+            Some((&g, "deaf")),
+            &[&disk],
+            "gracePeriodSeconds: 2\n",
+        ),
+    );
+    let pid = l.qemu_pid();
+    l.wait_serial("QUARRY-WAITING");
+    l.signal(libc::SIGTERM);
+    let (status, last) = l.finish();
+    assert_eq!(status.code(), Some(1), "{}", l.context());
+    assert_eq!(last["state"], "Failed");
+    assert_eq!(last["reason"]["code"], "GracePeriodExpired");
+    assert!(!l.serial().contains("QUARRY-POWER-BUTTON"));
+    assert_gone_soon(pid);
+}
+
+#[test]
+fn boot_watchdog_fails_a_disk_that_does_not_boot() {
+    if !have_qemu() {
+        return;
+    }
+    let _one = boot_lock();
+    let dir = tempfile::tempdir().unwrap();
+    // Zeros: SeaBIOS finds no boot sector and prints nothing on the serial port.
+    let disk = dir.path().join("zero.img");
+    fs::File::create(&disk).unwrap().set_len(1 << 20).unwrap();
+    let mut l = Launch::start(
+        dir.path(),
+        &spec_yaml("noboot", None, &[&disk], "bootWatchdogSeconds: 3\n"),
+    );
+    let pid = l.qemu_pid();
+    let (status, last) = l.finish();
+    assert_eq!(status.code(), Some(1), "{}", l.context());
+    assert_eq!(last["state"], "Failed");
+    assert_eq!(last["reason"]["code"], "WatchdogExpired");
+    assert!(last["reason"]["message"].as_str().unwrap().contains("3 s"));
+    assert_gone_soon(pid);
+}
+
+#[test]
+fn killing_the_launcher_leaves_no_qemu_behind() {
+    if !have_qemu() {
+        return;
+    }
+    let _one = boot_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("zero.img");
+    fs::File::create(&disk).unwrap().set_len(1 << 20).unwrap();
+    let mut l = Launch::start(
+        dir.path(),
+        &spec_yaml("orphan", None, &[&disk], "bootWatchdogSeconds: 0\n"),
+    );
+    let pid = l.qemu_pid();
+    let pidfile = fs::read_to_string(l.run_dir().join("qemu.pid")).unwrap();
+    assert_eq!(
+        pidfile.trim(),
+        pid.to_string(),
+        "qemu's own pid file agrees"
+    );
+    assert!(!process_gone(pid));
+    l.signal(libc::SIGKILL);
+    assert_gone_soon(pid);
+}
+
+#[test]
+fn hotplugged_disk_is_seen_by_the_guest_and_unplugged() {
+    let Some(g) = guest() else { return };
+    let _one = boot_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = data_disk(dir.path(), "a");
+    let extra_src = dir.path().join("extra.raw");
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+    fs::write(&extra_src, &data).unwrap();
+    let extra = import(&extra_src, dir.path(), "pvc-hot");
+    let sha = sha256(&extra);
+    let mut l = Launch::start(
+        dir.path(),
+        &spec_yaml(
+            "hot",
+            Some((&g, "wait")),
+            &[&disk],
+            "gracePeriodSeconds: 60\n",
+        ),
+    );
+    l.wait_state("Running");
+    l.wait_serial("QUARRY-WAITING");
+    let control = l.run_dir().join("control.sock");
+    let hotplug = |args: &[&str]| {
+        quarry()
+            .arg("hotplug")
+            .arg("--control")
+            .arg(&control)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert_ok(&hotplug(&["attach", "extra", arg(&extra), "--readonly"]));
+    l.wait_serial(&format!("QUARRY-SHA256 vdb {sha}"));
+    // The same name twice is refused by qemu, with its reason.
+    let again = hotplug(&["attach", "extra", arg(&extra)]);
+    assert!(!again.status.success());
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        err.contains("blockdev-add") && err.contains("-extra"),
+        "{err}"
+    );
+    // Only hot-plugged disks can be detached.
+    let cold = hotplug(&["detach", "disk0"]);
+    assert!(!cold.status.success());
+    assert!(String::from_utf8_lossy(&cold.stderr).contains("not hot-plugged"));
+
+    assert_ok(&hotplug(&["detach", "extra"]));
+    l.wait_serial("QUARRY-GONE vdb");
+    l.signal(libc::SIGTERM);
+    let (status, last) = l.finish();
+    assert!(status.success(), "{}", l.context());
+    assert_eq!(last["reason"]["code"], "GuestShutdown");
+}
+
+#[test]
+fn guest_reset_under_no_reboot_fails_the_vm() {
+    let Some(g) = guest() else { return };
+    let _one = boot_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = data_disk(dir.path(), "a");
+    let mut l = Launch::start(
+        dir.path(),
+        &spec_yaml("reset", Some((&g, "reset")), &[&disk], ""),
+    );
+    let (status, last) = l.finish();
+    assert_eq!(status.code(), Some(1), "{}", l.context());
+    assert_eq!(last["reason"]["code"], "GuestReset", "{}", l.context());
+}
+
+#[test]
+fn guest_panic_fails_the_vm() {
+    let Some(g) = guest() else { return };
+    let _one = boot_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = data_disk(dir.path(), "a");
+    let mut l = Launch::start(
+        dir.path(),
+        &spec_yaml("panic", Some((&g, "panic")), &[&disk], ""),
+    );
+    let (status, last) = l.finish();
+    assert_eq!(status.code(), Some(1), "{}", l.context());
+    assert_eq!(last["reason"]["code"], "GuestPanicked", "{}", l.context());
+}
+
+#[test]
+fn bad_specs_are_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("bad.yaml");
+    fs::write(
+        &spec,
+        "name: x\nvcpus: 0\ndisks: [{name: d, path: /nope}]\n",
+    )
+    .unwrap();
+    let out = run(&["launch", arg(&spec)]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("vcpus"));
+
+    // A valid spec whose disk is missing fails as a VM, before qemu starts, with a status.
+    let run_dir = dir.path().join("run");
+    fs::write(
+        &spec,
+        format!(
+            "name: x\nallowEmulation: true\ndisks: [{{name: d, path: {:?}}}]\nrunDir: {run_dir:?}\n",
+            dir.path().join("missing.img")
+        ),
+    )
+    .unwrap();
+    let out = run(&["launch", arg(&spec)]);
+    assert_eq!(out.status.code(), Some(1));
+    let last: Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(last["state"], "Failed");
+    assert_eq!(last["reason"]["code"], "InvalidSpec");
+    assert!(
+        last["reason"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("missing.img")
+    );
+    assert!(!run_dir.join("qemu.pid").exists(), "qemu was never started");
+}
