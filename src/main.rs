@@ -35,8 +35,8 @@ enum Command {
     Csi(csi::CsiArgs),
     /// Boot a VM from imported volumes with qemu over QMP and run its lifecycle.
     Launch(Box<launcher::cli::LaunchArgs>),
-    /// Attach or detach a disk of a VM run by `quarry launch`.
-    Hotplug(launcher::cli::HotplugArgs),
+    /// Hot-plug, unplug, pause or resume a VM run by `quarry launch`.
+    Vmctl(launcher::cli::VmctlArgs),
 }
 
 #[derive(clap::Args)]
@@ -163,9 +163,9 @@ fn main() -> ExitCode {
             init_logs("warn");
             run_launch(&args)
         }
-        Command::Hotplug(args) => {
+        Command::Vmctl(args) => {
             init_logs("warn");
-            match current_thread().and_then(|rt| Ok(rt.block_on(launcher::cli::hotplug(args))?)) {
+            match current_thread().and_then(|rt| Ok(rt.block_on(launcher::cli::vmctl(args))?)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     eprintln!("error: {err:#}");

@@ -1,4 +1,4 @@
-//! End-to-end tests of `quarry launch` and `quarry hotplug`: real qemu-system-x86_64 under TCG
+//! End-to-end tests of `quarry launch` and `quarry vmctl`: real qemu-system-x86_64 under TCG
 //! booting a tiny Debian-made guest (see `testkit::guest`) from volumes filled by `quarry import`.
 //!
 //! Boot tests run one at a time (a nextest test group in `.config/nextest.toml`, and a lock for
@@ -88,6 +88,9 @@ fn spec_yaml(name: &str, guest: Option<(&Guest, &str)>, disks: &[&Path], extra: 
         y += &format!("  - name: disk{i}\n    path: {d:?}\n");
         if i == 0 {
             y += "    bootOrder: 1\n";
+        } else if i == 1 {
+            // The second disk exercises the virtio-scsi path.
+            y += "    bus: virtio-scsi\n";
         }
     }
     y + extra
@@ -148,10 +151,15 @@ impl Launch {
 
     /// Waits for the state record `state` and returns it.
     fn wait_state(&mut self, state: &str) -> Value {
-        let deadline = Instant::now() + WAIT;
         if let Some(v) = self.seen.iter().find(|v| v["state"] == state) {
             return v.clone();
         }
+        self.wait_new_state(state)
+    }
+
+    /// Waits for a state record `state` not seen yet.
+    fn wait_new_state(&mut self, state: &str) -> Value {
+        let deadline = Instant::now() + WAIT;
         while let Ok(v) = self
             .states
             .recv_timeout(deadline.saturating_duration_since(Instant::now()))
@@ -293,7 +301,7 @@ fn boots_disks_imported_from_qcow2_and_xz_and_the_guest_reads_them() {
         "{serial}"
     );
     assert!(
-        serial.contains(&format!("QUARRY-SHA256 vdb {sha_b}")),
+        serial.contains(&format!("QUARRY-SHA256 sda {sha_b}")),
         "{serial}"
     );
     assert_gone_soon(pid);
@@ -408,6 +416,36 @@ fn killing_the_launcher_leaves_no_qemu_behind() {
 }
 
 #[test]
+fn qemu_dying_fails_the_vm_with_its_exit_status() {
+    if !have_qemu() {
+        return;
+    }
+    let _one = boot_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("zero.img");
+    fs::File::create(&disk).unwrap().set_len(1 << 20).unwrap();
+    let mut l = Launch::start(
+        dir.path(),
+        &spec_yaml("crash", None, &[&disk], "bootWatchdogSeconds: 0\n"),
+    );
+    let pid = l.qemu_pid();
+    // SAFETY: plain kill(2) of the qemu the launcher started for this test.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let (status, last) = l.finish();
+    assert_eq!(status.code(), Some(1), "{}", l.context());
+    assert_eq!(last["state"], "Failed");
+    assert_eq!(last["reason"]["code"], "QemuExited");
+    assert!(
+        last["reason"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("signal: 9"),
+        "{}",
+        l.context()
+    );
+}
+
+#[test]
 fn hotplugged_disk_is_seen_by_the_guest_and_unplugged() {
     let Some(g) = guest() else { return };
     let _one = boot_lock();
@@ -430,19 +468,19 @@ fn hotplugged_disk_is_seen_by_the_guest_and_unplugged() {
     l.wait_state("Running");
     l.wait_serial("QUARRY-WAITING");
     let control = l.run_dir().join("control.sock");
-    let hotplug = |args: &[&str]| {
+    let vmctl = |args: &[&str]| {
         quarry()
-            .arg("hotplug")
+            .arg("vmctl")
             .arg("--control")
             .arg(&control)
             .args(args)
             .output()
             .unwrap()
     };
-    assert_ok(&hotplug(&["attach", "extra", arg(&extra), "--readonly"]));
+    assert_ok(&vmctl(&["attach", "extra", arg(&extra), "--readonly"]));
     l.wait_serial(&format!("QUARRY-SHA256 vdb {sha}"));
     // The same name twice is refused by qemu, with its reason.
-    let again = hotplug(&["attach", "extra", arg(&extra)]);
+    let again = vmctl(&["attach", "extra", arg(&extra)]);
     assert!(!again.status.success());
     let err = String::from_utf8_lossy(&again.stderr);
     assert!(
@@ -450,12 +488,18 @@ fn hotplugged_disk_is_seen_by_the_guest_and_unplugged() {
         "{err}"
     );
     // Only hot-plugged disks can be detached.
-    let cold = hotplug(&["detach", "disk0"]);
+    let cold = vmctl(&["detach", "disk0"]);
     assert!(!cold.status.success());
     assert!(String::from_utf8_lossy(&cold.stderr).contains("not hot-plugged"));
 
-    assert_ok(&hotplug(&["detach", "extra"]));
+    assert_ok(&vmctl(&["detach", "extra"]));
     l.wait_serial("QUARRY-GONE vdb");
+
+    // Pause and resume are reported from qemu's STOP and RESUME events.
+    assert_ok(&vmctl(&["pause"]));
+    l.wait_new_state("Paused");
+    assert_ok(&vmctl(&["resume"]));
+    l.wait_new_state("Running");
     l.signal(libc::SIGTERM);
     let (status, last) = l.finish();
     assert!(status.success(), "{}", l.context());

@@ -3,10 +3,10 @@
 //! The kernel comes from the package behind `linux-image-cloud-amd64`, the userland from
 //! `busybox-static`; both are fetched with `apt-get download` and unpacked with `dpkg-deb -x` (no
 //! loop mounts, no root filesystem image). The initramfs (an uncompressed `newc` cpio written here)
-//! loads the virtio modules, prints `QUARRY-SHA256 vdX HEX` for every virtio disk on the serial
-//! console and then acts on `qmode=` from the kernel command line (see [`INIT`]). The result is
-//! cached under a directory the caller chooses (keyed by kernel version and init script), so only
-//! the first run downloads anything.
+//! loads the virtio modules, prints `QUARRY-SHA256 NAME HEX` for every virtio-blk (`vdX`) and
+//! virtio-scsi (`sdX`) disk on the serial console and then acts on `qmode=` from the kernel command
+//! line (see [`INIT`]). The result is cached under a directory the caller chooses (keyed by kernel
+//! version, init script and module list), so only the first run downloads anything.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -19,7 +19,7 @@ pub struct Guest {
     pub initrd: PathBuf,
 }
 
-/// Modules loaded in this order (the cloud kernel ships them uncompressed).
+/// Modules loaded in this order, with their parameters (the cloud kernel ships them uncompressed).
 const MODULES: &[&str] = &[
     "drivers/virtio/virtio_ring",
     "drivers/virtio/virtio",
@@ -27,6 +27,11 @@ const MODULES: &[&str] = &[
     "drivers/virtio/virtio_pci_legacy_dev",
     "drivers/virtio/virtio_pci",
     "drivers/block/virtio_blk",
+    "drivers/scsi/scsi_common",
+    // Synchronous scanning: the disks exist when insmod returns.
+    "drivers/scsi/scsi_mod scan=sync",
+    "drivers/scsi/sd_mod",
+    "drivers/scsi/virtio_scsi",
     "drivers/acpi/button",
     "drivers/input/evdev",
     // pvpanic (ISA, ACPI QEMU0001) turns a guest panic into QEMU's GUEST_PANICKED event.
@@ -48,11 +53,11 @@ mkdir -p /proc /sys /dev
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
-for m in $(cat /modules); do insmod /lib/modules/$m.ko || echo "QUARRY-INSMOD-FAILED $m"; done
+while read m args; do insmod /lib/modules/$m.ko $args || echo "QUARRY-INSMOD-FAILED $m"; done < /modules
 echo QUARRY-GUEST-UP
 seen=""
 sums() {
-  for d in /dev/vd?; do
+  for d in /dev/vd? /dev/sd?; do
     [ -b "$d" ] || continue
     case " $seen " in *" $d "*) continue ;; esac
     seen="$seen $d"
@@ -179,13 +184,13 @@ fn build(work: &Path, kernel_pkg: &str) {
         &fs::read(root.join("bin/busybox")).expect("busybox in busybox-static"),
     );
     let mut names = String::new();
-    for m in MODULES {
+    for line in MODULES {
+        let (m, params) = line.split_once(' ').unwrap_or((line, ""));
         let name = Path::new(m).file_name().unwrap().to_string_lossy();
         let ko = fs::read(modules.join(format!("{m}.ko")))
             .unwrap_or_else(|e| panic!("module {m}.ko in {kernel_pkg}: {e}"));
         cpio.file(&format!("lib/modules/{name}.ko"), 0o644, &ko);
-        names.push_str(&name);
-        names.push('\n');
+        names.push_str(&format!("{name} {params}\n"));
     }
     cpio.file("modules", 0o644, names.as_bytes());
 

@@ -1,10 +1,10 @@
-//! Command-line arguments of `quarry launch` and `quarry hotplug`, and their entry points (the
+//! Command-line arguments of `quarry launch` and `quarry vmctl`, and their entry points (the
 //! binary only parses and dispatches).
 
 use std::path::PathBuf;
 
+use super::control::{self, ControlRequest};
 use super::error::{Error, Result};
-use super::hotplug::{self, ControlRequest};
 use super::lifecycle::{self, Outcome};
 use super::spec::{Accel, Bus, DiskSpec, KernelBoot, Quantity, VmSpec};
 
@@ -145,18 +145,18 @@ pub async fn launch(spec: VmSpec) -> Result<Outcome> {
     lifecycle::run(spec, stop).await
 }
 
-/// `quarry hotplug`: attach or detach a disk of a VM run by `quarry launch`.
+/// `quarry vmctl`: hot-plug, unplug, pause or resume a VM run by `quarry launch`.
 #[derive(Debug, clap::Args)]
-pub struct HotplugArgs {
+pub struct VmctlArgs {
     /// The launcher's control socket (RUN_DIR/control.sock).
     #[arg(long, value_name = "SOCKET")]
     pub control: PathBuf,
     #[command(subcommand)]
-    pub action: HotplugAction,
+    pub action: VmctlAction,
 }
 
 #[derive(Debug, clap::Subcommand)]
-pub enum HotplugAction {
+pub enum VmctlAction {
     /// Attach a volume to the running VM.
     Attach {
         /// Disk name (lowercase letters, digits, '-').
@@ -170,12 +170,16 @@ pub enum HotplugAction {
     },
     /// Detach a hot-plugged disk (the guest must release it).
     Detach { name: String },
+    /// Pause the guest.
+    Pause,
+    /// Resume a paused guest.
+    Resume,
 }
 
-/// Runs `quarry hotplug`.
-pub async fn hotplug(args: HotplugArgs) -> Result<()> {
+/// Runs `quarry vmctl`.
+pub async fn vmctl(args: VmctlArgs) -> Result<()> {
     let req = match args.action {
-        HotplugAction::Attach {
+        VmctlAction::Attach {
             name,
             path,
             readonly,
@@ -189,7 +193,92 @@ pub async fn hotplug(args: HotplugArgs) -> Result<()> {
                 boot_order: None,
             },
         },
-        HotplugAction::Detach { name } => ControlRequest::Detach { name },
+        VmctlAction::Detach { name } => ControlRequest::Detach { name },
+        VmctlAction::Pause => ControlRequest::Pause,
+        VmctlAction::Resume => ControlRequest::Resume,
     };
-    hotplug::request(&args.control, &req).await
+    control::request(&args.control, &req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        launch: LaunchArgs,
+    }
+
+    fn spec(args: &[&str]) -> Result<VmSpec> {
+        Cli::try_parse_from(std::iter::once("launch").chain(args.iter().copied()))
+            .unwrap()
+            .launch
+            .to_spec()
+    }
+
+    #[test]
+    fn flags_alone_make_a_spec() {
+        let s = spec(&[
+            "--name",
+            "vm",
+            "--disk",
+            "/a.img",
+            "--disk",
+            "/b.img",
+            "--bus",
+            "virtio-scsi",
+            "--memory",
+            "256Mi",
+            "--accel",
+            "tcg",
+            "--allow-emulation",
+            "--kernel",
+            "/k",
+            "--append",
+            "console=ttyS0",
+            "--boot-watchdog",
+            "9",
+        ])
+        .unwrap();
+        assert_eq!(s.name, "vm");
+        assert_eq!(s.memory_mib().unwrap(), 256);
+        let names: Vec<_> = s.disks.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["disk0", "disk1"]);
+        assert_eq!(s.disks[0].boot_order, Some(1));
+        assert_eq!(s.disks[1].boot_order, None);
+        assert_eq!(s.disks[1].bus, Bus::VirtioScsi);
+        assert_eq!(
+            s.kernel_boot.unwrap().cmdline.as_deref(),
+            Some("console=ttyS0")
+        );
+        assert_eq!(s.boot_watchdog_seconds, 9);
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("vm.yaml");
+        std::fs::write(
+            &file,
+            "name: a\ndisks: [{name: root, path: /r, bootOrder: 1}]\n",
+        )
+        .unwrap();
+        let s = spec(&[file.to_str().unwrap(), "--vcpus", "4", "--disk", "/extra"]).unwrap();
+        assert_eq!(s.vcpus, 4);
+        assert_eq!(s.disks[1].name, "disk1");
+        assert_eq!(
+            s.disks[1].boot_order, None,
+            "the file's disk keeps booting first"
+        );
+    }
+
+    #[test]
+    fn flags_are_validated() {
+        let e = spec(&["--disk", "/a"]).unwrap_err();
+        assert!(e.to_string().contains("--name"), "{e}");
+        let e = spec(&["--name", "vm", "--disk", "/a", "--accel", "tcg"]).unwrap_err();
+        assert!(e.to_string().contains("allowEmulation"), "{e}");
+    }
 }

@@ -28,9 +28,9 @@ use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use super::accel::{self, HostVirt};
 use super::cmdline::{self, RunPaths};
+use super::control;
 use super::disk;
 use super::error::{Error, Result};
-use super::hotplug;
 use super::qmp::{Event, Qmp};
 use super::spec::VmSpec;
 use super::status::{Reason, Reporter, State};
@@ -202,7 +202,7 @@ impl Vm<'_> {
         let qmp = Arc::new(qmp);
         self.qmp = Some(qmp.clone());
         check_block_devices(&qmp, spec).await?;
-        let control = hotplug::ControlServer::bind(&self.paths.control_socket, qmp.clone())?;
+        let control = control::ControlServer::bind(&self.paths.control_socket, qmp.clone())?;
         tokio::spawn(control.serve());
         qmp.execute("cont", None).await?;
         reporter.report(State::Running, None)?;
@@ -442,13 +442,15 @@ async fn check_block_devices(qmp: &Qmp, spec: &VmSpec) -> Result<()> {
     let list = blocks.as_array().cloned().unwrap_or_default();
     for d in &spec.disks {
         let node = disk::format_node(&d.name);
-        let dev = format!("/machine/peripheral/{}", disk::device_id(&d.name));
-        // virtio-blk reports its backend child (`.../virtio-backend`), scsi-hd the device itself.
+        let id = disk::device_id(&d.name);
+        let child_prefix = format!("/machine/peripheral/{id}/");
+        // query-block names the device by its id (scsi-hd) or, for virtio-blk, by the QOM path of
+        // its id-less backend child.
         let found = list.iter().any(|b| {
             b["inserted"]["node-name"] == node.as_str()
                 && b["qdev"]
                     .as_str()
-                    .is_some_and(|q| q == dev || q.starts_with(&format!("{dev}/")))
+                    .is_some_and(|q| q == id || q.starts_with(&child_prefix))
         });
         if !found {
             return Err(Error::Qemu(format!(

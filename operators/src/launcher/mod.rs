@@ -7,13 +7,15 @@
 //! - [`cmdline`]: the qemu command line;
 //! - [`qmp`]: an async QMP client with an event stream;
 //! - [`lifecycle`]: start paused, check, run, watch, stop; no orphaned qemu;
-//! - [`hotplug`]: attach/detach disks of a running VM through the control socket;
+//! - [`hotplug`]: attach/detach disks of a running VM;
+//! - [`control`]: the control socket (hot-plug, unplug, pause, resume);
 //! - [`status`]: states as JSON lines and a status file;
-//! - [`cli`]: the `quarry launch` and `quarry hotplug` arguments.
+//! - [`cli`]: the `quarry launch` and `quarry vmctl` arguments.
 
 pub mod accel;
 pub mod cli;
 pub mod cmdline;
+pub mod control;
 pub mod disk;
 pub mod error;
 pub mod hotplug;
