@@ -260,6 +260,41 @@ fn states(l: &Launch) -> Vec<String> {
         .collect()
 }
 
+/// A launch under test with what it needs kept alive. Fields drop in declaration order: the
+/// launcher (and its qemu) goes first, then the files, then the one-boot-at-a-time lock.
+struct TestVm {
+    l: Launch,
+    dir: tempfile::TempDir,
+    _one: MutexGuard<'static, ()>,
+}
+
+/// The test guest in `qmode` with one 8 MiB data disk (the guest's vda).
+fn guest_vm(name: &str, qmode: &str, extra: &str) -> Option<(TestVm, PathBuf)> {
+    let g = guest()?;
+    let one = boot_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = data_disk(dir.path(), "a");
+    let l = Launch::start(
+        dir.path(),
+        &spec_yaml(name, Some((&g, qmode)), &[&disk], extra),
+    );
+    Some((TestVm { _one: one, dir, l }, disk))
+}
+
+/// A VM booting from a 1 MiB disk of zeros: SeaBIOS finds no boot sector and prints nothing on
+/// the serial port, so qemu runs without any guest output.
+fn firmware_vm(name: &str, extra: &str) -> Option<TestVm> {
+    if !have_qemu() {
+        return None;
+    }
+    let one = boot_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("zero.img");
+    fs::File::create(&disk).unwrap().set_len(1 << 20).unwrap();
+    let l = Launch::start(dir.path(), &spec_yaml(name, None, &[&disk], extra));
+    Some(TestVm { _one: one, dir, l })
+}
+
 #[test]
 fn boots_disks_imported_from_qcow2_and_xz_and_the_guest_reads_them() {
     let Some(g) = guest() else { return };
@@ -312,78 +347,49 @@ fn boots_disks_imported_from_qcow2_and_xz_and_the_guest_reads_them() {
 
 #[test]
 fn sigterm_powers_the_guest_down_gracefully() {
-    let Some(g) = guest() else { return };
-    let _one = boot_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let disk = data_disk(dir.path(), "a");
-    let mut l = Launch::start(
-        dir.path(),
-        &spec_yaml(
-            "graceful",
-            Some((&g, "wait")),
-            &[&disk],
-            "gracePeriodSeconds: 60\n",
-        ),
-    );
-    let pid = l.qemu_pid();
-    l.wait_serial("QUARRY-WAITING");
-    l.signal(libc::SIGTERM);
-    let (status, last) = l.finish();
-    assert!(status.success(), "{}", l.context());
+    let Some((mut vm, _)) = guest_vm("graceful", "wait", "gracePeriodSeconds: 60\n") else {
+        return;
+    };
+    let pid = vm.l.qemu_pid();
+    vm.l.wait_serial("QUARRY-WAITING");
+    vm.l.signal(libc::SIGTERM);
+    let (status, last) = vm.l.finish();
+    assert!(status.success(), "{}", vm.l.context());
     assert_eq!(last["state"], "Succeeded");
     assert_eq!(last["reason"]["code"], "GuestShutdown");
     assert!(last["reason"]["message"].as_str().unwrap().contains("ACPI"));
     assert!(
-        l.serial().contains("QUARRY-POWER-BUTTON"),
+        vm.l.serial().contains("QUARRY-POWER-BUTTON"),
         "{}",
-        l.context()
+        vm.l.context()
     );
     assert_gone_soon(pid);
 }
 
 #[test]
 fn a_guest_ignoring_power_down_is_stopped_after_the_grace_period() {
-    let Some(g) = guest() else { return };
-    let _one = boot_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let disk = data_disk(dir.path(), "a");
-    let mut l = Launch::start(
-        dir.path(),
-        &spec_yaml(
-            "deaf",
-            Some((&g, "deaf")),
-            &[&disk],
-            "gracePeriodSeconds: 2\n",
-        ),
-    );
-    let pid = l.qemu_pid();
-    l.wait_serial("QUARRY-WAITING");
-    l.signal(libc::SIGTERM);
-    let (status, last) = l.finish();
-    assert_eq!(status.code(), Some(1), "{}", l.context());
+    let Some((mut vm, _)) = guest_vm("deaf", "deaf", "gracePeriodSeconds: 2\n") else {
+        return;
+    };
+    let pid = vm.l.qemu_pid();
+    vm.l.wait_serial("QUARRY-WAITING");
+    vm.l.signal(libc::SIGTERM);
+    let (status, last) = vm.l.finish();
+    assert_eq!(status.code(), Some(1), "{}", vm.l.context());
     assert_eq!(last["state"], "Failed");
     assert_eq!(last["reason"]["code"], "GracePeriodExpired");
-    assert!(!l.serial().contains("QUARRY-POWER-BUTTON"));
+    assert!(!vm.l.serial().contains("QUARRY-POWER-BUTTON"));
     assert_gone_soon(pid);
 }
 
 #[test]
 fn boot_watchdog_fails_a_disk_that_does_not_boot() {
-    if !have_qemu() {
+    let Some(mut vm) = firmware_vm("noboot", "bootWatchdogSeconds: 3\n") else {
         return;
-    }
-    let _one = boot_lock();
-    let dir = tempfile::tempdir().unwrap();
-    // Zeros: SeaBIOS finds no boot sector and prints nothing on the serial port.
-    let disk = dir.path().join("zero.img");
-    fs::File::create(&disk).unwrap().set_len(1 << 20).unwrap();
-    let mut l = Launch::start(
-        dir.path(),
-        &spec_yaml("noboot", None, &[&disk], "bootWatchdogSeconds: 3\n"),
-    );
-    let pid = l.qemu_pid();
-    let (status, last) = l.finish();
-    assert_eq!(status.code(), Some(1), "{}", l.context());
+    };
+    let pid = vm.l.qemu_pid();
+    let (status, last) = vm.l.finish();
+    assert_eq!(status.code(), Some(1), "{}", vm.l.context());
     assert_eq!(last["state"], "Failed");
     assert_eq!(last["reason"]["code"], "WatchdogExpired");
     assert!(last["reason"]["message"].as_str().unwrap().contains("3 s"));
@@ -392,47 +398,31 @@ fn boot_watchdog_fails_a_disk_that_does_not_boot() {
 
 #[test]
 fn killing_the_launcher_leaves_no_qemu_behind() {
-    if !have_qemu() {
+    let Some(mut vm) = firmware_vm("orphan", "bootWatchdogSeconds: 0\n") else {
         return;
-    }
-    let _one = boot_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let disk = dir.path().join("zero.img");
-    fs::File::create(&disk).unwrap().set_len(1 << 20).unwrap();
-    let mut l = Launch::start(
-        dir.path(),
-        &spec_yaml("orphan", None, &[&disk], "bootWatchdogSeconds: 0\n"),
-    );
-    let pid = l.qemu_pid();
-    let pidfile = fs::read_to_string(l.run_dir().join("qemu.pid")).unwrap();
+    };
+    let pid = vm.l.qemu_pid();
+    let pidfile = fs::read_to_string(vm.l.run_dir().join("qemu.pid")).unwrap();
     assert_eq!(
         pidfile.trim(),
         pid.to_string(),
         "qemu's own pid file agrees"
     );
     assert!(!process_gone(pid));
-    l.signal(libc::SIGKILL);
+    vm.l.signal(libc::SIGKILL);
     assert_gone_soon(pid);
 }
 
 #[test]
 fn qemu_dying_fails_the_vm_with_its_exit_status() {
-    if !have_qemu() {
+    let Some(mut vm) = firmware_vm("crash", "bootWatchdogSeconds: 0\n") else {
         return;
-    }
-    let _one = boot_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let disk = dir.path().join("zero.img");
-    fs::File::create(&disk).unwrap().set_len(1 << 20).unwrap();
-    let mut l = Launch::start(
-        dir.path(),
-        &spec_yaml("crash", None, &[&disk], "bootWatchdogSeconds: 0\n"),
-    );
-    let pid = l.qemu_pid();
+    };
+    let pid = vm.l.qemu_pid();
     // SAFETY: plain kill(2) of the qemu the launcher started for this test.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    let (status, last) = l.finish();
-    assert_eq!(status.code(), Some(1), "{}", l.context());
+    let (status, last) = vm.l.finish();
+    assert_eq!(status.code(), Some(1), "{}", vm.l.context());
     assert_eq!(last["state"], "Failed");
     assert_eq!(last["reason"]["code"], "QemuExited");
     assert!(
@@ -441,33 +431,23 @@ fn qemu_dying_fails_the_vm_with_its_exit_status() {
             .unwrap()
             .contains("signal: 9"),
         "{}",
-        l.context()
+        vm.l.context()
     );
 }
 
 #[test]
 fn hotplugged_disk_is_seen_by_the_guest_and_unplugged() {
-    let Some(g) = guest() else { return };
-    let _one = boot_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let disk = data_disk(dir.path(), "a");
-    let extra_src = dir.path().join("extra.raw");
+    let Some((mut vm, _)) = guest_vm("hot", "wait", "gracePeriodSeconds: 60\n") else {
+        return;
+    };
+    let extra_src = vm.dir.path().join("extra.raw");
     let data: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
     fs::write(&extra_src, &data).unwrap();
-    let extra = import(&extra_src, dir.path(), "pvc-hot");
+    let extra = import(&extra_src, vm.dir.path(), "pvc-hot");
     let sha = sha256(&extra);
-    let mut l = Launch::start(
-        dir.path(),
-        &spec_yaml(
-            "hot",
-            Some((&g, "wait")),
-            &[&disk],
-            "gracePeriodSeconds: 60\n",
-        ),
-    );
-    l.wait_state("Running");
-    l.wait_serial("QUARRY-WAITING");
-    let control = l.run_dir().join("control.sock");
+    vm.l.wait_state("Running");
+    vm.l.wait_serial("QUARRY-WAITING");
+    let control = vm.l.run_dir().join("control.sock");
     let vmctl = |args: &[&str]| {
         quarry()
             .arg("vmctl")
@@ -478,7 +458,7 @@ fn hotplugged_disk_is_seen_by_the_guest_and_unplugged() {
             .unwrap()
     };
     assert_ok(&vmctl(&["attach", "extra", arg(&extra), "--readonly"]));
-    l.wait_serial(&format!("QUARRY-SHA256 vdb {sha}"));
+    vm.l.wait_serial(&format!("QUARRY-SHA256 vdb {sha}"));
     // The same name twice is refused by qemu, with its reason.
     let again = vmctl(&["attach", "extra", arg(&extra)]);
     assert!(!again.status.success());
@@ -493,47 +473,37 @@ fn hotplugged_disk_is_seen_by_the_guest_and_unplugged() {
     assert!(String::from_utf8_lossy(&cold.stderr).contains("not hot-plugged"));
 
     assert_ok(&vmctl(&["detach", "extra"]));
-    l.wait_serial("QUARRY-GONE vdb");
+    vm.l.wait_serial("QUARRY-GONE vdb");
 
     // Pause and resume are reported from qemu's STOP and RESUME events.
     assert_ok(&vmctl(&["pause"]));
-    l.wait_new_state("Paused");
+    vm.l.wait_new_state("Paused");
     assert_ok(&vmctl(&["resume"]));
-    l.wait_new_state("Running");
-    l.signal(libc::SIGTERM);
-    let (status, last) = l.finish();
-    assert!(status.success(), "{}", l.context());
+    vm.l.wait_new_state("Running");
+    vm.l.signal(libc::SIGTERM);
+    let (status, last) = vm.l.finish();
+    assert!(status.success(), "{}", vm.l.context());
     assert_eq!(last["reason"]["code"], "GuestShutdown");
+}
+
+/// Boots the guest in `qmode` and expects the VM to fail with reason `code`.
+fn guest_fails_with(qmode: &str, code: &str) {
+    let Some((mut vm, _)) = guest_vm(qmode, qmode, "") else {
+        return;
+    };
+    let (status, last) = vm.l.finish();
+    assert_eq!(status.code(), Some(1), "{}", vm.l.context());
+    assert_eq!(last["reason"]["code"], code, "{}", vm.l.context());
 }
 
 #[test]
 fn guest_reset_under_no_reboot_fails_the_vm() {
-    let Some(g) = guest() else { return };
-    let _one = boot_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let disk = data_disk(dir.path(), "a");
-    let mut l = Launch::start(
-        dir.path(),
-        &spec_yaml("reset", Some((&g, "reset")), &[&disk], ""),
-    );
-    let (status, last) = l.finish();
-    assert_eq!(status.code(), Some(1), "{}", l.context());
-    assert_eq!(last["reason"]["code"], "GuestReset", "{}", l.context());
+    guest_fails_with("reset", "GuestReset");
 }
 
 #[test]
 fn guest_panic_fails_the_vm() {
-    let Some(g) = guest() else { return };
-    let _one = boot_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let disk = data_disk(dir.path(), "a");
-    let mut l = Launch::start(
-        dir.path(),
-        &spec_yaml("panic", Some((&g, "panic")), &[&disk], ""),
-    );
-    let (status, last) = l.finish();
-    assert_eq!(status.code(), Some(1), "{}", l.context());
-    assert_eq!(last["reason"]["code"], "GuestPanicked", "{}", l.context());
+    guest_fails_with("panic", "GuestPanicked");
 }
 
 #[test]
