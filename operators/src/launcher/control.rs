@@ -7,6 +7,7 @@
 //! `{"ok": true}` or `{"ok": false, "error": ".."}`. `quarry vmctl` is its client. Requests are applied one at a time.
 
 use std::collections::HashSet;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -54,10 +55,13 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
-    /// Binds the socket at `path` (owner-only permissions come from the 0700 run directory).
+    /// Binds the socket at `path`, owner-only.
     pub fn bind(path: &Path, qmp: Arc<Qmp>) -> Result<Self> {
         let listener = UnixListener::bind(path)
             .map_err(|e| Error::io(format!("cannot listen on {}", path.display()), e))?;
+        // Owner only, even when the run directory was not created (0700) by the launcher.
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| Error::io(format!("cannot restrict {}", path.display()), e))?;
         Ok(ControlServer {
             listener,
             path: path.to_path_buf(),

@@ -92,3 +92,100 @@ async fn del_node(qmp: &Qmp, node: &str) {
         tracing::warn!(%e, node, "cannot undo blockdev-add");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launcher::qmp::fake;
+    use crate::launcher::spec::Bus;
+    use serde_json::Value;
+    use std::sync::{Arc, Mutex};
+
+    /// Runs `attach` against a fake QMP server that refuses `refuse`; returns the commands seen.
+    async fn attach_with(refuse: &'static str) -> (Result<()>, Vec<Value>) {
+        let (dir, path, l) = fake::socket();
+        let img = dir.path().join("disk.img");
+        std::fs::write(&img, [0u8; 4096]).unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let seen = log.clone();
+        tokio::spawn(fake::server(l, move |cmd| {
+            seen.lock().unwrap().push(cmd.clone());
+            let id = &cmd["id"];
+            let answer = if cmd["execute"] == refuse {
+                json!({"error": {"class": "GenericError", "desc": "refused"}, "id": id})
+            } else {
+                json!({"return": {}, "id": id})
+            };
+            vec![answer.to_string()]
+        }));
+        let (qmp, _events) = Qmp::connect(&path).await.unwrap();
+        let disk = DiskSpec {
+            name: "hot".into(),
+            path: img,
+            bus: Bus::VirtioBlk,
+            readonly: false,
+            boot_order: None,
+        };
+        let result = attach(&qmp, &disk).await;
+        let cmds = log.lock().unwrap().clone();
+        (result, cmds)
+    }
+
+    fn names(cmds: &[Value]) -> Vec<String> {
+        cmds.iter()
+            .map(|c| match c["arguments"]["node-name"].as_str() {
+                Some(node) => format!("{} {node}", c["execute"].as_str().unwrap()),
+                None => c["execute"].as_str().unwrap().to_string(),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn attach_adds_nodes_then_device() {
+        let (result, cmds) = attach_with("none").await;
+        result.unwrap();
+        assert_eq!(
+            names(&cmds),
+            [
+                "blockdev-add file-hot",
+                "blockdev-add fmt-hot",
+                "device_add"
+            ]
+        );
+        assert_eq!(cmds[2]["arguments"]["drive"], "fmt-hot");
+        assert_eq!(cmds[2]["arguments"]["id"], "disk-hot");
+    }
+
+    #[tokio::test]
+    async fn refused_device_undoes_the_nodes() {
+        let (result, cmds) = attach_with("device_add").await;
+        let e = result.unwrap_err();
+        assert!(e.to_string().contains("refused"), "{e}");
+        assert_eq!(
+            names(&cmds),
+            [
+                "blockdev-add file-hot",
+                "blockdev-add fmt-hot",
+                "device_add",
+                "blockdev-del fmt-hot",
+                "blockdev-del file-hot"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn hotplugged_disks_have_no_boot_order() {
+        let (_dir, path, l) = fake::socket();
+        tokio::spawn(fake::server(l, |_| vec![]));
+        let (qmp, _events) = Qmp::connect(&path).await.unwrap();
+        let disk = DiskSpec {
+            name: "hot".into(),
+            path: "/nonexistent".into(),
+            bus: Bus::VirtioBlk,
+            readonly: false,
+            boot_order: Some(2),
+        };
+        let e = attach(&qmp, &disk).await.unwrap_err();
+        assert!(e.to_string().contains("boot order"), "{e}");
+    }
+}

@@ -95,6 +95,9 @@ impl Outcome {
 /// Boots the VM of `spec` and runs it to the end. `stop` resolves when the VM should be stopped
 /// (SIGTERM). States go to stdout and the status file; the final one is also returned. Errors
 /// are returned only when not even the status could be reported.
+///
+/// Call it from a thread that lives as long as the process (a current-thread runtime on the main
+/// thread): qemu's `PR_SET_PDEATHSIG` fires when the thread that started it ends.
 pub async fn run(spec: VmSpec, stop: impl Future<Output = ()>) -> Result<Outcome> {
     let paths = LaunchPaths::for_spec(&spec);
     std::fs::DirBuilder::new()
@@ -154,7 +157,6 @@ struct Vm<'a> {
 struct Seen {
     /// The reason of the SHUTDOWN event, if one came.
     shutdown: Option<String>,
-    panicked: bool,
     /// An outcome the launcher decided itself (watchdog, grace period).
     forced: Option<Outcome>,
     stop_requested: bool,
@@ -353,7 +355,6 @@ fn on_event(ev: &Event, seen: &mut Seen, reporter: &mut Reporter) -> Option<Outc
             );
         }
         "GUEST_PANICKED" => {
-            seen.panicked = true;
             return Some(Outcome::failed(
                 "GuestPanicked",
                 format!("the guest kernel panicked ({})", ev.data),
@@ -466,7 +467,7 @@ fn file_len(path: &Path) -> u64 {
     std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
 }
 
-/// The last few non-empty lines of qemu's output, at most 600 bytes.
+/// The last non-empty lines of qemu's output (at most its last 600 bytes), joined with ` | `.
 fn log_tail(path: &Path) -> String {
     let text = std::fs::read(path).unwrap_or_default();
     let text = String::from_utf8_lossy(&text[text.len().saturating_sub(600)..]).into_owned();
@@ -475,4 +476,67 @@ fn log_tail(path: &Path) -> String {
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
         .join(" | ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    fn seen(shutdown: Option<&str>, stop_requested: bool) -> Seen {
+        Seen {
+            shutdown: shutdown.map(str::to_string),
+            stop_requested,
+            ..Seen::default()
+        }
+    }
+
+    #[test]
+    fn outcomes_from_shutdown_reasons() {
+        let o = outcome_of(seen(Some("guest-shutdown"), false), None);
+        assert_eq!(
+            (o.state, o.reason.code),
+            (State::Succeeded, "GuestShutdown")
+        );
+        let o = outcome_of(seen(Some("guest-shutdown"), true), None);
+        assert!(o.reason.message.contains("ACPI"));
+        for (reason, code) in [
+            ("guest-reset", "GuestReset"),
+            ("guest-panic", "GuestPanicked"),
+            ("host-signal", "QemuStopped"),
+        ] {
+            let o = outcome_of(seen(Some(reason), false), None);
+            assert_eq!((o.state, o.reason.code), (State::Failed, code), "{reason}");
+        }
+        let o = outcome_of(seen(None, false), Some(ExitStatus::from_raw(9)));
+        assert_eq!(o.reason.code, "QemuExited");
+        assert!(
+            o.reason.message.contains("signal: 9"),
+            "{}",
+            o.reason.message
+        );
+    }
+
+    #[test]
+    fn a_decided_outcome_wins() {
+        let mut s = seen(Some("guest-shutdown"), true);
+        s.forced = Some(Outcome::failed("GracePeriodExpired", "late"));
+        assert_eq!(outcome_of(s, None).reason.code, "GracePeriodExpired");
+    }
+
+    #[test]
+    fn qemu_log_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("qemu.log");
+        let mut text = "x".repeat(1000);
+        text.push_str("\nqemu-system-x86_64: -blockdev x: Could not open 'x'\n\n");
+        std::fs::write(&log, text).unwrap();
+        let tail = log_tail(&log);
+        assert!(
+            tail.ends_with("qemu-system-x86_64: -blockdev x: Could not open 'x'"),
+            "{tail}"
+        );
+        assert!(tail.len() <= 600 + 3);
+        assert_eq!(log_tail(&dir.path().join("missing")), "");
+    }
 }

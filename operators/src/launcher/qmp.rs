@@ -185,17 +185,18 @@ async fn read_loop(
     pending.lock().expect("QMP pending map").take();
 }
 
+/// A fake QMP server for unit tests of QMP users.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod fake {
+    use serde_json::{Value, json};
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     use tokio::net::UnixListener;
 
-    const GREETING: &str = r#"{"QMP": {"version": {"qemu": {"micro": 2, "minor": 0, "major": 10}, "package": ""}, "capabilities": ["oob"]}}"#;
+    pub const GREETING: &str = r#"{"QMP": {"version": {"qemu": {"micro": 2, "minor": 0, "major": 10}, "package": ""}, "capabilities": ["oob"]}}"#;
 
-    /// A fake QMP server: greets, requires qmp_capabilities first, then answers the script's
-    /// commands. `script` gets each parsed command and returns the lines to send back.
-    async fn fake_server<F>(listener: UnixListener, mut script: F)
+    /// Greets, requires qmp_capabilities first, then answers the script's commands: `script` gets
+    /// each parsed command and returns the lines to send back.
+    pub async fn server<F>(listener: UnixListener, mut script: F)
     where
         F: FnMut(&Value) -> Vec<String> + Send + 'static,
     {
@@ -223,12 +224,20 @@ mod tests {
         }
     }
 
-    fn socket() -> (tempfile::TempDir, std::path::PathBuf, UnixListener) {
+    /// A listening socket in a fresh temporary directory.
+    pub fn socket() -> (tempfile::TempDir, std::path::PathBuf, UnixListener) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("qmp.sock");
         let l = UnixListener::bind(&path).unwrap();
         (dir, path, l)
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::{GREETING, server as fake_server, socket};
+    use super::*;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
     #[tokio::test]
     async fn negotiates_and_runs_commands() {
