@@ -315,13 +315,20 @@ fn boots_disks_imported_from_qcow2_and_xz_and_the_guest_reads_them() {
     let vol_b = import(&xz, dir.path(), "pvc b,with comma");
     let (sha_a, sha_b) = (sha256(&vol_a), sha256(&vol_b));
     assert_eq!(sha_a, sha256(&raw), "the qcow2 import holds the raw disk");
+    // A block volume too, when loop devices can be made (root): host_device with native AIO.
+    let block = LoopDevice::new(&dir.path().join("block.backing"), 8 << 20);
+    let mut disks = vec![vol_a.parent().unwrap(), &vol_b];
+    if let Some(dev) = &block {
+        assert_ok(&run(&["import", arg(&xz), arg(&dev.device)]));
+        disks.push(&dev.device);
+    }
 
     let mut l = Launch::start(
         dir.path(),
         &spec_yaml(
             "boot",
             Some((&g, "poweroff")),
-            &[&vol_a, &vol_b],
+            &disks,
             "bootWatchdogSeconds: 60\n",
         ),
     );
@@ -331,14 +338,17 @@ fn boots_disks_imported_from_qcow2_and_xz_and_the_guest_reads_them() {
     assert_eq!(states(&l), ["Pending", "Running", "Succeeded"]);
     assert_eq!(last["reason"]["code"], "GuestShutdown");
     let serial = l.serial();
-    assert!(
-        serial.contains(&format!("QUARRY-SHA256 vda {sha_a}")),
-        "{serial}"
-    );
-    assert!(
-        serial.contains(&format!("QUARRY-SHA256 sda {sha_b}")),
-        "{serial}"
-    );
+    // vda: the filesystem volume given as its directory; sda: virtio-scsi; vdb: the block device.
+    let mut expected = vec![format!("vda {sha_a}"), format!("sda {sha_b}")];
+    if let Some(dev) = &block {
+        expected.push(format!("vdb {}", sha256(&dev.device)));
+    }
+    for e in expected {
+        assert!(
+            serial.contains(&format!("QUARRY-SHA256 {e}")),
+            "{e}\n{serial}"
+        );
+    }
     assert_gone_soon(pid);
     // Sockets are cleaned up; the volumes are untouched.
     assert!(!l.run_dir().join("qmp.sock").exists());

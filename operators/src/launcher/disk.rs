@@ -49,6 +49,16 @@ pub fn choose_io(block_device: bool, direct_ok: bool, preallocated: bool) -> Dis
     }
 }
 
+/// The disk with its path resolved: a directory (a filesystem volume's mount point) means the
+/// `disk.img` inside it, as KubeVirt and CDI lay filesystem volumes out.
+pub fn resolve(disk: &DiskSpec) -> DiskSpec {
+    let mut d = disk.clone();
+    if d.path.is_dir() {
+        d.path = d.path.join("disk.img");
+    }
+    d
+}
+
 /// Probes a volume: it must exist and be a regular file or a block device; `O_DIRECT` is tried
 /// for real, and a file counts as preallocated when its allocated blocks cover its size.
 pub fn probe(disk: &DiskSpec) -> Result<DiskIo> {
@@ -205,6 +215,15 @@ mod tests {
         // regular files, so it exercises the fallback without a special mount.
         let io = probe(&disk(PathBuf::from("/proc/version"))).unwrap();
         assert_eq!((io.direct, io.aio), (false, Aio::Threads));
+    }
+
+    #[test]
+    fn a_volume_directory_means_its_disk_img() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = resolve(&disk(dir.path().to_path_buf()));
+        assert_eq!(d.path, dir.path().join("disk.img"));
+        let file = dir.path().join("x.img");
+        assert_eq!(resolve(&disk(file.clone())).path, file);
     }
 
     #[test]

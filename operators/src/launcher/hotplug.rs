@@ -27,6 +27,7 @@ pub async fn attach(qmp: &Qmp, d: &DiskSpec) -> Result<()> {
             d.name
         )));
     }
+    let d = &disk::resolve(d);
     let io = disk::probe(d)?;
     let [file, format] = disk::blockdev_nodes(d, io);
     qmp.execute("blockdev-add", Some(file)).await?;

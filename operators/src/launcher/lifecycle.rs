@@ -170,7 +170,8 @@ impl Vm<'_> {
         let disks = spec
             .disks
             .iter()
-            .map(|d| disk::probe(d).map(|io| (d.clone(), io)))
+            .map(disk::resolve)
+            .map(|d| disk::probe(&d).map(|io| (d, io)))
             .collect::<Result<Vec<_>>>()?;
         for k in spec.kernel_boot.iter() {
             for p in std::iter::once(&k.kernel).chain(k.initrd.iter()) {

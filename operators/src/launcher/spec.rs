@@ -43,7 +43,8 @@ pub struct DiskSpec {
     /// Short name: lowercase letters, digits and `-`, starting with a letter, at most 20 characters
     /// (it becomes part of QEMU node names, which are limited to 31).
     pub name: String,
-    /// The volume: a raw image file or a block device.
+    /// The volume: a raw image file, a directory holding `disk.img` (a filesystem volume), or a
+    /// block device.
     pub path: PathBuf,
     #[serde(default)]
     pub bus: Bus,
