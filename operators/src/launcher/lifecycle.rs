@@ -114,9 +114,16 @@ pub async fn run(spec: VmSpec, stop: impl Future<Output = ()>) -> Result<Outcome
         qmp: None,
         events: None,
     };
-    let outcome = match vm.boot(&mut reporter).await {
-        Ok(()) => vm.supervise(&mut reporter, stop).await,
-        Err(e) => Outcome::failed(
+    tokio::pin!(stop);
+    // A stop before the guest runs ends the start-up at once (dropping boot halfway is fine:
+    // terminate() below ends whatever qemu it started).
+    let booted = tokio::select! {
+        booted = vm.boot(&mut reporter) => Some(booted),
+        () = &mut stop => None,
+    };
+    let outcome = match booted {
+        Some(Ok(())) => vm.supervise(&mut reporter, stop).await,
+        Some(Err(e)) => Outcome::failed(
             match e.kind() {
                 super::ErrorKind::InvalidInput => "InvalidSpec",
                 super::ErrorKind::Unsupported => "Unsupported",
@@ -124,6 +131,7 @@ pub async fn run(spec: VmSpec, stop: impl Future<Output = ()>) -> Result<Outcome
             },
             e.to_string(),
         ),
+        None => Outcome::failed("Stopped", "stopped before the guest started"),
     };
     // Whatever happened, qemu is gone before the final state is reported.
     let tail = vm.terminate().await;
@@ -249,7 +257,7 @@ impl Vm<'_> {
     async fn supervise(
         &mut self,
         reporter: &mut Reporter,
-        stop: impl Future<Output = ()>,
+        mut stop: std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Outcome {
         let spec = self.spec;
         let mut events = self.events.take().expect("boot subscribed to events");
@@ -262,7 +270,6 @@ impl Vm<'_> {
         let mut events_open = true;
         let mut grace_deadline: Option<Instant> = None;
         let mut tick = tokio::time::interval(WATCHDOG_POLL);
-        tokio::pin!(stop);
         let exit_status: Option<ExitStatus> = loop {
             tokio::select! {
                 status = child.wait() => break status.ok(),
@@ -320,13 +327,19 @@ impl Vm<'_> {
     async fn terminate(&mut self) -> Option<String> {
         let child = self.child.as_mut()?;
         if matches!(child.try_wait(), Ok(None)) {
-            if let Some(qmp) = &self.qmp {
-                // qemu may close the socket before answering quit: only its exit counts.
-                let _ = timeout(QUIT_TIMEOUT, qmp.execute("quit", None)).await;
-            }
-            if timeout(QUIT_TIMEOUT, child.wait()).await.is_err() {
-                tracing::warn!("qemu ignored quit: killing it");
-                let _ = child.start_kill();
+            match &self.qmp {
+                Some(qmp) => {
+                    // qemu may close the socket before answering quit: only its exit counts.
+                    let _ = timeout(QUIT_TIMEOUT, qmp.execute("quit", None)).await;
+                    if timeout(QUIT_TIMEOUT, child.wait()).await.is_err() {
+                        tracing::warn!("qemu ignored quit: killing it");
+                        let _ = child.start_kill();
+                    }
+                }
+                // Never reached over QMP: nothing to shut down gracefully.
+                None => {
+                    let _ = child.start_kill();
+                }
             }
         }
         if let Err(e) = child.wait().await {
@@ -523,6 +536,77 @@ mod tests {
         let mut s = seen(Some("guest-shutdown"), true);
         s.forced = Some(Outcome::failed("GracePeriodExpired", "late"));
         assert_eq!(outcome_of(s, None).reason.code, "GracePeriodExpired");
+    }
+
+    /// A spec whose "qemu" is `qemu` (no real qemu needed) with one small disk.
+    fn fake_qemu_spec(dir: &Path, qemu: PathBuf) -> VmSpec {
+        let disk = dir.join("disk.img");
+        std::fs::write(&disk, [0u8; 4096]).unwrap();
+        let mut spec = VmSpec::new("unit");
+        spec.allow_emulation = true;
+        spec.run_dir = Some(dir.join("run"));
+        spec.qemu = Some(qemu);
+        spec.disks = vec![crate::launcher::spec::DiskSpec {
+            name: "d".into(),
+            path: disk,
+            bus: Default::default(),
+            readonly: false,
+            boot_order: Some(1),
+        }];
+        spec
+    }
+
+    #[tokio::test]
+    async fn stop_during_start_up_kills_qemu() {
+        let dir = tempfile::tempdir().unwrap();
+        // A "qemu" that never opens its QMP socket; it records its pid first.
+        let script = dir.path().join("hang.sh");
+        let pidfile = dir.path().join("hang.pid");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\necho $$ > {}\nexec sleep 60\n",
+                pidfile.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let spec = fake_qemu_spec(dir.path(), script);
+        let pidfile2 = pidfile.clone();
+        let stop = async move {
+            while !pidfile2.exists() {
+                sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let outcome = run(spec, stop).await.unwrap();
+        assert_eq!(
+            (outcome.state, outcome.reason.code),
+            (State::Failed, "Stopped")
+        );
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // Reaped by run(): the pid no longer exists.
+        // SAFETY: kill with signal 0 only checks for existence.
+        assert_eq!(unsafe { libc::kill(pid, 0) }, -1);
+    }
+
+    #[tokio::test]
+    async fn a_missing_qemu_fails_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = fake_qemu_spec(dir.path(), dir.path().join("no-such-qemu"));
+        let outcome = run(spec, std::future::pending()).await.unwrap();
+        assert_eq!(outcome.reason.code, "StartFailed");
+        assert!(
+            outcome.reason.message.contains("no-such-qemu"),
+            "{}",
+            outcome.reason.message
+        );
+        let status = std::fs::read_to_string(dir.path().join("run/status.json")).unwrap();
+        assert!(status.contains("StartFailed"), "{status}");
     }
 
     #[test]
