@@ -78,7 +78,10 @@ esac
 if [ "$qmode" = wait ]; then
   for e in /sys/class/input/event*; do
     if grep -q "Power Button" "$e/device/name"; then
-      (dd if=/dev/input/${e##*/} of=/dev/null bs=24 count=1 2>/dev/null; echo QUARRY-POWER-BUTTON; poweroff -f) &
+      # Opened here, before QUARRY-WAITING is printed, so no press can come before the reader.
+      exec 3< /dev/input/${e##*/}
+      (dd of=/dev/null bs=24 count=1 <&3 2>/dev/null; echo QUARRY-POWER-BUTTON; poweroff -f) &
+      break
     fi
   done
 fi

@@ -113,6 +113,7 @@ pub async fn run(spec: VmSpec, stop: impl Future<Output = ()>) -> Result<Outcome
         child: None,
         qmp: None,
         events: None,
+        control: None,
     };
     tokio::pin!(stop);
     // A stop before the guest runs ends the start-up at once (dropping boot halfway is fine:
@@ -158,6 +159,8 @@ struct Vm<'a> {
     child: Option<Child>,
     qmp: Option<Arc<Qmp>>,
     events: Option<broadcast::Receiver<Event>>,
+    /// The control socket's server task.
+    control: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// What the event loop learnt that decides the outcome when qemu exits.
@@ -214,7 +217,7 @@ impl Vm<'_> {
         self.qmp = Some(qmp.clone());
         check_block_devices(&qmp, spec).await?;
         let control = control::ControlServer::bind(&self.paths.control_socket, qmp.clone())?;
-        tokio::spawn(control.serve());
+        self.control = Some(tokio::spawn(control.serve()));
         qmp.execute("cont", None).await?;
         reporter.report(State::Running, None)?;
         self.events = Some(events);
@@ -325,6 +328,9 @@ impl Vm<'_> {
     /// Ends qemu if it still runs (`quit`, then SIGKILL) and reaps it; returns the end of its
     /// stderr for failure reasons.
     async fn terminate(&mut self) -> Option<String> {
+        if let Some(control) = self.control.take() {
+            control.abort();
+        }
         let child = self.child.as_mut()?;
         if matches!(child.try_wait(), Ok(None)) {
             match &self.qmp {
