@@ -122,6 +122,13 @@ impl Guest {
         if fs::rename(work.path().join("out"), &dir).is_err() && !guest.kernel.is_file() {
             panic!("cannot move the built guest to {}", dir.display());
         }
+        // Builds from older recipes or kernels are of no more use.
+        for old in fs::read_dir(cache).into_iter().flatten().flatten() {
+            let name = old.file_name();
+            if name.to_string_lossy().starts_with("guest-") && old.path() != dir {
+                let _ = fs::remove_dir_all(old.path());
+            }
+        }
         Some(guest)
     }
 }

@@ -20,13 +20,14 @@ pub struct LaunchArgs {
     /// VM name [required without a spec file].
     #[arg(long)]
     pub name: Option<String>,
+    /// Virtual CPUs [default: 1].
     #[arg(long)]
     pub vcpus: Option<u32>,
-    /// Memory, a quantity such as 512Mi.
+    /// Memory, a quantity such as 512Mi [default: 512Mi].
     #[arg(long)]
     pub memory: Option<String>,
-    /// A disk volume (disk.img file or block device); repeatable, named disk0, disk1, ...; the
-    /// first boots first.
+    /// A disk volume (disk.img file, volume directory or block device); repeatable, named disk0,
+    /// disk1, ...; the first boots first.
     #[arg(long = "disk", value_name = "PATH")]
     pub disks: Vec<PathBuf>,
     /// Bus of the --disk volumes.
@@ -35,30 +36,34 @@ pub struct LaunchArgs {
     /// Direct kernel boot: the kernel image.
     #[arg(long)]
     pub kernel: Option<PathBuf>,
+    /// Direct kernel boot: the initramfs.
     #[arg(long, requires = "kernel")]
     pub initrd: Option<PathBuf>,
     /// Kernel command line.
     #[arg(long, requires = "kernel")]
     pub append: Option<String>,
+    /// Accelerator [default: auto].
     #[arg(long, value_enum)]
     pub accel: Option<Accel>,
     /// Allow TCG software emulation when KVM is unusable.
     #[arg(long)]
     pub allow_emulation: bool,
+    /// Serial console (ttyS0) log [default: RUN_DIR/serial.log].
     #[arg(long)]
     pub serial_log: Option<PathBuf>,
     /// Directory for sockets, pid file and logs [default: /run/quarry/NAME].
     #[arg(long)]
     pub run_dir: Option<PathBuf>,
+    /// File holding the latest state as JSON [default: RUN_DIR/status.json].
     #[arg(long)]
     pub status_file: Option<PathBuf>,
-    /// Seconds without serial output after which the boot fails (0: never).
+    /// Seconds without serial output after which the boot fails (0: never) [default: 120].
     #[arg(long)]
     pub boot_watchdog: Option<u64>,
-    /// Seconds the guest gets to power off after SIGTERM.
+    /// Seconds the guest gets to power off after SIGTERM [default: 30].
     #[arg(long)]
     pub grace_period: Option<u64>,
-    /// The qemu binary.
+    /// The qemu binary [default: qemu-system-x86_64].
     #[arg(long)]
     pub qemu: Option<PathBuf>,
 }
