@@ -485,6 +485,19 @@ fn hotplugged_disk_is_seen_by_the_guest_and_unplugged() {
     assert_ok(&vmctl(&["detach", "extra"]));
     vm.l.wait_serial("QUARRY-GONE vdb");
 
+    // A LUN on the virtio-scsi controller, given as its volume directory.
+    let vol_dir = extra.parent().unwrap();
+    assert_ok(&vmctl(&[
+        "attach",
+        "lun",
+        arg(vol_dir),
+        "--bus",
+        "virtio-scsi",
+    ]));
+    vm.l.wait_serial(&format!("QUARRY-SHA256 sda {sha}"));
+    assert_ok(&vmctl(&["detach", "lun"]));
+    vm.l.wait_serial("QUARRY-GONE sda");
+
     // Pause and resume are reported from qemu's STOP and RESUME events.
     assert_ok(&vmctl(&["pause"]));
     vm.l.wait_new_state("Paused");
