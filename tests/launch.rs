@@ -566,3 +566,30 @@ fn bad_specs_are_refused_with_the_reason() {
     );
     assert!(!run_dir.join("qemu.pid").exists(), "qemu was never started");
 }
+
+#[test]
+fn without_usable_kvm_and_without_emulation_the_vm_fails_with_the_reason() {
+    if operators::launcher::accel::HostVirt::probe().kvm_usable() {
+        eprintln!("skipping: this host has usable KVM, the VM would boot");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk.img");
+    fs::write(&disk, [0u8; 4096]).unwrap();
+    let spec = dir.path().join("vm.yaml");
+    fs::write(
+        &spec,
+        format!(
+            "name: nokvm\ndisks: [{{name: d, path: {disk:?}}}]\nrunDir: {:?}\n",
+            dir.path().join("run")
+        ),
+    )
+    .unwrap();
+    let out = run(&["launch", arg(&spec)]);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(last["reason"]["code"], "Unsupported");
+    let msg = last["reason"]["message"].as_str().unwrap();
+    assert!(msg.contains("allowEmulation"), "{msg}");
+}
