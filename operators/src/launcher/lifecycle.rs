@@ -194,6 +194,16 @@ impl Vm<'_> {
                 }
             }
         }
+        for sock in [&self.paths.qemu.qmp_socket, &self.paths.control_socket] {
+            // sun_path holds 108 bytes with the terminating NUL.
+            if sock.as_os_str().len() > 107 {
+                return Err(Error::InvalidSpec(format!(
+                    "runDir is too long for a unix socket path ({} bytes): {}",
+                    sock.as_os_str().len(),
+                    sock.display()
+                )));
+            }
+        }
         let args = cmdline::build(spec, accel, &disks, &self.paths.qemu)?;
         for p in [
             &self.paths.qemu.qmp_socket,
@@ -598,6 +608,20 @@ mod tests {
         // Reaped by run(): the pid no longer exists.
         // SAFETY: kill with signal 0 only checks for existence.
         assert_eq!(unsafe { libc::kill(pid, 0) }, -1);
+    }
+
+    #[tokio::test]
+    async fn a_run_dir_too_long_for_sockets_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = fake_qemu_spec(dir.path(), "/bin/false".into());
+        spec.run_dir = Some(dir.path().join("r".repeat(110)));
+        let outcome = run(spec, std::future::pending()).await.unwrap();
+        assert_eq!(outcome.reason.code, "InvalidSpec");
+        assert!(
+            outcome.reason.message.contains("too long"),
+            "{}",
+            outcome.reason.message
+        );
     }
 
     #[tokio::test]
