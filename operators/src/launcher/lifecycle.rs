@@ -332,6 +332,24 @@ impl Vm<'_> {
                 }
             }
         };
+        if exit_status.is_some() {
+            // qemu's exit can be seen before its last events (SHUTDOWN) are read: take what is
+            // left until the socket's end closes the stream.
+            let drain = async {
+                loop {
+                    match events.recv().await {
+                        Ok(ev) => {
+                            if let Some(forced) = on_event(&ev, &mut seen, reporter) {
+                                seen.forced = Some(forced);
+                            }
+                        }
+                        Err(RecvError::Lagged(_)) => {}
+                        Err(RecvError::Closed) => break,
+                    }
+                }
+            };
+            let _ = timeout(Duration::from_secs(2), drain).await;
+        }
         outcome_of(seen, exit_status)
     }
 
