@@ -529,6 +529,19 @@ fn guest_panic_fails_the_vm() {
     guest_fails_with("panic", "GuestPanicked");
 }
 
+/// Runs `quarry launch` on `yaml` (plus a run directory in `dir`), expects it to fail as a VM
+/// (exit 1) and returns the final state record.
+fn failed_launch(dir: &Path, yaml: &str) -> Value {
+    let spec = dir.join("vm.yaml");
+    fs::write(&spec, format!("{yaml}runDir: {:?}\n", dir.join("run"))).unwrap();
+    let out = run(&["launch", arg(&spec)]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(last["state"], "Failed");
+    last
+}
+
 #[test]
 fn bad_specs_are_refused_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
@@ -544,26 +557,16 @@ fn bad_specs_are_refused_with_the_reason() {
 
     // A valid spec whose disk is missing fails as a VM, before qemu starts, with a status.
     let run_dir = dir.path().join("run");
-    fs::write(
-        &spec,
-        format!(
-            "name: x\nallowEmulation: true\ndisks: [{{name: d, path: {:?}}}]\nrunDir: {run_dir:?}\n",
+    let last = failed_launch(
+        dir.path(),
+        &format!(
+            "name: x\nallowEmulation: true\ndisks: [{{name: d, path: {:?}}}]\n",
             dir.path().join("missing.img")
         ),
-    )
-    .unwrap();
-    let out = run(&["launch", arg(&spec)]);
-    assert_eq!(out.status.code(), Some(1));
-    let last: Value =
-        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
-    assert_eq!(last["state"], "Failed");
-    assert_eq!(last["reason"]["code"], "InvalidSpec");
-    assert!(
-        last["reason"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("missing.img")
     );
+    assert_eq!(last["reason"]["code"], "InvalidSpec");
+    let msg = last["reason"]["message"].as_str().unwrap();
+    assert!(msg.contains("missing.img"), "{msg}");
     assert!(!run_dir.join("qemu.pid").exists(), "qemu was never started");
 }
 
@@ -576,19 +579,10 @@ fn without_usable_kvm_and_without_emulation_the_vm_fails_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk.img");
     fs::write(&disk, [0u8; 4096]).unwrap();
-    let spec = dir.path().join("vm.yaml");
-    fs::write(
-        &spec,
-        format!(
-            "name: nokvm\ndisks: [{{name: d, path: {disk:?}}}]\nrunDir: {:?}\n",
-            dir.path().join("run")
-        ),
-    )
-    .unwrap();
-    let out = run(&["launch", arg(&spec)]);
-    assert_eq!(out.status.code(), Some(1));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let last: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let last = failed_launch(
+        dir.path(),
+        &format!("name: nokvm\ndisks: [{{name: d, path: {disk:?}}}]\n"),
+    );
     assert_eq!(last["reason"]["code"], "Unsupported");
     let msg = last["reason"]["message"].as_str().unwrap();
     assert!(msg.contains("allowEmulation"), "{msg}");
