@@ -114,6 +114,7 @@ pub async fn run(spec: VmSpec, stop: impl Future<Output = ()>) -> Result<Outcome
         qmp: None,
         events: None,
         control: None,
+        quit_timeout: QUIT_TIMEOUT,
     };
     tokio::pin!(stop);
     // A stop before the guest runs ends the start-up at once (dropping boot halfway is fine:
@@ -161,6 +162,8 @@ struct Vm<'a> {
     events: Option<broadcast::Receiver<Event>>,
     /// The control socket's server task.
     control: Option<tokio::task::JoinHandle<()>>,
+    /// How long `quit` may take before qemu is killed ([`QUIT_TIMEOUT`]).
+    quit_timeout: Duration,
 }
 
 /// What the event loop learnt that decides the outcome when qemu exits.
@@ -364,8 +367,8 @@ impl Vm<'_> {
             match &self.qmp {
                 Some(qmp) => {
                     // qemu may close the socket before answering quit: only its exit counts.
-                    let _ = timeout(QUIT_TIMEOUT, qmp.execute("quit", None)).await;
-                    if timeout(QUIT_TIMEOUT, child.wait()).await.is_err() {
+                    let _ = timeout(self.quit_timeout, qmp.execute("quit", None)).await;
+                    if timeout(self.quit_timeout, child.wait()).await.is_err() {
                         tracing::warn!("qemu ignored quit: killing it");
                         let _ = child.start_kill();
                     }
@@ -626,6 +629,40 @@ mod tests {
         // Reaped by run(): the pid no longer exists.
         // SAFETY: kill with signal 0 only checks for existence.
         assert_eq!(unsafe { libc::kill(pid, 0) }, -1);
+    }
+
+    #[tokio::test]
+    async fn qemu_ignoring_quit_is_killed() {
+        use crate::launcher::qmp::fake;
+        let dir = tempfile::tempdir().unwrap();
+        let spec = fake_qemu_spec(dir.path(), "/bin/sleep".into());
+        let paths = LaunchPaths::for_spec(&spec);
+        std::fs::create_dir_all(&paths.run_dir).unwrap();
+        // A "qemu" that answers quit over QMP but keeps running.
+        let (_sock_dir, sock, listener) = fake::socket();
+        tokio::spawn(fake::server(listener, |cmd| {
+            vec![serde_json::json!({"return": {}, "id": cmd["id"]}).to_string()]
+        }));
+        let (qmp, _events) = Qmp::connect(&sock).await.unwrap();
+        let child = spawn_qemu(Path::new("/bin/sleep"), &["60".into()], &paths.qemu_log).unwrap();
+        let mut vm = Vm {
+            spec: &spec,
+            paths: &paths,
+            child: Some(child),
+            qmp: Some(Arc::new(qmp)),
+            events: None,
+            control: None,
+            quit_timeout: Duration::from_millis(200),
+        };
+        vm.terminate().await;
+        let status = vm
+            .child
+            .as_mut()
+            .unwrap()
+            .try_wait()
+            .unwrap()
+            .expect("reaped");
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
     }
 
     #[tokio::test]
