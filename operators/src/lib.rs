@@ -1,1 +1,4 @@
-//! CRD types, the DataVolume / HyperConverged / HostPathProvisioner controllers and the KVM launcher (not yet built).
+//! CRD types, the DataVolume / HyperConverged / HostPathProvisioner controllers (not yet built) and
+//! the KVM launcher ([`launcher`]).
+
+pub mod launcher;

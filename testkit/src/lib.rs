@@ -4,6 +4,7 @@
 //! suite's own on 127.0.0.1 with free ports, and stops them by PID when dropped.
 
 pub mod faults;
+pub mod guest;
 pub mod nginx;
 pub mod oci;
 pub mod proxy;
