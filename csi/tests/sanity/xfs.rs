@@ -1,5 +1,5 @@
-//! Pools on a real loop-mounted XFS image: reflink copies, and project quotas where the kernel
-//! has them.
+//! Pools on a real loop-mounted XFS image: reflink copies, and project quotas (XFS and ext4)
+//! where the kernel has them; `guest.rs` runs the quota tests in a kernel that has them.
 
 use csi::pb;
 use provisioner::{PoolConfig, QuotaMode};
@@ -7,7 +7,7 @@ use provisioner::{PoolConfig, QuotaMode};
 use crate::common::*;
 use crate::require;
 
-async fn xfs_server(fs: &LoopFs, quota: QuotaMode) -> Server {
+async fn pool_server(fs: &LoopFs, quota: QuotaMode) -> Server {
     let dir = tempfile::tempdir().unwrap();
     Server::start_with(
         dir,
@@ -25,7 +25,7 @@ async fn xfs_reflink_pool_snapshots_share_extents() {
     let fs = LoopFs::new(&["mkfs.xfs", "-q", "-m", "reflink=1"], 300, "rw");
     require!(fs.is_ok(), fs.err().unwrap());
     let fs = fs.unwrap();
-    let s = xfs_server(&fs, QuotaMode::Auto).await;
+    let s = pool_server(&fs, QuotaMode::Auto).await;
     assert_eq!(
         s.prov.pools()[0].copy,
         provisioner::meta::CopyMethod::Reflink
@@ -64,16 +64,42 @@ async fn xfs_project_quota_enforces_volume_size() {
         format!("no quota-enabled XFS here: {}", fs.err().unwrap())
     );
     let fs = fs.unwrap();
-    let s = xfs_server(&fs, QuotaMode::Project).await;
+    let s = project_quota_enforces_volume_size(&fs, libc::ENOSPC).await;
+    // XFS holds privileged writers (CAP_SYS_RESOURCE) to project limits too.
+    let err = std::fs::write(s.pool_path(0).join("q/root"), vec![1u8; 8 << 20]).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+}
+
+#[tokio::test]
+async fn ext4_project_quota_enforces_volume_size() {
+    // Project ids live in the inode's extra space: 256-byte inodes, whatever mke2fs.conf says.
+    let fs = LoopFs::new(
+        &["mkfs.ext4", "-q", "-I", "256", "-O", "quota,project"],
+        300,
+        "prjquota",
+    );
+    require!(
+        fs.is_ok(),
+        format!("no quota-enabled ext4 here: {}", fs.err().unwrap())
+    );
+    project_quota_enforces_volume_size(&fs.unwrap(), libc::EDQUOT).await;
+}
+
+/// A 4 MiB volume on a project-quota pool takes no 8 MiB file from a writer without
+/// CAP_SYS_RESOURCE (a pod) and fails it with `errno`; the pool outside the volume takes it,
+/// and the volume's usage is its project's. Returns the server, volume `q` in place.
+async fn project_quota_enforces_volume_size(fs: &LoopFs, errno: i32) -> Server {
+    let s = pool_server(fs, QuotaMode::Project).await;
     assert_eq!(s.prov.pools()[0].quota, provisioner::QuotaInForce::Project);
     create(&s, create_req("q", 4 * MIB, mount_cap())).await;
     let dir = s.pool_path(0).join("q");
-    let err = std::fs::write(dir.join("big"), vec![1u8; 8 << 20]).unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    let err = write_as_unprivileged(&dir.join("big"), 8 << 20).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(errno), "{err}");
     // the rest of the pool is unaffected
-    std::fs::write(s.pool_path(0).join("outside"), vec![1u8; 8 << 20]).unwrap();
+    write_as_unprivileged(&s.pool_path(0).join("outside"), 8 << 20).unwrap();
     let (used, _) = s.prov.pools()[0]
         .volume_usage(&s.prov.volume("q").unwrap().1)
         .unwrap();
-    assert!(used <= 4 << 20);
+    assert!(used > 0 && used <= 4 << 20, "volume q uses {used} bytes");
+    s
 }
