@@ -333,7 +333,12 @@ impl LoopFs {
         }
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).unwrap();
-        let out = Command::new("mount")
+        let mut mount = Command::new("mount");
+        // Named, so a mount that probes (busybox's) does not try every filesystem first.
+        if let Some(fstype) = mkfs[0].strip_prefix("mkfs.") {
+            mount.args(["-t", fstype]);
+        }
+        let out = mount
             .args(["-o", &format!("loop,{options}")])
             .arg(&img)
             .arg(&mnt)

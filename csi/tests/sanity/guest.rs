@@ -16,6 +16,7 @@ use crate::require;
 const GUEST_TESTS: &[&str] = &[
     "xfs::xfs_project_quota_enforces_volume_size",
     "xfs::ext4_project_quota_enforces_volume_size",
+    "xfs::project_mode_is_refused_where_project_quotas_only_account",
 ];
 
 /// Loop devices, XFS (crc32c comes built in) and the quota format of ext4's quota files.

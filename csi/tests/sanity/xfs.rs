@@ -2,7 +2,7 @@
 //! where the kernel has them; `guest.rs` runs the quota tests in a kernel that has them.
 
 use csi::pb;
-use provisioner::{PoolConfig, QuotaMode};
+use provisioner::{PoolConfig, Provisioner, QuotaInForce, QuotaMode};
 
 use crate::common::*;
 use crate::require;
@@ -85,12 +85,46 @@ async fn ext4_project_quota_enforces_volume_size() {
     project_quota_enforces_volume_size(&fs.unwrap(), libc::EDQUOT).await;
 }
 
+#[test]
+fn project_mode_is_refused_where_project_quotas_only_account() {
+    // XFS mounted pqnoenforce, and ext4 with the quota feature but no prjquota option, both
+    // account project usage without enforcing limits: no size bound, so `project` must refuse.
+    let cases: [(&[&str], &str); 2] = [
+        (&["mkfs.xfs", "-q"], "pqnoenforce"),
+        (
+            &["mkfs.ext4", "-q", "-I", "256", "-O", "quota,project"],
+            "rw",
+        ),
+    ];
+    for (mkfs, options) in cases {
+        let fs = LoopFs::new(mkfs, 300, options);
+        require!(
+            fs.is_ok(),
+            format!("no quota-accounting {}: {}", mkfs[0], fs.err().unwrap())
+        );
+        let fs = fs.unwrap();
+        let pool = |quota| PoolConfig {
+            name: "acct".into(),
+            path: fs.mnt.join("pool"),
+            quota,
+        };
+        let err = Provisioner::open(&[pool(QuotaMode::Project)]).unwrap_err();
+        assert!(
+            err.to_string().contains("does not enforce them"),
+            "{}: {err}",
+            mkfs[0]
+        );
+        let p = Provisioner::open(&[pool(QuotaMode::Auto)]).unwrap();
+        assert_eq!(p.pools()[0].quota, QuotaInForce::None, "{}", mkfs[0]);
+    }
+}
+
 /// A 4 MiB volume on a project-quota pool takes no 8 MiB file from a writer without
 /// CAP_SYS_RESOURCE (a pod) and fails it with `errno`; the pool outside the volume takes it,
 /// and the volume's usage is its project's. Returns the server, volume `q` in place.
 async fn project_quota_enforces_volume_size(fs: &LoopFs, errno: i32) -> Server {
     let s = pool_server(fs, QuotaMode::Project).await;
-    assert_eq!(s.prov.pools()[0].quota, provisioner::QuotaInForce::Project);
+    assert_eq!(s.prov.pools()[0].quota, QuotaInForce::Project);
     create(&s, create_req("q", 4 * MIB, mount_cap())).await;
     let dir = s.pool_path(0).join("q");
     let err = write_as_unprivileged(&dir.join("big"), 8 << 20).unwrap_err();
