@@ -260,6 +260,45 @@ pub async fn create(s: &Server, req: pb::CreateVolumeRequest) -> pb::Volume {
         .unwrap()
 }
 
+pub fn expand_req(id: &str, bytes: i64) -> pb::ControllerExpandVolumeRequest {
+    pb::ControllerExpandVolumeRequest {
+        volume_id: id.into(),
+        capacity_range: Some(pb::CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        ..Default::default()
+    }
+}
+
+pub async fn delete_volume(s: &Server, id: &str) {
+    s.controller()
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+/// GetCapacity holds back what bounded volumes may still grow into: it promises less than the
+/// filesystem at `mnt` has free.
+pub async fn assert_capacity_holds_back(s: &Server, mnt: &Path) {
+    let cap = s
+        .controller()
+        .get_capacity(pb::GetCapacityRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let free = nix::sys::statvfs::statvfs(mnt).unwrap();
+    let free = free.blocks_available() * free.fragment_size();
+    assert!(
+        (cap.available_capacity as u64) < free,
+        "{} promised with {free} free",
+        cap.available_capacity
+    );
+}
+
 pub fn code<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> tonic::Code {
     match r {
         Ok(v) => panic!("expected an error, got {v:?}"),

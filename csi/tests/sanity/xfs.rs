@@ -2,6 +2,7 @@
 //! where the kernel has them; `guest.rs` runs the quota tests in a kernel that has them.
 
 use csi::pb;
+use provisioner::sys::quota;
 use provisioner::{PoolConfig, Provisioner, QuotaInForce, QuotaMode};
 
 use crate::common::*;
@@ -121,12 +122,15 @@ fn project_mode_is_refused_where_project_quotas_only_account() {
 
 /// A 4 MiB volume on a project-quota pool takes no 8 MiB file from a writer without
 /// CAP_SYS_RESOURCE (a pod) and fails it with `errno`; the pool outside the volume takes it,
-/// and the volume's usage is its project's. Returns the server, volume `q` in place.
+/// the volume's usage is its project's, expansion raises the limit, and deletion clears it.
+/// Returns the server with a fresh 4 MiB volume `q` in place.
 async fn project_quota_enforces_volume_size(fs: &LoopFs, errno: i32) -> Server {
     let s = pool_server(fs, QuotaMode::Project).await;
     assert_eq!(s.prov.pools()[0].quota, QuotaInForce::Project);
     create(&s, create_req("q", 4 * MIB, mount_cap())).await;
     let dir = s.pool_path(0).join("q");
+    let pid = s.prov.volume("q").unwrap().1.project_id.unwrap();
+    assert_eq!(quota::get_project(&dir).unwrap(), pid);
     let err = write_as_unprivileged(&dir.join("big"), 8 << 20).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(errno), "{err}");
     // the rest of the pool is unaffected
@@ -135,5 +139,26 @@ async fn project_quota_enforces_volume_size(fs: &LoopFs, errno: i32) -> Server {
         .volume_usage(&s.prov.volume("q").unwrap().1)
         .unwrap();
     assert!(used > 0 && used <= 4 << 20, "volume q uses {used} bytes");
+
+    // after ControllerExpandVolume the same write fits
+    std::fs::remove_file(dir.join("big")).unwrap();
+    s.controller()
+        .controller_expand_volume(expand_req("q", 16 * MIB))
+        .await
+        .unwrap();
+    write_as_unprivileged(&dir.join("big"), 8 << 20).unwrap();
+    let u = quota::usage(&s.pool_path(0), pid).unwrap();
+    assert_eq!(u.limit_bytes, 16 << 20);
+    assert!(u.bytes >= 8 << 20, "{u:?}");
+    // the volume may grow by 8 MiB more: GetCapacity does not promise that away
+    assert_capacity_holds_back(&s, &fs.mnt).await;
+
+    // deleting clears the project's limit (a later volume may get the id)
+    delete_volume(&s, "q").await;
+    assert!(!dir.exists());
+    let u = quota::usage(&s.pool_path(0), pid).unwrap();
+    assert_eq!((u.bytes, u.limit_bytes), (0, 0), "{u:?}");
+
+    create(&s, create_req("q", 4 * MIB, mount_cap())).await;
     s
 }
