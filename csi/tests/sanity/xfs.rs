@@ -123,7 +123,7 @@ fn project_mode_is_refused_where_project_quotas_only_account() {
 /// A 4 MiB volume on a project-quota pool takes no 8 MiB file from a writer without
 /// CAP_SYS_RESOURCE (a pod) and fails it with `errno`; the pool outside the volume takes it,
 /// the volume's usage is its project's, expansion raises the limit, and deletion clears it.
-/// Returns the server with a fresh 4 MiB volume `q` in place.
+/// Returns the server with a fresh 4 MiB volume `q` (another project) in place.
 async fn project_quota_enforces_volume_size(fs: &LoopFs, errno: i32) -> Server {
     let s = pool_server(fs, QuotaMode::Project).await;
     assert_eq!(s.prov.pools()[0].quota, QuotaInForce::Project);
@@ -131,6 +131,8 @@ async fn project_quota_enforces_volume_size(fs: &LoopFs, errno: i32) -> Server {
     let dir = s.pool_path(0).join("q");
     let pid = s.prov.volume("q").unwrap().1.project_id.unwrap();
     assert_eq!(quota::get_project(&dir).unwrap(), pid);
+    // an empty volume: its directory (a block on ext4, inline on XFS)
+    let empty = quota::usage(&s.pool_path(0), pid).unwrap().bytes;
     let err = write_as_unprivileged(&dir.join("big"), 8 << 20).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(errno), "{err}");
     // the rest of the pool is unaffected
@@ -153,12 +155,21 @@ async fn project_quota_enforces_volume_size(fs: &LoopFs, errno: i32) -> Server {
     // the volume may grow by 8 MiB more: GetCapacity does not promise that away
     assert_capacity_holds_back(&s, &fs.mnt).await;
 
-    // deleting clears the project's limit (a later volume may get the id)
+    // Deleting clears the project's limit. A file still held open keeps its blocks charged to
+    // the project, so the next volume gets another id and starts empty.
+    let held = std::fs::File::open(dir.join("big")).unwrap();
     delete_volume(&s, "q").await;
     assert!(!dir.exists());
     let u = quota::usage(&s.pool_path(0), pid).unwrap();
-    assert_eq!((u.bytes, u.limit_bytes), (0, 0), "{u:?}");
-
+    assert_eq!(u.limit_bytes, 0, "{u:?}");
+    assert!(
+        u.bytes >= 8 << 20,
+        "the held file is no longer charged: {u:?}"
+    );
     create(&s, create_req("q", 4 * MIB, mount_cap())).await;
+    let next = s.prov.volume("q").unwrap().1;
+    assert_ne!(next.project_id, Some(pid));
+    assert_eq!(s.prov.pools()[0].volume_usage(&next).unwrap().0, empty);
+    drop(held);
     s
 }
