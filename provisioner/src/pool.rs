@@ -180,6 +180,13 @@ impl Pool {
         }
     }
 
+    /// Whether the filesystem still charges blocks or inodes to project `id` (an unreadable
+    /// quota counts as free: the volume's own quota calls will report the problem).
+    pub fn project_charged(&self, id: u32) -> bool {
+        self.quota == QuotaInForce::Project
+            && quota::usage(&self.path, id).is_ok_and(|u| u.bytes > 0 || u.inodes > 0)
+    }
+
     /// Whether a volume's size is bounded (it can never allocate more than its capacity).
     pub fn is_bounded(&self, m: &VolumeMeta) -> bool {
         m.capacity_bytes > 0 && (self.enforces_sizes() || m.mode == VolumeMode::Block)

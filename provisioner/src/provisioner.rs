@@ -309,7 +309,8 @@ impl Provisioner {
         sync_dir(&pool.path)?;
         crate::crash::point("delete-volume.removed");
         if pool.quota == QuotaInForce::Project {
-            // project ids are reused; a subvolume's qgroup goes with the subvolume
+            // project ids are reused once nothing is charged to them; a subvolume's qgroup goes
+            // with the subvolume
             pool.apply_limit(&m, 0)?;
         }
         remove_file(&pool.volume_meta_path(&m.id))
@@ -330,16 +331,13 @@ impl Provisioner {
         remove_file(&pool.snapshot_meta_path(&s.id))
     }
 
-    fn allocate_project_id(&self) -> Result<u32> {
-        let mut max = FIRST_PROJECT_ID - 1;
+    /// A project id for a new volume on `pool`: see [`next_project_id`].
+    fn allocate_project_id(&self, pool: &Pool) -> Result<u32> {
+        let mut taken = Vec::new();
         for p in &self.pools {
-            for m in p.volumes()? {
-                if let Some(id) = m.project_id {
-                    max = max.max(id);
-                }
-            }
+            taken.extend(p.volumes()?.into_iter().filter_map(|m| m.project_id));
         }
-        Ok(max + 1)
+        Ok(next_project_id(taken, |id| pool.project_charged(id)))
     }
 
     fn resolve_size(pool: &Pool, req: &CreateVolume, min: u64) -> Result<u64> {
@@ -457,7 +455,7 @@ impl Provisioner {
 
         let _alloc = self.project_alloc.lock().unwrap_or_else(|p| p.into_inner());
         let project_id = match pool.quota {
-            QuotaInForce::Project => Some(self.allocate_project_id()?),
+            QuotaInForce::Project => Some(self.allocate_project_id(pool)?),
             QuotaInForce::BtrfsQgroup | QuotaInForce::None => None,
         };
         let mut meta = VolumeMeta {
@@ -744,5 +742,42 @@ impl Provisioner {
     pub fn volume_paths(&self, id: &str) -> Result<(VolumeMeta, PathBuf, PathBuf)> {
         let (pool, m) = self.volume(id)?;
         Ok((m, pool.volume_dir(id), pool.block_file(id)))
+    }
+}
+
+/// The id after the highest `taken` one (ids of deleted volumes on top are reused), skipping ids
+/// the filesystem still charges usage to: files of a deleted volume that a process still holds
+/// open, or that XFS has not yet inactivated (it frees unlinked inodes in the background). A new
+/// volume must start empty, or its first writes fail against its predecessor's leftovers.
+fn next_project_id(taken: impl IntoIterator<Item = u32>, charged: impl Fn(u32) -> bool) -> u32 {
+    let highest = taken
+        .into_iter()
+        .max()
+        .unwrap_or(0)
+        .max(FIRST_PROJECT_ID - 1);
+    (highest + 1..=u32::MAX)
+        .find(|&id| !charged(id))
+        .unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn project_ids_follow_the_highest_and_skip_charged_ones() {
+        let never = |_| false;
+        assert_eq!(next_project_id([], never), FIRST_PROJECT_ID);
+        assert_eq!(next_project_id([5], never), FIRST_PROJECT_ID);
+        assert_eq!(
+            next_project_id([FIRST_PROJECT_ID + 3, FIRST_PROJECT_ID], never),
+            FIRST_PROJECT_ID + 4
+        );
+        // the top id's volume was deleted but its files still hold blocks: skip past them
+        let charged = |id| id == FIRST_PROJECT_ID + 1 || id == FIRST_PROJECT_ID + 2;
+        assert_eq!(
+            next_project_id([FIRST_PROJECT_ID], charged),
+            FIRST_PROJECT_ID + 3
+        );
     }
 }

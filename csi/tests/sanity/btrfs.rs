@@ -1,7 +1,6 @@
 //! Pools on a real loop-mounted btrfs image: every filesystem volume a subvolume whose qgroup
 //! limit is its size, so writing past it fails inside the volume and nowhere else.
 
-use csi::pb;
 use provisioner::{PoolConfig, QuotaInForce, QuotaMode};
 
 use crate::common::*;
@@ -43,41 +42,15 @@ async fn btrfs_qgroup_enforces_volume_size_and_expansion() {
     // after ControllerExpandVolume the same write fits
     std::fs::remove_file(dir.join("big")).unwrap();
     s.controller()
-        .controller_expand_volume(pb::ControllerExpandVolumeRequest {
-            volume_id: "q".into(),
-            capacity_range: Some(pb::CapacityRange {
-                required_bytes: 32 * MIB,
-                limit_bytes: 0,
-            }),
-            ..Default::default()
-        })
+        .controller_expand_volume(expand_req("q", 32 * MIB))
         .await
         .unwrap();
     std::fs::write(dir.join("big"), vec![1u8; 16 << 20]).unwrap();
 
-    // GetCapacity holds back what the bounded volume may still grow into
-    let cap = s
-        .controller()
-        .get_capacity(pb::GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
-    let free = nix::sys::statvfs::statvfs(&fs.mnt).unwrap();
-    let free = free.blocks_available() * free.fragment_size();
-    assert!(
-        (cap.available_capacity as u64) < free,
-        "{} promised with {free} free",
-        cap.available_capacity
-    );
+    assert_capacity_holds_back(&s, &fs.mnt).await;
 
     // deleting removes the subvolume
-    s.controller()
-        .delete_volume(pb::DeleteVolumeRequest {
-            volume_id: "q".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    delete_volume(&s, "q").await;
     assert!(!dir.exists());
 }
 

@@ -18,11 +18,18 @@ use tonic::transport::Channel;
 pub const NODE: &str = "node-a";
 pub const MIB: i64 = 1 << 20;
 
-/// Prints why a test is skipped and returns from it.
+/// Set (by the guest-kernel run, see `guest.rs`) where everything the tests need is there, so
+/// a missing piece fails a test instead of skipping it.
+pub const NO_SKIP_ENV: &str = "QUARRY_NO_SKIP";
+
+/// Prints why a test is skipped and returns from it; panics instead where [`NO_SKIP_ENV`] is set.
 #[macro_export]
 macro_rules! require {
     ($cond:expr, $why:expr) => {
         if !$cond {
+            if std::env::var_os($crate::common::NO_SKIP_ENV).is_some() {
+                panic!("{} cannot run here: {}", module_path!(), $why);
+            }
             eprintln!("SKIP {}: {}", module_path!(), $why);
             return;
         }
@@ -38,12 +45,64 @@ pub fn can_loop() -> bool {
 }
 
 pub fn has(cmd: &str) -> bool {
+    which(cmd).is_some()
+}
+
+/// Where `cmd` is on PATH.
+pub fn which(cmd: &str) -> Option<PathBuf> {
     Command::new("sh")
         .arg("-c")
         .arg(format!("command -v {cmd}"))
         .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+}
+
+/// Writes `len` bytes to `path` as a pod's container would: from a thread without
+/// CAP_SYS_RESOURCE, which (on ext4 and other quota-v2 filesystems) lets a writer past hard
+/// quota limits. Capabilities belong to a thread, so the rest of the test keeps them.
+pub fn write_as_unprivileged(path: &Path, len: usize) -> std::io::Result<()> {
+    let path = path.to_path_buf();
+    std::thread::spawn(move || {
+        drop_effective_capability(CAP_SYS_RESOURCE)?;
+        std::fs::write(path, vec![1u8; len])
+    })
+    .join()
+    .unwrap()
+}
+
+const CAP_SYS_RESOURCE: u32 = 24;
+
+/// Clears capability `cap` from the calling thread's effective set (capget/capset, version 3).
+fn drop_effective_capability(cap: u32) -> std::io::Result<()> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = Header {
+        version: 0x2008_0522,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: version 3 headers take two data structs; both live across the calls.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    data[(cap / 32) as usize].effective &= !(1 << (cap % 32));
+    // SAFETY: as above; pid 0 is the calling thread.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 pub struct Server {
@@ -201,6 +260,45 @@ pub async fn create(s: &Server, req: pb::CreateVolumeRequest) -> pb::Volume {
         .unwrap()
 }
 
+pub fn expand_req(id: &str, bytes: i64) -> pb::ControllerExpandVolumeRequest {
+    pb::ControllerExpandVolumeRequest {
+        volume_id: id.into(),
+        capacity_range: Some(pb::CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        ..Default::default()
+    }
+}
+
+pub async fn delete_volume(s: &Server, id: &str) {
+    s.controller()
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+/// GetCapacity holds back what bounded volumes may still grow into: it promises less than the
+/// filesystem at `mnt` has free.
+pub async fn assert_capacity_holds_back(s: &Server, mnt: &Path) {
+    let cap = s
+        .controller()
+        .get_capacity(pb::GetCapacityRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let free = nix::sys::statvfs::statvfs(mnt).unwrap();
+    let free = free.blocks_available() * free.fragment_size();
+    assert!(
+        (cap.available_capacity as u64) < free,
+        "{} promised with {free} free",
+        cap.available_capacity
+    );
+}
+
 pub fn code<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> tonic::Code {
     match r {
         Ok(v) => panic!("expected an error, got {v:?}"),
@@ -274,7 +372,12 @@ impl LoopFs {
         }
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).unwrap();
-        let out = Command::new("mount")
+        let mut mount = Command::new("mount");
+        // Named, so a mount that probes (busybox's) does not try every filesystem first.
+        if let Some(fstype) = mkfs[0].strip_prefix("mkfs.") {
+            mount.args(["-t", fstype]);
+        }
+        let out = mount
             .args(["-o", &format!("loop,{options}")])
             .arg(&img)
             .arg(&mnt)
@@ -292,7 +395,11 @@ impl LoopFs {
 
 impl Drop for LoopFs {
     fn drop(&mut self) {
+        // Cleanup unmounts everything at or below mnt: a leftover mount gets the command.
         drop(Cleanup(self.mnt.clone()));
+        if !provisioner::sys::mount::is_mount_point(&self.mnt).unwrap_or(true) {
+            return;
+        }
         let ok = Command::new("umount")
             .arg(&self.mnt)
             .status()

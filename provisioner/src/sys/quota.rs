@@ -1,6 +1,8 @@
 //! Project quotas through ioctls and `quotactl_fd(2)` (no `xfs_quota` binary needed). Works on
 //! XFS mounted with `prjquota` and on ext4 with the `project` and `quota` features mounted with
-//! `prjquota`.
+//! `prjquota`; csi's sanity suite runs both in a guest kernel that has quota support
+//! (`guest::project_quotas_are_enforced_in_a_guest_kernel`). XFS holds every writer to the limit
+//! (ENOSPC); ext4 fails writes with EDQUOT but lets writers with CAP_SYS_RESOURCE past it.
 
 use std::fs::File;
 use std::io;
@@ -198,9 +200,10 @@ mod tests {
     }
 
     #[test]
-    fn tmp_without_quota_reports_not_enforced() {
+    fn a_filesystem_without_project_quotas_reports_not_enforced() {
+        // /tmp has no project quotas on any machine this runs on (a quota-less kernel answers
+        // ENOSYS, one with quotas ESRCH/ENOENT): either way "not enforced", not an error.
         let d = tempfile::tempdir().unwrap();
-        // whatever filesystem /tmp is, this must answer without error or with a clean error
-        let _ = project_quota_enforced(d.path());
+        assert!(!project_quota_enforced(d.path()).unwrap());
     }
 }
