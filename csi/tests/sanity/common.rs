@@ -12,7 +12,7 @@ use csi::pb::{
     node_client::NodeClient, volume_capability as vc,
 };
 use csi::{Driver, DriverConfig, Endpoint};
-use provisioner::{PoolConfig, Provisioner, QuotaMode};
+pub use provisioner::{PoolConfig, Provisioner, QuotaMode};
 use tonic::transport::Channel;
 
 pub const NODE: &str = "node-a";
