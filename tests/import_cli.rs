@@ -70,6 +70,36 @@ fn nested_compression_is_decoded() {
 }
 
 #[test]
+fn concatenated_xz_streams_are_all_imported_and_trailing_garbage_is_refused() {
+    // `cat a.xz b.xz` is one valid xz file (xz -d reads every stream): a disk split over two
+    // streams must come out whole, not cut at the first stream's end.
+    let dir = tempfile::tempdir().unwrap();
+    let (_, data) = sample_disk(dir.path());
+    let (head, tail) = data.split_at(3 << 20);
+    let mut file = Vec::new();
+    for (i, part) in [head, tail].into_iter().enumerate() {
+        let piece = dir.path().join(format!("part{i}"));
+        fs::write(&piece, part).unwrap();
+        let xz = dir.path().join(format!("part{i}.xz"));
+        compress(&["xz", "-c"], &piece, &xz);
+        file.extend(fs::read(&xz).unwrap());
+    }
+    let joined = dir.path().join("joined.raw.xz");
+    fs::write(&joined, &file).unwrap();
+    let target = dir.path().join("disk.img");
+    let out = run(&["import", arg(&joined), arg(&target), "--json"]);
+    assert_ok(&out);
+    assert_eq!(fs::read(&target).unwrap(), data);
+
+    file.extend_from_slice(b"not xz");
+    let garbage = dir.path().join("garbage.raw.xz");
+    fs::write(&garbage, &file).unwrap();
+    let target = dir.path().join("refused.img");
+    let out = run(&["import", arg(&garbage), arg(&target)]);
+    assert_refused(&out, 12, "not another xz stream", &target);
+}
+
+#[test]
 fn stdin_is_streamed() {
     let dir = tempfile::tempdir().unwrap();
     let (src, data) = sample_disk(dir.path());

@@ -36,7 +36,7 @@ impl Compression {
 pub fn detect(head: &[u8]) -> Option<Compression> {
     if head.starts_with(&[0x1f, 0x8b]) {
         Some(Compression::Gzip)
-    } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0x00]) {
+    } else if head.starts_with(&XZ_MAGIC) {
         Some(Compression::Xz)
     } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
         Some(Compression::Zstd)
@@ -57,10 +57,7 @@ pub fn decoder<'a>(
         Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(
             io::BufReader::with_capacity(256 << 10, input),
         )),
-        Compression::Xz => Box::new(liblzma::read::XzDecoder::new_stream(
-            input,
-            xz_stream().map_err(|e| Error::Corrupt(format!("xz decoder: {e}")))?,
-        )),
+        Compression::Xz => Box::new(XzStreams::new(input)?),
         Compression::Zstd => Box::new(
             zstd::stream::read::Decoder::new(input)
                 .map_err(|e| Error::io("starting the zstd decoder", e))?,
@@ -75,8 +72,7 @@ const XZ_THREADING_MEMORY: u64 = 88 << 20;
 
 /// A multi-threaded xz decoder: blocks of a multi-block file decode in parallel; a single-block
 /// file decodes on one thread. Memory is capped: liblzma drops to fewer threads rather than
-/// exceed the threading limit. (Only the first of concatenated xz streams is read: the
-/// multi-threaded builder has no flag for more, and image files are single streams.)
+/// exceed the threading limit. One decoder reads one stream ([`XzStreams`] chains them).
 fn xz_stream() -> std::result::Result<liblzma::stream::Stream, liblzma::stream::Error> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     liblzma::stream::MtStreamBuilder::new()
@@ -85,6 +81,131 @@ fn xz_stream() -> std::result::Result<liblzma::stream::Stream, liblzma::stream::
         .memlimit_stop(1 << 30)
         .timeout_ms(0)
         .decoder()
+}
+
+/// The xz magic that starts every stream.
+const XZ_MAGIC: [u8; 6] = [0xfd, b'7', b'z', b'X', b'Z', 0x00];
+
+/// An xz file as `xz -d` reads it: one or more streams back to back (`cat a.xz b.xz`), each
+/// optionally followed by stream padding (NUL bytes), decoded one after the other by the
+/// multi-threaded decoder. Anything else after a stream is corruption, never dropped: stopping at
+/// the first stream's end would write a short disk and report success.
+struct XzStreams<'a> {
+    decoder: Option<liblzma::bufread::XzDecoder<XzInput<'a>>>,
+}
+
+impl<'a> XzStreams<'a> {
+    fn new(input: Box<dyn Read + Send + 'a>) -> Result<Self> {
+        let input = XzInput {
+            magic_taken: XZ_MAGIC.len(),
+            inner: io::BufReader::with_capacity(256 << 10, input),
+        };
+        Ok(XzStreams {
+            decoder: Some(Self::decoder(input)?),
+        })
+    }
+
+    fn decoder(input: XzInput<'a>) -> Result<liblzma::bufread::XzDecoder<XzInput<'a>>> {
+        let stream = xz_stream().map_err(|e| Error::Corrupt(format!("xz decoder: {e}")))?;
+        Ok(liblzma::bufread::XzDecoder::new_stream(input, stream))
+    }
+}
+
+impl Read for XzStreams<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let Some(decoder) = self.decoder.as_mut() else {
+                return Ok(0);
+            };
+            let n = decoder.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            // this stream ended: another may follow
+            let mut input = self.decoder.take().expect("decoder present").into_inner();
+            if input.next_stream()? {
+                self.decoder = Some(Self::decoder(input).map_err(Error::into_io)?);
+            }
+        }
+    }
+}
+
+/// The compressed input of [`XzStreams`]. Between two streams the next one's magic has to be read
+/// to be recognised; it is then handed to the next decoder again, ahead of the buffered bytes.
+struct XzInput<'a> {
+    /// How much of the pending magic the decoder has taken (all of it: nothing pending).
+    magic_taken: usize,
+    inner: io::BufReader<Box<dyn Read + Send + 'a>>,
+}
+
+impl XzInput<'_> {
+    /// After a stream's end: skips its padding; Ok(true) when another stream follows (its magic
+    /// pending), Ok(false) at the end of the input.
+    fn next_stream(&mut self) -> io::Result<bool> {
+        use io::BufRead;
+        loop {
+            let buf = self.inner.fill_buf()?;
+            if buf.is_empty() {
+                return Ok(false);
+            }
+            let padding = buf.iter().take_while(|&&b| b == 0).count();
+            if padding == 0 {
+                break;
+            }
+            self.inner.consume(padding);
+        }
+        let mut head = [0u8; XZ_MAGIC.len()];
+        let mut got = 0;
+        while got < head.len() {
+            let buf = self.inner.fill_buf()?;
+            if buf.is_empty() {
+                break;
+            }
+            let n = buf.len().min(head.len() - got);
+            head[got..got + n].copy_from_slice(&buf[..n]);
+            self.inner.consume(n);
+            got += n;
+        }
+        if head != XZ_MAGIC {
+            return Err(Error::Corrupt(
+                "xz: the data after the end of an xz stream is not another xz stream".into(),
+            )
+            .into_io());
+        }
+        self.magic_taken = 0;
+        Ok(true)
+    }
+}
+
+impl Read for XzInput<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use io::BufRead;
+        let n = {
+            let data = self.fill_buf()?;
+            let n = data.len().min(buf.len());
+            buf[..n].copy_from_slice(&data[..n]);
+            n
+        };
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+impl io::BufRead for XzInput<'_> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        if self.magic_taken < XZ_MAGIC.len() {
+            return Ok(&XZ_MAGIC[self.magic_taken..]);
+        }
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, amount: usize) {
+        if self.magic_taken < XZ_MAGIC.len() {
+            self.magic_taken += amount;
+        } else {
+            self.inner.consume(amount);
+        }
+    }
 }
 
 /// Peels every compression layer off `input`; returns the decoded stream (its head peeked,
@@ -175,6 +296,46 @@ mod tests {
         let mut both = gzip(b"hello ");
         both.extend(gzip(b"world"));
         assert_eq!(decode_all(both).0, b"hello world");
+    }
+
+    #[test]
+    fn concatenated_xz_streams_with_padding_are_one_stream() {
+        let data = sample();
+        let (a, b) = data.split_at(data.len() / 3);
+        let mut file = xz(a);
+        file.extend_from_slice(&[0; 8]); // stream padding
+        file.extend(xz(b));
+        file.extend_from_slice(&[0; 4]);
+        let (out, layers) = decode_all(file);
+        assert_eq!(layers, vec![Compression::Xz]);
+        assert_eq!(out, data);
+    }
+
+    #[test]
+    fn data_after_an_xz_stream_is_a_corrupt_image() {
+        for tail in [&b"garbage!"[..], &XZ_MAGIC[..3], &[0, 0, 0, 0, 1][..]] {
+            let mut file = xz(&sample());
+            file.extend_from_slice(tail);
+            let (mut stream, _) = unwrap_layers(Box::new(io::Cursor::new(file))).unwrap();
+            let err = match stream.read_to_end(&mut Vec::new()) {
+                Ok(n) => panic!("{tail:?}: read {n} bytes without error"),
+                Err(e) => Error::from_read(e, "image"),
+            };
+            assert_eq!(
+                err.kind(),
+                crate::ErrorKind::CorruptImage,
+                "{tail:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn concatenated_zstd_frames_are_one_stream() {
+        let data = sample();
+        let (a, b) = data.split_at(data.len() / 2);
+        let mut file = zstd(a);
+        file.extend(zstd(b));
+        assert_eq!(decode_all(file).0, data);
     }
 
     #[test]
