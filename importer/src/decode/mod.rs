@@ -5,6 +5,8 @@
 //! made of several blocks (what `xz -T0` writes) decode on several threads.
 
 use std::io::{self, Read};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::{Error, Result};
 use crate::peek::Peeked;
@@ -52,7 +54,12 @@ pub fn decoder<'a>(
     compression: Compression,
     input: Box<dyn Read + Send + 'a>,
 ) -> Result<Box<dyn Read + Send + 'a>> {
-    Ok(match compression {
+    let input_failed = Arc::new(AtomicBool::new(false));
+    let input: Box<dyn Read + Send + 'a> = Box::new(WatchedInput {
+        inner: input,
+        failed: input_failed.clone(),
+    });
+    let decoded: Box<dyn Read + Send + 'a> = match compression {
         // Multi-member files (concatenated gzip) are one stream, as gzip -d treats them.
         Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(
             io::BufReader::with_capacity(256 << 10, input),
@@ -62,7 +69,55 @@ pub fn decoder<'a>(
             zstd::stream::read::Decoder::new(input)
                 .map_err(|e| Error::io("starting the zstd decoder", e))?,
         ),
-    })
+    };
+    Ok(Box::new(DecoderErrors {
+        inner: decoded,
+        compression,
+        input_failed,
+    }))
+}
+
+/// The input of a decoder, noting whether reading it failed: an error coming out of the decoder
+/// is then the input's (the source's, with its own kind), not the decoder's.
+struct WatchedInput<R> {
+    inner: R,
+    failed: Arc<AtomicBool>,
+}
+
+impl<R: Read> Read for WatchedInput<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read(buf).inspect_err(|_| {
+            self.failed.store(true, Ordering::Relaxed);
+        })
+    }
+}
+
+/// Names the decoder's own complaints for what they are: the compressed stream is corrupt (a
+/// terminal error), whatever `io::ErrorKind` the decoder library chose (libzstd's are `Other`,
+/// which would otherwise read as a retryable local I/O failure).
+struct DecoderErrors<R> {
+    inner: R,
+    compression: Compression,
+    input_failed: Arc<AtomicBool>,
+}
+
+impl<R: Read> Read for DecoderErrors<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read(buf).map_err(|e| {
+            let from_decoder = !self.input_failed.load(Ordering::Relaxed)
+                && !e.get_ref().is_some_and(|inner| inner.is::<Error>());
+            if !from_decoder {
+                return e;
+            }
+            let layer = self.compression.as_str();
+            let what = if e.kind() == io::ErrorKind::UnexpectedEof {
+                format!("{layer} stream: truncated ({e})")
+            } else {
+                format!("{layer} stream: {e}")
+            };
+            Error::Corrupt(what).into_io()
+        })
+    }
 }
 
 /// Memory liblzma may use for decoding threads. Files from `xz -T0` (24 MiB blocks, 8 MiB
@@ -336,6 +391,77 @@ mod tests {
         let mut file = zstd(a);
         file.extend(zstd(b));
         assert_eq!(decode_all(file).0, data);
+    }
+
+    /// The error of decoding `input` to its end (opening counts: it reads the decoded head).
+    fn read_error(input: Box<dyn Read + Send>) -> Error {
+        let (mut stream, _) = match unwrap_layers(input) {
+            Ok(opened) => opened,
+            Err(e) => return e,
+        };
+        match stream.read_to_end(&mut Vec::new()) {
+            Ok(n) => panic!("read {n} bytes without error"),
+            Err(e) => Error::from_read(e, "image"),
+        }
+    }
+
+    #[test]
+    fn garbage_after_any_compressed_stream_is_a_corrupt_image() {
+        for (name, mut file) in [
+            ("gzip", gzip(&sample())),
+            ("xz", xz(&sample())),
+            ("zstd", zstd(&sample())),
+        ] {
+            file.extend_from_slice(b"garbage!");
+            let err = read_error(Box::new(io::Cursor::new(file)));
+            assert_eq!(err.kind(), crate::ErrorKind::CorruptImage, "{name}: {err}");
+            assert!(err.to_string().contains(name), "{name}: {err}");
+        }
+    }
+
+    /// Yields `data`, then fails with `error` instead of ending.
+    struct FailingAfter {
+        data: io::Cursor<Vec<u8>>,
+        error: Option<io::Error>,
+    }
+
+    impl Read for FailingAfter {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            match self.data.read(buf)? {
+                0 => Err(self
+                    .error
+                    .take()
+                    .unwrap_or_else(|| io::Error::other("again"))),
+                n => Ok(n),
+            }
+        }
+    }
+
+    #[test]
+    fn a_failing_source_keeps_its_own_error_kind_through_a_decoder() {
+        for (name, file) in [
+            ("gzip", gzip(&sample())),
+            ("xz", xz(&sample())),
+            ("zstd", zstd(&sample())),
+        ] {
+            let half = file[..file.len() / 2].to_vec();
+            let unavailable = FailingAfter {
+                data: io::Cursor::new(half.clone()),
+                error: Some(Error::SourceUnavailable("connection reset".into()).into_io()),
+            };
+            let err = read_error(Box::new(unavailable));
+            assert_eq!(
+                err.kind(),
+                crate::ErrorKind::SourceUnavailable,
+                "{name}: {err}"
+            );
+            let local = FailingAfter {
+                data: io::Cursor::new(half),
+                error: Some(io::Error::other("EIO")),
+            };
+            let err = read_error(Box::new(local));
+            assert_eq!(err.kind(), crate::ErrorKind::Io, "{name}: {err}");
+        }
     }
 
     #[test]
