@@ -21,8 +21,7 @@
 //! - Connection errors, timeouts, 408/429/5xx and bodies that break mid-way (reset, error, no
 //!   byte for [`HttpOptions::idle_timeout`], a clean close before `Content-Length`) are retried
 //!   with exponential back-off (`retry_backoff`, doubling, capped at 30 s; a `Retry-After` in
-//!   seconds is honoured as a lower bound, capped at 60 s; an HTTP-date `Retry-After` is
-//!   ignored). After `max_retries` retries in a row
+//!   seconds or as an HTTP date is honoured as a lower bound, capped at 60 s). After `max_retries` retries in a row
 //!   the transfer fails with [`Error::SourceUnavailable`]. An attempt that passed at least 1 MiB
 //!   of new bytes downstream resets the count, so a long download over a flaky link keeps going
 //!   while a server that makes no progress is given up on.
@@ -895,13 +894,24 @@ pub fn backoff_delay(base: Duration, failures: u32, retry_after: Option<Duration
         .max(retry_after.unwrap_or_default())
 }
 
-/// A `Retry-After` given in seconds (capped at 60 s); HTTP dates are ignored.
+/// The server's `Retry-After`, in seconds or as an HTTP date, capped at 60 s.
 pub fn retry_after(resp: &Response) -> Option<Duration> {
-    resp.headers()
-        .get(header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER))
+    let value = resp.headers().get(header::RETRY_AFTER)?.to_str().ok()?;
+    parse_retry_after(value, std::time::SystemTime::now())
+}
+
+/// `Retry-After: 120` or `Retry-After: Fri, 31 Dec 1999 23:59:59 GMT` (a date already past means
+/// no wait), capped at 60 s; None when it is neither.
+fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    let wait = match value.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => httpdate::parse_http_date(value)
+            .ok()?
+            .duration_since(now)
+            .unwrap_or_default(),
+    };
+    Some(wait.min(MAX_RETRY_AFTER))
 }
 
 /// True for the statuses worth retrying: 408, 429 and 5xx.
@@ -1025,6 +1035,22 @@ fn find_rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_in_seconds_or_as_an_http_date() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(parse_retry_after(" 7 ", now), Some(Duration::from_secs(7)));
+        assert_eq!(parse_retry_after("3600", now), Some(MAX_RETRY_AFTER));
+        let in_12s = httpdate::fmt_http_date(now + Duration::from_secs(12));
+        assert_eq!(
+            parse_retry_after(&in_12s, now),
+            Some(Duration::from_secs(12))
+        );
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(5));
+        assert_eq!(parse_retry_after(&past, now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-3", now), None);
+    }
 
     #[test]
     fn content_range_parsing() {
