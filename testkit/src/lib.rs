@@ -11,4 +11,5 @@ pub mod proxy;
 pub mod qemu;
 pub mod registry;
 pub mod s3;
+pub mod tinyproxy;
 pub mod tls;
