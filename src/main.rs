@@ -37,6 +37,14 @@ enum Command {
     Launch(Box<launcher::cli::LaunchArgs>),
     /// Hot-plug, unplug, pause or resume a VM run by `quarry launch`.
     Vmctl(launcher::cli::VmctlArgs),
+    /// Receive one uploaded image into a volume (CDI's upload server; virtctl-compatible).
+    UploadServer(uploader::cli::ServerArgs),
+    /// Check upload tokens and stream uploads to each PVC's upload server (CDI's upload proxy).
+    UploadProxy(uploader::cli::ProxyArgs),
+    /// Issue an upload token for a PVC, or generate the signing key pair (`upload-token keygen`).
+    UploadToken(uploader::cli::TokenArgs),
+    /// Upload a local image through the upload proxy, resuming after a dropped connection.
+    Upload(uploader::cli::UploadArgs),
 }
 
 #[derive(clap::Args)]
@@ -201,6 +209,60 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+        Command::UploadServer(args) => {
+            init_logs("info");
+            uploader_exit(uploader::cli::run_server(args), false)
+        }
+        Command::UploadProxy(args) => {
+            init_logs("info");
+            uploader_exit(uploader::cli::run_proxy(args), false)
+        }
+        Command::UploadToken(args) => {
+            init_logs("warn");
+            uploader_exit(uploader::cli::run_token(args), false)
+        }
+        Command::Upload(args) => {
+            init_logs("warn");
+            let json = args.json;
+            let result = uploader::cli::run_upload(args).map(|report| {
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::to_string(&report).expect("report serialises")
+                    );
+                } else {
+                    eprintln!(
+                        "uploaded {} ({} bytes, {} sent in {} attempt(s)) in {:.2}s",
+                        report.file,
+                        report.bytes,
+                        report.bytes_sent,
+                        report.attempts,
+                        report.duration_seconds
+                    );
+                }
+            });
+            uploader_exit(result, json)
+        }
+    }
+}
+
+/// Exit status of the uploader's subcommands: 0, or 1 with the error (as JSON too with `json`).
+fn uploader_exit(result: Result<(), uploader::Error>, json: bool) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            if json {
+                let kind = err.kind();
+                let line = serde_json::json!({
+                    "error": err.to_string(),
+                    "kind": kind.as_str(),
+                    "retryable": kind.is_retryable(),
+                });
+                println!("{line}");
+            }
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -116,6 +116,59 @@ impl TestCa {
         self.dir.path().join("key.pem")
     }
 
+    /// A client certificate (`extendedKeyUsage = clientAuth`, CN `name`) signed by the CA, for
+    /// mutual TLS: returns the certificate and key PEM paths.
+    pub fn client_cert(&self, name: &str) -> (PathBuf, PathBuf) {
+        let d = self.dir.path();
+        let (cert, key) = (format!("client-{name}.pem"), format!("client-{name}.key"));
+        std::fs::write(
+            d.join("client.ext"),
+            "basicConstraints = critical, CA:FALSE\n\
+             keyUsage = critical, digitalSignature\n\
+             extendedKeyUsage = clientAuth\n",
+        )
+        .expect("writing client.ext");
+        let subject = format!("/CN={name}");
+        openssl(
+            d,
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &key,
+                "-out",
+                "client.csr",
+                "-subj",
+                &subject,
+            ],
+        );
+        openssl(
+            d,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "client.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &cert,
+                "-days",
+                "2",
+                "-extfile",
+                "client.ext",
+            ],
+        );
+        (d.join(cert), d.join(key))
+    }
+
     /// The directory holding all of the above.
     pub fn dir(&self) -> &Path {
         self.dir.path()

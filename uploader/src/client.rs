@@ -1,0 +1,268 @@
+//! `quarry upload`: what `virtctl image-upload` does, plus resume. It probes the async path with
+//! `HEAD` (200 means async, else the sync path), then `POST`s the file with its exact
+//! `Content-Length` and a bearer token. When the connection drops, it asks the server (through
+//! the proxy, with the same token) how much it holds (`HEAD` → `Upload-Offset`) and sends only the
+//! rest with `Upload-Offset: N`, instead of starting over as virtctl does. Only 200 is success.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use futures_util::stream;
+use reqwest::StatusCode;
+use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+
+use crate::error::{Error, Result};
+use crate::proxy::chain;
+use crate::{UPLOAD_CHECKSUM, UPLOAD_OFFSET};
+
+const CHUNK: usize = 256 << 10;
+
+/// One upload, as asked for.
+#[derive(Debug, Clone)]
+pub struct UploadRequest {
+    pub file: PathBuf,
+    /// The proxy's base URL (the upload paths are appended).
+    pub url: String,
+    pub token: String,
+    pub ca_certs: Vec<PathBuf>,
+    pub insecure: bool,
+    /// Resume from the server's offset after a dropped connection (else start over).
+    pub resume: bool,
+    /// Attempts after the first that may follow a failure.
+    pub retries: u32,
+    /// `ALG:HEX` of the file, checked by the server.
+    pub checksum: Option<String>,
+}
+
+/// What an upload did, printed by `quarry upload --json`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct UploadReport {
+    pub file: String,
+    pub url: String,
+    pub asynchronous: bool,
+    /// The file's length.
+    pub bytes: u64,
+    /// Body bytes sent over all attempts (more than `bytes` only after an interruption).
+    pub bytes_sent: u64,
+    pub attempts: u32,
+    /// Offsets later attempts started from.
+    pub resumed_from: Vec<u64>,
+    pub duration_seconds: f64,
+}
+
+/// Counters a progress bar can follow.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// The file's length.
+    pub total: AtomicU64,
+    /// How far into the file the current attempt has sent.
+    pub position: AtomicU64,
+    /// Every body byte sent.
+    pub sent: AtomicU64,
+}
+
+/// How one attempt ended.
+enum Attempt {
+    Done,
+    /// The connection failed: find out where to continue.
+    Dropped(String),
+    /// The server named the offset to continue from (416), or is still busy with the broken
+    /// connection (503).
+    Retry {
+        offset: Option<u64>,
+        why: String,
+    },
+}
+
+/// Runs the upload; `counters` follow its progress.
+pub async fn upload(req: &UploadRequest, counters: Arc<Counters>) -> Result<UploadReport> {
+    let started = Instant::now();
+    let len = tokio::fs::metadata(&req.file)
+        .await
+        .map_err(|e| Error::io(format!("reading {}", req.file.display()), e))?
+        .len();
+    counters.total.store(len, Ordering::Relaxed);
+    let client = importer::source::http::client_builder(&importer::source::http::HttpOptions {
+        ca_certs: req.ca_certs.clone(),
+        insecure: req.insecure,
+        ..Default::default()
+    })?
+    .user_agent(concat!("quarry-upload/", env!("CARGO_PKG_VERSION")))
+    .build()
+    .map_err(|e| Error::InvalidInput(format!("configuring the HTTP client: {}", chain(&e))))?;
+    let base = req.url.trim_end_matches('/');
+    let probe_url = format!("{base}/v1beta1/upload-async");
+    let bearer = format!("Bearer {}", req.token);
+
+    let (asynchronous, _) = probe(&client, &probe_url, &bearer).await?;
+    let url = if asynchronous {
+        probe_url.clone()
+    } else {
+        format!("{base}/v1beta1/upload")
+    };
+    let mut offset = 0u64;
+    let mut attempts = 0u32;
+    let mut resumed_from = Vec::new();
+    loop {
+        attempts += 1;
+        if offset > 0 {
+            resumed_from.push(offset);
+        }
+        let outcome = send(&client, &url, &bearer, req, offset, len, &counters).await?;
+        let (next, why) = match outcome {
+            Attempt::Done => break,
+            Attempt::Retry { offset, why } => (offset, why),
+            Attempt::Dropped(why) => (None, why),
+        };
+        if attempts > req.retries {
+            return Err(Error::Unavailable(format!(
+                "giving up after {attempts} attempts: {why}"
+            )));
+        }
+        tokio::time::sleep(backoff(attempts)).await;
+        offset = match next {
+            Some(o) if req.resume => o.min(len),
+            _ if req.resume => {
+                // Ask where the server stands (it may still be noticing the broken connection).
+                match probe(&client, &probe_url, &bearer).await {
+                    Ok((_, Some(held))) if held <= len => held,
+                    _ => 0,
+                }
+            }
+            _ => 0,
+        };
+        tracing::warn!(cause = %why, offset, "upload attempt failed; trying again");
+    }
+    Ok(UploadReport {
+        file: req.file.display().to_string(),
+        url,
+        asynchronous,
+        bytes: len,
+        bytes_sent: counters.sent.load(Ordering::Relaxed),
+        attempts,
+        resumed_from,
+        duration_seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(250u64 << attempt.min(5))
+}
+
+/// `HEAD` on the async path: whether async is supported, and the held offset if any.
+async fn probe(client: &reqwest::Client, url: &str, bearer: &str) -> Result<(bool, Option<u64>)> {
+    let resp = client
+        .head(url)
+        .header(AUTHORIZATION, bearer)
+        .send()
+        .await
+        .map_err(|e| Error::Unavailable(format!("HEAD {url}: {}", chain(&e))))?;
+    match resp.status() {
+        StatusCode::BAD_REQUEST | StatusCode::UNAUTHORIZED => Err(refused(resp).await),
+        s => Ok((
+            s == StatusCode::OK,
+            resp.headers()
+                .get(UPLOAD_OFFSET)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok()),
+        )),
+    }
+}
+
+async fn refused(resp: reqwest::Response) -> Error {
+    let status = resp.status().as_u16();
+    let message = resp.text().await.unwrap_or_default();
+    let message = if message.trim().is_empty() {
+        format!("HTTP {status}")
+    } else {
+        message.trim().to_string()
+    };
+    match status {
+        401 => Error::Unauthorized(message),
+        _ => Error::Refused { status, message },
+    }
+}
+
+/// One `POST` of the file from `offset`.
+async fn send(
+    client: &reqwest::Client,
+    url: &str,
+    bearer: &str,
+    req: &UploadRequest,
+    offset: u64,
+    len: u64,
+    counters: &Arc<Counters>,
+) -> Result<Attempt> {
+    let mut file = tokio::fs::File::open(&req.file)
+        .await
+        .map_err(|e| Error::io(format!("opening {}", req.file.display()), e))?;
+    file.seek(std::io::SeekFrom::Start(offset))
+        .await
+        .map_err(|e| Error::io(format!("seeking in {}", req.file.display()), e))?;
+    counters.position.store(offset, Ordering::Relaxed);
+    let c = counters.clone();
+    let body = stream::try_unfold((file, len - offset), move |(mut file, left)| {
+        let c = c.clone();
+        async move {
+            if left == 0 {
+                return Ok(None);
+            }
+            let want = CHUNK.min(usize::try_from(left).unwrap_or(CHUNK));
+            let mut buf = BytesMut::zeroed(want);
+            let n = file.read(&mut buf).await?;
+            if n == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the file shrank while being uploaded",
+                ));
+            }
+            buf.truncate(n);
+            c.position.fetch_add(n as u64, Ordering::Relaxed);
+            c.sent.fetch_add(n as u64, Ordering::Relaxed);
+            Ok::<_, std::io::Error>(Some((buf.freeze(), (file, left - n as u64))))
+        }
+    });
+    let mut post = client
+        .post(url)
+        .header(AUTHORIZATION, bearer)
+        .header(CONTENT_TYPE, "application/octet-stream")
+        .header(CONTENT_LENGTH, len - offset)
+        .body(reqwest::Body::wrap_stream(body));
+    if offset > 0 {
+        post = post.header(UPLOAD_OFFSET, offset);
+    }
+    if let Some(sum) = &req.checksum {
+        post = post.header(UPLOAD_CHECKSUM, sum);
+    }
+    let resp = match post.send().await {
+        Ok(resp) => resp,
+        Err(e) => return Ok(Attempt::Dropped(chain(&e))),
+    };
+    let status = resp.status();
+    let held = resp
+        .headers()
+        .get(UPLOAD_OFFSET)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    match status {
+        StatusCode::OK => Ok(Attempt::Done),
+        StatusCode::RANGE_NOT_SATISFIABLE => Ok(Attempt::Retry {
+            offset: Some(held.unwrap_or(0)),
+            why: "the server holds another offset".into(),
+        }),
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY => Ok(Attempt::Retry {
+            offset: None,
+            why: format!("HTTP {status}: {}", resp.text().await.unwrap_or_default()),
+        }),
+        // The server saw the body break off (a cut between proxy and server, say).
+        StatusCode::BAD_REQUEST if held.is_some() => Ok(Attempt::Retry {
+            offset: held,
+            why: "the server saw the body break off".into(),
+        }),
+        _ => Err(refused(resp).await),
+    }
+}
