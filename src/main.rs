@@ -227,10 +227,7 @@ fn main() -> ExitCode {
             let json = args.json;
             let result = uploader::cli::run_upload(args).map(|report| {
                 if json {
-                    println!(
-                        "{}",
-                        serde_json::to_string(&report).expect("report serialises")
-                    );
+                    print_json(&report);
                 } else {
                     eprintln!(
                         "uploaded {} ({} bytes, {} sent in {} attempt(s)) in {:.2}s",
@@ -245,6 +242,14 @@ fn main() -> ExitCode {
             uploader_exit(result, json)
         }
     }
+}
+
+/// A `--json` report: one line on stdout.
+fn print_json(report: &impl serde::Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string(report).expect("report serialises")
+    );
 }
 
 /// Exit status of the uploader's subcommands: 0, or 1 with the error (as JSON too with `json`).
@@ -327,10 +332,7 @@ fn run_import(args: ImportArgs) -> ExitCode {
     match import_command(args) {
         Ok(report) => {
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string(&report).expect("report serialises")
-                );
+                print_json(&report);
             } else {
                 eprintln!(
                     "imported {} ({}) into {}: {} bytes virtual, {} data bytes written in {:.2}s",

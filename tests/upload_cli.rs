@@ -197,8 +197,14 @@ fn curl_version(args: &[&str]) -> (u16, String, String) {
 
 /// virtctl's POST: the file as the body with its exact length, no `Expect`.
 fn post(url: &str, token: &str, file: &Path) -> (u16, String) {
+    let (code, body, _) = post_with(url, token, file, &[]);
+    (code, body)
+}
+
+/// [`post`] with more curl arguments; also returns the HTTP version used.
+fn post_with(url: &str, token: &str, file: &Path, extra: &[&str]) -> (u16, String, String) {
     let auth = format!("Authorization: Bearer {token}");
-    curl(&[
+    let mut args = vec![
         "-X",
         "POST",
         "-T",
@@ -209,8 +215,10 @@ fn post(url: &str, token: &str, file: &Path) -> (u16, String) {
         "Content-Type: application/octet-stream",
         "-H",
         &auth,
-        url,
-    ])
+    ];
+    args.extend_from_slice(extra);
+    args.push(url);
+    curl_version(&args)
 }
 
 /// A multipart form upload, the part named `file`.
@@ -360,23 +368,12 @@ fn tls_h2_and_mutual_tls_between_proxy_and_server() {
     );
     let t = token(&private, "vms", "disk");
     let url = format!("https://127.0.0.1:{px_port}/v1beta1/upload");
-    let auth = format!("Authorization: Bearer {t}");
-    let (code, body, version) = curl_version(&[
-        "--http2",
-        "--cacert",
-        arg(&ca.ca_pem()),
-        "-X",
-        "POST",
-        "-T",
-        arg(&qcow2),
-        "-H",
-        "Expect:",
-        "-H",
-        "Content-Type: application/octet-stream",
-        "-H",
-        &auth,
+    let (code, body, version) = post_with(
         &url,
-    ]);
+        &t,
+        &qcow2,
+        &["--http2", "--cacert", arg(&ca.ca_pem())],
+    );
     assert_eq!(code, 200, "{body}");
     assert_eq!(version, "2", "curl did not speak h2 to the proxy");
     assert_eq!(srv.wait_exit(), 0);
@@ -704,4 +701,77 @@ fn virtctl_style_retry_from_zero_after_a_cut_still_works() {
     }
     assert_eq!(srv.wait_exit(), 0);
     assert_same(&target, &expected);
+}
+
+#[test]
+fn an_interrupted_upload_is_held_for_the_resume_window_then_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (private, public) = openssl_keys(d, "signer");
+    let (qcow2, _) = sample_qcow2(d);
+    let len = fs::metadata(&qcow2).unwrap().len();
+    let target = d.join("disk.img");
+    let srv = server(d, &target, &["--resume-window", "2s", "--keep-serving"]);
+    let px = proxy(d, &public, &[("vms/disk", &srv)], &[]);
+    let cut = CutProxy::start_upload(SocketAddr::from(([127, 0, 0, 1], px.port)), 2 << 20);
+    let t = token(&private, "vms", "disk");
+    let url = format!("http://127.0.0.1:{}/v1beta1/upload-async", cut.port());
+    assert_ne!(post(&url, &t, &qcow2).0, 200);
+    assert_eq!(cut.cuts(), 1);
+
+    // While held, HEAD (through the proxy, with the token) tells how much the server has.
+    let held = |token: &str| {
+        let out = Command::new("curl")
+            .args(["-sS", "-I", "-H", &format!("Authorization: Bearer {token}")])
+            .arg(format!("http://127.0.0.1:{}/v1beta1/upload-async", px.port))
+            .output()
+            .unwrap();
+        let answer = String::from_utf8_lossy(&out.stdout).to_lowercase();
+        let offset = answer
+            .lines()
+            .find_map(|l| l.strip_prefix("upload-offset: "))
+            .map(|v| v.trim().parse::<u64>().unwrap());
+        let length = answer
+            .lines()
+            .find_map(|l| l.strip_prefix("upload-length: "))
+            .map(|v| v.trim().parse::<u64>().unwrap());
+        (
+            answer.lines().next().unwrap_or("").to_string(),
+            offset,
+            length,
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (status, offset, length) = loop {
+        let h = held(&t);
+        if h.1.is_some() || Instant::now() > deadline {
+            break h;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.contains("200"), "{status}");
+    let offset = offset.expect("no Upload-Offset while the upload is held");
+    assert!(offset > 0 && offset <= 2 << 20, "offset {offset}");
+    assert_eq!(length, Some(len));
+    // The offset is behind the same token checks as uploads.
+    assert_eq!(head(&url, "not-a.jwt"), 400);
+    assert!(!target.exists());
+
+    // Not resumed in time: the upload is dropped, its partial file removed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held(&t).1.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the held upload was never dropped"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!target.exists());
+    no_partial_left(d);
+    // A resume now is told to start over.
+    let direct = format!("http://127.0.0.1:{}/v1beta1/upload-async", px.port);
+    let resume = format!("Upload-Offset: {offset}");
+    let (code, body, _) = post_with(&direct, &t, &qcow2, &["-H", &resume]);
+    assert_eq!(code, 416, "{body}");
 }

@@ -217,6 +217,18 @@ impl Ask {
 }
 
 async fn upload(State(app): State<Arc<App>>, req: Request, form: bool, is_async: bool) -> Response {
+    // On its own task: a client that goes away drops this future, but the upload must still be
+    // held for a resume (or settled), never left claimed by a request that no longer exists.
+    match tokio::spawn(handle(app, req, form, is_async)).await {
+        Ok(resp) => resp,
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the upload handler failed: {e}"),
+        ),
+    }
+}
+
+async fn handle(app: Arc<App>, req: Request, form: bool, is_async: bool) -> Response {
     let ask = match Ask::parse(req.headers(), form) {
         Ok(ask) => ask,
         Err(why) => return text(StatusCode::BAD_REQUEST, why),
