@@ -625,50 +625,118 @@ fn a_cut_upload_resumes_from_the_servers_offset() {
         fs::metadata(&private).unwrap().permissions().mode() & 0o777,
         0o600
     );
-
     let (qcow2, expected) = sample_qcow2(d);
     let len = fs::metadata(&qcow2).unwrap().len();
+    let token_file = d.join("token");
+    fs::write(&token_file, token(&private, "vms", "disk")).unwrap();
+
+    // The cut between the client and the proxy, then between the proxy and the server.
+    for client_side in [true, false] {
+        let vol = d.join(format!("vol-{client_side}"));
+        fs::create_dir(&vol).unwrap();
+        let target = vol.join("disk.img");
+        let mut srv = server(d, &target, &[]);
+        let (cut, px) = if client_side {
+            let px = proxy(d, &public, &[("vms/disk", &srv)], &[]);
+            let cut = CutProxy::start_upload(SocketAddr::from(([127, 0, 0, 1], px.port)), 3 << 20);
+            (cut, px)
+        } else {
+            let cut = CutProxy::start_upload(SocketAddr::from(([127, 0, 0, 1], srv.port)), 3 << 20);
+            let route = format!("vms/disk=http://127.0.0.1:{}", cut.port());
+            let px = proxy(d, &public, &[], &["--upstream", &route]);
+            (cut, px)
+        };
+        let url = if client_side {
+            format!("http://127.0.0.1:{}", cut.port())
+        } else {
+            format!("http://127.0.0.1:{}", px.port)
+        };
+        let out = quarry()
+            .args([
+                "upload",
+                arg(&qcow2),
+                "--url",
+                &url,
+                "--token-file",
+                arg(&token_file),
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        common::assert_ok(&out);
+        let report = common::json(&out);
+        assert_eq!(cut.cuts(), 1, "the connection was not cut");
+        let attempts = report["attempts"].as_u64().unwrap();
+        let sent = report["bytes_sent"].as_u64().unwrap();
+        let resumed: Vec<u64> = serde_json::from_value(report["resumed_from"].clone()).unwrap();
+        assert!(attempts >= 2, "{report}");
+        assert!(
+            !resumed.is_empty() && resumed[0] > 0,
+            "did not resume: {report}"
+        );
+        // Resent: what went out beyond the file's length; less than the whole image.
+        assert!(sent - len < len, "{report}");
+        assert!(
+            (cut.client_bytes() as u64) < 2 * len,
+            "{} bytes went through",
+            cut.client_bytes()
+        );
+        assert!(
+            cut.sent().contains("upload-offset: "),
+            "no resume request went out"
+        );
+        assert_eq!(srv.wait_exit(), 0);
+        assert_same(&target, &expected);
+    }
+}
+
+#[test]
+fn a_checksum_header_is_verified_over_the_bytes_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (private, public) = openssl_keys(d, "signer");
+    let (qcow2, expected) = sample_qcow2(d);
     let target = d.join("disk.img");
     let mut srv = server(d, &target, &[]);
     let px = proxy(d, &public, &[("vms/disk", &srv)], &[]);
-    let cut = CutProxy::start_upload(SocketAddr::from(([127, 0, 0, 1], px.port)), 3 << 20);
-    let token_file = d.join("token");
-    fs::write(&token_file, token(&private, "vms", "disk")).unwrap();
-    let url = format!("http://127.0.0.1:{}", cut.port());
-    let out = quarry()
-        .args([
-            "upload",
-            arg(&qcow2),
-            "--url",
-            &url,
-            "--token-file",
-            arg(&token_file),
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    common::assert_ok(&out);
+    let url = format!("http://127.0.0.1:{}", px.port);
+    let t = token(&private, "vms", "disk");
+    let upload = |sum: &str| {
+        quarry()
+            .args([
+                "upload",
+                arg(&qcow2),
+                "--url",
+                &url,
+                "--token",
+                &t,
+                "--json",
+            ])
+            .args(["--checksum", sum])
+            .output()
+            .unwrap()
+    };
+    let wrong = format!("sha256:{}", "ab".repeat(32));
+    let out = upload(&wrong);
+    assert!(!out.status.success());
     let report = common::json(&out);
-    assert_eq!(cut.cuts(), 1, "the connection was not cut");
-    let attempts = report["attempts"].as_u64().unwrap();
-    let sent = report["bytes_sent"].as_u64().unwrap();
-    let resumed: Vec<u64> = serde_json::from_value(report["resumed_from"].clone()).unwrap();
-    assert!(attempts >= 2, "{report}");
+    assert_eq!(report["kind"], "refused", "{report}");
     assert!(
-        !resumed.is_empty() && resumed[0] > 0,
-        "did not resume: {report}"
+        report["error"]
+            .as_str()
+            .unwrap()
+            .contains("checksum mismatch"),
+        "{report}"
     );
-    // Resent: what went out beyond the file's length; less than the whole image.
-    assert!(sent - len < len, "{report}");
-    assert!(
-        (cut.client_bytes() as u64) < 2 * len,
-        "clients sent {} bytes",
-        cut.client_bytes()
-    );
-    assert!(
-        cut.sent().contains("upload-offset: "),
-        "no resume request went out"
-    );
+    assert!(!target.exists());
+    no_partial_left(d);
+    let sha = Command::new("sha256sum").arg(&qcow2).output().unwrap();
+    let hex = String::from_utf8_lossy(&sha.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    common::assert_ok(&upload(&format!("sha256:{hex}")));
     assert_eq!(srv.wait_exit(), 0);
     assert_same(&target, &expected);
 }

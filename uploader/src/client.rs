@@ -3,6 +3,7 @@
 //! `Content-Length` and a bearer token. When the connection drops, it asks the server (through
 //! the proxy, with the same token) how much it holds (`HEAD` → `Upload-Offset`) and sends only the
 //! rest with `Upload-Offset: N`, instead of starting over as virtctl does. Only 200 is success.
+//! With a checksum, the sync path is used so that the server's verdict comes back.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -98,7 +99,9 @@ pub async fn upload(req: &UploadRequest, counters: Arc<Counters>) -> Result<Uplo
     let probe_url = format!("{base}/v1beta1/upload-async");
     let bearer = format!("Bearer {}", req.token);
 
-    let (asynchronous, _) = probe(&client, &probe_url, &bearer).await?;
+    // An async answer comes before the server has hashed the last byte: with a checksum to
+    // verify, wait for the verdict on the sync path.
+    let asynchronous = probe(&client, &probe_url, &bearer).await?.0 && req.checksum.is_none();
     let url = if asynchronous {
         probe_url.clone()
     } else {
