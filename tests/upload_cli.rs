@@ -807,10 +807,14 @@ fn an_interrupted_upload_is_held_for_the_resume_window_then_dropped() {
             answer.lines().next().unwrap_or("").to_string(),
             offset,
             length,
+            answer
+                .lines()
+                .find_map(|l| l.strip_prefix("upload-state: "))
+                .map(|v| v.trim().to_string()),
         )
     };
     let deadline = Instant::now() + Duration::from_secs(5);
-    let (status, offset, length) = loop {
+    let (status, offset, length, state) = loop {
         let h = held(&t);
         if h.1.is_some() || Instant::now() > deadline {
             break h;
@@ -821,6 +825,7 @@ fn an_interrupted_upload_is_held_for_the_resume_window_then_dropped() {
     let offset = offset.expect("no Upload-Offset while the upload is held");
     assert!(offset > 0 && offset <= 2 << 20, "offset {offset}");
     assert_eq!(length, Some(len));
+    assert_eq!(state.as_deref(), Some("held"));
     // The offset is behind the same token checks as uploads.
     assert_eq!(head(&url, "not-a.jwt"), 400);
     assert!(!target.exists());
@@ -835,6 +840,7 @@ fn an_interrupted_upload_is_held_for_the_resume_window_then_dropped() {
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(held(&t).3.as_deref(), Some("idle"));
     assert!(!target.exists());
     no_partial_left(d);
     // A resume now is told to start over.

@@ -18,9 +18,11 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use crate::error::{Error, Result};
 use crate::proxy::chain;
-use crate::{UPLOAD_CHECKSUM, UPLOAD_OFFSET};
+use crate::{UPLOAD_CHECKSUM, UPLOAD_OFFSET, UPLOAD_STATE};
 
 const CHUNK: usize = 256 << 10;
+/// How many times (every 250 ms) a busy server is asked again before starting over.
+const BUSY_PROBES: u32 = 120;
 
 /// One upload, as asked for.
 #[derive(Debug, Clone)]
@@ -101,7 +103,8 @@ pub async fn upload(req: &UploadRequest, counters: Arc<Counters>) -> Result<Uplo
 
     // An async answer comes before the server has hashed the last byte: with a checksum to
     // verify, wait for the verdict on the sync path.
-    let asynchronous = probe(&client, &probe_url, &bearer).await?.0 && req.checksum.is_none();
+    let asynchronous = probe(&client, &probe_url, &bearer).await?.status == StatusCode::OK
+        && req.checksum.is_none();
     let url = if asynchronous {
         probe_url.clone()
     } else {
@@ -129,13 +132,7 @@ pub async fn upload(req: &UploadRequest, counters: Arc<Counters>) -> Result<Uplo
         tokio::time::sleep(backoff(attempts)).await;
         offset = match next {
             Some(o) if req.resume => o.min(len),
-            _ if req.resume => {
-                // Ask where the server stands (it may still be noticing the broken connection).
-                match probe(&client, &probe_url, &bearer).await {
-                    Ok((_, Some(held))) if held <= len => held,
-                    _ => 0,
-                }
-            }
+            _ if req.resume => held_offset(&client, &probe_url, &bearer).await.min(len),
             _ => 0,
         };
         tracing::warn!(cause = %why, offset, "upload attempt failed; trying again");
@@ -156,24 +153,55 @@ fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(250u64 << attempt.min(5))
 }
 
-/// `HEAD` on the async path: whether async is supported, and the held offset if any.
-async fn probe(client: &reqwest::Client, url: &str, bearer: &str) -> Result<(bool, Option<u64>)> {
+/// What `HEAD` on the async path tells.
+struct Probe {
+    /// 200 means the async path exists.
+    status: StatusCode,
+    /// `Upload-Offset`: the bytes of an interrupted upload the server holds.
+    held: Option<u64>,
+    /// `Upload-State` (Quarry's servers only).
+    state: Option<String>,
+}
+
+async fn probe(client: &reqwest::Client, url: &str, bearer: &str) -> Result<Probe> {
     let resp = client
         .head(url)
         .header(AUTHORIZATION, bearer)
         .send()
         .await
         .map_err(|e| Error::Unavailable(format!("HEAD {url}: {}", chain(&e))))?;
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
     match resp.status() {
         StatusCode::BAD_REQUEST | StatusCode::UNAUTHORIZED => Err(refused(resp).await),
-        s => Ok((
-            s == StatusCode::OK,
-            resp.headers()
-                .get(UPLOAD_OFFSET)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse().ok()),
-        )),
+        status => Ok(Probe {
+            status,
+            held: header(UPLOAD_OFFSET).and_then(|v| v.parse().ok()),
+            state: header(UPLOAD_STATE),
+        }),
     }
+}
+
+/// Where to continue after a dropped connection: the server's offset once it holds the upload.
+/// While it is still `busy` (it has not yet noticed the broken connection), wait for it rather
+/// than send the image again; anything else means starting over.
+async fn held_offset(client: &reqwest::Client, url: &str, bearer: &str) -> u64 {
+    for _ in 0..BUSY_PROBES {
+        match probe(client, url, bearer).await {
+            Ok(Probe {
+                held: Some(offset), ..
+            }) => return offset,
+            Ok(Probe { state: Some(s), .. }) if s == "busy" => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            _ => return 0,
+        }
+    }
+    0
 }
 
 async fn refused(resp: reqwest::Response) -> Error {

@@ -38,6 +38,9 @@ pub const ASYNC_FORM_PATHS: [&str; 2] =
 pub const UPLOAD_OFFSET: &str = "upload-offset";
 /// On a `HEAD` answer: the whole image's length, when the interrupted upload announced it.
 pub const UPLOAD_LENGTH: &str = "upload-length";
+/// On a `HEAD` answer: `idle`, `busy` (a request is receiving or finishing an upload), `held`
+/// (an interrupted upload waits for a resume) or `done`.
+pub const UPLOAD_STATE: &str = "upload-state";
 /// Optional checksum of the image as sent, `ALG:HEX` (md5, sha1, sha256, sha512).
 pub const UPLOAD_CHECKSUM: &str = "upload-checksum";
 

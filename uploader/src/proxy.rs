@@ -19,7 +19,7 @@ use rsa::PublicKey;
 
 use crate::error::{Error, Result};
 use crate::token;
-use crate::{UPLOAD_CHECKSUM, UPLOAD_LENGTH, UPLOAD_OFFSET};
+use crate::{UPLOAD_CHECKSUM, UPLOAD_LENGTH, UPLOAD_OFFSET, UPLOAD_STATE};
 
 /// CDI's upload server address for a PVC.
 pub const DEFAULT_TEMPLATE: &str = "https://cdi-upload-{pvc}.{namespace}.svc:8443";
@@ -32,7 +32,7 @@ const FORWARDED: [&str; 4] = [
     UPLOAD_CHECKSUM,
 ];
 /// Answer headers passed back to the client.
-const RETURNED: [&str; 3] = ["content-type", UPLOAD_OFFSET, UPLOAD_LENGTH];
+const RETURNED: [&str; 4] = ["content-type", UPLOAD_OFFSET, UPLOAD_LENGTH, UPLOAD_STATE];
 
 /// Where tokens' PVCs are served.
 #[derive(Debug, Clone)]
@@ -101,7 +101,7 @@ fn cors(headers: &mut HeaderMap) {
     );
     headers.insert(
         header::ACCESS_CONTROL_EXPOSE_HEADERS,
-        HeaderValue::from_static("upload-offset, upload-length"),
+        HeaderValue::from_static("upload-offset, upload-length, upload-state"),
     );
 }
 

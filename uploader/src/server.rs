@@ -16,7 +16,9 @@
 //!
 //! **Resume.** When a request body breaks off, the pipeline is not torn down: it waits (up to
 //! the resume window) with everything received so far, and `HEAD` on an async path answers
-//! `Upload-Offset: N` (and `Upload-Length` when known). A `POST` carrying `Upload-Offset: N`
+//! `Upload-Offset: N` (and `Upload-Length` when known). `HEAD` also tells the state
+//! (`Upload-State: idle|busy|held|done`), so a client can wait while the server is still noticing
+//! a broken connection instead of sending the image again. A `POST` carrying `Upload-Offset: N`
 //! continues the same image from byte `N` (a smaller offset is accepted too: the overlap is
 //! skipped). A `POST` without it, as `virtctl` sends when it retries, drops the held upload and
 //! starts over, so plain clients keep working. An upload that is not resumed in time is aborted.
@@ -44,7 +46,7 @@ use importer::source::{ByteSource, SharedSource, SourceInfo, SourceSpec};
 use tokio::sync::{mpsc, watch};
 
 use crate::{ASYNC_FORM_PATHS, ASYNC_PATHS, SYNC_FORM_PATHS, SYNC_PATHS};
-use crate::{UPLOAD_CHECKSUM, UPLOAD_LENGTH, UPLOAD_OFFSET};
+use crate::{UPLOAD_CHECKSUM, UPLOAD_LENGTH, UPLOAD_OFFSET, UPLOAD_STATE};
 
 /// Body chunks in flight between the HTTP side and the pipeline.
 const CHANNEL_DEPTH: usize = 32;
@@ -154,12 +156,19 @@ fn text(status: StatusCode, message: impl Into<String>) -> Response {
 /// `HEAD` on an async path: 200, plus the resume offset when an upload is held.
 async fn probe(State(app): State<Arc<App>>) -> Response {
     let mut headers = HeaderMap::new();
-    if let Phase::Paused { session, .. } = &*lock(&app) {
-        headers.insert(UPLOAD_OFFSET, HeaderValue::from(session.received));
-        if let Some(total) = session.total {
-            headers.insert(UPLOAD_LENGTH, HeaderValue::from(total));
+    let state = match &*lock(&app) {
+        Phase::Idle => "idle",
+        Phase::Busy => "busy",
+        Phase::Succeeded => "done",
+        Phase::Paused { session, .. } => {
+            headers.insert(UPLOAD_OFFSET, HeaderValue::from(session.received));
+            if let Some(total) = session.total {
+                headers.insert(UPLOAD_LENGTH, HeaderValue::from(total));
+            }
+            "held"
         }
-    }
+    };
+    headers.insert(UPLOAD_STATE, HeaderValue::from_static(state));
     (StatusCode::OK, headers).into_response()
 }
 
