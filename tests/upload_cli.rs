@@ -849,3 +849,60 @@ fn an_interrupted_upload_is_held_for_the_resume_window_then_dropped() {
     let (code, body, _) = post_with(&direct, &t, &qcow2, &["-H", &resume]);
     assert_eq!(code, 416, "{body}");
 }
+
+#[test]
+fn a_form_upload_is_written_while_it_arrives() {
+    use std::os::unix::fs::MetadataExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (private, public) = openssl_keys(d, "signer");
+    let (raw, expected) = sample_disk(d);
+    let vol = d.join("vol");
+    fs::create_dir(&vol).unwrap();
+    let target = vol.join("disk.img");
+    let mut srv = server(d, &target, &[]);
+    let px = proxy(d, &public, &[("vms/disk", &srv)], &[]);
+    let auth = format!("Authorization: Bearer {}", token(&private, "vms", "disk"));
+    let part = format!("file=@{}", arg(&raw));
+    // 8 MiB at 2 MiB/s: about four seconds on the wire.
+    let mut slow = Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--limit-rate",
+            "2M",
+        ])
+        .args(["-H", "Expect:", "-H", &auth, "-F", &part])
+        .arg(format!("http://127.0.0.1:{}/v1beta1/upload-form", px.port))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Data lands in the target's partial file while the form is still arriving: the part is
+    // streamed into the pipeline, not buffered first.
+    let partial = vol.join(".disk.img.quarry-partial");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let written = fs::metadata(&partial)
+            .map(|m| m.blocks() * 512)
+            .unwrap_or(0);
+        if written >= 2 << 20 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing written while the form arrived"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        slow.try_wait().unwrap().is_none(),
+        "the upload had already finished"
+    );
+    let out = slow.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    assert_eq!(srv.wait_exit(), 0);
+    assert_same(&target, &expected);
+}
