@@ -630,9 +630,10 @@ fn a_cut_upload_resumes_from_the_servers_offset() {
     let token_file = d.join("token");
     fs::write(&token_file, token(&private, "vms", "disk")).unwrap();
 
-    // The cut between the client and the proxy, then between the proxy and the server.
-    for client_side in [true, false] {
-        let vol = d.join(format!("vol-{client_side}"));
+    // The cut between the client and the proxy, then between the proxy and the server; last,
+    // with --no-resume (virtctl's behaviour: the whole image again).
+    for (client_side, resume) in [(true, true), (false, true), (true, false)] {
+        let vol = d.join(format!("vol-{client_side}-{resume}"));
         fs::create_dir(&vol).unwrap();
         let target = vol.join("disk.img");
         let mut srv = server(d, &target, &[]);
@@ -661,11 +662,23 @@ fn a_cut_upload_resumes_from_the_servers_offset() {
                 arg(&token_file),
                 "--json",
             ])
+            .args(if resume {
+                &[][..]
+            } else {
+                &["--no-resume"][..]
+            })
             .output()
             .unwrap();
         common::assert_ok(&out);
         let report = common::json(&out);
         assert_eq!(cut.cuts(), 1, "the connection was not cut");
+        if !resume {
+            assert_eq!(report["resumed_from"], serde_json::json!([]), "{report}");
+            assert!(report["bytes_sent"].as_u64().unwrap() > len, "{report}");
+            assert_eq!(srv.wait_exit(), 0);
+            assert_same(&target, &expected);
+            continue;
+        }
         let attempts = report["attempts"].as_u64().unwrap();
         let sent = report["bytes_sent"].as_u64().unwrap();
         let resumed: Vec<u64> = serde_json::from_value(report["resumed_from"].clone()).unwrap();
