@@ -5,12 +5,14 @@ writing the same image with `quarry import` from a local file, in ONE run on thi
 Rows (each writes a fresh disk.img and is timed to the point the image is written and fsynced):
   import:file       quarry import IMAGE disk.img                      (local file, random access)
   import:stdin      cat IMAGE | quarry import - disk.img              (the same stream, no HTTP)
-  upload:curl       curl -T IMAGE .../v1beta1/upload through the proxy (virtctl's request; the sync
-                    path answers after the image is written and synced)
+  upload:direct     curl -T IMAGE .../v1beta1/upload straight to the upload server (no proxy)
+  upload:curl       the same request through the proxy (virtctl's request; the sync path answers
+                    after the image is written and synced)
   upload:quarry     quarry upload IMAGE --url PROXY                   (async path; timed until the
                     upload server exits, which it does once the image is written and synced)
-Server and proxy start (and the token) are outside the timings. The proxy's cost is the upload
-rows against import:stdin (same single-pass streaming pipeline, plus two HTTP hops on loopback);
+Server and proxy start (and the token) are outside the timings. The proxy's own cost is
+upload:curl against upload:direct; the whole upload path's cost is the upload rows against
+import:stdin (same single-pass streaming pipeline, plus two HTTP hops on loopback);
 import:file reads a local qcow2 by random access instead. Every output is compared with qemu-img's
 conversion (sha256 of the raw bytes). Wall times on shared machines move with load: compare only
 numbers of the same run.
@@ -168,7 +170,7 @@ def main() -> int:
             with open(image, "rb") as src:
                 record("import:stdin", timed([quarry, "import", "-", str(target)], stdin=src,
                                              stderr=subprocess.DEVNULL))
-            for row in ("upload:curl", "upload:quarry"):
+            for row in ("upload:direct", "upload:curl", "upload:quarry"):
                 fresh(target)
                 up = Upload(quarry, work, target, public)
                 token = subprocess.run(
@@ -176,12 +178,14 @@ def main() -> int:
                      str(private)], check=True, capture_output=True, text=True).stdout.strip()
                 try:
                     t = time.perf_counter()
-                    if row == "upload:curl":
+                    if row in ("upload:direct", "upload:curl"):
+                        url = (f"http://127.0.0.1:{up.sport}" if row == "upload:direct"
+                               else up.url)
                         out = subprocess.run(
                             ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST",
                              "-T", str(image), "-H", "Expect:", "-H",
                              "Content-Type: application/octet-stream", "-H",
-                             f"Authorization: Bearer {token}", f"{up.url}/v1beta1/upload"],
+                             f"Authorization: Bearer {token}", f"{url}/v1beta1/upload"],
                             check=True, capture_output=True, text=True)
                         if out.stdout.strip() != "200":
                             sys.exit(f"curl upload answered {out.stdout}")
@@ -197,11 +201,12 @@ def main() -> int:
         base = best["import:stdin"]
         print(f"\n{args.format} image of {size / MiB:.0f} MiB ({args.size_mib} MiB virtual), "
               f"best of {args.repeat}, {os.cpu_count()} CPUs\n")
-        print("| row | seconds | MB/s of image | vs import:stdin |")
-        print("|---|---|---|---|")
-        for row in ("import:file", "import:stdin", "upload:curl", "upload:quarry"):
+        print("| row | seconds | MB/s of image | vs import:stdin | vs upload:direct |")
+        print("|---|---|---|---|---|")
+        for row in ("import:file", "import:stdin", "upload:direct", "upload:curl", "upload:quarry"):
             s = best[row]
-            print(f"| {row} | {s:.2f} | {size / s / 1e6:.0f} | {s / base:.2f} |")
+            print(f"| {row} | {s:.2f} | {size / s / 1e6:.0f} | {s / base:.2f} | "
+                  f"{s / best['upload:direct']:.2f} |")
         if bad:
             print(f"\nOUTPUT MISMATCH in {sorted(set(bad))}")
             return 1

@@ -10,17 +10,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
-use futures_util::stream;
+use std::io::{Read as _, Seek as _};
+
+use bytes::Bytes;
+use futures_util::{StreamExt as _, stream};
 use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use crate::error::{Error, Result};
 use crate::proxy::chain;
 use crate::{UPLOAD_CHECKSUM, UPLOAD_OFFSET, UPLOAD_STATE};
 
-const CHUNK: usize = 256 << 10;
+const CHUNK: usize = 1 << 20;
+/// Chunks read ahead of the connection.
+const READ_AHEAD: usize = 4;
 /// How many times (every 250 ms) a busy server is asked again before starting over.
 const BUSY_PROBES: u32 = 120;
 
@@ -218,6 +221,51 @@ async fn refused(resp: reqwest::Response) -> Error {
     }
 }
 
+/// `left` bytes of `file` as a body stream, read ahead on a thread of their own (blocking reads
+/// stay off the async runtime) through a bounded channel.
+fn file_stream(
+    mut file: std::fs::File,
+    left: u64,
+    counters: Arc<Counters>,
+) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(READ_AHEAD);
+    std::thread::spawn(move || {
+        let mut left = left;
+        while left > 0 {
+            let want = CHUNK.min(usize::try_from(left).unwrap_or(CHUNK));
+            let mut buf = vec![0u8; want];
+            let read = match file.read(&mut buf) {
+                Ok(0) => Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the file shrank while being uploaded",
+                )),
+                Ok(n) => {
+                    buf.truncate(n);
+                    left -= n as u64;
+                    Ok(Bytes::from(buf))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(e),
+            };
+            let failed = read.is_err();
+            // The request was dropped (the connection failed): stop reading.
+            if tx.blocking_send(read).is_err() || failed {
+                return;
+            }
+        }
+    });
+    stream::poll_fn(move |cx| rx.poll_recv(cx)).inspect(move |chunk| {
+        if let Ok(chunk) = chunk {
+            counters
+                .position
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            counters
+                .sent
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        }
+    })
+}
+
 /// One `POST` of the file from `offset`.
 async fn send(
     client: &reqwest::Client,
@@ -228,35 +276,12 @@ async fn send(
     len: u64,
     counters: &Arc<Counters>,
 ) -> Result<Attempt> {
-    let mut file = tokio::fs::File::open(&req.file)
-        .await
+    let mut file = std::fs::File::open(&req.file)
         .map_err(|e| Error::io(format!("opening {}", req.file.display()), e))?;
     file.seek(std::io::SeekFrom::Start(offset))
-        .await
         .map_err(|e| Error::io(format!("seeking in {}", req.file.display()), e))?;
     counters.position.store(offset, Ordering::Relaxed);
-    let c = counters.clone();
-    let body = stream::try_unfold((file, len - offset), move |(mut file, left)| {
-        let c = c.clone();
-        async move {
-            if left == 0 {
-                return Ok(None);
-            }
-            let want = CHUNK.min(usize::try_from(left).unwrap_or(CHUNK));
-            let mut buf = BytesMut::zeroed(want);
-            let n = file.read(&mut buf).await?;
-            if n == 0 {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "the file shrank while being uploaded",
-                ));
-            }
-            buf.truncate(n);
-            c.position.fetch_add(n as u64, Ordering::Relaxed);
-            c.sent.fetch_add(n as u64, Ordering::Relaxed);
-            Ok::<_, std::io::Error>(Some((buf.freeze(), (file, left - n as u64))))
-        }
-    });
+    let body = file_stream(file, len - offset, counters.clone());
     let mut post = client
         .post(url)
         .header(AUTHORIZATION, bearer)

@@ -1,13 +1,18 @@
 //! Serving an axum router: plain TCP or TLS (optionally requiring client certificates signed by
 //! a given CA), HTTP/1.1 and h2 on the same port (ALPN under TLS, prior knowledge in clear),
-//! with a graceful stop that lets answers in flight finish.
+//! with a graceful stop that lets answers in flight finish; and [`Coalesce`], which batches the
+//! small frames of a request body.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
+use bytes::{Bytes, BytesMut};
+use futures_util::Stream;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -181,5 +186,131 @@ pub async fn terminated() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {},
         () = term => {},
+    }
+}
+
+/// Batch size of [`Coalesce`].
+pub const BATCH: usize = 256 << 10;
+
+/// Gathers the frames a body stream already has ready (HTTP/1.1 bodies come in frames of a few
+/// KiB) into batches of up to [`BATCH`] bytes, so each hop and the pipeline thread handle a few
+/// large chunks instead of many small ones. It never waits for more: when the inner stream is not
+/// ready, what is gathered goes out at once. Bytes that came before an error or the end are
+/// yielded first, the error or end after them.
+pub struct Coalesce<S, E> {
+    inner: S,
+    pending: BytesMut,
+    /// The inner stream's end or error, held back until the pending bytes are out.
+    last: Option<Option<Result<Bytes, E>>>,
+    finished: bool,
+}
+
+impl<S, E> Coalesce<S, E> {
+    pub fn new(inner: S) -> Self {
+        Coalesce {
+            inner,
+            pending: BytesMut::new(),
+            last: None,
+            finished: false,
+        }
+    }
+}
+
+impl<S, E> Stream for Coalesce<S, E>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+    E: Unpin,
+{
+    type Item = Result<Bytes, E>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if let Some(last) = this.last.take() {
+            this.finished = last.is_none();
+            return Poll::Ready(last);
+        }
+        if this.finished {
+            return Poll::Ready(None);
+        }
+        loop {
+            if this.pending.len() >= BATCH {
+                return Poll::Ready(Some(Ok(this.pending.split().freeze())));
+            }
+            match Pin::new(&mut this.inner).poll_next(cx) {
+                Poll::Ready(Some(Ok(chunk))) => {
+                    if this.pending.is_empty() && chunk.len() >= BATCH {
+                        return Poll::Ready(Some(Ok(chunk)));
+                    }
+                    this.pending.extend_from_slice(&chunk);
+                }
+                Poll::Ready(last) => {
+                    if this.pending.is_empty() {
+                        this.finished = last.is_none();
+                        return Poll::Ready(last);
+                    }
+                    this.last = Some(last);
+                    return Poll::Ready(Some(Ok(this.pending.split().freeze())));
+                }
+                Poll::Pending if this.pending.is_empty() => return Poll::Pending,
+                Poll::Pending => return Poll::Ready(Some(Ok(this.pending.split().freeze()))),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+
+    fn frames(n: usize, size: usize) -> Vec<Result<Bytes, String>> {
+        (0..n)
+            .map(|i| Ok(Bytes::from(vec![i as u8; size])))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn ready_frames_are_batched_and_keep_their_order() {
+        let input = frames(200, 4096);
+        let expected: Vec<u8> = input.iter().flat_map(|f| f.clone().unwrap()).collect();
+        let out: Vec<_> = Coalesce::new(futures_util::stream::iter(input))
+            .collect()
+            .await;
+        assert!(out.iter().all(|b| b.as_ref().unwrap().len() <= BATCH));
+        assert_eq!(out.len(), (200 * 4096_usize).div_ceil(BATCH));
+        let bytes: Vec<u8> = out.into_iter().flat_map(|b| b.unwrap()).collect();
+        assert_eq!(bytes, expected);
+    }
+
+    #[tokio::test]
+    async fn bytes_before_an_error_come_out_before_it() {
+        let mut input = frames(3, 1000);
+        input.push(Err("reset".to_string()));
+        input.extend(frames(1, 10));
+        let out: Vec<_> = Coalesce::new(futures_util::stream::iter(input))
+            .collect()
+            .await;
+        assert_eq!(out.len(), 3, "{out:?}");
+        assert_eq!(out[0].as_ref().unwrap().len(), 3000);
+        assert_eq!(out[1].as_ref().unwrap_err(), "reset");
+        assert_eq!(out[2].as_ref().unwrap().len(), 10);
+    }
+
+    #[tokio::test]
+    async fn nothing_waits_for_a_full_batch() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, String>>(4);
+        let mut s = Coalesce::new(tokio_stream_like(rx));
+        tx.send(Ok(Bytes::from_static(b"abc"))).await.unwrap();
+        let first = s.next().await.unwrap().unwrap();
+        assert_eq!(&first[..], b"abc");
+        drop(tx);
+        assert!(s.next().await.is_none());
+        assert!(s.next().await.is_none());
+    }
+
+    fn tokio_stream_like<T>(
+        mut rx: tokio::sync::mpsc::Receiver<T>,
+    ) -> impl Stream<Item = T> + Unpin {
+        Box::pin(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)))
     }
 }

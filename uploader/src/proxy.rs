@@ -175,9 +175,8 @@ async fn relay(proxy: &Proxy, req: Request) -> Response {
     }
     let mut upstream = proxy.client.request(method.clone(), &url).headers(headers);
     if method != Method::HEAD && method != Method::GET {
-        upstream = upstream.body(reqwest::Body::wrap_stream(
-            req.into_body().into_data_stream(),
-        ));
+        let body = crate::net::Coalesce::new(req.into_body().into_data_stream());
+        upstream = upstream.body(reqwest::Body::wrap_stream(body));
     }
     let answer = match upstream.send().await {
         Ok(answer) => answer,

@@ -440,12 +440,14 @@ enum Pumped {
     Refused(String),
 }
 
-async fn pump<E: std::fmt::Display>(
+async fn pump<E: std::fmt::Display + Unpin>(
     app: &App,
     session: &mut Session,
-    mut body: impl Stream<Item = std::result::Result<Bytes, E>> + Unpin,
+    body: impl Stream<Item = std::result::Result<Bytes, E>> + Unpin,
     mut skip: u64,
 ) -> Pumped {
+    // One wake-up of the pipeline thread per batch, not per HTTP frame.
+    let mut body = crate::net::Coalesce::new(body);
     loop {
         let next = match tokio::time::timeout(app.config.idle_timeout, body.next()).await {
             Ok(next) => next,
