@@ -164,6 +164,52 @@ fn proxy(dir: &Path, public: &Path, routes: &[(&str, &Proc)], extra: &[&str]) ->
     Proc::start("upload-proxy", &args, port, &log)
 }
 
+/// One volume behind one proxy: openssl signing keys, `vol/disk.img` written by an upload server
+/// that the proxy serves as PVC `vms/disk`.
+struct Volume {
+    private: PathBuf,
+    vol: PathBuf,
+    target: PathBuf,
+    srv: Proc,
+    px: Proc,
+    dir: tempfile::TempDir,
+}
+
+impl Volume {
+    fn start(server_args: &[&str], proxy_args: &[&str]) -> Volume {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let (private, public) = openssl_keys(d, "signer");
+        let vol = d.join("vol");
+        fs::create_dir(&vol).unwrap();
+        let target = vol.join("disk.img");
+        let srv = server(d, &target, server_args);
+        let px = proxy(d, &public, &[("vms/disk", &srv)], proxy_args);
+        Volume {
+            private,
+            vol,
+            target,
+            srv,
+            px,
+            dir,
+        }
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A fresh token for `vms/disk`.
+    fn token(&self) -> String {
+        token(&self.private, "vms", "disk")
+    }
+
+    /// The proxy's base URL.
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.px.port)
+    }
+}
+
 /// Runs curl; returns the HTTP status and the answer body.
 fn curl(args: &[&str]) -> (u16, String) {
     let (code, body, _) = curl_version(args);
@@ -382,27 +428,14 @@ fn tls_h2_and_mutual_tls_between_proxy_and_server() {
 
 #[test]
 fn quarry_upload_over_tls_checks_the_proxy_certificate() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
     let ca = TestCa::new();
-    let (private, public) = openssl_keys(d, "signer");
-    let (qcow2, expected) = sample_qcow2(d);
-    let target = d.join("disk.img");
-    let mut srv = server(d, &target, &[]);
-    let px = proxy(
-        d,
-        &public,
-        &[("vms/disk", &srv)],
-        &[
-            "--tls-cert",
-            arg(&ca.cert_pem()),
-            "--tls-key",
-            arg(&ca.key_pem()),
-        ],
-    );
-    let url = format!("https://127.0.0.1:{}", px.port);
+    let (cert, key) = (ca.cert_pem(), ca.key_pem());
+    let mut v = Volume::start(&[], &["--tls-cert", arg(&cert), "--tls-key", arg(&key)]);
+    let d = v.dir().to_path_buf();
+    let (qcow2, expected) = sample_qcow2(&d);
+    let url = v.url().replace("http:", "https:");
     let token_file = d.join("token");
-    fs::write(&token_file, token(&private, "vms", "disk")).unwrap();
+    fs::write(&token_file, v.token()).unwrap();
     let base = [
         "upload",
         arg(&qcow2),
@@ -419,7 +452,7 @@ fn quarry_upload_over_tls_checks_the_proxy_certificate() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(!target.exists());
+    assert!(!v.target.exists());
     let out = quarry()
         .args(base)
         .args(["--ca-cert", arg(&ca.ca_pem())])
@@ -429,27 +462,21 @@ fn quarry_upload_over_tls_checks_the_proxy_certificate() {
     let report = common::json(&out);
     assert_eq!(report["asynchronous"], true);
     assert_eq!(report["attempts"], 1);
-    assert_eq!(srv.wait_exit(), 0);
-    assert_same(&target, &expected);
+    assert_eq!(v.srv.wait_exit(), 0);
+    assert_same(&v.target, &expected);
 }
 
 #[test]
 fn refusals_have_cdis_status_codes_and_leave_no_complete_looking_target() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let (private, public) = openssl_keys(d, "signer");
+    let v = Volume::start(&["--size", "64Mi", "--keep-serving"], &[]);
+    let (d, vol, target, private) = (v.dir(), &v.vol, &v.target, &v.private);
     let (other_key, _) = openssl_keys(d, "intruder");
     let (raw, raw_bytes) = sample_disk(d);
-    let vol = d.join("vol");
-    fs::create_dir(&vol).unwrap();
-    let target = vol.join("disk.img");
-    let srv = server(d, &target, &["--size", "64Mi", "--keep-serving"]);
-    let px = proxy(d, &public, &[("vms/disk", &srv)], &[]);
-    let url = format!("http://127.0.0.1:{}/v1beta1/upload", px.port);
-    let good = token(&private, "vms", "disk");
+    let url = format!("{}/v1beta1/upload", v.url());
+    let good = v.token();
     let nothing = || {
         assert!(!target.exists(), "a refusal left {}", target.display());
-        no_partial_left(&vol);
+        no_partial_left(vol);
     };
 
     // Tokens: missing or malformed 400, wrong signature or expired 401, another PVC 503.
@@ -469,19 +496,16 @@ fn refusals_have_cdis_status_codes_and_leave_no_complete_looking_target() {
     let forged = token(&other_key, "vms", "disk");
     let (code, body) = post(&url, &forged, &raw);
     assert_eq!((code, body.contains("signature")), (401, true), "{body}");
-    let key = uploader::token::load_private_key(&private).unwrap();
+    let key = uploader::token::load_private_key(private).unwrap();
     let now = uploader::token::now();
     let expired =
         uploader::token::Claims::upload("vms", "disk", now - 900, Duration::from_secs(300));
     let expired = uploader::token::sign(&expired, &key).unwrap();
     let (code, body) = post(&url, &expired, &raw);
     assert_eq!((code, body.contains("expired")), (401, true), "{body}");
-    let (code, body) = post(&url, &token(&private, "vms", "someone-else"), &raw);
+    let (code, body) = post(&url, &token(private, "vms", "someone-else"), &raw);
     assert_eq!(code, 503, "{body}");
-    assert_eq!(
-        post(&url, &token(&private, "other-ns", "disk"), &raw).0,
-        503
-    );
+    assert_eq!(post(&url, &token(private, "other-ns", "disk"), &raw).0, 503);
     nothing();
 
     // An image whose virtual size cannot fit the volume: 400, nothing written.
@@ -551,21 +575,18 @@ fn refusals_have_cdis_status_codes_and_leave_no_complete_looking_target() {
     let mut expected = raw_bytes;
     // The volume is the requested size's usable space (64Mi less 6%, whole MiB), as `import --size`.
     expected.resize(importer::size::usable_space(64 << 20, 0.06) as usize, 0);
-    assert_same(&target, &expected);
+    assert_same(target, &expected);
 
     // Anything after a success: 409.
     let (code, body) = post(&url, &good, &raw);
     assert_eq!(code, 409, "{body}");
     assert_eq!(head(&url.replace("upload", "upload-async"), &good), 200);
-    assert_same(&target, &expected);
+    assert_same(target, &expected);
 }
 
 #[test]
 fn cors_preflight_is_answered() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_, public) = openssl_keys(dir.path(), "signer");
-    let srv = server(dir.path(), &dir.path().join("disk.img"), &[]);
-    let px = proxy(dir.path(), &public, &[("vms/disk", &srv)], &[]);
+    let v = Volume::start(&[], &[]);
     let out = Command::new("curl")
         .args([
             "-sS",
@@ -580,10 +601,7 @@ fn cors_preflight_is_answered() {
             "-H",
             "Access-Control-Request-Headers: authorization, content-type",
         ])
-        .arg(format!(
-            "http://127.0.0.1:{}/v1beta1/upload-form-async",
-            px.port
-        ))
+        .arg(format!("{}/v1beta1/upload-form-async", v.url()))
         .output()
         .unwrap();
     let answer = String::from_utf8_lossy(&out.stdout).to_lowercase();
@@ -705,15 +723,9 @@ fn a_cut_upload_resumes_from_the_servers_offset() {
 
 #[test]
 fn a_checksum_header_is_verified_over_the_bytes_sent() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let (private, public) = openssl_keys(d, "signer");
-    let (qcow2, expected) = sample_qcow2(d);
-    let target = d.join("disk.img");
-    let mut srv = server(d, &target, &[]);
-    let px = proxy(d, &public, &[("vms/disk", &srv)], &[]);
-    let url = format!("http://127.0.0.1:{}", px.port);
-    let t = token(&private, "vms", "disk");
+    let mut v = Volume::start(&[], &[]);
+    let (qcow2, expected) = sample_qcow2(v.dir());
+    let (url, t) = (v.url(), v.token());
     let upload = |sum: &str| {
         quarry()
             .args([
@@ -741,8 +753,8 @@ fn a_checksum_header_is_verified_over_the_bytes_sent() {
             .contains("checksum mismatch"),
         "{report}"
     );
-    assert!(!target.exists());
-    no_partial_left(d);
+    assert!(!v.target.exists());
+    no_partial_left(&v.vol);
     let sha = Command::new("sha256sum").arg(&qcow2).output().unwrap();
     let hex = String::from_utf8_lossy(&sha.stdout)
         .split_whitespace()
@@ -750,26 +762,21 @@ fn a_checksum_header_is_verified_over_the_bytes_sent() {
         .unwrap()
         .to_string();
     common::assert_ok(&upload(&format!("sha256:{hex}")));
-    assert_eq!(srv.wait_exit(), 0);
-    assert_same(&target, &expected);
+    assert_eq!(v.srv.wait_exit(), 0);
+    assert_same(&v.target, &expected);
 }
 
 #[test]
 fn virtctl_style_retry_from_zero_after_a_cut_still_works() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let (private, public) = openssl_keys(d, "signer");
-    let (qcow2, expected) = sample_qcow2(d);
-    let target = d.join("disk.img");
-    let mut srv = server(d, &target, &[]);
-    let px = proxy(d, &public, &[("vms/disk", &srv)], &[]);
-    let cut = CutProxy::start_upload(SocketAddr::from(([127, 0, 0, 1], px.port)), 2 << 20);
-    let t = token(&private, "vms", "disk");
+    let mut v = Volume::start(&[], &[]);
+    let (qcow2, expected) = sample_qcow2(v.dir());
+    let cut = CutProxy::start_upload(SocketAddr::from(([127, 0, 0, 1], v.px.port)), 2 << 20);
+    let t = v.token();
     let url = format!("http://127.0.0.1:{}/v1beta1/upload-async", cut.port());
     let (code, _) = post(&url, &t, &qcow2);
     assert_ne!(code, 200, "the cut upload succeeded");
     assert_eq!(cut.cuts(), 1);
-    assert!(!target.exists(), "an interrupted upload left a target");
+    assert!(!v.target.exists(), "an interrupted upload left a v.target");
     // virtctl retries from byte 0 with the same request.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -780,22 +787,18 @@ fn virtctl_style_retry_from_zero_after_a_cut_still_works() {
         assert!(code == 503 && Instant::now() < deadline, "{code}: {body}");
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(srv.wait_exit(), 0);
-    assert_same(&target, &expected);
+    assert_eq!(v.srv.wait_exit(), 0);
+    assert_same(&v.target, &expected);
 }
 
 #[test]
 fn an_interrupted_upload_is_held_for_the_resume_window_then_dropped() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let (private, public) = openssl_keys(d, "signer");
-    let (qcow2, _) = sample_qcow2(d);
+    let v = Volume::start(&["--resume-window", "2s", "--keep-serving"], &[]);
+    let (qcow2, _) = sample_qcow2(v.dir());
     let len = fs::metadata(&qcow2).unwrap().len();
-    let target = d.join("disk.img");
-    let srv = server(d, &target, &["--resume-window", "2s", "--keep-serving"]);
-    let px = proxy(d, &public, &[("vms/disk", &srv)], &[]);
+    let (px, target) = (&v.px, &v.target);
     let cut = CutProxy::start_upload(SocketAddr::from(([127, 0, 0, 1], px.port)), 2 << 20);
-    let t = token(&private, "vms", "disk");
+    let t = v.token();
     let url = format!("http://127.0.0.1:{}/v1beta1/upload-async", cut.port());
     assert_ne!(post(&url, &t, &qcow2).0, 200);
     assert_eq!(cut.cuts(), 1);
@@ -855,7 +858,7 @@ fn an_interrupted_upload_is_held_for_the_resume_window_then_dropped() {
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(held(&t).3.as_deref(), Some("idle"));
     assert!(!target.exists());
-    no_partial_left(d);
+    no_partial_left(&v.vol);
     // A resume now is told to start over.
     let direct = format!("http://127.0.0.1:{}/v1beta1/upload-async", px.port);
     let resume = format!("Upload-Offset: {offset}");
@@ -866,16 +869,9 @@ fn an_interrupted_upload_is_held_for_the_resume_window_then_dropped() {
 #[test]
 fn a_form_upload_is_written_while_it_arrives() {
     use std::os::unix::fs::MetadataExt as _;
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let (private, public) = openssl_keys(d, "signer");
-    let (raw, expected) = sample_disk(d);
-    let vol = d.join("vol");
-    fs::create_dir(&vol).unwrap();
-    let target = vol.join("disk.img");
-    let mut srv = server(d, &target, &[]);
-    let px = proxy(d, &public, &[("vms/disk", &srv)], &[]);
-    let auth = format!("Authorization: Bearer {}", token(&private, "vms", "disk"));
+    let mut v = Volume::start(&[], &[]);
+    let (raw, expected) = sample_disk(v.dir());
+    let auth = format!("Authorization: Bearer {}", v.token());
     let part = format!("file=@{}", arg(&raw));
     // 8 MiB at 2 MiB/s: about four seconds on the wire.
     let mut slow = Command::new("curl")
@@ -889,13 +885,13 @@ fn a_form_upload_is_written_while_it_arrives() {
             "2M",
         ])
         .args(["-H", "Expect:", "-H", &auth, "-F", &part])
-        .arg(format!("http://127.0.0.1:{}/v1beta1/upload-form", px.port))
+        .arg(format!("{}/v1beta1/upload-form", v.url()))
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    // Data lands in the target's partial file while the form is still arriving: the part is
+    // Data lands in the v.target's partial file while the form is still arriving: the part is
     // streamed into the pipeline, not buffered first.
-    let partial = vol.join(".disk.img.quarry-partial");
+    let partial = v.vol.join(".disk.img.quarry-partial");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let written = fs::metadata(&partial)
@@ -916,6 +912,6 @@ fn a_form_upload_is_written_while_it_arrives() {
     );
     let out = slow.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
-    assert_eq!(srv.wait_exit(), 0);
-    assert_same(&target, &expected);
+    assert_eq!(v.srv.wait_exit(), 0);
+    assert_same(&v.target, &expected);
 }
