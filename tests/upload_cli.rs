@@ -515,6 +515,16 @@ fn refusals_have_cdis_status_codes_and_leave_no_complete_looking_target() {
     assert_eq!(code, 400, "{body}");
     assert!(body.contains("does not fit"), "{body}");
     nothing();
+    // A raw image in a form (no length known up front) is stopped when it passes the limit.
+    let long = d.join("long.raw");
+    let f = fs::File::create(&long).unwrap();
+    f.set_len(70 << 20).unwrap();
+    drop(f);
+    let form_url = url.replace("upload", "upload-form");
+    let (code, body) = post_form(&form_url, &good, &long);
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("does not fit"), "{body}");
+    nothing();
 
     // Corrupt mid-stream: gzip whose deflate data is damaged halfway through: 500.
     let gz = d.join("disk.raw.gz");
