@@ -3,6 +3,7 @@
 //! dropped (`SO_LINGER 0`, shut down both ways); every other connection is passed through untouched. Small requests
 //! (pings, manifests, tokens) never reach the threshold, so the cut lands in the big body, and
 //! the client's resumed request goes through. What clients send is recorded. Stopped on drop.
+//! [`CutProxy::start_upload`] cuts the client-to-server stream instead (an upload).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -29,6 +30,21 @@ impl CutProxy {
     /// As [`CutProxy::start`], but the cut connection first goes silent for `stall` (so that
     /// what the client resumes with, a token say, has expired by then).
     pub fn start_stalling(upstream: SocketAddr, cut_after: u64, stall: Duration) -> CutProxy {
+        Self::start_with(upstream, cut_after, stall, false)
+    }
+
+    /// As [`CutProxy::start`], but the first connection whose client-to-server stream passes
+    /// `cut_after` bytes is cut there: the server gets exactly that many.
+    pub fn start_upload(upstream: SocketAddr, cut_after: u64) -> CutProxy {
+        Self::start_with(upstream, cut_after, Duration::ZERO, true)
+    }
+
+    fn start_with(upstream: SocketAddr, cut_after: u64, stall: Duration, upload: bool) -> CutProxy {
+        let cut = Cut {
+            after: cut_after,
+            stall,
+            upload,
+        };
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -47,7 +63,7 @@ impl CutProxy {
                     continue;
                 };
                 let (c, log) = (c.clone(), log.clone());
-                std::thread::spawn(move || relay(client, server, cut_after, stall, &c, &log));
+                std::thread::spawn(move || relay(client, server, cut, &c, &log));
             }
         });
         CutProxy {
@@ -68,6 +84,11 @@ impl CutProxy {
         self.cuts.load(Ordering::SeqCst)
     }
 
+    /// How many bytes clients sent in all.
+    pub fn client_bytes(&self) -> usize {
+        self.sent.lock().unwrap().len()
+    }
+
     /// Everything clients sent, as text (request lines and headers, lower-cased).
     pub fn sent(&self) -> String {
         String::from_utf8_lossy(&self.sent.lock().unwrap()).to_lowercase()
@@ -83,56 +104,69 @@ impl Drop for CutProxy {
     }
 }
 
-fn relay(
-    client: TcpStream,
-    server: TcpStream,
-    cut_after: u64,
+/// Where and how a connection is cut.
+#[derive(Clone, Copy)]
+struct Cut {
+    after: u64,
     stall: Duration,
-    cuts: &AtomicUsize,
-    log: &Mutex<Vec<u8>>,
-) {
-    let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+    /// Cut the client-to-server stream instead of the server-to-client one.
+    upload: bool,
+}
+
+fn relay(client: TcpStream, server: TcpStream, cut: Cut, cuts: &AtomicUsize, log: &Mutex<Vec<u8>>) {
+    let (c_in, s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+    let drop_both = || {
+        std::thread::sleep(cut.stall);
+        set_linger_zero(&client);
+        let _ = client.shutdown(Shutdown::Both);
+        let _ = server.shutdown(Shutdown::Both);
+    };
     std::thread::scope(|scope| {
         scope.spawn(|| {
-            let mut buf = [0u8; 16 << 10];
-            while let Ok(n) = c_in.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                log.lock().unwrap().extend_from_slice(&buf[..n]);
-                if s_out.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
+            let cut = cut.upload.then_some(cut.after);
+            copy(&c_in, &s_out, cut, cuts, Some(log), drop_both);
             let _ = s_out.shutdown(Shutdown::Write);
         });
-        let (mut s_in, mut c_out) = (&server, &client);
-        let mut buf = [0u8; 64 << 10];
-        let mut passed = 0u64;
-        while let Ok(n) = s_in.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            let n = n as u64;
-            if passed + n > cut_after
-                && cuts
-                    .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_ok()
-            {
-                let keep = (cut_after - passed) as usize;
-                let _ = c_out.write_all(&buf[..keep]);
-                let _ = c_out.flush();
-                std::thread::sleep(stall);
-                set_linger_zero(&client);
-                let _ = client.shutdown(Shutdown::Both);
-                let _ = server.shutdown(Shutdown::Both);
-                break;
-            }
-            passed += n;
-            if c_out.write_all(&buf[..n as usize]).is_err() {
-                break;
-            }
-        }
+        let cut_down = (!cut.upload).then_some(cut.after);
+        copy(&server, &client, cut_down, cuts, None, drop_both);
         let _ = client.shutdown(Shutdown::Write);
     });
+}
+
+/// Copies `from` to `to`; with `cut_after`, the first stream (over all connections) to pass that
+/// many bytes gets exactly that many before `drop_both` cuts the connection.
+fn copy(
+    mut from: &TcpStream,
+    mut to: &TcpStream,
+    cut_after: Option<u64>,
+    cuts: &AtomicUsize,
+    log: Option<&Mutex<Vec<u8>>>,
+    drop_both: impl Fn(),
+) {
+    let mut buf = [0u8; 64 << 10];
+    let mut passed = 0u64;
+    while let Ok(n) = from.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        if let Some(log) = log {
+            log.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+        if let Some(limit) = cut_after
+            && passed + n as u64 > limit
+            && cuts
+                .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            let keep = (limit - passed) as usize;
+            let _ = to.write_all(&buf[..keep]);
+            let _ = to.flush();
+            drop_both();
+            break;
+        }
+        passed += n as u64;
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
 }

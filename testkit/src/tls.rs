@@ -27,16 +27,6 @@ impl TestCa {
             .tempdir()
             .expect("creating a temp dir for the test CA");
         let d = dir.path();
-        std::fs::write(
-            d.join("server.ext"),
-            "subjectAltName = IP:127.0.0.1, DNS:localhost\n\
-             basicConstraints = critical, CA:FALSE\n\
-             keyUsage = critical, digitalSignature, keyEncipherment\n\
-             extendedKeyUsage = serverAuth\n\
-             subjectKeyIdentifier = hash\n\
-             authorityKeyIdentifier = keyid\n",
-        )
-        .expect("writing server.ext");
         openssl(
             d,
             &[
@@ -61,42 +51,16 @@ impl TestCa {
                 "keyUsage=critical,keyCertSign,cRLSign",
             ],
         );
-        openssl(
+        signed_cert(
             d,
-            &[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                "key.pem",
-                "-out",
-                "server.csr",
-                "-subj",
-                "/CN=localhost",
-            ],
-        );
-        openssl(
-            d,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                "cert.pem",
-                "-days",
-                "2",
-                "-extfile",
-                "server.ext",
-            ],
+            "/CN=localhost",
+            ("key.pem", "cert.pem"),
+            "subjectAltName = IP:127.0.0.1, DNS:localhost\n\
+             basicConstraints = critical, CA:FALSE\n\
+             keyUsage = critical, digitalSignature, keyEncipherment\n\
+             extendedKeyUsage = serverAuth\n\
+             subjectKeyIdentifier = hash\n\
+             authorityKeyIdentifier = keyid\n",
         );
         TestCa { dir }
     }
@@ -116,6 +80,22 @@ impl TestCa {
         self.dir.path().join("key.pem")
     }
 
+    /// A client certificate (`extendedKeyUsage = clientAuth`, CN `name`) signed by the CA, for
+    /// mutual TLS: returns the certificate and key PEM paths.
+    pub fn client_cert(&self, name: &str) -> (PathBuf, PathBuf) {
+        let d = self.dir.path();
+        let (cert, key) = (format!("client-{name}.pem"), format!("client-{name}.key"));
+        signed_cert(
+            d,
+            &format!("/CN={name}"),
+            (&key, &cert),
+            "basicConstraints = critical, CA:FALSE\n\
+             keyUsage = critical, digitalSignature\n\
+             extendedKeyUsage = clientAuth\n",
+        );
+        (d.join(cert), d.join(key))
+    }
+
     /// The directory holding all of the above.
     pub fn dir(&self) -> &Path {
         self.dir.path()
@@ -126,6 +106,48 @@ impl Default for TestCa {
     fn default() -> Self {
         TestCa::new()
     }
+}
+
+/// A P-256 key and a certificate for `subject` with `extensions`, signed by the CA in `dir`.
+fn signed_cert(dir: &Path, subject: &str, (key, cert): (&str, &str), extensions: &str) {
+    std::fs::write(dir.join("cert.ext"), extensions).expect("writing cert.ext");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            key,
+            "-out",
+            "cert.csr",
+            "-subj",
+            subject,
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "cert.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            cert,
+            "-days",
+            "2",
+            "-extfile",
+            "cert.ext",
+        ],
+    );
 }
 
 fn openssl(dir: &Path, args: &[&str]) {

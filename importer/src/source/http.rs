@@ -395,6 +395,13 @@ fn extra_headers(opts: &HttpOptions) -> Result<HeaderMap> {
 /// The HTTP client every source uses: TLS roots plus `opts.ca_certs`, `insecure`, redirects
 /// (credentials dropped across hosts), timeouts.
 pub fn build_client(opts: &HttpOptions) -> Result<Client> {
+    client_builder(opts)?
+        .build()
+        .map_err(|e| Error::InvalidInput(format!("configuring the HTTP client: {}", chain(&e))))
+}
+
+/// [`build_client`]'s configuration, for callers that add to it (a client certificate, say).
+pub fn client_builder(opts: &HttpOptions) -> Result<reqwest::ClientBuilder> {
     install_tls_provider();
     let mut b = Client::builder()
         .connect_timeout(opts.connect_timeout)
@@ -423,8 +430,7 @@ pub fn build_client(opts: &HttpOptions) -> Result<Client> {
     if !certs.is_empty() {
         b = b.tls_certs_merge(certs);
     }
-    b.build()
-        .map_err(|e| Error::InvalidInput(format!("configuring the HTTP client: {}", chain(&e))))
+    Ok(b)
 }
 
 /// Why an attempt ended.

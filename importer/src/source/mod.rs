@@ -27,8 +27,42 @@ pub trait ByteSource: Read + Send {
 pub mod file;
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
+
+/// A source the caller opened itself (an upload's request body, say), handed to the import driver
+/// through [`SourceSpec::Stream`]. It can be opened once; clones share it.
+#[derive(Clone)]
+pub struct SharedSource(Arc<Mutex<Option<Box<dyn ByteSource>>>>);
+
+impl SharedSource {
+    pub fn new(source: impl ByteSource + 'static) -> Self {
+        SharedSource(Arc::new(Mutex::new(Some(Box::new(source)))))
+    }
+
+    fn take(&self) -> Result<Box<dyn ByteSource>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
+            .ok_or_else(|| Error::InvalidInput("a stream source can be imported only once".into()))
+    }
+}
+
+impl std::fmt::Debug for SharedSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedSource")
+    }
+}
+
+impl PartialEq for SharedSource {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for SharedSource {}
 
 /// Where an import reads from, as the user named it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +80,8 @@ pub enum SourceSpec {
         url: String,
         options: s3::S3Options,
     },
+    /// Bytes the caller streams in itself (an upload); never produced by [`SourceSpec::parse`].
+    Stream(SharedSource),
 }
 
 impl SourceSpec {
@@ -87,6 +123,7 @@ impl SourceSpec {
                 Box::new(registry::RegistrySource::open(image, http, options)?)
             }
             SourceSpec::S3 { url, options } => Box::new(s3::open(url, options, http)?),
+            SourceSpec::Stream(shared) => shared.take()?,
         })
     }
 }
@@ -116,6 +153,18 @@ mod tests {
         ));
         assert_eq!(
             SourceSpec::parse("ftp://h/x").unwrap_err().kind(),
+            crate::ErrorKind::InvalidInput
+        );
+    }
+
+    #[test]
+    fn a_stream_source_opens_once() {
+        let source = file::FileSource::open(std::path::Path::new("Cargo.toml")).unwrap();
+        let spec = SourceSpec::Stream(SharedSource::new(source));
+        let opts = http::HttpOptions::default();
+        assert_eq!(spec.open(&opts).unwrap().info().name, "Cargo.toml");
+        assert_eq!(
+            spec.open(&opts).err().unwrap().kind(),
             crate::ErrorKind::InvalidInput
         );
     }

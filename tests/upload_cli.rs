@@ -1,0 +1,927 @@
+//! The uploader end to end: `quarry upload-server` behind `quarry upload-proxy`, driven by curl
+//! with virtctl's exact requests (and by `quarry upload`), every result compared byte for byte
+//! with `qemu-img convert -O raw`; every refusal; resume after a cut connection.
+
+mod common;
+
+use std::fs;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{arg, compress, no_partial_left, quarry, sample_disk, sample_qcow2};
+use testkit::proxy::CutProxy;
+use testkit::qemu::{convert_to_raw, first_difference, qemu_img};
+use testkit::tls::TestCa;
+
+/// A `quarry` process, killed on drop.
+struct Proc {
+    child: Child,
+    port: u16,
+    name: &'static str,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    fn start(name: &'static str, args: &[&str], port: u16, log: &Path) -> Proc {
+        let child = quarry()
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(log).unwrap())
+            .spawn()
+            .expect("starting quarry");
+        let mut p = Proc { child, port, name };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                panic!(
+                    "{name} exited early ({status}): {}",
+                    fs::read_to_string(log).unwrap()
+                );
+            }
+            assert!(Instant::now() < deadline, "{name} did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        p
+    }
+
+    /// Waits for the process to exit (an upload server stops after a success); returns its code.
+    fn wait_exit(&mut self) -> i32 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(Instant::now() < deadline, "{} did not exit", self.name);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// An RSA key pair made by openssl (interoperability: keys need not come from quarry).
+fn openssl_keys(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let (private, public) = (
+        dir.join(format!("{name}.key")),
+        dir.join(format!("{name}.pub")),
+    );
+    for args in [
+        vec![
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+            arg(&private),
+        ],
+        vec![
+            "pkey",
+            "-in",
+            arg(&private),
+            "-pubout",
+            "-out",
+            arg(&public),
+        ],
+    ] {
+        let ok = Command::new("openssl")
+            .args(&args)
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl");
+        assert!(ok.success(), "openssl {args:?}");
+    }
+    (private, public)
+}
+
+fn token(key: &Path, ns: &str, pvc: &str) -> String {
+    let out = quarry()
+        .args([
+            "upload-token",
+            "--namespace",
+            ns,
+            "--pvc",
+            pvc,
+            "--key",
+            arg(key),
+        ])
+        .output()
+        .unwrap();
+    common::assert_ok(&out);
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// An upload server for `target` with extra arguments.
+fn server(dir: &Path, target: &Path, extra: &[&str]) -> Proc {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "upload-server",
+        "--target",
+        arg(target),
+        "--listen",
+        &listen,
+    ];
+    args.extend_from_slice(extra);
+    let log = dir.join(format!("server-{port}.log"));
+    Proc::start("upload-server", &args, port, &log)
+}
+
+/// A proxy routing each `(ns/pvc, server)` pair.
+fn proxy(dir: &Path, public: &Path, routes: &[(&str, &Proc)], extra: &[&str]) -> Proc {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let routes: Vec<String> = routes
+        .iter()
+        .map(|(pvc, s)| format!("{pvc}=http://127.0.0.1:{}", s.port))
+        .collect();
+    let mut args = vec![
+        "upload-proxy",
+        "--public-key",
+        arg(public),
+        "--listen",
+        &listen,
+    ];
+    for r in &routes {
+        args.extend(["--upstream", r]);
+    }
+    args.extend_from_slice(extra);
+    let log = dir.join(format!("proxy-{port}.log"));
+    Proc::start("upload-proxy", &args, port, &log)
+}
+
+/// One volume behind one proxy: openssl signing keys, `vol/disk.img` written by an upload server
+/// that the proxy serves as PVC `vms/disk`.
+struct Volume {
+    private: PathBuf,
+    vol: PathBuf,
+    target: PathBuf,
+    srv: Proc,
+    px: Proc,
+    dir: tempfile::TempDir,
+}
+
+impl Volume {
+    fn start(server_args: &[&str], proxy_args: &[&str]) -> Volume {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let (private, public) = openssl_keys(d, "signer");
+        let vol = d.join("vol");
+        fs::create_dir(&vol).unwrap();
+        let target = vol.join("disk.img");
+        let srv = server(d, &target, server_args);
+        let px = proxy(d, &public, &[("vms/disk", &srv)], proxy_args);
+        Volume {
+            private,
+            vol,
+            target,
+            srv,
+            px,
+            dir,
+        }
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A fresh token for `vms/disk`.
+    fn token(&self) -> String {
+        token(&self.private, "vms", "disk")
+    }
+
+    /// The proxy's base URL.
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.px.port)
+    }
+}
+
+/// Runs curl; returns the HTTP status and the answer body.
+fn curl(args: &[&str]) -> (u16, String) {
+    let (code, body, _) = curl_version(args);
+    (code, body)
+}
+
+/// Runs curl; returns the HTTP status, the answer body and the HTTP version used.
+fn curl_version(args: &[&str]) -> (u16, String, String) {
+    let body = tempfile::NamedTempFile::new().unwrap();
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            arg(body.path()),
+            "-w",
+            "%{http_code} %{http_version}",
+        ])
+        .args(args)
+        .output()
+        .expect("curl (install it)");
+    let written = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut words = written.split_whitespace();
+    let code = words.next().and_then(|c| c.parse().ok()).unwrap_or(0);
+    let version = words.next().unwrap_or("").to_string();
+    (
+        code,
+        fs::read_to_string(body.path()).unwrap_or_default(),
+        version,
+    )
+}
+
+/// virtctl's POST: the file as the body with its exact length, no `Expect`.
+fn post(url: &str, token: &str, file: &Path) -> (u16, String) {
+    let (code, body, _) = post_with(url, token, file, &[]);
+    (code, body)
+}
+
+/// [`post`] with more curl arguments; also returns the HTTP version used.
+fn post_with(url: &str, token: &str, file: &Path, extra: &[&str]) -> (u16, String, String) {
+    let auth = format!("Authorization: Bearer {token}");
+    let mut args = vec![
+        "-X",
+        "POST",
+        "-T",
+        arg(file),
+        "-H",
+        "Expect:",
+        "-H",
+        "Content-Type: application/octet-stream",
+        "-H",
+        &auth,
+    ];
+    args.extend_from_slice(extra);
+    args.push(url);
+    curl_version(&args)
+}
+
+/// A multipart form upload, the part named `file`.
+fn post_form(url: &str, token: &str, file: &Path) -> (u16, String) {
+    let auth = format!("Authorization: Bearer {token}");
+    let part = format!("file=@{}", arg(file));
+    curl(&["-X", "POST", "-H", "Expect:", "-H", &auth, "-F", &part, url])
+}
+
+fn head(url: &str, token: &str) -> u16 {
+    let auth = format!("Authorization: Bearer {token}");
+    curl(&["-I", "-H", &auth, url]).0
+}
+
+fn assert_same(target: &Path, expected: &[u8]) {
+    let got = fs::read(target).unwrap_or_else(|e| panic!("{}: {e}", target.display()));
+    assert!(
+        got == expected,
+        "{} differs from qemu-img's conversion (lengths {} and {}, first difference at {:?})",
+        target.display(),
+        got.len(),
+        expected.len(),
+        first_difference(&got, expected)
+    );
+    no_partial_left(target.parent().unwrap());
+}
+
+/// The images of the format test, each with qemu-img's raw conversion.
+fn images(dir: &Path) -> Vec<(&'static str, PathBuf, Vec<u8>)> {
+    let (raw, raw_bytes) = sample_disk(dir);
+    let (qcow2, qcow2_ref) = sample_qcow2(dir);
+    let xz = dir.join("disk.qcow2.xz");
+    compress(&["xz", "-T1", "-c"], &qcow2, &xz);
+    let gz = dir.join("disk.raw.gz");
+    compress(&["gzip", "-c"], &raw, &gz);
+    let reference = dir.join("raw-reference.raw");
+    convert_to_raw(&raw, &reference);
+    assert_eq!(fs::read(&reference).unwrap(), raw_bytes);
+    vec![
+        ("raw", raw, raw_bytes.clone()),
+        ("qcow2", qcow2, qcow2_ref.clone()),
+        ("qcow2.xz", xz, qcow2_ref),
+        ("raw.gz", gz, raw_bytes),
+    ]
+}
+
+#[test]
+fn virtctl_requests_through_the_proxy_write_what_qemu_img_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (private, public) = openssl_keys(d, "signer");
+    for (i, (what, image, expected)) in images(d).into_iter().enumerate() {
+        let pvc = format!("disk-{i}");
+        let vol = d.join(&pvc);
+        fs::create_dir(&vol).unwrap();
+        let target = vol.join("disk.img");
+        let mut srv = server(d, &target, &[]);
+        let px = proxy(d, &public, &[(&format!("vms/{pvc}"), &srv)], &[]);
+        let base = format!("http://127.0.0.1:{}", px.port);
+        let t = token(&private, "vms", &pvc);
+        // virtctl's probe, then each test image through a different endpoint.
+        assert_eq!(
+            head(&format!("{base}/v1beta1/upload-async"), &t),
+            200,
+            "{what}"
+        );
+        let (path, form) = match what {
+            "raw" => ("/v1beta1/upload-async", false),
+            "qcow2" => ("/v1beta1/upload", false),
+            "qcow2.xz" => ("/v1beta1/upload-form", true),
+            _ => ("/v1alpha1/upload-form-async", true),
+        };
+        let url = format!("{base}{path}");
+        let (code, body) = if form {
+            post_form(&url, &t, image.as_path())
+        } else {
+            post(&url, &t, &image)
+        };
+        assert_eq!(code, 200, "{what} via {path}: {body}");
+        // The server stops once the upload is complete (as CDI's upload pod does).
+        assert_eq!(srv.wait_exit(), 0, "{what}");
+        assert_same(&target, &expected);
+    }
+}
+
+#[test]
+fn tls_h2_and_mutual_tls_between_proxy_and_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = TestCa::new();
+    let (client_cert, client_key) = ca.client_cert("cdi-uploadproxy");
+    let (private, public) = openssl_keys(d, "signer");
+    let (qcow2, expected) = sample_qcow2(d);
+    let target = d.join("disk.img");
+    let mut srv = server(
+        d,
+        &target,
+        &[
+            "--tls-cert",
+            arg(&ca.cert_pem()),
+            "--tls-key",
+            arg(&ca.key_pem()),
+            "--client-ca",
+            arg(&ca.ca_pem()),
+        ],
+    );
+    // Without the proxy's client certificate, the server does not talk.
+    let direct = format!("https://127.0.0.1:{}/v1beta1/upload", srv.port);
+    let (code, _) = post(&direct, "x", &qcow2);
+    assert_eq!(
+        code, 0,
+        "the server answered a client without a certificate"
+    );
+    let (code, _) = curl(&[
+        "--cacert",
+        arg(&ca.ca_pem()),
+        &direct.replace("upload", "../healthz"),
+    ]);
+    assert_eq!(code, 0);
+
+    let px_port = free_port();
+    let listen = format!("127.0.0.1:{px_port}");
+    let route = format!("vms/disk=https://localhost:{}", srv.port);
+    let _px = Proc::start(
+        "upload-proxy",
+        &[
+            "upload-proxy",
+            "--public-key",
+            arg(&public),
+            "--listen",
+            &listen,
+            "--upstream",
+            &route,
+            "--tls-cert",
+            arg(&ca.cert_pem()),
+            "--tls-key",
+            arg(&ca.key_pem()),
+            "--upstream-ca",
+            arg(&ca.ca_pem()),
+            "--client-cert",
+            arg(&client_cert),
+            "--client-key",
+            arg(&client_key),
+        ],
+        px_port,
+        &d.join("proxy.log"),
+    );
+    let t = token(&private, "vms", "disk");
+    let url = format!("https://127.0.0.1:{px_port}/v1beta1/upload");
+    let (code, body, version) = post_with(
+        &url,
+        &t,
+        &qcow2,
+        &["--http2", "--cacert", arg(&ca.ca_pem())],
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(version, "2", "curl did not speak h2 to the proxy");
+    assert_eq!(srv.wait_exit(), 0);
+    assert_same(&target, &expected);
+}
+
+#[test]
+fn quarry_upload_over_tls_checks_the_proxy_certificate() {
+    let ca = TestCa::new();
+    let (cert, key) = (ca.cert_pem(), ca.key_pem());
+    let mut v = Volume::start(&[], &["--tls-cert", arg(&cert), "--tls-key", arg(&key)]);
+    let d = v.dir().to_path_buf();
+    let (qcow2, expected) = sample_qcow2(&d);
+    let url = v.url().replace("http:", "https:");
+    let token_file = d.join("token");
+    fs::write(&token_file, v.token()).unwrap();
+    let base = [
+        "upload",
+        arg(&qcow2),
+        "--url",
+        &url,
+        "--token-file",
+        arg(&token_file),
+        "--json",
+    ];
+    // An unknown CA is refused before anything is sent.
+    let out = quarry()
+        .args(base)
+        .args(["--retries", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(!v.target.exists());
+    let out = quarry()
+        .args(base)
+        .args(["--ca-cert", arg(&ca.ca_pem())])
+        .output()
+        .unwrap();
+    common::assert_ok(&out);
+    let report = common::json(&out);
+    assert_eq!(report["asynchronous"], true);
+    assert_eq!(report["attempts"], 1);
+    assert_eq!(v.srv.wait_exit(), 0);
+    assert_same(&v.target, &expected);
+}
+
+#[test]
+fn refusals_have_cdis_status_codes_and_leave_no_complete_looking_target() {
+    let v = Volume::start(&["--size", "64Mi", "--keep-serving"], &[]);
+    let (d, vol, target, private) = (v.dir(), &v.vol, &v.target, &v.private);
+    let (other_key, _) = openssl_keys(d, "intruder");
+    let (raw, raw_bytes) = sample_disk(d);
+    let url = format!("{}/v1beta1/upload", v.url());
+    let good = v.token();
+    let nothing = || {
+        assert!(!target.exists(), "a refusal left {}", target.display());
+        no_partial_left(vol);
+    };
+
+    // Tokens: missing or malformed 400, wrong signature or expired 401, another PVC 503.
+    let (code, _) = curl(&["-X", "POST", "-T", arg(&raw), "-H", "Expect:", &url]);
+    assert_eq!(code, 400, "no token");
+    assert_eq!(post(&url, "not-a.jwt", &raw).0, 400, "malformed token");
+    let (code, _) = curl(&[
+        "-X",
+        "POST",
+        "-H",
+        "Authorization: Basic abc",
+        "-d",
+        "x",
+        &url,
+    ]);
+    assert_eq!(code, 400, "not a bearer token");
+    let forged = token(&other_key, "vms", "disk");
+    let (code, body) = post(&url, &forged, &raw);
+    assert_eq!((code, body.contains("signature")), (401, true), "{body}");
+    let key = uploader::token::load_private_key(private).unwrap();
+    let now = uploader::token::now();
+    let expired =
+        uploader::token::Claims::upload("vms", "disk", now - 900, Duration::from_secs(300));
+    let expired = uploader::token::sign(&expired, &key).unwrap();
+    let (code, body) = post(&url, &expired, &raw);
+    assert_eq!((code, body.contains("expired")), (401, true), "{body}");
+    let (code, body) = post(&url, &token(private, "vms", "someone-else"), &raw);
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(post(&url, &token(private, "other-ns", "disk"), &raw).0, 503);
+    nothing();
+
+    // An image whose virtual size cannot fit the volume: 400, nothing written.
+    let big = d.join("big.qcow2");
+    qemu_img(&["create", "-f", "qcow2", arg(&big), "128M"]);
+    let (code, body) = post(&url, &good, &big);
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("does not fit"), "{body}");
+    nothing();
+    // A raw image in a form (no length known up front) is stopped when it passes the limit.
+    let long = d.join("long.raw");
+    let f = fs::File::create(&long).unwrap();
+    f.set_len(70 << 20).unwrap();
+    drop(f);
+    let form_url = url.replace("upload", "upload-form");
+    let (code, body) = post_form(&form_url, &good, &long);
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("does not fit"), "{body}");
+    nothing();
+
+    // Corrupt mid-stream: gzip whose deflate data is damaged halfway through: 500.
+    let gz = d.join("disk.raw.gz");
+    compress(&["gzip", "-c"], &raw, &gz);
+    let mut bytes = fs::read(&gz).unwrap();
+    let mid = bytes.len() / 2;
+    for b in &mut bytes[mid..mid + 4096] {
+        *b ^= 0x5a;
+    }
+    let bad = d.join("corrupt.raw.gz");
+    fs::write(&bad, bytes).unwrap();
+    let (code, body) = post(&url, &good, &bad);
+    assert_eq!(code, 500, "{body}");
+    assert!(body.contains("corrupt"), "{body}");
+    nothing();
+
+    // A second upload while one is running: 503. The slow one is then abandoned.
+    let auth = format!("Authorization: Bearer {good}");
+    let mut slow = Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "--limit-rate",
+            "512K",
+            "-X",
+            "POST",
+            "-T",
+            arg(&raw),
+        ])
+        .args(["-H", "Expect:", "-H", &auth, &url])
+        .spawn()
+        .unwrap();
+    // It is running once its partial file exists.
+    let partial = vol.join(".disk.img.quarry-partial");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !partial.exists() {
+        assert!(Instant::now() < deadline, "the slow upload did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let busy = post(&url, &good, &raw);
+    assert_eq!(busy.0, 503, "{}", busy.1);
+    assert!(busy.1.contains("in progress"), "{}", busy.1);
+    let _ = slow.kill();
+    let _ = slow.wait();
+    assert!(!target.exists());
+
+    // virtctl's retry from byte 0 replaces the interrupted upload and succeeds.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, body) = post(&url, &good, &raw);
+        if code == 200 {
+            break;
+        }
+        assert!(code == 503 && Instant::now() < deadline, "{code}: {body}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut expected = raw_bytes;
+    // The volume is the requested size's usable space (64Mi less 6%, whole MiB), as `import --size`.
+    expected.resize(importer::size::usable_space(64 << 20, 0.06) as usize, 0);
+    assert_same(target, &expected);
+
+    // Anything after a success: 409.
+    let (code, body) = post(&url, &good, &raw);
+    assert_eq!(code, 409, "{body}");
+    assert_eq!(head(&url.replace("upload", "upload-async"), &good), 200);
+    assert_same(target, &expected);
+}
+
+#[test]
+fn cors_preflight_is_answered() {
+    let v = Volume::start(&[], &[]);
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-i",
+            "-X",
+            "OPTIONS",
+            "-H",
+            "Origin: https://ui.example",
+        ])
+        .args(["-H", "Access-Control-Request-Method: POST"])
+        .args([
+            "-H",
+            "Access-Control-Request-Headers: authorization, content-type",
+        ])
+        .arg(format!("{}/v1beta1/upload-form-async", v.url()))
+        .output()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(answer.starts_with("http/1.1 204"), "{answer}");
+    assert!(
+        answer.contains("access-control-allow-origin: *"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains("access-control-allow-headers: authorization"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains("access-control-allow-methods: post"),
+        "{answer}"
+    );
+}
+
+#[test]
+fn a_cut_upload_resumes_from_the_servers_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Keys from `quarry upload-token keygen`.
+    let (private, public) = (d.join("signer.key"), d.join("signer.pub"));
+    let out = quarry()
+        .args([
+            "upload-token",
+            "keygen",
+            "--private",
+            arg(&private),
+            "--public",
+            arg(&public),
+        ])
+        .output()
+        .unwrap();
+    common::assert_ok(&out);
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        fs::metadata(&private).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let (qcow2, expected) = sample_qcow2(d);
+    let len = fs::metadata(&qcow2).unwrap().len();
+    let token_file = d.join("token");
+    fs::write(&token_file, token(&private, "vms", "disk")).unwrap();
+
+    // The cut between the client and the proxy, then between the proxy and the server; last,
+    // with --no-resume (virtctl's behaviour: the whole image again).
+    for (client_side, resume) in [(true, true), (false, true), (true, false)] {
+        let vol = d.join(format!("vol-{client_side}-{resume}"));
+        fs::create_dir(&vol).unwrap();
+        let target = vol.join("disk.img");
+        let mut srv = server(d, &target, &[]);
+        let (cut, px) = if client_side {
+            let px = proxy(d, &public, &[("vms/disk", &srv)], &[]);
+            let cut = CutProxy::start_upload(SocketAddr::from(([127, 0, 0, 1], px.port)), 3 << 20);
+            (cut, px)
+        } else {
+            let cut = CutProxy::start_upload(SocketAddr::from(([127, 0, 0, 1], srv.port)), 3 << 20);
+            let route = format!("vms/disk=http://127.0.0.1:{}", cut.port());
+            let px = proxy(d, &public, &[], &["--upstream", &route]);
+            (cut, px)
+        };
+        let url = if client_side {
+            format!("http://127.0.0.1:{}", cut.port())
+        } else {
+            format!("http://127.0.0.1:{}", px.port)
+        };
+        let out = quarry()
+            .args([
+                "upload",
+                arg(&qcow2),
+                "--url",
+                &url,
+                "--token-file",
+                arg(&token_file),
+                "--json",
+            ])
+            .args(if resume {
+                &[][..]
+            } else {
+                &["--no-resume"][..]
+            })
+            .output()
+            .unwrap();
+        common::assert_ok(&out);
+        let report = common::json(&out);
+        assert_eq!(cut.cuts(), 1, "the connection was not cut");
+        if !resume {
+            assert_eq!(report["resumed_from"], serde_json::json!([]), "{report}");
+            assert!(report["bytes_sent"].as_u64().unwrap() > len, "{report}");
+            assert_eq!(srv.wait_exit(), 0);
+            assert_same(&target, &expected);
+            continue;
+        }
+        let attempts = report["attempts"].as_u64().unwrap();
+        let sent = report["bytes_sent"].as_u64().unwrap();
+        let resumed: Vec<u64> = serde_json::from_value(report["resumed_from"].clone()).unwrap();
+        assert!(attempts >= 2, "{report}");
+        assert!(
+            !resumed.is_empty() && resumed[0] > 0,
+            "did not resume: {report}"
+        );
+        // Resent: what went out beyond the file's length; less than the whole image.
+        assert!(sent - len < len, "{report}");
+        assert!(
+            (cut.client_bytes() as u64) < 2 * len,
+            "{} bytes went through",
+            cut.client_bytes()
+        );
+        assert!(
+            cut.sent().contains("upload-offset: "),
+            "no resume request went out"
+        );
+        assert_eq!(srv.wait_exit(), 0);
+        assert_same(&target, &expected);
+    }
+}
+
+#[test]
+fn a_checksum_header_is_verified_over_the_bytes_sent() {
+    let mut v = Volume::start(&[], &[]);
+    let (qcow2, expected) = sample_qcow2(v.dir());
+    let (url, t) = (v.url(), v.token());
+    let upload = |sum: &str| {
+        quarry()
+            .args([
+                "upload",
+                arg(&qcow2),
+                "--url",
+                &url,
+                "--token",
+                &t,
+                "--json",
+            ])
+            .args(["--checksum", sum])
+            .output()
+            .unwrap()
+    };
+    let wrong = format!("sha256:{}", "ab".repeat(32));
+    let out = upload(&wrong);
+    assert!(!out.status.success());
+    let report = common::json(&out);
+    assert_eq!(report["kind"], "refused", "{report}");
+    assert!(
+        report["error"]
+            .as_str()
+            .unwrap()
+            .contains("checksum mismatch"),
+        "{report}"
+    );
+    assert!(!v.target.exists());
+    no_partial_left(&v.vol);
+    let sha = Command::new("sha256sum").arg(&qcow2).output().unwrap();
+    let hex = String::from_utf8_lossy(&sha.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    common::assert_ok(&upload(&format!("sha256:{hex}")));
+    assert_eq!(v.srv.wait_exit(), 0);
+    assert_same(&v.target, &expected);
+}
+
+#[test]
+fn virtctl_style_retry_from_zero_after_a_cut_still_works() {
+    let mut v = Volume::start(&[], &[]);
+    let (qcow2, expected) = sample_qcow2(v.dir());
+    let cut = CutProxy::start_upload(SocketAddr::from(([127, 0, 0, 1], v.px.port)), 2 << 20);
+    let t = v.token();
+    let url = format!("http://127.0.0.1:{}/v1beta1/upload-async", cut.port());
+    let (code, _) = post(&url, &t, &qcow2);
+    assert_ne!(code, 200, "the cut upload succeeded");
+    assert_eq!(cut.cuts(), 1);
+    assert!(!v.target.exists(), "an interrupted upload left a v.target");
+    // virtctl retries from byte 0 with the same request.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, body) = post(&url, &t, &qcow2);
+        if code == 200 {
+            break;
+        }
+        assert!(code == 503 && Instant::now() < deadline, "{code}: {body}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(v.srv.wait_exit(), 0);
+    assert_same(&v.target, &expected);
+}
+
+#[test]
+fn an_interrupted_upload_is_held_for_the_resume_window_then_dropped() {
+    let v = Volume::start(&["--resume-window", "2s", "--keep-serving"], &[]);
+    let (qcow2, _) = sample_qcow2(v.dir());
+    let len = fs::metadata(&qcow2).unwrap().len();
+    let (px, target) = (&v.px, &v.target);
+    let cut = CutProxy::start_upload(SocketAddr::from(([127, 0, 0, 1], px.port)), 2 << 20);
+    let t = v.token();
+    let url = format!("http://127.0.0.1:{}/v1beta1/upload-async", cut.port());
+    assert_ne!(post(&url, &t, &qcow2).0, 200);
+    assert_eq!(cut.cuts(), 1);
+
+    // While held, HEAD (through the proxy, with the token) tells how much the server has.
+    let held = |token: &str| {
+        let out = Command::new("curl")
+            .args(["-sS", "-I", "-H", &format!("Authorization: Bearer {token}")])
+            .arg(format!("http://127.0.0.1:{}/v1beta1/upload-async", px.port))
+            .output()
+            .unwrap();
+        let answer = String::from_utf8_lossy(&out.stdout).to_lowercase();
+        let offset = answer
+            .lines()
+            .find_map(|l| l.strip_prefix("upload-offset: "))
+            .map(|v| v.trim().parse::<u64>().unwrap());
+        let length = answer
+            .lines()
+            .find_map(|l| l.strip_prefix("upload-length: "))
+            .map(|v| v.trim().parse::<u64>().unwrap());
+        (
+            answer.lines().next().unwrap_or("").to_string(),
+            offset,
+            length,
+            answer
+                .lines()
+                .find_map(|l| l.strip_prefix("upload-state: "))
+                .map(|v| v.trim().to_string()),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (status, offset, length, state) = loop {
+        let h = held(&t);
+        if h.1.is_some() || Instant::now() > deadline {
+            break h;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.contains("200"), "{status}");
+    let offset = offset.expect("no Upload-Offset while the upload is held");
+    assert!(offset > 0 && offset <= 2 << 20, "offset {offset}");
+    assert_eq!(length, Some(len));
+    assert_eq!(state.as_deref(), Some("held"));
+    // The offset is behind the same token checks as uploads.
+    assert_eq!(head(&url, "not-a.jwt"), 400);
+    assert!(!target.exists());
+
+    // Not resumed in time: the upload is dropped, its partial file removed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held(&t).1.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the held upload was never dropped"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(held(&t).3.as_deref(), Some("idle"));
+    assert!(!target.exists());
+    no_partial_left(&v.vol);
+    // A resume now is told to start over.
+    let direct = format!("http://127.0.0.1:{}/v1beta1/upload-async", px.port);
+    let resume = format!("Upload-Offset: {offset}");
+    let (code, body, _) = post_with(&direct, &t, &qcow2, &["-H", &resume]);
+    assert_eq!(code, 416, "{body}");
+}
+
+#[test]
+fn a_form_upload_is_written_while_it_arrives() {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut v = Volume::start(&[], &[]);
+    let (raw, expected) = sample_disk(v.dir());
+    let auth = format!("Authorization: Bearer {}", v.token());
+    let part = format!("file=@{}", arg(&raw));
+    // 8 MiB at 2 MiB/s: about four seconds on the wire.
+    let mut slow = Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--limit-rate",
+            "2M",
+        ])
+        .args(["-H", "Expect:", "-H", &auth, "-F", &part])
+        .arg(format!("{}/v1beta1/upload-form", v.url()))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Data lands in the v.target's partial file while the form is still arriving: the part is
+    // streamed into the pipeline, not buffered first.
+    let partial = v.vol.join(".disk.img.quarry-partial");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let written = fs::metadata(&partial)
+            .map(|m| m.blocks() * 512)
+            .unwrap_or(0);
+        if written >= 2 << 20 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing written while the form arrived"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        slow.try_wait().unwrap().is_none(),
+        "the upload had already finished"
+    );
+    let out = slow.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    assert_eq!(v.srv.wait_exit(), 0);
+    assert_same(&v.target, &expected);
+}

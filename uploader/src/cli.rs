@@ -1,0 +1,335 @@
+//! The uploader's subcommands: arguments (clap derive) and entry points, so `quarry`'s main only
+//! dispatches.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::client::{Counters, UploadReport, UploadRequest};
+use crate::error::{Error, Result};
+use crate::{net, proxy, server, token};
+
+/// `quarry upload-server`: receive one image into a volume, as CDI's upload server pod.
+#[derive(clap::Args, Debug)]
+pub struct ServerArgs {
+    /// The volume's disk.img (or block device) the image is written to.
+    #[arg(long)]
+    pub target: PathBuf,
+    /// Requested volume size (bytes or a quantity such as 10Gi); the image must fit it.
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Fraction of a filesystem volume reserved for the filesystem [default: 0.06, 0 for block devices].
+    #[arg(long)]
+    pub filesystem_overhead: Option<f64>,
+    /// Address to listen on, e.g. 0.0.0.0:8443.
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// Serve TLS with this certificate (PEM; with --tls-key).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The TLS certificate's private key (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Accept only clients (the upload proxy) with a certificate signed by this CA (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub client_ca: Option<PathBuf>,
+    /// Allocate the whole target, as CDI's preallocation.
+    #[arg(long)]
+    pub preallocate: bool,
+    /// How long an interrupted upload is held for a resume (e.g. 300s, 5m).
+    #[arg(long, value_parser = parse_duration, default_value = "5m")]
+    pub resume_window: Duration,
+    /// A request body that delivers nothing for this long counts as interrupted.
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    pub idle_timeout: Duration,
+    /// Keep serving after a successful upload (answering 409) instead of exiting 0 as CDI's
+    /// upload server pod does.
+    #[arg(long)]
+    pub keep_serving: bool,
+}
+
+/// `quarry upload-proxy`: check upload tokens and stream uploads to the PVC's upload server.
+#[derive(clap::Args, Debug)]
+pub struct ProxyArgs {
+    /// The RSA public key (PEM) that verifies upload tokens.
+    #[arg(long, value_name = "PEM")]
+    pub public_key: PathBuf,
+    /// Address to listen on.
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// The upload server of a PVC; {pvc} and {namespace} come from the token.
+    #[arg(long, default_value = proxy::DEFAULT_TEMPLATE)]
+    pub upstream_template: String,
+    /// A fixed upload server for one PVC, NAMESPACE/PVC=URL; repeatable. When given, only these
+    /// PVCs are served (others get 503) and the template is not used.
+    #[arg(long = "upstream", value_name = "NS/PVC=URL")]
+    pub upstreams: Vec<String>,
+    /// Serve TLS with this certificate (PEM; with --tls-key).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Trust this CA (PEM) for the upload servers' certificates.
+    #[arg(long, value_name = "PEM")]
+    pub upstream_ca: Option<PathBuf>,
+    /// Client certificate (PEM) presented to upload servers (mutual TLS; with --client-key).
+    #[arg(long, value_name = "PEM", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    #[arg(long, value_name = "PEM", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+}
+
+/// `quarry upload-token`: issue an upload token, or (`keygen`) make the signing key pair.
+#[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct TokenArgs {
+    #[command(subcommand)]
+    pub command: Option<TokenCommand>,
+    /// The PVC's namespace.
+    #[arg(long, required = true)]
+    pub namespace: Option<String>,
+    /// The PVC's name.
+    #[arg(long, required = true)]
+    pub pvc: Option<String>,
+    /// The RSA private key (PEM) that signs the token.
+    #[arg(long, value_name = "PEM", required = true)]
+    pub key: Option<PathBuf>,
+    /// Lifetime of the token (CDI's is 5m).
+    #[arg(long, value_parser = parse_duration, default_value = "5m")]
+    pub ttl: Duration,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Generate the RSA key pair (3072 bits) that signs and verifies upload tokens.
+    Keygen {
+        /// Where to write the private key (PKCS#8 PEM, mode 0600).
+        #[arg(long, value_name = "PEM")]
+        private: PathBuf,
+        /// Where to write the public key (SPKI PEM), for `upload-proxy --public-key`.
+        #[arg(long, value_name = "PEM")]
+        public: PathBuf,
+    },
+}
+
+/// `quarry upload`: upload a local image through the upload proxy, resuming after drops.
+#[derive(clap::Args, Debug)]
+pub struct UploadArgs {
+    /// The image file (any format and compression `quarry import` reads).
+    pub file: PathBuf,
+    /// The upload proxy's URL, e.g. https://cdi-uploadproxy.example:443.
+    #[arg(long)]
+    pub url: String,
+    /// The upload token.
+    #[arg(
+        long,
+        required_unless_present = "token_file",
+        conflicts_with = "token_file"
+    )]
+    pub token: Option<String>,
+    /// A file holding the upload token.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Do not verify the proxy's certificate.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Trust this CA (PEM) for the proxy's certificate; repeatable.
+    #[arg(long = "ca-cert", value_name = "PEM")]
+    pub ca_certs: Vec<PathBuf>,
+    /// After a dropped connection, start over from byte 0 (as virtctl) instead of resuming.
+    #[arg(long)]
+    pub no_resume: bool,
+    /// Attempts after a failure before giving up.
+    #[arg(long, default_value_t = 5)]
+    pub retries: u32,
+    /// Checksum of the file, ALG:HEX (md5, sha1, sha256, sha512), verified by the server.
+    #[arg(long)]
+    pub checksum: Option<String>,
+    /// Print a one-line JSON report on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    importer::size::parse_quantity(s).map_err(|e| e.to_string())
+}
+
+/// `300`, `300s`, `5m`, `1h`.
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let s = s.trim();
+    let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("duration {s:?} is not N, Ns, Nm or Nh"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        _ => return Err(format!("duration {s:?} is not N, Ns, Nm or Nh")),
+    };
+    Ok(Duration::from_secs(secs))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Runtime::new().map_err(|e| Error::io("starting the async runtime", e))
+}
+
+pub fn run_server(args: ServerArgs) -> Result<()> {
+    if let Some(f) = args.filesystem_overhead
+        && !(0.0..1.0).contains(&f)
+    {
+        return Err(Error::InvalidInput(format!(
+            "--filesystem-overhead {f} is not a fraction in [0, 1)"
+        )));
+    }
+    let tls = net::tls_files(args.tls_cert, args.tls_key, args.client_ca)?;
+    let config = server::Config {
+        target: args.target,
+        size: args.size,
+        filesystem_overhead: args.filesystem_overhead,
+        preallocate: args.preallocate,
+        resume_window: args.resume_window,
+        idle_timeout: args.idle_timeout,
+    };
+    runtime()?.block_on(server::run(config, args.listen, tls, args.keep_serving))
+}
+
+pub fn run_proxy(args: ProxyArgs) -> Result<()> {
+    let public_key = token::load_public_key(&args.public_key)?;
+    let upstreams = if args.upstreams.is_empty() {
+        proxy::Upstreams::Template(args.upstream_template)
+    } else {
+        proxy::Upstreams::Static(
+            args.upstreams
+                .iter()
+                .map(|r| proxy::Upstreams::parse_route(r))
+                .collect::<Result<_>>()?,
+        )
+    };
+    let identity = match (&args.client_cert, &args.client_key) {
+        (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+        _ => None,
+    };
+    let client = proxy::upstream_client(args.upstream_ca.as_deref(), identity)?;
+    let tls = net::tls_files(args.tls_cert, args.tls_key, None)?;
+    let tls = tls.as_ref().map(net::server_config).transpose()?;
+    let router = proxy::router(proxy::Proxy {
+        public_key,
+        upstreams,
+        client,
+    });
+    runtime()?.block_on(async move {
+        let listener = net::bind(args.listen).await?;
+        tracing::info!(addr = %args.listen, "upload proxy listening");
+        net::serve(listener, tls, router, net::terminated()).await
+    })
+}
+
+/// Issues a token (printed on stdout) or writes a key pair.
+pub fn run_token(args: TokenArgs) -> Result<()> {
+    if let Some(TokenCommand::Keygen { private, public }) = args.command {
+        let (private_pem, public_pem) = token::generate()?;
+        write_private(&private, &private_pem)?;
+        std::fs::write(&public, public_pem)
+            .map_err(|e| Error::io(format!("writing {}", public.display()), e))?;
+        eprintln!(
+            "wrote the private key to {} and the public key to {}",
+            private.display(),
+            public.display()
+        );
+        return Ok(());
+    }
+    let (Some(namespace), Some(pvc), Some(key)) = (args.namespace, args.pvc, args.key) else {
+        return Err(Error::InvalidInput(
+            "--namespace, --pvc and --key are required".into(),
+        ));
+    };
+    let key = token::load_private_key(&key)?;
+    let claims = token::Claims::upload(&namespace, &pvc, token::now(), args.ttl);
+    println!("{}", token::sign(&claims, &key)?);
+    Ok(())
+}
+
+fn write_private(path: &std::path::Path, pem: &str) -> Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
+    f.write_all(pem.as_bytes())
+        .map_err(|e| Error::io(format!("writing {}", path.display()), e))
+}
+
+/// Uploads with a progress bar on a terminal; returns the report.
+pub fn run_upload(args: UploadArgs) -> Result<UploadReport> {
+    let token = match (&args.token, &args.token_file) {
+        (Some(t), _) => t.trim().to_string(),
+        (None, Some(f)) => String::from_utf8_lossy(&crate::error::read_file(f, "token file")?)
+            .trim()
+            .to_string(),
+        (None, None) => {
+            return Err(Error::InvalidInput(
+                "--token or --token-file is required".into(),
+            ));
+        }
+    };
+    if let Some(sum) = &args.checksum {
+        sum.parse::<importer::checksum::Checksum>()?;
+    }
+    let req = UploadRequest {
+        file: args.file,
+        url: args.url,
+        token,
+        ca_certs: args.ca_certs,
+        insecure: args.insecure,
+        resume: !args.no_resume,
+        retries: args.retries,
+        checksum: args.checksum,
+    };
+    let counters = Arc::new(Counters::default());
+    let bar =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec}",
+        )
+        .expect("valid template"),
+    );
+    let rt = runtime()?;
+    let follow = {
+        let (bar, c) = (bar.clone(), counters.clone());
+        rt.spawn(async move {
+            loop {
+                bar.set_length(c.total.load(Ordering::Relaxed));
+                bar.set_position(c.position.load(Ordering::Relaxed));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let result = rt.block_on(crate::client::upload(&req, counters));
+    follow.abort();
+    bar.finish_and_clear();
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("300").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("45s").unwrap(), Duration::from_secs(45));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
+        for bad in ["", "m", "5d", "-1s", "1.5m"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}

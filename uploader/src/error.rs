@@ -1,0 +1,117 @@
+//! The uploader's error type. [`Error::kind`] says whether trying again may help.
+
+use std::io;
+
+/// What went wrong, coarsely.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// A bad option, file or key.
+    InvalidInput,
+    /// A token that is not a JWT at all (HTTP 400 at the proxy).
+    MalformedToken,
+    /// A token whose signature, times or claims are wrong (HTTP 401 at the proxy).
+    Unauthorized,
+    /// The upload server or proxy answered with a refusal that retrying will not change.
+    Refused,
+    /// The upload server or proxy could not be reached or dropped the connection.
+    Unavailable,
+    /// Local I/O failed.
+    Io,
+    /// The import behind an upload failed.
+    Import(importer::ErrorKind),
+}
+
+impl ErrorKind {
+    pub fn is_retryable(self) -> bool {
+        match self {
+            ErrorKind::Unavailable | ErrorKind::Io => true,
+            ErrorKind::Import(kind) => kind.is_retryable(),
+            _ => false,
+        }
+    }
+
+    /// Short stable name, for JSON output and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidInput => "invalid-input",
+            ErrorKind::MalformedToken => "malformed-token",
+            ErrorKind::Unauthorized => "unauthorized",
+            ErrorKind::Refused => "refused",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Io => "io",
+            ErrorKind::Import(kind) => kind.as_str(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    #[error("malformed token: {0}")]
+    MalformedToken(String),
+    #[error("token rejected: {0}")]
+    Unauthorized(String),
+    #[error("upload refused with HTTP {status}: {message}")]
+    Refused { status: u16, message: String },
+    #[error("upload endpoint unavailable: {0}")]
+    Unavailable(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Import(#[from] importer::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidInput(_) => ErrorKind::InvalidInput,
+            Error::MalformedToken(_) => ErrorKind::MalformedToken,
+            Error::Unauthorized(_) => ErrorKind::Unauthorized,
+            Error::Refused { .. } => ErrorKind::Refused,
+            Error::Unavailable(_) => ErrorKind::Unavailable,
+            Error::Io { .. } => ErrorKind::Io,
+            Error::Import(e) => ErrorKind::Import(e.kind()),
+        }
+    }
+
+    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// Reads a small local file (a key, a certificate, a token) with an error naming it.
+pub fn read_file(path: &std::path::Path, what: &str) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| Error::io(format!("reading {what} {}", path.display()), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_transport_and_local_io_are_retryable() {
+        assert!(Error::Unavailable("x".into()).kind().is_retryable());
+        assert!(!Error::Unauthorized("x".into()).kind().is_retryable());
+        let refused = Error::Refused {
+            status: 409,
+            message: "done".into(),
+        };
+        assert!(!refused.kind().is_retryable());
+        let corrupt = Error::Import(importer::Error::Corrupt("bad".into()));
+        assert_eq!(
+            corrupt.kind(),
+            ErrorKind::Import(importer::ErrorKind::CorruptImage)
+        );
+        assert!(!corrupt.kind().is_retryable());
+    }
+}

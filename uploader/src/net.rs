@@ -1,0 +1,316 @@
+//! Serving an axum router: plain TCP or TLS (optionally requiring client certificates signed by
+//! a given CA), HTTP/1.1 and h2 on the same port (ALPN under TLS, prior knowledge in clear),
+//! with a graceful stop that lets answers in flight finish; and [`Coalesce`], which batches the
+//! small frames of a request body.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use bytes::{Bytes, BytesMut};
+use futures_util::Stream;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+
+use crate::error::{Error, Result, read_file};
+
+/// How long answers in flight may take after a stop was asked for.
+const DRAIN: Duration = Duration::from_secs(30);
+
+/// Certificate files of a TLS listener.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Require client certificates signed by this CA (mutual TLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+/// `--tls-cert` and `--tls-key` must come together; `--client-ca` needs them.
+pub fn tls_files(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+) -> Result<Option<TlsFiles>> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(TlsFiles {
+            cert,
+            key,
+            client_ca,
+        })),
+        (None, None) if client_ca.is_none() => Ok(None),
+        (None, None) => Err(Error::InvalidInput(
+            "--client-ca needs --tls-cert and --tls-key".into(),
+        )),
+        _ => Err(Error::InvalidInput(
+            "--tls-cert and --tls-key must be given together".into(),
+        )),
+    }
+}
+
+/// Reads every certificate of a PEM file.
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+    let pem = read_file(path, "certificates")?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| Error::InvalidInput(format!("bad PEM in {}: {e}", path.display())))?;
+    if certs.is_empty() {
+        return Err(Error::InvalidInput(format!(
+            "no PEM certificate in {}",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+/// The rustls configuration of a TLS listener (ring provider, ALPN h2 + http/1.1).
+pub fn server_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>> {
+    importer::source::http::install_tls_provider();
+    let certs = load_certs(&files.cert)?;
+    let key = PrivateKeyDer::from_pem_slice(&read_file(&files.key, "TLS key")?).map_err(|e| {
+        Error::InvalidInput(format!("no private key in {}: {e}", files.key.display()))
+    })?;
+    let builder = rustls::ServerConfig::builder();
+    let builder = match &files.client_ca {
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in load_certs(ca)? {
+                roots.add(cert).map_err(|e| {
+                    Error::InvalidInput(format!("bad CA certificate in {}: {e}", ca.display()))
+                })?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
+                .build()
+                .map_err(|e| Error::InvalidInput(format!("client CA {}: {e}", ca.display())))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_single_cert(certs, key).map_err(|e| {
+        Error::InvalidInput(format!(
+            "certificate {} and key {} do not make a TLS identity: {e}",
+            files.cert.display(),
+            files.key.display()
+        ))
+    })?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Binds `addr`, with a clear error.
+pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::io(format!("listening on {addr}"), e))
+}
+
+/// Serves `router` on `listener` until `stop` resolves, then lets answers in flight finish.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    router: Router,
+    stop: impl Future<Output = ()>,
+) -> Result<()> {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(stop);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let watcher = graceful.watcher();
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let builder = auto::Builder::new(TokioExecutor::new());
+            let served = match acceptor {
+                Some(acceptor) => match acceptor.accept(tcp).await {
+                    Ok(stream) => {
+                        let conn = builder.serve_connection(TokioIo::new(stream), service);
+                        watcher.watch(conn.into_owned()).await
+                    }
+                    Err(e) => {
+                        tracing::info!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                },
+                None => {
+                    let conn = builder.serve_connection(TokioIo::new(tcp), service);
+                    watcher.watch(conn.into_owned()).await
+                }
+            };
+            if let Err(e) = served {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after {DRAIN:?}; stopping anyway");
+    }
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn terminated() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        () = term => {},
+    }
+}
+
+/// Batch size of [`Coalesce`].
+pub const BATCH: usize = 256 << 10;
+
+/// Gathers the frames a body stream already has ready (HTTP/1.1 bodies come in frames of a few
+/// KiB) into batches of up to [`BATCH`] bytes, so each hop and the pipeline thread handle a few
+/// large chunks instead of many small ones. It never waits for more: when the inner stream is not
+/// ready, what is gathered goes out at once. Bytes that came before an error or the end are
+/// yielded first, the error or end after them.
+pub struct Coalesce<S, E> {
+    inner: S,
+    pending: BytesMut,
+    /// The inner stream's end or error, held back until the pending bytes are out.
+    last: Option<Option<Result<Bytes, E>>>,
+    finished: bool,
+}
+
+impl<S, E> Coalesce<S, E> {
+    pub fn new(inner: S) -> Self {
+        Coalesce {
+            inner,
+            pending: BytesMut::new(),
+            last: None,
+            finished: false,
+        }
+    }
+}
+
+impl<S, E> Stream for Coalesce<S, E>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+    E: Unpin,
+{
+    type Item = Result<Bytes, E>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if let Some(last) = this.last.take() {
+            this.finished = last.is_none();
+            return Poll::Ready(last);
+        }
+        if this.finished {
+            return Poll::Ready(None);
+        }
+        loop {
+            if this.pending.len() >= BATCH {
+                return Poll::Ready(Some(Ok(this.pending.split().freeze())));
+            }
+            match Pin::new(&mut this.inner).poll_next(cx) {
+                Poll::Ready(Some(Ok(chunk))) => {
+                    if this.pending.is_empty() && chunk.len() >= BATCH {
+                        return Poll::Ready(Some(Ok(chunk)));
+                    }
+                    this.pending.extend_from_slice(&chunk);
+                }
+                Poll::Ready(last) => {
+                    if this.pending.is_empty() {
+                        this.finished = last.is_none();
+                        return Poll::Ready(last);
+                    }
+                    this.last = Some(last);
+                    return Poll::Ready(Some(Ok(this.pending.split().freeze())));
+                }
+                Poll::Pending if this.pending.is_empty() => return Poll::Pending,
+                Poll::Pending => return Poll::Ready(Some(Ok(this.pending.split().freeze()))),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+
+    fn frames(n: usize, size: usize) -> Vec<Result<Bytes, String>> {
+        (0..n)
+            .map(|i| Ok(Bytes::from(vec![i as u8; size])))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn ready_frames_are_batched_and_keep_their_order() {
+        let input = frames(200, 4096);
+        let expected: Vec<u8> = input.iter().flat_map(|f| f.clone().unwrap()).collect();
+        let out: Vec<_> = Coalesce::new(futures_util::stream::iter(input))
+            .collect()
+            .await;
+        assert!(out.iter().all(|b| b.as_ref().unwrap().len() <= BATCH));
+        assert_eq!(out.len(), (200 * 4096_usize).div_ceil(BATCH));
+        let bytes: Vec<u8> = out.into_iter().flat_map(|b| b.unwrap()).collect();
+        assert_eq!(bytes, expected);
+    }
+
+    #[tokio::test]
+    async fn bytes_before_an_error_come_out_before_it() {
+        let mut input = frames(3, 1000);
+        input.push(Err("reset".to_string()));
+        input.extend(frames(1, 10));
+        let out: Vec<_> = Coalesce::new(futures_util::stream::iter(input))
+            .collect()
+            .await;
+        assert_eq!(out.len(), 3, "{out:?}");
+        assert_eq!(out[0].as_ref().unwrap().len(), 3000);
+        assert_eq!(out[1].as_ref().unwrap_err(), "reset");
+        assert_eq!(out[2].as_ref().unwrap().len(), 10);
+    }
+
+    #[tokio::test]
+    async fn nothing_waits_for_a_full_batch() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, String>>(4);
+        let mut s = Coalesce::new(tokio_stream_like(rx));
+        tx.send(Ok(Bytes::from_static(b"abc"))).await.unwrap();
+        let first = s.next().await.unwrap().unwrap();
+        assert_eq!(&first[..], b"abc");
+        drop(tx);
+        assert!(s.next().await.is_none());
+        assert!(s.next().await.is_none());
+    }
+
+    fn tokio_stream_like<T>(
+        mut rx: tokio::sync::mpsc::Receiver<T>,
+    ) -> impl Stream<Item = T> + Unpin {
+        Box::pin(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)))
+    }
+}

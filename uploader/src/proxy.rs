@@ -1,0 +1,282 @@
+//! The upload proxy, as CDI's `cdi-uploadproxy`: checks the `Authorization: Bearer` upload token
+//! (400 when missing or not a JWT, 401 when its signature, times or claims are wrong), then
+//! streams the request to the upload server of the PVC the token names, and streams the answer
+//! back. Nothing is buffered. The upload server's address comes from a template (CDI's default
+//! `https://cdi-upload-{pvc}.{namespace}.svc:8443`) or from static `NAMESPACE/PVC=URL` routes;
+//! a PVC with no route, or a server that cannot be reached, gets 503. CORS preflights are
+//! answered so browsers can upload.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use rsa::PublicKey;
+
+use crate::error::{Error, Result};
+use crate::token;
+use crate::{UPLOAD_CHECKSUM, UPLOAD_LENGTH, UPLOAD_OFFSET, UPLOAD_STATE};
+
+/// CDI's upload server address for a PVC.
+pub const DEFAULT_TEMPLATE: &str = "https://cdi-upload-{pvc}.{namespace}.svc:8443";
+
+/// Request headers passed on to the upload server.
+const FORWARDED: [&str; 4] = [
+    "content-type",
+    "content-length",
+    UPLOAD_OFFSET,
+    UPLOAD_CHECKSUM,
+];
+/// Answer headers passed back to the client.
+const RETURNED: [&str; 4] = ["content-type", UPLOAD_OFFSET, UPLOAD_LENGTH, UPLOAD_STATE];
+
+/// Where tokens' PVCs are served.
+#[derive(Debug, Clone)]
+pub enum Upstreams {
+    /// `{pvc}` and `{namespace}` are replaced by the token's claims.
+    Template(String),
+    /// Only these `(namespace, pvc)` have an upload server.
+    Static(BTreeMap<(String, String), String>),
+}
+
+impl Upstreams {
+    /// The upload server base URL for a PVC, if it has one.
+    pub fn url(&self, namespace: &str, pvc: &str) -> Option<String> {
+        match self {
+            Upstreams::Template(t) => {
+                Some(t.replace("{pvc}", pvc).replace("{namespace}", namespace))
+            }
+            Upstreams::Static(routes) => routes
+                .get(&(namespace.to_string(), pvc.to_string()))
+                .cloned(),
+        }
+    }
+
+    /// Parses a `NAMESPACE/PVC=URL` route.
+    pub fn parse_route(s: &str) -> Result<((String, String), String)> {
+        let bad = || Error::InvalidInput(format!("route {s:?} is not NAMESPACE/PVC=URL"));
+        let (pvc, url) = s.split_once('=').ok_or_else(bad)?;
+        let (ns, name) = pvc.split_once('/').ok_or_else(bad)?;
+        if ns.is_empty()
+            || name.is_empty()
+            || !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(bad());
+        }
+        Ok((
+            (ns.to_string(), name.to_string()),
+            url.trim_end_matches('/').to_string(),
+        ))
+    }
+}
+
+pub struct Proxy {
+    pub public_key: PublicKey,
+    pub upstreams: Upstreams,
+    pub client: reqwest::Client,
+}
+
+/// The proxy's router.
+pub fn router(proxy: Proxy) -> Router {
+    let proxy = Arc::new(proxy);
+    let mut r = Router::new().route("/healthz", get(|| async { "OK" }));
+    for path in crate::upload_paths() {
+        r = r.route(path, any(forward));
+    }
+    r.with_state(proxy)
+}
+
+fn text(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, message.into()).into_response()
+}
+
+fn cors(headers: &mut HeaderMap) {
+    headers.insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    headers.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static("upload-offset, upload-length, upload-state"),
+    );
+}
+
+fn preflight() -> Response {
+    let mut resp = StatusCode::NO_CONTENT.into_response();
+    let h = resp.headers_mut();
+    cors(h);
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("POST, HEAD, OPTIONS"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("authorization, content-type, upload-offset, upload-checksum"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static("600"),
+    );
+    resp
+}
+
+async fn forward(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
+    let mut resp = relay(&proxy, req).await;
+    cors(resp.headers_mut());
+    resp
+}
+
+async fn relay(proxy: &Proxy, req: Request) -> Response {
+    if req.method() == Method::OPTIONS {
+        return preflight();
+    }
+    let Some(auth) = req.headers().get(header::AUTHORIZATION) else {
+        return text(StatusCode::BAD_REQUEST, "no Authorization header");
+    };
+    let Some(bearer) = auth.to_str().ok().and_then(token::bearer) else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "the Authorization header is not 'Bearer <token>'",
+        );
+    };
+    let claims = match token::verify(bearer, &proxy.public_key, token::now()) {
+        Ok(claims) => claims,
+        Err(e @ Error::MalformedToken(_)) => return text(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e) => {
+            tracing::info!(error = %e, "refused a token");
+            return text(StatusCode::UNAUTHORIZED, e.to_string());
+        }
+    };
+    let pvc = format!("{}/{}", claims.namespace, claims.name);
+    let Some(base) = proxy.upstreams.url(&claims.namespace, &claims.name) else {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("rejecting the upload for PVC {pvc}: it has no upload server"),
+        );
+    };
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let url = format!("{}{path_and_query}", base.trim_end_matches('/'));
+    tracing::debug!(%pvc, method = %req.method(), %url, "forwarding");
+
+    let method = req.method().clone();
+    let mut headers = HeaderMap::new();
+    for name in FORWARDED {
+        if let Some(v) = req.headers().get(name) {
+            headers.insert(HeaderName::from_static(name), v.clone());
+        }
+    }
+    let mut upstream = proxy.client.request(method.clone(), &url).headers(headers);
+    if method != Method::HEAD && method != Method::GET {
+        let body = crate::net::Coalesce::new(req.into_body().into_data_stream());
+        upstream = upstream.body(reqwest::Body::wrap_stream(body));
+    }
+    let answer = match upstream.send().await {
+        Ok(answer) => answer,
+        Err(e) if e.is_connect() => {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the upload server of PVC {pvc} is not reachable: {}",
+                    chain(&e)
+                ),
+            );
+        }
+        Err(e) => {
+            tracing::warn!(%pvc, error = %chain(&e), "forwarding failed");
+            return text(
+                StatusCode::BAD_GATEWAY,
+                format!(
+                    "forwarding to the upload server of PVC {pvc} failed: {}",
+                    chain(&e)
+                ),
+            );
+        }
+    };
+    let mut resp = Response::builder().status(answer.status().as_u16());
+    for name in RETURNED {
+        if let Some(v) = answer.headers().get(name) {
+            resp = resp.header(name, v.clone());
+        }
+    }
+    resp.body(Body::from_stream(answer.bytes_stream()))
+        .unwrap_or_else(|e| text(StatusCode::BAD_GATEWAY, e.to_string()))
+}
+
+/// An error with its causes, `a: b: c`.
+pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// The client the proxy forwards with: the upload servers' CA, the proxy's client certificate.
+pub fn upstream_client(
+    upstream_ca: Option<&std::path::Path>,
+    identity: Option<(&std::path::Path, &std::path::Path)>,
+) -> Result<reqwest::Client> {
+    let opts = importer::source::http::HttpOptions {
+        ca_certs: upstream_ca
+            .map(|p| vec![p.to_path_buf()])
+            .unwrap_or_default(),
+        ..Default::default()
+    };
+    let mut b = importer::source::http::client_builder(&opts)?
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!("quarry-upload-proxy/", env!("CARGO_PKG_VERSION")));
+    if let Some((cert, key)) = identity {
+        let mut pem = crate::error::read_file(cert, "client certificate")?;
+        pem.push(b'\n');
+        pem.extend(crate::error::read_file(key, "client key")?);
+        let id = reqwest::Identity::from_pem(&pem).map_err(|e| {
+            Error::InvalidInput(format!(
+                "client certificate {} with key {}: {}",
+                cert.display(),
+                key.display(),
+                chain(&e)
+            ))
+        })?;
+        b = b.identity(id);
+    }
+    b.build()
+        .map_err(|e| Error::InvalidInput(format!("configuring the proxy's client: {}", chain(&e))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_and_static_routes() {
+        let t = Upstreams::Template(DEFAULT_TEMPLATE.into());
+        assert_eq!(
+            t.url("vms", "disk").unwrap(),
+            "https://cdi-upload-disk.vms.svc:8443"
+        );
+        let (key, url) = Upstreams::parse_route("vms/disk=http://127.0.0.1:1234/").unwrap();
+        let s = Upstreams::Static([(key, url)].into());
+        assert_eq!(s.url("vms", "disk").unwrap(), "http://127.0.0.1:1234");
+        assert_eq!(s.url("vms", "other"), None);
+        assert_eq!(s.url("other", "disk"), None);
+        for bad in [
+            "vms/disk",
+            "disk=http://x",
+            "/d=http://x",
+            "vms/disk=ftp://x",
+        ] {
+            assert!(Upstreams::parse_route(bad).is_err(), "{bad}");
+        }
+    }
+}
