@@ -21,7 +21,7 @@ use crate::pipe::{self, ChunkObserver};
 use crate::progress::Progress;
 use crate::sink::block::{self, BlockSink, ZeroMode};
 use crate::sink::file::FileSink;
-use crate::sink::{Bounded, VolumeSink};
+use crate::sink::{Bounded, VolumeSink, direct};
 use crate::size::usable_space;
 use crate::source::SourceSpec;
 use crate::source::file::open_file;
@@ -187,6 +187,8 @@ struct Opened {
     source_name: String,
     source_length: Option<u64>,
     stages: Stages,
+    /// Bounce buffers for the file sink's `O_DIRECT` writer.
+    direct_buffers: usize,
 }
 
 /// Runs one import to completion. `progress` is updated as it goes.
@@ -204,6 +206,7 @@ pub fn import(req: &ImportRequest, progress: Arc<Progress>) -> Result<ImportRepo
         source_name,
         source_length,
         mut stages,
+        direct_buffers,
     } = opened;
 
     let virtual_size = reader.virtual_size();
@@ -220,7 +223,7 @@ pub fn import(req: &ImportRequest, progress: Arc<Progress>) -> Result<ImportRepo
             detail: capacity.detail.clone(),
         });
     }
-    let mut sink = match open_sink(req, &capacity, virtual_size) {
+    let mut sink = match open_sink(req, &capacity, virtual_size, direct_buffers) {
         Ok(sink) => sink,
         Err(e) => {
             stages.cancel();
@@ -358,6 +361,7 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
         format,
         source_name: info.name,
         stages: Stages::none(),
+        direct_buffers: direct::IN_FLIGHT,
     }))
 }
 
@@ -380,14 +384,23 @@ fn open_stream(req: &ImportRequest, progress: &Arc<Progress>) -> Result<Opened> 
         decode: None,
     };
     match open_layers(req, info.length, raw_stream, &mut stages) {
-        Ok((reader, chain, format)) => Ok(Opened {
-            reader,
-            chain,
-            format,
-            source_name: info.name,
-            source_length: info.length,
-            stages,
-        }),
+        Ok((reader, layers, format)) => {
+            let mut chain: Vec<String> = layers.iter().map(|c| c.as_str().to_string()).collect();
+            chain.push(format.as_str().to_string());
+            Ok(Opened {
+                reader,
+                chain,
+                format,
+                source_name: info.name,
+                source_length: info.length,
+                stages,
+                direct_buffers: if layers.contains(&Compression::Xz) {
+                    direct::IN_FLIGHT_LEAN
+                } else {
+                    direct::IN_FLIGHT
+                },
+            })
+        }
         Err(e) => {
             stages.cancel();
             Err(e)
@@ -400,27 +413,28 @@ fn open_layers(
     source_length: Option<u64>,
     raw_stream: pipe::ChannelReader,
     stages: &mut Stages,
-) -> Result<(Box<dyn FormatReader>, Vec<String>, ImageFormat)> {
+) -> Result<(Box<dyn FormatReader>, Vec<Compression>, ImageFormat)> {
     let (decoded, layers) = decode::unwrap_layers(Box::new(raw_stream))?;
     let format = req.format.unwrap_or_else(|| format::detect(decoded.head()));
-    let mut chain: Vec<String> = layers.iter().map(|c| c.as_str().to_string()).collect();
-    chain.push(format.as_str().to_string());
-
-    let stream: Box<dyn std::io::Read + Send> = if layers.is_empty() {
-        Box::new(decoded)
-    } else {
-        let (reader, stage) = pipe::spawn("decode", decoded, ());
-        stages.decode = Some(stage);
-        Box::new(reader)
-    };
+    // xz decodes on liblzma's own threads, and its output buffers (a whole block each) already
+    // decouple it from the writer: a decode stage behind it would only add a copy and memory.
+    let stream: Box<dyn std::io::Read + Send> =
+        if layers.is_empty() || layers.contains(&Compression::Xz) {
+            Box::new(decoded)
+        } else {
+            let (reader, stage) = pipe::spawn("decode", decoded, ());
+            stages.decode = Some(stage);
+            Box::new(reader)
+        };
     let reader = open_reader(req, format, stream, &layers, source_length)?;
-    Ok((reader, chain, format))
+    Ok((reader, layers, format))
 }
 
 fn open_sink(
     req: &ImportRequest,
     capacity: &Capacity,
     virtual_size: Option<u64>,
+    direct_buffers: usize,
 ) -> Result<Box<dyn VolumeSink>> {
     let mut sink: Box<dyn VolumeSink> = if capacity.is_block {
         Box::new(BlockSink::open(
@@ -432,7 +446,11 @@ fn open_sink(
             },
         )?)
     } else {
-        Box::new(FileSink::create(&req.target, req.preallocate)?)
+        Box::new(FileSink::create(
+            &req.target,
+            req.preallocate,
+            direct_buffers,
+        )?)
     };
     if let Some(size) = virtual_size
         && let Err(e) = sink.expect_size(size)

@@ -120,10 +120,12 @@ impl<R: Read> Read for DecoderErrors<R> {
     }
 }
 
-/// Memory liblzma may use for decoding threads. Files from `xz -T0` (24 MiB blocks, 8 MiB
-/// dictionary) need about 50 MiB a thread; beyond this limit liblzma uses fewer threads.
-/// Chosen so that peak RSS of a whole import stays under 100 MiB.
-const XZ_THREADING_MEMORY: u64 = 88 << 20;
+/// Memory liblzma may use for decoding threads. A block decoded on a thread takes its
+/// dictionary, its whole compressed size and its whole uncompressed size: files from `xz -T0`
+/// (24 MiB blocks, 8 MiB dictionary) need 32 MiB plus the compressed block, so two blocks that
+/// compress to a third or better decode at once, and less compressible ones one at a time (their
+/// decoding is fast anyway). Chosen so that a whole import stays under 100 MiB peak RSS.
+const XZ_THREADING_MEMORY: u64 = 80 << 20;
 
 /// A multi-threaded xz decoder: blocks of a multi-block file decode in parallel; a single-block
 /// file decodes on one thread. Memory is capped: liblzma drops to fewer threads rather than

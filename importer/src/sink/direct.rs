@@ -18,7 +18,10 @@ const ALIGN: usize = 4096;
 const BOUNCE: usize = 2 << 20;
 /// Bounce buffers in flight: the caller fills one while the writer thread waits on the device
 /// for the others, so parsing and device writes overlap.
-const IN_FLIGHT: usize = 4;
+pub const IN_FLIGHT: usize = 4;
+/// Enough when the source is slower than the device (xz decoding, ~250 MB/s a thread): two keep
+/// the device busy, and the memory goes to the decoder instead.
+pub const IN_FLIGHT_LEAN: usize = 2;
 /// Writes smaller than this stay buffered: direct I/O only pays off for large ones.
 const MIN_DIRECT: usize = 64 << 10;
 
@@ -58,7 +61,7 @@ pub struct DirectWriter {
 
 impl DirectWriter {
     /// Opens `path` again with `O_DIRECT`; None where the filesystem does not support it.
-    pub fn open(path: &Path) -> Option<Self> {
+    pub fn open(path: &Path, in_flight: usize) -> Option<Self> {
         let direct = OpenOptions::new()
             .write(true)
             .custom_flags(libc::O_DIRECT)
@@ -66,9 +69,9 @@ impl DirectWriter {
             .ok()?;
         // some filesystems accept O_DIRECT at open and refuse the write: the writer falls back
         let buffered = OpenOptions::new().write(true).open(path).ok()?;
-        let (jobs, job_rx) = sync_channel::<Job>(IN_FLIGHT);
-        let (free_tx, free) = sync_channel::<AlignedBuf>(IN_FLIGHT);
-        for _ in 0..IN_FLIGHT {
+        let (jobs, job_rx) = sync_channel::<Job>(in_flight);
+        let (free_tx, free) = sync_channel::<AlignedBuf>(in_flight);
+        for _ in 0..in_flight {
             free_tx.send(AlignedBuf::new()).ok()?;
         }
         let failed = Arc::new(Mutex::new(None));
@@ -185,7 +188,7 @@ mod tests {
             .open(&path)
             .unwrap();
         buffered.set_len(16 << 20).unwrap();
-        let Some(mut direct) = DirectWriter::open(&path) else {
+        let Some(mut direct) = DirectWriter::open(&path, IN_FLIGHT) else {
             eprintln!("skipping: no O_DIRECT on this filesystem");
             return;
         };
