@@ -362,6 +362,45 @@ mod tests {
         p
     }
 
+    fn importing() -> DataVolume {
+        let mut d = dv();
+        d.status = Some(crate::api::DataVolumeStatus {
+            phase: Some(Phase::ImportInProgress),
+            ..Default::default()
+        });
+        d
+    }
+
+    fn deleting(annotations: &[(&str, &str)]) -> DataVolume {
+        let mut d = dv();
+        d.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            Timestamp::now(),
+        ));
+        d.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        d
+    }
+
+    /// Answers the reconcile's reads of the PVC and the importer pod (404 for None).
+    async fn reads(api: &mut ApiServer, pvc: Option<Value>, pod: Option<Value>) {
+        for (path, obj) in [
+            (format!("{NS}/persistentvolumeclaims/fedora"), pvc),
+            (format!("{NS}/pods/importer-fedora"), pod),
+        ] {
+            match obj {
+                Some(o) => api.expect(Method::GET, &path, 200, o).await,
+                None => {
+                    api.expect(Method::GET, &path, 404, mockapi::status(404, "NotFound"))
+                        .await
+                }
+            };
+        }
+    }
+
     async fn reconciled(
         dv: DataVolume,
         ctx: Arc<Context>,
@@ -386,10 +425,7 @@ mod tests {
     async fn new_datavolume_creates_the_pvc_then_patches_status() {
         let (client, mut api) = mockapi::pair();
         let task = reconciled(dv(), context(client)).await;
-        api.not_found(Method::GET, &format!("{NS}/persistentvolumeclaims/fedora"))
-            .await;
-        api.not_found(Method::GET, &format!("{NS}/pods/importer-fedora"))
-            .await;
+        reads(&mut api, None, None).await;
         let pvc = api.created(&format!("{NS}/persistentvolumeclaims")).await;
         assert_eq!(pvc["metadata"]["name"], "fedora");
         assert_eq!(
@@ -407,15 +443,7 @@ mod tests {
     async fn bound_pvc_gets_an_importer_pod() {
         let (client, mut api) = mockapi::pair();
         let task = reconciled(dv(), context(client)).await;
-        api.expect(
-            Method::GET,
-            &format!("{NS}/persistentvolumeclaims/fedora"),
-            200,
-            bound_pvc(),
-        )
-        .await;
-        api.not_found(Method::GET, &format!("{NS}/pods/importer-fedora"))
-            .await;
+        reads(&mut api, Some(bound_pvc()), None).await;
         let pod = api.created(&format!("{NS}/pods")).await;
         assert_eq!(pod["metadata"]["name"], "importer-fedora");
         assert_eq!(pod["spec"]["containers"][0]["args"][0], "import");
@@ -429,26 +457,9 @@ mod tests {
     #[tokio::test]
     async fn succeeded_pod_is_reported_then_deleted() {
         let (client, mut api) = mockapi::pair();
-        let mut running = dv();
-        running.status = Some(crate::api::DataVolumeStatus {
-            phase: Some(Phase::ImportInProgress),
-            ..Default::default()
-        });
+        let running = importing();
         let task = reconciled(running.clone(), context(client)).await;
-        api.expect(
-            Method::GET,
-            &format!("{NS}/persistentvolumeclaims/fedora"),
-            200,
-            bound_pvc(),
-        )
-        .await;
-        api.expect(
-            Method::GET,
-            &format!("{NS}/pods/importer-fedora"),
-            200,
-            pod("Succeeded", Some(0)),
-        )
-        .await;
+        reads(&mut api, Some(bound_pvc()), Some(pod("Succeeded", Some(0)))).await;
         let ev = api
             .created("/apis/events.k8s.io/v1/namespaces/vms/events")
             .await;
@@ -470,27 +481,10 @@ mod tests {
     #[tokio::test]
     async fn checksum_failure_fails_at_once_and_no_new_pod_is_made() {
         let (client, mut api) = mockapi::pair();
-        let mut running = dv();
-        running.status = Some(crate::api::DataVolumeStatus {
-            phase: Some(Phase::ImportInProgress),
-            ..Default::default()
-        });
+        let running = importing();
         let ctx = context(client);
         let task = reconciled(running.clone(), ctx.clone()).await;
-        api.expect(
-            Method::GET,
-            &format!("{NS}/persistentvolumeclaims/fedora"),
-            200,
-            bound_pvc(),
-        )
-        .await;
-        api.expect(
-            Method::GET,
-            &format!("{NS}/pods/importer-fedora"),
-            200,
-            pod("Failed", Some(14)),
-        )
-        .await;
+        reads(&mut api, Some(bound_pvc()), Some(pod("Failed", Some(14)))).await;
         let ev = api
             .created("/apis/events.k8s.io/v1/namespaces/vms/events")
             .await;
@@ -510,15 +504,7 @@ mod tests {
         let mut failed = running;
         failed.status = serde_json::from_value(st).unwrap();
         let task = reconciled(failed, ctx).await;
-        api.expect(
-            Method::GET,
-            &format!("{NS}/persistentvolumeclaims/fedora"),
-            200,
-            bound_pvc(),
-        )
-        .await;
-        api.not_found(Method::GET, &format!("{NS}/pods/importer-fedora"))
-            .await;
+        reads(&mut api, Some(bound_pvc()), None).await;
         api.silence().await;
         task.await.unwrap().unwrap();
     }
@@ -526,10 +512,7 @@ mod tests {
     #[tokio::test]
     async fn deletion_removes_pods_service_and_pvc_then_the_finalizer() {
         let (client, mut api) = mockapi::pair();
-        let mut deleting = dv();
-        deleting.metadata.deletion_timestamp = Some(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
-        );
+        let deleting = deleting(&[]);
         let task = reconciled(deleting.clone(), context(client)).await;
         api.expect(
             Method::DELETE,
@@ -558,12 +541,7 @@ mod tests {
     #[tokio::test]
     async fn a_retained_pvc_survives_deletion() {
         let (client, mut api) = mockapi::pair();
-        let mut deleting = dv();
-        deleting.metadata.deletion_timestamp = Some(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
-        );
-        deleting.metadata.annotations =
-            Some(BTreeMap::from([(ANN_RETAIN_PVC.into(), "true".into())]));
+        let deleting = deleting(&[(ANN_RETAIN_PVC, "true")]);
         let task = reconciled(deleting.clone(), context(client)).await;
         api.not_found(Method::DELETE, &format!("{NS}/pods/importer-fedora"))
             .await;

@@ -172,8 +172,22 @@ impl Ctx<'_> {
 
     fn fail(&mut self, why: &str, message: &str, event_reason: &str) {
         let now = self.now();
-        status::ready(&mut self.st.conditions, false, why, message, now);
-        status::running(&mut self.st.conditions, false, why, message, now);
+        status::set_condition(
+            &mut self.st.conditions,
+            condition::READY,
+            false,
+            why,
+            message,
+            now,
+        );
+        status::set_condition(
+            &mut self.st.conditions,
+            condition::RUNNING,
+            false,
+            why,
+            message,
+            now,
+        );
         self.phase(
             Phase::Failed,
             Some((true, event_reason, message.to_string())),
@@ -251,7 +265,14 @@ fn claim_ready(cx: &mut Ctx<'_>, claim: &Claim) -> bool {
         cx.actions
             .push(Action::CreatePvc(Box::new(pvc::desired_pvc(cx.dv, claim))));
         let msg = format!("PVC {pvc_name} Pending");
-        status::bound(&mut cx.st.conditions, false, reason::PENDING, &msg, now);
+        status::set_condition(
+            &mut cx.st.conditions,
+            condition::BOUND,
+            false,
+            reason::PENDING,
+            &msg,
+            now,
+        );
         return false;
     };
     let phase = pvc
@@ -262,12 +283,20 @@ fn claim_ready(cx: &mut Ctx<'_>, claim: &Claim) -> bool {
     match phase {
         "Bound" => {
             let msg = format!("PVC {pvc_name} Bound");
-            status::bound(&mut cx.st.conditions, true, reason::BOUND, &msg, now);
+            status::set_condition(
+                &mut cx.st.conditions,
+                condition::BOUND,
+                true,
+                reason::BOUND,
+                &msg,
+                now,
+            );
             true
         }
         "Lost" => {
-            status::bound(
+            status::set_condition(
                 &mut cx.st.conditions,
+                condition::BOUND,
                 false,
                 reason::CLAIM_LOST,
                 "Claim Lost",
@@ -282,13 +311,21 @@ fn claim_ready(cx: &mut Ctx<'_>, claim: &Claim) -> bool {
         }
         _ => {
             let msg = format!("PVC {pvc_name} Pending");
-            status::bound(&mut cx.st.conditions, false, reason::PENDING, &msg, now);
+            status::set_condition(
+                &mut cx.st.conditions,
+                condition::BOUND,
+                false,
+                reason::PENDING,
+                &msg,
+                now,
+            );
             if !cx.obs.wait_for_first_consumer {
                 return false;
             }
             if cx.cfg.honor_wait_for_first_consumer {
-                status::running(
+                status::set_condition(
                     &mut cx.st.conditions,
+                    condition::RUNNING,
                     false,
                     reason::WAIT_FOR_FIRST_CONSUMER,
                     "the PVC waits for its first consumer",
@@ -354,8 +391,15 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
     match (pod_phase(p), work) {
         ("Pending", Work::Import) => {
             let why = waiting_reason(p);
-            status::running(&mut cx.st.conditions, false, &why, "", now);
-            status::ready(&mut cx.st.conditions, false, "", "", now);
+            status::set_condition(
+                &mut cx.st.conditions,
+                condition::RUNNING,
+                false,
+                &why,
+                "",
+                now,
+            );
+            status::set_condition(&mut cx.st.conditions, condition::READY, false, "", "", now);
             cx.phase(
                 Phase::ImportScheduled,
                 Some((
@@ -367,7 +411,14 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
         }
         ("Pending", Work::Upload) => {
             let why = waiting_reason(p);
-            status::running(&mut cx.st.conditions, false, &why, "", now);
+            status::set_condition(
+                &mut cx.st.conditions,
+                condition::RUNNING,
+                false,
+                &why,
+                "",
+                now,
+            );
             cx.phase(
                 Phase::UploadScheduled,
                 Some((
@@ -378,9 +429,17 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
             );
         }
         ("Running", Work::Import) => {
-            status::running(&mut cx.st.conditions, true, reason::POD_RUNNING, "", now);
-            status::ready(
+            status::set_condition(
                 &mut cx.st.conditions,
+                condition::RUNNING,
+                true,
+                reason::POD_RUNNING,
+                "",
+                now,
+            );
+            status::set_condition(
+                &mut cx.st.conditions,
+                condition::READY,
                 false,
                 reason::TRANSFER_RUNNING,
                 "",
@@ -405,9 +464,17 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
             cx.requeue = Some(PROGRESS_INTERVAL);
         }
         ("Running", Work::Upload) => {
-            status::running(&mut cx.st.conditions, true, reason::POD_RUNNING, "", now);
-            status::ready(
+            status::set_condition(
                 &mut cx.st.conditions,
+                condition::RUNNING,
+                true,
+                reason::POD_RUNNING,
+                "",
+                now,
+            );
+            status::set_condition(
+                &mut cx.st.conditions,
+                condition::READY,
                 false,
                 reason::TRANSFER_RUNNING,
                 "",
@@ -446,8 +513,15 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
                     "Upload Complete",
                 ),
             };
-            status::running(&mut cx.st.conditions, false, reason::COMPLETED, done, now);
-            status::ready(&mut cx.st.conditions, true, "", "", now);
+            status::set_condition(
+                &mut cx.st.conditions,
+                condition::RUNNING,
+                false,
+                reason::COMPLETED,
+                done,
+                now,
+            );
+            status::set_condition(&mut cx.st.conditions, condition::READY, true, "", "", now);
             cx.st.progress = Some(status::format_progress(100.0));
             cx.phase(Phase::Succeeded, Some((false, ev, msg)));
             remove_pod(cx, pod_name, work);
@@ -493,8 +567,15 @@ fn pod_failed(cx: &mut Ctx<'_>, p: &Pod, pod_name: String, work: Work) {
             "{what}: {msg} (exit code {code}; restart {n} of {max} in {}s)",
             delay.as_secs()
         );
-        status::running(&mut cx.st.conditions, false, &failure.reason, &message, now);
-        status::ready(&mut cx.st.conditions, false, "", "", now);
+        status::set_condition(
+            &mut cx.st.conditions,
+            condition::RUNNING,
+            false,
+            &failure.reason,
+            &message,
+            now,
+        );
+        status::set_condition(&mut cx.st.conditions, condition::READY, false, "", "", now);
         cx.event(true, ev, message);
         cx.st.restart_count = Some(n as i32);
         cx.requeue = Some(delay);

@@ -3,7 +3,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::datavolume::{DataVolumeCondition, condition};
+use crate::api::datavolume::DataVolumeCondition;
 
 /// Event and condition reasons, CDI's spelling.
 pub mod reason {
@@ -88,39 +88,6 @@ pub fn find<'a>(
     conditions.iter().find(|c| c.type_ == type_)
 }
 
-/// Sets Ready, in CDI's order of conditions (Ready, Bound, Running).
-pub fn ready(
-    c: &mut Vec<DataVolumeCondition>,
-    status: bool,
-    reason: &str,
-    message: &str,
-    now: Timestamp,
-) {
-    set_condition(c, condition::READY, status, reason, message, now)
-}
-
-/// Sets Bound.
-pub fn bound(
-    c: &mut Vec<DataVolumeCondition>,
-    status: bool,
-    reason: &str,
-    message: &str,
-    now: Timestamp,
-) {
-    set_condition(c, condition::BOUND, status, reason, message, now)
-}
-
-/// Sets Running.
-pub fn running(
-    c: &mut Vec<DataVolumeCondition>,
-    status: bool,
-    reason: &str,
-    message: &str,
-    now: Timestamp,
-) {
-    set_condition(c, condition::RUNNING, status, reason, message, now)
-}
-
 /// `status.progress` as CDI writes it: two decimals and a percent sign.
 pub fn format_progress(percent: f64) -> String {
     format!("{:.2}%", percent.clamp(0.0, 100.0))
@@ -146,6 +113,7 @@ pub fn parse_progress(metrics: &str, owner_uid: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::datavolume::condition;
 
     fn t(secs: i64) -> Timestamp {
         Timestamp::from_second(secs).unwrap()
@@ -154,18 +122,39 @@ mod tests {
     #[test]
     fn transition_time_moves_only_on_status_change() {
         let mut c = Vec::new();
-        running(&mut c, false, "Pending", "", t(1));
-        running(&mut c, false, "ContainerCreating", "", t(2));
+        set_condition(&mut c, condition::RUNNING, false, "Pending", "", t(1));
+        set_condition(
+            &mut c,
+            condition::RUNNING,
+            false,
+            "ContainerCreating",
+            "",
+            t(2),
+        );
         let r = find(&c, "Running").unwrap();
         assert_eq!(r.last_transition_time, Some(Time(t(1))));
         assert_eq!(r.last_heartbeat_time, Some(Time(t(2))));
-        running(&mut c, true, reason::POD_RUNNING, "", t(3));
+        set_condition(
+            &mut c,
+            condition::RUNNING,
+            true,
+            reason::POD_RUNNING,
+            "",
+            t(3),
+        );
         let r = find(&c, "Running").unwrap();
         assert_eq!(
             (r.status.as_str(), r.last_transition_time.clone()),
             ("True", Some(Time(t(3))))
         );
-        running(&mut c, true, reason::POD_RUNNING, "", t(4));
+        set_condition(
+            &mut c,
+            condition::RUNNING,
+            true,
+            reason::POD_RUNNING,
+            "",
+            t(4),
+        );
         assert_eq!(
             find(&c, "Running").unwrap().last_heartbeat_time,
             Some(Time(t(3)))

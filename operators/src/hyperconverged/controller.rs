@@ -195,13 +195,43 @@ mod tests {
         obj
     }
 
-    #[tokio::test]
-    async fn children_are_applied_in_order_and_status_aggregated() {
-        let (client, mut api) = mockapi::pair();
+    const STATUS: &str = "/apis/hco.kubevirt.io/v1beta1/namespaces/kubevirt-hyperconverged/hyperconvergeds/kubevirt-hyperconverged/status";
+
+    fn start(hc: HyperConverged) -> (tokio::task::JoinHandle<Result<Requeue>>, mockapi::ApiServer) {
+        let (client, api) = mockapi::pair();
         let ctx = Arc::new(Context {
             client,
             metrics: Arc::default(),
         });
+        (tokio::spawn(reconcile(Arc::new(hc), ctx)), api)
+    }
+
+    /// Answers the status apply; returns the applied status and its condition of `type_`.
+    async fn status_applied(
+        api: &mut mockapi::ApiServer,
+        hc: &HyperConverged,
+        type_: &str,
+    ) -> (serde_json::Value, serde_json::Value) {
+        let (_, st) = api
+            .expect(
+                Method::PATCH,
+                STATUS,
+                200,
+                serde_json::to_value(hc).unwrap(),
+            )
+            .await;
+        let cond = st["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == type_)
+            .unwrap()
+            .clone();
+        (st["status"].clone(), cond)
+    }
+
+    #[tokio::test]
+    async fn children_are_applied_in_order_and_status_aggregated() {
         let mut with_hpp = hc();
         with_hpp.metadata.annotations = Some(
             [(
@@ -210,7 +240,7 @@ mod tests {
             )]
             .into(),
         );
-        let task = tokio::spawn(reconcile(Arc::new(with_hpp.clone()), ctx));
+        let (task, mut api) = start(with_hpp.clone());
         let paths = [
             "/apis/cdi.kubevirt.io/v1beta1/cdis/cdi-kubevirt-hyperconverged",
             "/apis/kubevirt.io/v1/namespaces/kubevirt-hyperconverged/kubevirts/kubevirt-kubevirt-hyperconverged",
@@ -247,22 +277,8 @@ mod tests {
             applied[4]["spec"]["storagePools"][0]["path"],
             "/var/hpvolumes"
         );
-        let (_, st) = api
-            .expect(
-                Method::PATCH,
-                "/apis/hco.kubevirt.io/v1beta1/namespaces/kubevirt-hyperconverged/hyperconvergeds/kubevirt-hyperconverged/status",
-                200,
-                serde_json::to_value(&with_hpp).unwrap(),
-            )
-            .await;
-        assert_eq!(st["status"]["systemHealthStatus"], "healthy");
-        let avail = st["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "Available")
-            .unwrap()
-            .clone();
+        let (st, avail) = status_applied(&mut api, &with_hpp, "Available").await;
+        assert_eq!(st["systemHealthStatus"], "healthy");
         assert_eq!(avail["status"], "True");
         api.silence().await;
         assert_eq!(task.await.unwrap().unwrap(), Requeue::requeue(RESYNC));
@@ -270,12 +286,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_disabled_hostpath_provisioner_is_removed_and_a_missing_crd_fails_the_reconcile() {
-        let (client, mut api) = mockapi::pair();
-        let ctx = Arc::new(Context {
-            client,
-            metrics: Arc::default(),
-        });
-        let task = tokio::spawn(reconcile(Arc::new(hc()), ctx));
+        let (task, mut api) = start(hc());
         let (_, cdi) = api
             .expect_echo(
                 Method::PATCH,
@@ -290,33 +301,14 @@ mod tests {
             mockapi::status(404, "NotFound"),
         )
         .await;
-        let (_, st) = api
-            .expect(
-                Method::PATCH,
-                "/apis/hco.kubevirt.io/v1beta1/namespaces/kubevirt-hyperconverged/hyperconvergeds/kubevirt-hyperconverged/status",
-                200,
-                serde_json::to_value(hc()).unwrap(),
-            )
-            .await;
-        assert_eq!(st["status"]["systemHealthStatus"], "error");
-        let rc = st["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "ReconcileComplete")
-            .unwrap()
-            .clone();
+        let (st, rc) = status_applied(&mut api, &hc(), "ReconcileComplete").await;
+        assert_eq!(st["systemHealthStatus"], "error");
         assert_eq!(rc["status"], "False");
         api.silence().await;
         assert!(task.await.unwrap().is_err());
 
         // With every child present, the HostPathProvisioner is deleted when not enabled.
-        let (client, mut api) = mockapi::pair();
-        let ctx = Arc::new(Context {
-            client,
-            metrics: Arc::default(),
-        });
-        let task = tokio::spawn(reconcile(Arc::new(hc()), ctx));
+        let (task, mut api) = start(hc());
         for p in [
             "/apis/cdi.kubevirt.io/v1beta1/cdis/cdi-kubevirt-hyperconverged",
             "/apis/kubevirt.io/v1/namespaces/kubevirt-hyperconverged/kubevirts/kubevirt-kubevirt-hyperconverged",
@@ -326,16 +318,10 @@ mod tests {
             api.expect_echo(Method::PATCH, p).await;
         }
         api.not_found(Method::DELETE, "/apis/hostpathprovisioner.kubevirt.io/v1beta1/hostpathprovisioners/hostpath-provisioner").await;
-        let (_, st) = api
-            .expect(
-                Method::PATCH,
-                "/apis/hco.kubevirt.io/v1beta1/namespaces/kubevirt-hyperconverged/hyperconvergeds/kubevirt-hyperconverged/status",
-                200,
-                serde_json::to_value(hc()).unwrap(),
-            )
-            .await;
+        let (st, progressing) = status_applied(&mut api, &hc(), "Progressing").await;
         // Children without status yet: progressing, a warning.
-        assert_eq!(st["status"]["systemHealthStatus"], "warning");
+        assert_eq!(st["systemHealthStatus"], "warning");
+        assert_eq!(progressing["reason"], "CDIProgressing");
         api.silence().await;
         task.await.unwrap().unwrap();
     }
