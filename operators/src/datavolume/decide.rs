@@ -152,6 +152,17 @@ impl Ctx<'_> {
         self.obs.now
     }
 
+    fn cond(&mut self, type_: &str, status: bool, reason: &str, message: &str) {
+        let now = self.now();
+        status::set_condition(&mut self.st.conditions, type_, status, reason, message, now);
+    }
+
+    /// Running, with Ready false while the data moves.
+    fn transfer_running(&mut self) {
+        self.cond(condition::RUNNING, true, reason::POD_RUNNING, "");
+        self.cond(condition::READY, false, reason::TRANSFER_RUNNING, "");
+    }
+
     fn event(&mut self, warning: bool, reason: &str, message: String) {
         self.actions.push(Action::Event(Event {
             warning,
@@ -171,23 +182,8 @@ impl Ctx<'_> {
     }
 
     fn fail(&mut self, why: &str, message: &str, event_reason: &str) {
-        let now = self.now();
-        status::set_condition(
-            &mut self.st.conditions,
-            condition::READY,
-            false,
-            why,
-            message,
-            now,
-        );
-        status::set_condition(
-            &mut self.st.conditions,
-            condition::RUNNING,
-            false,
-            why,
-            message,
-            now,
-        );
+        self.cond(condition::READY, false, why, message);
+        self.cond(condition::RUNNING, false, why, message);
         self.phase(
             Phase::Failed,
             Some((true, event_reason, message.to_string())),
@@ -238,8 +234,7 @@ pub fn decide(dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) -> Decision {
     }
     for c in [condition::READY, condition::BOUND, condition::RUNNING] {
         if status::find(&cx.st.conditions, c).is_none() {
-            let now = cx.now();
-            status::set_condition(&mut cx.st.conditions, c, false, "", "", now);
+            cx.cond(c, false, "", "");
         }
     }
     if !claim_ready(&mut cx, &claim) {
@@ -259,20 +254,12 @@ pub fn decide(dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) -> Decision {
 
 /// Creates the PVC or follows its binding; true when a pod may use it.
 fn claim_ready(cx: &mut Ctx<'_>, claim: &Claim) -> bool {
-    let now = cx.now();
     let pvc_name = name(cx.dv).to_string();
     let Some(pvc) = cx.obs.pvc else {
         cx.actions
             .push(Action::CreatePvc(Box::new(pvc::desired_pvc(cx.dv, claim))));
         let msg = format!("PVC {pvc_name} Pending");
-        status::set_condition(
-            &mut cx.st.conditions,
-            condition::BOUND,
-            false,
-            reason::PENDING,
-            &msg,
-            now,
-        );
+        cx.cond(condition::BOUND, false, reason::PENDING, &msg);
         return false;
     };
     let phase = pvc
@@ -283,25 +270,11 @@ fn claim_ready(cx: &mut Ctx<'_>, claim: &Claim) -> bool {
     match phase {
         "Bound" => {
             let msg = format!("PVC {pvc_name} Bound");
-            status::set_condition(
-                &mut cx.st.conditions,
-                condition::BOUND,
-                true,
-                reason::BOUND,
-                &msg,
-                now,
-            );
+            cx.cond(condition::BOUND, true, reason::BOUND, &msg);
             true
         }
         "Lost" => {
-            status::set_condition(
-                &mut cx.st.conditions,
-                condition::BOUND,
-                false,
-                reason::CLAIM_LOST,
-                "Claim Lost",
-                now,
-            );
+            cx.cond(condition::BOUND, false, reason::CLAIM_LOST, "Claim Lost");
             cx.fail(
                 reason::CLAIM_LOST,
                 &format!("PVC {pvc_name} lost"),
@@ -311,25 +284,16 @@ fn claim_ready(cx: &mut Ctx<'_>, claim: &Claim) -> bool {
         }
         _ => {
             let msg = format!("PVC {pvc_name} Pending");
-            status::set_condition(
-                &mut cx.st.conditions,
-                condition::BOUND,
-                false,
-                reason::PENDING,
-                &msg,
-                now,
-            );
+            cx.cond(condition::BOUND, false, reason::PENDING, &msg);
             if !cx.obs.wait_for_first_consumer {
                 return false;
             }
             if cx.cfg.honor_wait_for_first_consumer {
-                status::set_condition(
-                    &mut cx.st.conditions,
+                cx.cond(
                     condition::RUNNING,
                     false,
                     reason::WAIT_FOR_FIRST_CONSUMER,
                     "the PVC waits for its first consumer",
-                    now,
                 );
                 cx.st.phase = Some(Phase::WaitForFirstConsumer);
                 return false;
@@ -385,21 +349,13 @@ fn start_pod(cx: &mut Ctx<'_>, src: &Source, claim: &Claim, work: Work) {
 }
 
 fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
-    let now = cx.now();
     let pvc = name(cx.dv).to_string();
     let pod_name = p.metadata.name.clone().unwrap_or_default();
     match (pod_phase(p), work) {
         ("Pending", Work::Import) => {
             let why = waiting_reason(p);
-            status::set_condition(
-                &mut cx.st.conditions,
-                condition::RUNNING,
-                false,
-                &why,
-                "",
-                now,
-            );
-            status::set_condition(&mut cx.st.conditions, condition::READY, false, "", "", now);
+            cx.cond(condition::RUNNING, false, &why, "");
+            cx.cond(condition::READY, false, "", "");
             cx.phase(
                 Phase::ImportScheduled,
                 Some((
@@ -411,14 +367,7 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
         }
         ("Pending", Work::Upload) => {
             let why = waiting_reason(p);
-            status::set_condition(
-                &mut cx.st.conditions,
-                condition::RUNNING,
-                false,
-                &why,
-                "",
-                now,
-            );
+            cx.cond(condition::RUNNING, false, &why, "");
             cx.phase(
                 Phase::UploadScheduled,
                 Some((
@@ -429,22 +378,7 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
             );
         }
         ("Running", Work::Import) => {
-            status::set_condition(
-                &mut cx.st.conditions,
-                condition::RUNNING,
-                true,
-                reason::POD_RUNNING,
-                "",
-                now,
-            );
-            status::set_condition(
-                &mut cx.st.conditions,
-                condition::READY,
-                false,
-                reason::TRANSFER_RUNNING,
-                "",
-                now,
-            );
+            cx.transfer_running();
             cx.phase(
                 Phase::ImportInProgress,
                 Some((
@@ -464,22 +398,7 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
             cx.requeue = Some(PROGRESS_INTERVAL);
         }
         ("Running", Work::Upload) => {
-            status::set_condition(
-                &mut cx.st.conditions,
-                condition::RUNNING,
-                true,
-                reason::POD_RUNNING,
-                "",
-                now,
-            );
-            status::set_condition(
-                &mut cx.st.conditions,
-                condition::READY,
-                false,
-                reason::TRANSFER_RUNNING,
-                "",
-                now,
-            );
+            cx.transfer_running();
             if pod_ready(p) {
                 cx.phase(
                     Phase::UploadReady,
@@ -513,15 +432,8 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
                     "Upload Complete",
                 ),
             };
-            status::set_condition(
-                &mut cx.st.conditions,
-                condition::RUNNING,
-                false,
-                reason::COMPLETED,
-                done,
-                now,
-            );
-            status::set_condition(&mut cx.st.conditions, condition::READY, true, "", "", now);
+            cx.cond(condition::RUNNING, false, reason::COMPLETED, done);
+            cx.cond(condition::READY, true, "", "");
             cx.st.progress = Some(status::format_progress(100.0));
             cx.phase(Phase::Succeeded, Some((false, ev, msg)));
             remove_pod(cx, pod_name, work);
@@ -540,7 +452,6 @@ fn remove_pod(cx: &mut Ctx<'_>, pod_name: String, work: Work) {
 }
 
 fn pod_failed(cx: &mut Ctx<'_>, p: &Pod, pod_name: String, work: Work) {
-    let now = cx.now();
     let pvc = name(cx.dv).to_string();
     let (code, msg) = terminated(p).unwrap_or((-1, "the pod failed".into()));
     let failure = classify(code);
@@ -567,15 +478,8 @@ fn pod_failed(cx: &mut Ctx<'_>, p: &Pod, pod_name: String, work: Work) {
             "{what}: {msg} (exit code {code}; restart {n} of {max} in {}s)",
             delay.as_secs()
         );
-        status::set_condition(
-            &mut cx.st.conditions,
-            condition::RUNNING,
-            false,
-            &failure.reason,
-            &message,
-            now,
-        );
-        status::set_condition(&mut cx.st.conditions, condition::READY, false, "", "", now);
+        cx.cond(condition::RUNNING, false, &failure.reason, &message);
+        cx.cond(condition::READY, false, "", "");
         cx.event(true, ev, message);
         cx.st.restart_count = Some(n as i32);
         cx.requeue = Some(delay);
