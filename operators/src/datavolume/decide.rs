@@ -443,9 +443,11 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
     }
 }
 
+/// Deletes the pod; the upload Service goes only once the DataVolume is finished (a restarted
+/// upload server keeps its address).
 fn remove_pod(cx: &mut Ctx<'_>, pod_name: String, work: Work) {
     cx.actions.push(Action::DeletePod(pod_name));
-    if work == Work::Upload && cx.obs.service {
+    if work == Work::Upload && cx.obs.service && cx.st.phase.is_some_and(Phase::is_final) {
         cx.actions
             .push(Action::DeleteService(pod::upload_name(name(cx.dv))));
     }

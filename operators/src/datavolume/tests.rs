@@ -717,3 +717,40 @@ fn upload_pod_runs_the_upload_server_with_tls_and_the_service_maps_443() {
         Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(8443))
     );
 }
+
+#[test]
+fn a_failed_upload_server_is_restarted_with_its_service_kept() {
+    let cfg = Config::default();
+    let mut dv = upload_dv();
+    let bound = pvc("Bound");
+    step(&mut dv, &obs(Some(&bound), None), &cfg);
+    let mut failed = exited(1, "error: listener died");
+    failed.metadata.name = Some("cdi-upload-fedora".into());
+    let o = Observed {
+        service: true,
+        ..obs(Some(&bound), Some(&failed))
+    };
+    let d = step(&mut dv, &o, &cfg);
+    assert_eq!(d.status.restart_count, Some(1));
+    assert_eq!(events(&d), [(true, "UploadFailed".to_string())]);
+    assert!(
+        d.actions
+            .contains(&Action::DeletePod("cdi-upload-fedora".into()))
+    );
+    // After the back-off a new server pod; the Service still exists, so it is not recreated.
+    let later = Observed {
+        service: true,
+        now: t0() + SignedDuration::from_secs(60),
+        ..obs(Some(&bound), None)
+    };
+    let d = step(&mut dv, &later, &cfg);
+    assert_eq!(
+        created_pod(&d).metadata.name.as_deref(),
+        Some("cdi-upload-fedora")
+    );
+    assert!(
+        !d.actions
+            .iter()
+            .any(|a| matches!(a, Action::CreateService(_)))
+    );
+}

@@ -253,7 +253,11 @@ mod tests {
             let (query, body) = api
                 .expect_with(Method::PATCH, p, 200, |b| healthy(b.clone()))
                 .await;
-            assert!(query.contains("fieldManager=quarry-operators"), "{query}");
+            // Forced server-side apply: fields someone edited are taken back.
+            assert!(
+                query.contains("fieldManager=quarry-operators") && query.contains("force=true"),
+                "{query}"
+            );
             applied.push(body);
         }
         assert_eq!(
