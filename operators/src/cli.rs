@@ -83,9 +83,16 @@ pub struct HyperConvergedArgs {
     /// Namespace of the HyperConverged (HCO's default).
     #[arg(long, default_value = "kubevirt-hyperconverged")]
     pub namespace: String,
-    /// Serve the validating webhook (AdmissionReview over HTTP) on this address.
+    /// Serve the validating webhook (AdmissionReview) on this address.
     #[arg(long)]
     pub webhook_addr: Option<SocketAddr>,
+    /// Webhook server certificate (PEM); with --webhook-tls-key the webhook speaks HTTPS, as the
+    /// API server requires (plain HTTP without).
+    #[arg(long, requires_all = ["webhook_addr", "webhook_tls_key"])]
+    pub webhook_tls_cert: Option<PathBuf>,
+    /// Webhook server key (PEM).
+    #[arg(long, requires = "webhook_tls_cert")]
+    pub webhook_tls_key: Option<PathBuf>,
 }
 
 /// `quarry controller hostpath`.
@@ -150,12 +157,11 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
         }
         Which::Hyperconverged(a) => {
             if let Some(addr) = a.webhook_addr {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .map_err(|e| Error::io(format!("binding the webhook address {addr}"), e))?;
-                let app = crate::hyperconverged::webhook::router(Some(a.namespace.clone()));
-                tokio::spawn(async move { axum::serve(listener, app).await });
-                tracing::info!(%addr, "serving the HyperConverged webhook");
+                let tls = a.webhook_tls_cert.clone().zip(a.webhook_tls_key.clone());
+                let bound =
+                    crate::hyperconverged::webhook::serve(addr, tls, Some(a.namespace.clone()))
+                        .await?;
+                tracing::info!(%bound, "serving the HyperConverged webhook");
             }
             crate::hyperconverged::controller::run(client, a.namespace, metrics).await
         }

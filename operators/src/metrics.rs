@@ -124,6 +124,20 @@ impl Metrics {
     }
 }
 
+/// Binds a TCP listener for `what`; returns it with the bound address (port 0 resolved).
+pub(crate) async fn bind(
+    addr: SocketAddr,
+    what: &str,
+) -> Result<(tokio::net::TcpListener, SocketAddr)> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::io(format!("binding the {what} address {addr}"), e))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Error::io(format!("reading the {what} address"), e))?;
+    Ok((listener, bound))
+}
+
 /// Serves `/metrics` (and `/healthz`) on `addr` until the runtime stops.
 pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> Result<SocketAddr> {
     let app = axum::Router::new()
@@ -135,12 +149,7 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> Result<SocketAddr
             }),
         )
         .route("/healthz", axum::routing::get(|| async { "ok" }));
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| Error::io(format!("binding the metrics address {addr}"), e))?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| Error::io("reading the metrics address", e))?;
+    let (listener, bound) = bind(addr, "metrics").await?;
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "metrics server stopped");

@@ -1,6 +1,10 @@
 //! The validating webhook for HyperConverged (hco-webhook's checks on the storage-related
 //! fields), as a pure function plus an axum handler for `AdmissionReview`.
 
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
 use axum::Json;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
@@ -8,6 +12,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use super::children::hostpath_pools;
 use crate::api::HyperConverged;
 use crate::api::hyperconverged::{CertRotation, HYPERCONVERGED_NAME};
+use crate::error::{Error, Result};
 
 /// Path the webhook is served on.
 pub const PATH: &str = "/validate-hco-kubevirt-io-v1beta1-hyperconverged";
@@ -209,6 +214,81 @@ pub fn router(namespace: Option<String>) -> axum::Router {
     )
 }
 
+/// A TLS listener for axum: TCP accept, then the TLS handshake (bounded in time).
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let (stream, addr) = match self.tcp.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "webhook accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let handshake = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                self.acceptor.accept(stream),
+            );
+            match handshake.await {
+                Ok(Ok(tls)) => return (tls, addr),
+                Ok(Err(e)) => tracing::debug!(%addr, error = %e, "webhook TLS handshake failed"),
+                Err(_) => tracing::debug!(%addr, "webhook TLS handshake timed out"),
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
+
+fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let bad = |what: &Path, e: &dyn std::fmt::Display| {
+        Error::Config(format!("webhook TLS {}: {e}", what.display()))
+    };
+    let certs = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| bad(cert, &e))?
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| bad(cert, &e))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| bad(key, &e))?;
+    rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+        .map_err(|e| bad(cert, &e))
+}
+
+/// Serves the webhook on `addr` in a background task: HTTPS with `tls` = (cert, key) PEM files
+/// (what the API server requires), plain HTTP without. Returns the bound address.
+pub async fn serve(
+    addr: SocketAddr,
+    tls: Option<(PathBuf, PathBuf)>,
+    namespace: Option<String>,
+) -> Result<SocketAddr> {
+    let (tcp, bound) = crate::metrics::bind(addr, "webhook").await?;
+    let app = router(namespace);
+    match tls {
+        Some((cert, key)) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_config(&cert, &key)?));
+            tokio::spawn(async move { axum::serve(TlsListener { tcp, acceptor }, app).await });
+        }
+        None => {
+            tokio::spawn(async move { axum::serve(tcp, app).await });
+        }
+    }
+    Ok(bound)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,5 +488,82 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[tokio::test]
+    async fn the_webhook_is_served_over_https_with_the_given_certificate() {
+        let ca = testkit::tls::TestCa::new();
+        let addr = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            Some((ca.cert_pem(), ca.key_pem())),
+            None,
+        )
+        .await
+        .unwrap();
+        let body = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u2", "kind": {"group": "hco.kubevirt.io", "version": "v1beta1", "kind": "HyperConverged"},
+                "resource": {"group": "hco.kubevirt.io", "version": "v1beta1", "resource": "hyperconvergeds"},
+                "name": "wrong-name", "operation": "CREATE", "userInfo": {}, "dryRun": false,
+                "object": {"apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
+                    "metadata": {"name": "wrong-name"}, "spec": {}}}
+        });
+        let url = format!("https://{addr}{PATH}");
+        let ca_pem = ca.ca_pem();
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("curl")
+                .args(["-sS", "--fail", "--cacert"])
+                .arg(&ca_pem)
+                .args(["-H", "content-type: application/json", "--data-binary"])
+                .arg(body.to_string())
+                .arg(&url)
+                .output()
+                .expect("running curl")
+        })
+        .await
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["response"]["allowed"], false);
+        assert!(
+            v["response"]["status"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("metadata.name")
+        );
+
+        // Without the CA, the client refuses the server.
+        let out = std::process::Command::new("curl")
+            .args([
+                "-sS",
+                "--fail",
+                "-o",
+                "/dev/null",
+                &format!("https://{addr}{PATH}"),
+            ])
+            .env("CURL_CA_BUNDLE", "/nonexistent")
+            .env("SSL_CERT_FILE", "/nonexistent")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+    }
+
+    #[tokio::test]
+    async fn bad_tls_files_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a pem").unwrap();
+        let err = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            Some((junk.clone(), junk)),
+            None,
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("junk.pem"), "{err}");
     }
 }
