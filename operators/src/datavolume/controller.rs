@@ -242,8 +242,18 @@ async fn scrape_progress(dv: &DataVolume, pod: &Pod, ctx: &Context) -> Option<f6
     }
     let ip = status.pod_ip.as_ref()?;
     let url = format!("http://{ip}:{POD_PORT}/metrics");
-    let text = ctx.http.get(&url).send().await.ok()?.text().await.ok()?;
-    parse_progress(&text, dv.metadata.uid.as_deref().unwrap_or_default())
+    fetch_progress(
+        &ctx.http,
+        &url,
+        dv.metadata.uid.as_deref().unwrap_or_default(),
+    )
+    .await
+}
+
+/// Reads `kubevirt_cdi_import_progress_total{ownerUID}` from a metrics URL.
+async fn fetch_progress(http: &reqwest::Client, url: &str, owner_uid: &str) -> Option<f64> {
+    let resp = http.get(url).send().await.ok()?.error_for_status().ok()?;
+    parse_progress(&resp.text().await.ok()?, owner_uid)
 }
 
 /// Deletion: the pods and Service go; the PVC too unless the DataVolume asks to retain it.
@@ -564,6 +574,35 @@ mod tests {
         assert_eq!(patch[1]["value"][0], FINALIZER, "{patch}");
         api.silence().await;
         task.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn progress_is_read_from_the_importers_metrics_server() {
+        let progress = Arc::new(importer::progress::Progress::default());
+        progress
+            .virtual_size
+            .store(1000, std::sync::atomic::Ordering::Relaxed);
+        progress
+            .written
+            .store(455, std::sync::atomic::Ordering::Relaxed);
+        let addr = importer::progress::serve_metrics(
+            "127.0.0.1:0".parse().unwrap(),
+            "uid-1".into(),
+            progress,
+        )
+        .unwrap();
+        let ctx = context(mockapi::pair().0);
+        let url = format!("http://{addr}/metrics");
+        let p = fetch_progress(&ctx.http, &url, "uid-1").await;
+        assert_eq!(
+            p.map(crate::datavolume::status::format_progress).as_deref(),
+            Some("45.50%")
+        );
+        assert_eq!(fetch_progress(&ctx.http, &url, "someone-else").await, None);
+        assert_eq!(
+            fetch_progress(&ctx.http, "http://127.0.0.1:1/metrics", "uid-1").await,
+            None
+        );
     }
 
     #[tokio::test]
