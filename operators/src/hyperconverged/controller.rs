@@ -50,6 +50,11 @@ pub async fn reconcile(hc: Arc<HyperConverged>, ctx: Arc<Context>) -> Result<Req
         info_span!("reconcile", controller = CONTROLLER, namespace = %ns, name = %hc.name_any());
     async move {
         let _measure = ctx.metrics.reconcile(CONTROLLER);
+        if hc.name_any() != HYPERCONVERGED_NAME {
+            // HCO's singleton: others are refused by the webhook and left alone here.
+            tracing::warn!("ignored: only {HYPERCONVERGED_NAME} is reconciled");
+            return Ok(Requeue::await_change());
+        }
         let (statuses, outcome) = match apply_children(&hc, &ctx.client, &ns).await {
             Ok(s) => (s, Reconciled::Complete),
             Err(e) => (Vec::new(), Reconciled::Failed(e.to_string())),
@@ -228,6 +233,15 @@ mod tests {
             .unwrap()
             .clone();
         (st["status"].clone(), cond)
+    }
+
+    #[tokio::test]
+    async fn only_the_singleton_is_reconciled() {
+        let mut other = hc();
+        other.metadata.name = Some("second".into());
+        let (task, mut api) = start(other);
+        api.silence().await;
+        assert_eq!(task.await.unwrap().unwrap(), Requeue::await_change());
     }
 
     #[tokio::test]
