@@ -45,6 +45,14 @@ enum Command {
     UploadToken(uploader::cli::TokenArgs),
     /// Upload a local image through the upload proxy, resuming after a dropped connection.
     Upload(uploader::cli::UploadArgs),
+    /// Run the DataVolume, HyperConverged or HostPathProvisioner controller against a cluster.
+    Controller(operators::cli::ControllerArgs),
+    /// Run a DataVolume manifest without a cluster: a volume in a local pool, imported in-process.
+    Apply(operators::cli::ApplyArgs),
+    /// Show local DataVolumes (kubectl-style table, or -o yaml|json).
+    Get(operators::cli::GetArgs),
+    /// Write the Kubernetes manifests under deploy/ from the Rust types (or --check them).
+    GenDeploy(operators::cli::GenDeployArgs),
 }
 
 #[derive(clap::Args)]
@@ -250,6 +258,49 @@ fn main() -> ExitCode {
             });
             uploader_exit(result, json)
         }
+        Command::Controller(args) => {
+            init_logs("info");
+            let ran = tokio::runtime::Runtime::new()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| Ok(rt.block_on(operators::cli::controller(args))?));
+            report(ran.map(|()| ExitCode::SUCCESS))
+        }
+        Command::Apply(args) => {
+            init_logs("warn");
+            report(run_apply(&args))
+        }
+        Command::Get(args) => {
+            init_logs("warn");
+            report(
+                operators::cli::get(&args)
+                    .map(|text| {
+                        print!("{text}");
+                        ExitCode::SUCCESS
+                    })
+                    .map_err(Into::into),
+            )
+        }
+        Command::GenDeploy(args) => {
+            init_logs("warn");
+            report(
+                operators::cli::gen_deploy(&args)
+                    .map(|files| {
+                        for f in &files {
+                            println!(
+                                "{}{}",
+                                if args.check { "stale: " } else { "wrote " },
+                                f.display()
+                            );
+                        }
+                        if args.check && !files.is_empty() {
+                            ExitCode::FAILURE
+                        } else {
+                            ExitCode::SUCCESS
+                        }
+                    })
+                    .map_err(Into::into),
+            )
+        }
     }
 }
 
@@ -278,6 +329,45 @@ fn uploader_exit(result: Result<(), uploader::Error>, json: bool) -> ExitCode {
             eprintln!("error: {err}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
+    result.unwrap_or_else(|err| {
+        eprintln!("error: {err:#}");
+        ExitCode::FAILURE
+    })
+}
+
+/// `quarry apply`: exit 0 when the DataVolume succeeded, 1 when it failed (its status says why).
+fn run_apply(args: &operators::cli::ApplyArgs) -> anyhow::Result<ExitCode> {
+    let dv = args.manifest()?;
+    let progress = Arc::new(Progress::default());
+    let bar = ProgressBar::start(progress.clone());
+    let result = operators::datavolume::local::apply(dv, &args.options(), progress);
+    bar.finish();
+    let dv = result?;
+    let status = dv.status.clone().unwrap_or_default();
+    let phase = status.phase.map(|p| p.as_str()).unwrap_or("Unknown");
+    let name = dv.metadata.name.as_deref().unwrap_or_default();
+    if status.phase == Some(operators::api::Phase::Succeeded) {
+        eprintln!("datavolume/{name} {phase}");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        let why = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| {
+                format!(
+                    "{}: {}",
+                    c.reason.as_deref().unwrap_or_default(),
+                    c.message.as_deref().unwrap_or_default()
+                )
+            })
+            .unwrap_or_default();
+        eprintln!("datavolume/{name} {phase}: {why}");
+        Ok(ExitCode::FAILURE)
     }
 }
 

@@ -47,6 +47,35 @@ impl ErrorKind {
         }
     }
 
+    /// The kind a `quarry import` exit code stands for (None for 0, 1, 2 and unknown codes).
+    pub fn from_exit_code(code: i32) -> Option<ErrorKind> {
+        Some(match code {
+            10 => ErrorKind::InvalidInput,
+            11 => ErrorKind::Unsupported,
+            12 => ErrorKind::CorruptImage,
+            13 => ErrorKind::TooSmall,
+            14 => ErrorKind::ChecksumMismatch,
+            15 => ErrorKind::SourceRejected,
+            20 => ErrorKind::SourceUnavailable,
+            21 => ErrorKind::Io,
+            _ => return None,
+        })
+    }
+
+    /// CamelCase name, used as the Kubernetes condition and event reason.
+    pub fn reason(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidInput => "InvalidInput",
+            ErrorKind::Unsupported => "UnsupportedImage",
+            ErrorKind::CorruptImage => "CorruptImage",
+            ErrorKind::TooSmall => "TargetTooSmall",
+            ErrorKind::ChecksumMismatch => "ChecksumMismatch",
+            ErrorKind::SourceRejected => "SourceRejected",
+            ErrorKind::SourceUnavailable => "SourceUnavailable",
+            ErrorKind::Io => "IOError",
+        }
+    }
+
     /// Short stable name, used in JSON output and logs.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -170,6 +199,10 @@ mod tests {
         for k in all {
             let code = k.exit_code();
             assert_eq!(k.is_retryable(), (20..30).contains(&code), "{k:?}");
+            assert_eq!(ErrorKind::from_exit_code(code), Some(k));
+        }
+        for code in [0, 1, 2, 16, 22, 137] {
+            assert_eq!(ErrorKind::from_exit_code(code), None, "{code}");
         }
     }
 

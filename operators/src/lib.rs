@@ -1,4 +1,19 @@
-//! CRD types, the DataVolume / HyperConverged / HostPathProvisioner controllers (not yet built) and
-//! the KVM launcher ([`launcher`]).
+//! CRD types ([`api`]), the DataVolume ([`datavolume`]), HyperConverged ([`hyperconverged`]) and
+//! HostPathProvisioner ([`hostpath`]) controllers, the manifests generated from them
+//! ([`deploy`]), the `quarry controller` / `apply` / `get` commands ([`cli`]) and the KVM
+//! launcher ([`launcher`]).
 
+pub mod api;
+pub mod cli;
+pub mod datavolume;
+pub mod deploy;
+pub mod error;
+pub mod hostpath;
+pub mod hyperconverged;
+pub mod kubeops;
 pub mod launcher;
+pub mod metrics;
+#[cfg(test)]
+mod mockapi;
+
+pub use error::{Error, ErrorKind, Result};

@@ -1,0 +1,310 @@
+//! Arguments and entry points of `quarry controller`, `quarry apply`, `quarry get` and `quarry
+//! gen-deploy` (main.rs only dispatches here).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::datavolume::local::{self, ApplyOptions, Store};
+use crate::datavolume::{Config, RetryPolicy, UploadTls};
+use crate::error::{Error, Result};
+use crate::hostpath::objects::Settings;
+use crate::metrics::Metrics;
+
+/// `quarry controller`.
+#[derive(clap::Args, Debug)]
+pub struct ControllerArgs {
+    /// Which controller to run.
+    #[command(subcommand)]
+    pub which: Which,
+    /// Serve Prometheus reconcile metrics on this address (`/metrics`).
+    #[arg(long, global = true, default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+}
+
+/// The controllers.
+#[derive(clap::Subcommand, Debug)]
+pub enum Which {
+    /// DataVolumes (cdi.kubevirt.io/v1beta1): PVC, importer or upload pod, status.
+    #[command(visible_alias = "dv")]
+    Datavolume(DataVolumeArgs),
+    /// The HyperConverged singleton (hco.kubevirt.io/v1beta1) and its validating webhook.
+    #[command(visible_alias = "hco")]
+    Hyperconverged(HyperConvergedArgs),
+    /// HostPathProvisioners (hostpathprovisioner.kubevirt.io/v1beta1): the CSI driver objects.
+    #[command(visible_alias = "hpp")]
+    Hostpath(HostPathArgs),
+}
+
+/// `quarry controller datavolume`.
+#[derive(clap::Args, Debug)]
+pub struct DataVolumeArgs {
+    /// Image with the quarry binary, for importer and upload pods.
+    #[arg(long, default_value = "quay.io/quarry/quarry:latest")]
+    pub image: String,
+    /// Pull policy of that image.
+    #[arg(long)]
+    pub pull_policy: Option<String>,
+    /// Global filesystem overhead (CDI's default 0.055).
+    #[arg(long, default_value_t = crate::datavolume::DEFAULT_FILESYSTEM_OVERHEAD)]
+    pub filesystem_overhead: f64,
+    /// Per-StorageClass overhead, CLASS=FRACTION; repeatable.
+    #[arg(long = "storage-class-overhead", value_name = "CLASS=F", value_parser = parse_class_overhead)]
+    pub class_overhead: Vec<(String, f64)>,
+    /// Registry reached without TLS verification (HOST[:PORT]); repeatable.
+    #[arg(long = "insecure-registry")]
+    pub insecure_registries: Vec<String>,
+    /// Retries of a retryable import failure before the DataVolume fails.
+    #[arg(long, default_value_t = RetryPolicy::default().max_restarts)]
+    pub max_restarts: u32,
+    /// First retry delay in seconds (doubled for each further one).
+    #[arg(long, default_value_t = RetryPolicy::default().base_delay.as_secs())]
+    pub retry_delay: u64,
+    /// Longest retry delay in seconds.
+    #[arg(long, default_value_t = RetryPolicy::default().max_delay.as_secs())]
+    pub retry_max_delay: u64,
+    /// Let the importer pod bind WaitForFirstConsumer PVCs instead of waiting for a consumer.
+    #[arg(long)]
+    pub no_honor_wait_for_first_consumer: bool,
+    /// Secret (tls.crt, tls.key) for upload servers; without it they listen in plain HTTP.
+    #[arg(long)]
+    pub upload_tls_secret: Option<String>,
+    /// ConfigMap with the upload proxy's client CA as ca.crt.
+    #[arg(long, requires = "upload_tls_secret")]
+    pub upload_client_ca_configmap: Option<String>,
+}
+
+/// `quarry controller hyperconverged`.
+#[derive(clap::Args, Debug)]
+pub struct HyperConvergedArgs {
+    /// Namespace of the HyperConverged (HCO's default).
+    #[arg(long, default_value = "kubevirt-hyperconverged")]
+    pub namespace: String,
+    /// Serve the validating webhook (AdmissionReview) on this address.
+    #[arg(long)]
+    pub webhook_addr: Option<SocketAddr>,
+    /// Webhook server certificate (PEM); with --webhook-tls-key the webhook speaks HTTPS, as the
+    /// API server requires (plain HTTP without).
+    #[arg(long, requires_all = ["webhook_addr", "webhook_tls_key"])]
+    pub webhook_tls_cert: Option<PathBuf>,
+    /// Webhook server key (PEM).
+    #[arg(long, requires = "webhook_tls_cert")]
+    pub webhook_tls_key: Option<PathBuf>,
+}
+
+/// `quarry controller hostpath`.
+#[derive(clap::Args, Debug)]
+pub struct HostPathArgs {
+    /// Namespace of the driver's DaemonSet.
+    #[arg(long, default_value = "quarry")]
+    pub namespace: String,
+    /// Image with the quarry binary.
+    #[arg(long, default_value = "quay.io/quarry/quarry:latest")]
+    pub image: String,
+}
+
+fn parse_class_overhead(s: &str) -> std::result::Result<(String, f64), String> {
+    let (class, f) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not CLASS=FRACTION"))?;
+    let f: f64 = f.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if !(0.0..1.0).contains(&f) {
+        return Err(format!("{s:?}: the overhead must be in [0, 1)"));
+    }
+    Ok((class.to_string(), f))
+}
+
+impl DataVolumeArgs {
+    /// The controller configuration.
+    pub fn config(&self) -> Config {
+        Config {
+            image: self.image.clone(),
+            pull_policy: self.pull_policy.clone(),
+            filesystem_overhead: self.filesystem_overhead,
+            filesystem_overhead_per_class: self.class_overhead.iter().cloned().collect(),
+            default_storage_class: None,
+            insecure_registries: self.insecure_registries.clone(),
+            resources: None,
+            retry: RetryPolicy {
+                base_delay: Duration::from_secs(self.retry_delay),
+                max_delay: Duration::from_secs(self.retry_max_delay),
+                max_restarts: self.max_restarts,
+            },
+            honor_wait_for_first_consumer: !self.no_honor_wait_for_first_consumer,
+            upload_tls: self.upload_tls_secret.clone().map(|secret| UploadTls {
+                secret,
+                client_ca_config_map: self.upload_client_ca_configmap.clone(),
+            }),
+        }
+    }
+}
+
+/// Runs a controller against the cluster of the kubeconfig (or the pod's service account).
+pub async fn controller(args: ControllerArgs) -> Result<()> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| Error::Config(e.to_string()))?;
+    let client = kube::Client::try_from(config).map_err(|e| Error::Config(e.to_string()))?;
+    let metrics = Arc::new(Metrics::default());
+    let bound = crate::metrics::serve(args.metrics_addr, metrics.clone()).await?;
+    tracing::info!(%bound, "serving metrics");
+    match args.which {
+        Which::Datavolume(a) => {
+            crate::datavolume::controller::run(client, a.config(), metrics).await
+        }
+        Which::Hyperconverged(a) => {
+            if let Some(addr) = a.webhook_addr {
+                let tls = a.webhook_tls_cert.clone().zip(a.webhook_tls_key.clone());
+                let bound =
+                    crate::hyperconverged::webhook::serve(addr, tls, Some(a.namespace.clone()))
+                        .await?;
+                tracing::info!(%bound, "serving the HyperConverged webhook");
+            }
+            crate::hyperconverged::controller::run(client, a.namespace, metrics).await
+        }
+        Which::Hostpath(a) => {
+            let settings = Settings {
+                namespace: a.namespace,
+                image: a.image,
+                ..Settings::default()
+            };
+            crate::hostpath::controller::run(client, settings, metrics).await
+        }
+    }
+    Ok(())
+}
+
+/// `quarry apply -f dv.yaml`.
+#[derive(clap::Args, Debug)]
+pub struct ApplyArgs {
+    /// The DataVolume manifest (YAML or JSON, as written for CDI).
+    #[arg(short = 'f', long = "filename")]
+    pub file: PathBuf,
+    /// Pool directory the volume is created in.
+    #[arg(long)]
+    pub pool: PathBuf,
+    /// Where DataVolume statuses are kept [default: $QUARRY_STATE_DIR or /var/lib/quarry].
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Secrets and ConfigMaps the source references, as DIR/NAME/KEY files.
+    #[arg(long)]
+    pub secrets_dir: Option<PathBuf>,
+    /// Retries of a retryable failure before the DataVolume fails.
+    #[arg(long, default_value_t = 3)]
+    pub max_restarts: u32,
+    /// First retry delay in seconds (doubled for each further one, at most 60).
+    #[arg(long, default_value_t = 2)]
+    pub retry_delay: u64,
+}
+
+impl ApplyArgs {
+    /// The local-mode options.
+    pub fn options(&self) -> ApplyOptions {
+        ApplyOptions {
+            pool: self.pool.clone(),
+            state_dir: self
+                .state_dir
+                .clone()
+                .unwrap_or_else(local::default_state_dir),
+            secrets_dir: self.secrets_dir.clone(),
+            retry: RetryPolicy {
+                base_delay: Duration::from_secs(self.retry_delay),
+                max_delay: Duration::from_secs(60),
+                max_restarts: self.max_restarts,
+            },
+        }
+    }
+
+    /// Reads the manifest.
+    pub fn manifest(&self) -> Result<crate::api::DataVolume> {
+        let text = std::fs::read_to_string(&self.file)
+            .map_err(|e| Error::io(format!("reading {}", self.file.display()), e))?;
+        local::parse(&text, &self.file.display().to_string())
+    }
+}
+
+/// Output formats of `quarry get`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// The objects as YAML.
+    Yaml,
+    /// The objects as JSON.
+    Json,
+}
+
+/// `quarry get dv [NAME]`.
+#[derive(clap::Args, Debug)]
+pub struct GetArgs {
+    /// The kind: dv, dvs, datavolume or datavolumes.
+    #[arg(value_parser = ["dv", "dvs", "datavolume", "datavolumes"])]
+    pub kind: String,
+    /// One DataVolume (all of the namespace when omitted).
+    pub name: Option<String>,
+    /// Namespace.
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    /// Print the objects instead of the table.
+    #[arg(short = 'o', long)]
+    pub output: Option<Output>,
+    /// Where DataVolume statuses are kept [default: $QUARRY_STATE_DIR or /var/lib/quarry].
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+}
+
+/// What `quarry get` prints.
+pub fn get(args: &GetArgs) -> Result<String> {
+    let store = Store::new(
+        args.state_dir
+            .clone()
+            .unwrap_or_else(local::default_state_dir),
+    );
+    let dvs = match &args.name {
+        Some(n) => vec![store.load(&args.namespace, n)?],
+        None => store.list(&args.namespace)?,
+    };
+    Ok(match args.output {
+        None => local::table(&dvs, Timestamp::now()),
+        Some(Output::Yaml) => {
+            let docs: Result<Vec<String>> = dvs.iter().map(local::to_yaml).collect();
+            docs?.join("---\n")
+        }
+        Some(Output::Json) => {
+            let v = if dvs.len() == 1 && args.name.is_some() {
+                serde_json::to_value(&dvs[0])
+            } else {
+                serde_json::to_value(
+                    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": dvs}),
+                )
+            };
+            serde_json::to_string_pretty(&v.map_err(|e| Error::Yaml {
+                context: "JSON".into(),
+                message: e.to_string(),
+            })?)
+            .expect("a Value serialises")
+                + "\n"
+        }
+    })
+}
+
+/// `quarry gen-deploy`.
+#[derive(clap::Args, Debug)]
+pub struct GenDeployArgs {
+    /// Repository root the `deploy/` files are written under.
+    #[arg(long, default_value = ".")]
+    pub root: PathBuf,
+    /// Only check that the committed files are current (exit 1 when stale).
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// Writes (or checks) the generated manifests; returns the files written or found stale.
+pub fn gen_deploy(args: &GenDeployArgs) -> Result<Vec<PathBuf>> {
+    if args.check {
+        crate::deploy::stale(&args.root)
+    } else {
+        crate::deploy::write(&args.root)
+    }
+}

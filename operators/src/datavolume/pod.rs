@@ -1,0 +1,382 @@
+//! The pods and Service a DataVolume needs: an importer pod running `quarry import`, or an upload
+//! server pod (`quarry upload-server`) with the Service the upload proxy reaches it by. No scratch
+//! PVC is ever needed: the import streams straight onto the target volume.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    PersistentVolumeClaimVolumeSource, Pod, PodSpec, Probe, SecretKeySelector, SecretVolumeSource,
+    Service, ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeDevice, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Resource;
+
+use super::pvc::{Claim, VolumeMode};
+use super::source::{ImportSource, SourceKind};
+use super::{Config, labels, name};
+use crate::api::DataVolume;
+
+/// Where a filesystem volume is mounted in the pod.
+pub const DATA_DIR: &str = "/data";
+/// The disk file on a filesystem volume.
+pub const DISK_IMG: &str = "/data/disk.img";
+/// Where a block volume appears in the pod (CDI's path).
+pub const BLOCK_DEVICE: &str = "/dev/cdi-block-volume";
+/// Port of the importer's metrics and of the upload server.
+pub const POD_PORT: i32 = 8443;
+/// CA certificates of `certConfigMap`.
+const CERT_DIR: &str = "/certs";
+/// The `secretRef` Secret.
+const SECRET_DIR: &str = "/secret";
+/// Upload server TLS key pair.
+const TLS_DIR: &str = "/tls";
+/// Upload proxy client CA.
+const CLIENT_CA_DIR: &str = "/client-ca";
+
+/// Name of the importer pod of a PVC (CDI's).
+pub fn importer_pod_name(pvc: &str) -> String {
+    format!("importer-{pvc}")
+}
+
+/// Name of the upload server pod and Service of a PVC (CDI's).
+pub fn upload_name(pvc: &str) -> String {
+    format!("cdi-upload-{pvc}")
+}
+
+/// Keys of the objects a source references, read by the controller before rendering the pod:
+/// each CA file and each secret header is passed by name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SourceRefs {
+    /// Keys of the `certConfigMap` ConfigMap.
+    pub ca_keys: Vec<String>,
+    /// For each `secretExtraHeaders` Secret, its keys.
+    pub header_secrets: Vec<(String, Vec<String>)>,
+}
+
+/// Target path of the disk inside the pod.
+pub fn target(mode: VolumeMode) -> &'static str {
+    match mode {
+        VolumeMode::Filesystem => DISK_IMG,
+        VolumeMode::Block => BLOCK_DEVICE,
+    }
+}
+
+/// `quarry import` arguments (after the subcommand), with the files the pod mounts.
+pub fn import_args(
+    dv: &DataVolume,
+    src: &ImportSource,
+    claim: &Claim,
+    refs: &SourceRefs,
+    cfg: &Config,
+) -> (Vec<String>, Vec<EnvVar>) {
+    let mut args = vec![
+        "import".to_string(),
+        src.url.clone(),
+        target(claim.mode).to_string(),
+        "--size".into(),
+        claim.size.to_string(),
+    ];
+    let mut env = Vec::new();
+    if claim.mode == VolumeMode::Filesystem {
+        args.extend(["--filesystem-overhead".into(), claim.overhead.to_string()]);
+    }
+    if let Some(c) = &src.checksum {
+        args.extend(["--checksum".into(), c.clone()]);
+    }
+    for key in &refs.ca_keys {
+        args.extend(["--ca-cert".into(), format!("{CERT_DIR}/{key}")]);
+    }
+    if let Some(secret) = &src.secret_ref {
+        match src.kind {
+            SourceKind::S3 => args.extend(["--s3-credentials".into(), SECRET_DIR.into()]),
+            SourceKind::Http | SourceKind::Registry => {
+                // The user goes through the environment (kubelet expands `$(VAR)` in args); the
+                // password stays in the mounted file, never on a command line.
+                env.push(secret_env("IMPORTER_ACCESS_KEY_ID", secret, "accessKeyId"));
+                args.extend([
+                    "--user".into(),
+                    "$(IMPORTER_ACCESS_KEY_ID)".into(),
+                    "--password-file".into(),
+                    format!("{SECRET_DIR}/secretKey"),
+                ]);
+            }
+        }
+    }
+    if src.kind == SourceKind::S3 && !src.url.to_ascii_lowercase().starts_with("s3://") {
+        args.push("--s3".into());
+    }
+    for h in &src.extra_headers {
+        args.extend(["--header".into(), h.clone()]);
+    }
+    let mut n = 0;
+    for (secret, keys) in &refs.header_secrets {
+        for key in keys {
+            let var = format!("IMPORTER_SECRET_HEADER_{n}");
+            env.push(secret_env(&var, secret, key));
+            args.extend(["--header".into(), format!("$({var})")]);
+            n += 1;
+        }
+    }
+    if src.kind == SourceKind::Registry {
+        if let Some(p) = &src.platform {
+            args.extend(["--platform".into(), p.clone()]);
+        }
+        if insecure_registry(&src.url, &cfg.insecure_registries) {
+            args.push("--insecure".into());
+        }
+    }
+    if dv.spec.preallocation == Some(true) {
+        args.push("--preallocate".into());
+    }
+    args.extend([
+        "--metrics-addr".into(),
+        format!("0.0.0.0:{POD_PORT}"),
+        "--owner-uid".into(),
+        dv.metadata.uid.clone().unwrap_or_default(),
+        "--json".into(),
+    ]);
+    (args, env)
+}
+
+/// Whether a `docker://HOST/...` image is on one of the insecure registries (`HOST[:PORT]`).
+fn insecure_registry(url: &str, insecure: &[String]) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let host = rest.split('/').next().unwrap_or_default();
+    insecure.iter().any(|r| {
+        let r = r.split_once("://").map_or(r.as_str(), |(_, h)| h);
+        r.trim_end_matches('/') == host
+    })
+}
+
+fn secret_env(var: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: var.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.into(),
+                key: key.into(),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn volume(name: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        ..Default::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
+/// The pod skeleton both kinds share: one container, the PVC attached (plus `extra` volumes),
+/// owned by the DataVolume, never restarted in place (the controller decides about retries).
+fn pod(
+    dv: &DataVolume,
+    pod_name: String,
+    claim: &Claim,
+    mut c: Container,
+    extra: Vec<Volume>,
+    cfg: &Config,
+) -> Pod {
+    let pvc = name(dv);
+    let mut volumes = vec![Volume {
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: pvc.into(),
+            read_only: None,
+        }),
+        ..volume("cdi-data-vol")
+    }];
+    volumes.extend(extra);
+    match claim.mode {
+        VolumeMode::Filesystem => {
+            c.volume_mounts
+                .get_or_insert_default()
+                .push(mount("cdi-data-vol", DATA_DIR, false))
+        }
+        VolumeMode::Block => {
+            c.volume_devices = Some(vec![VolumeDevice {
+                name: "cdi-data-vol".into(),
+                device_path: BLOCK_DEVICE.into(),
+            }])
+        }
+    }
+    c.image = Some(cfg.image.clone());
+    c.image_pull_policy = cfg.pull_policy.clone();
+    c.command = Some(vec!["quarry".into()]);
+    c.resources = cfg.resources.clone();
+    c.termination_message_policy = Some("FallbackToLogsOnError".into());
+    c.ports = Some(vec![ContainerPort {
+        container_port: POD_PORT,
+        name: Some("https".into()),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    }]);
+    let mut meta_labels = labels(dv);
+    meta_labels.insert(super::LABEL_TARGET.into(), pvc.into());
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(pod_name),
+            namespace: dv.metadata.namespace.clone(),
+            labels: Some(meta_labels),
+            owner_references: dv.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![c],
+            volumes: Some(volumes),
+            restart_policy: Some("Never".into()),
+            priority_class_name: dv.spec.priority_class_name.clone(),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn config_map_volume(vol: &str, config_map: &str) -> Volume {
+    Volume {
+        config_map: Some(ConfigMapVolumeSource {
+            name: config_map.into(),
+            ..Default::default()
+        }),
+        ..volume(vol)
+    }
+}
+
+fn secret_volume(vol: &str, secret: &str) -> Volume {
+    Volume {
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            ..Default::default()
+        }),
+        ..volume(vol)
+    }
+}
+
+/// The importer pod for an import source.
+pub fn importer_pod(
+    dv: &DataVolume,
+    src: &ImportSource,
+    claim: &Claim,
+    refs: &SourceRefs,
+    cfg: &Config,
+) -> Pod {
+    let (args, env) = import_args(dv, src, claim, refs, cfg);
+    let mut mounts = Vec::new();
+    let mut volumes = Vec::new();
+    if let Some(cm) = &src.cert_config_map {
+        mounts.push(mount("cdi-cert-vol", CERT_DIR, true));
+        volumes.push(config_map_volume("cdi-cert-vol", cm));
+    }
+    if let Some(secret) = &src.secret_ref {
+        mounts.push(mount("cdi-secret-vol", SECRET_DIR, true));
+        volumes.push(secret_volume("cdi-secret-vol", secret));
+    }
+    let c = Container {
+        name: "importer".into(),
+        args: Some(args),
+        env: (!env.is_empty()).then_some(env),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    };
+    pod(dv, importer_pod_name(name(dv)), claim, c, volumes, cfg)
+}
+
+/// The importer pod for a blank disk: an import of an empty source, which leaves a sparse disk
+/// of the usable size.
+pub fn blank_pod(dv: &DataVolume, claim: &Claim, cfg: &Config) -> Pod {
+    let src = ImportSource {
+        url: "/dev/null".into(),
+        ..Default::default()
+    };
+    importer_pod(dv, &src, claim, &SourceRefs::default(), cfg)
+}
+
+/// The upload server pod: `quarry upload-server` writing into the volume, TLS from the
+/// configured Secret, client certificates checked against the upload proxy's CA.
+pub fn upload_pod(dv: &DataVolume, claim: &Claim, cfg: &Config) -> Pod {
+    let mut args = vec![
+        "upload-server".to_string(),
+        "--target".into(),
+        target(claim.mode).into(),
+        "--size".into(),
+        claim.size.to_string(),
+    ];
+    if claim.mode == VolumeMode::Filesystem {
+        args.extend(["--filesystem-overhead".into(), claim.overhead.to_string()]);
+    }
+    args.extend(["--listen".into(), format!("0.0.0.0:{POD_PORT}")]);
+    let mut mounts = Vec::new();
+    let mut volumes = Vec::new();
+    if let Some(tls) = &cfg.upload_tls {
+        args.extend([
+            "--tls-cert".into(),
+            format!("{TLS_DIR}/tls.crt"),
+            "--tls-key".into(),
+            format!("{TLS_DIR}/tls.key"),
+        ]);
+        mounts.push(mount("cdi-upload-tls", TLS_DIR, true));
+        volumes.push(secret_volume("cdi-upload-tls", &tls.secret));
+        if let Some(ca) = &tls.client_ca_config_map {
+            args.extend(["--client-ca".into(), format!("{CLIENT_CA_DIR}/ca.crt")]);
+            mounts.push(mount("cdi-client-ca", CLIENT_CA_DIR, true));
+            volumes.push(config_map_volume("cdi-client-ca", ca));
+        }
+    }
+    let c = Container {
+        name: "cdi-upload-server".into(),
+        args: Some(args),
+        readiness_probe: Some(Probe {
+            tcp_socket: Some(TCPSocketAction {
+                port: IntOrString::Int(POD_PORT),
+                host: None,
+            }),
+            period_seconds: Some(2),
+            ..Default::default()
+        }),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    };
+    pod(dv, upload_name(name(dv)), claim, c, volumes, cfg)
+}
+
+/// The Service in front of the upload server, as CDI names it: port 443 to the pod's 8443.
+pub fn upload_service(dv: &DataVolume) -> Service {
+    let pvc = name(dv);
+    Service {
+        metadata: ObjectMeta {
+            name: Some(upload_name(pvc)),
+            namespace: dv.metadata.namespace.clone(),
+            labels: Some(labels(dv)),
+            owner_references: dv.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            selector: Some(BTreeMap::from([(
+                super::LABEL_TARGET.to_string(),
+                pvc.to_string(),
+            )])),
+            ports: Some(vec![ServicePort {
+                name: Some("uploadproxy".into()),
+                port: 443,
+                target_port: Some(IntOrString::Int(POD_PORT)),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}

@@ -1,0 +1,314 @@
+//! The PVC a DataVolume asks for: `spec.pvc` taken literally, or `spec.storage` with CDI's
+//! defaults (ReadWriteOnce, Filesystem) and its size inflated by the filesystem overhead.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::{Config, labels};
+use crate::api::DataVolume;
+use crate::error::{Error, Result};
+
+/// CDI aligns requested sizes to this before adding the filesystem overhead.
+pub const ALIGN: u64 = 1 << 20;
+
+/// `Filesystem` or `Block`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeMode {
+    /// A filesystem volume: the disk is `disk.img` on it.
+    Filesystem,
+    /// A raw block volume.
+    Block,
+}
+
+impl VolumeMode {
+    fn parse(s: Option<&str>) -> Result<Self> {
+        match s {
+            None | Some("Filesystem") => Ok(VolumeMode::Filesystem),
+            Some("Block") => Ok(VolumeMode::Block),
+            Some(other) => Err(Error::invalid(format!(
+                "volumeMode {other:?} is not Filesystem or Block"
+            ))),
+        }
+    }
+}
+
+/// Space to request so that `requested` bytes stay usable after the filesystem takes its
+/// share: CDI's GetRequiredSpace (align to 1 MiB, then divide by `1 - overhead`, rounding up).
+pub fn required_space(requested: u64, overhead: f64) -> u64 {
+    let aligned = requested.div_ceil(ALIGN) * ALIGN;
+    (aligned as f64 / (1.0 - overhead)).ceil() as u64
+}
+
+/// The claim's size, StorageClass and mode, as the importer needs them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// The PVC spec to create.
+    pub spec: PersistentVolumeClaimSpec,
+    /// Requested bytes (after any inflation).
+    pub size: u64,
+    /// Filesystem or block.
+    pub mode: VolumeMode,
+    /// The filesystem overhead the importer must keep (0 for block volumes).
+    pub overhead: f64,
+}
+
+fn requested_size(res: Option<&VolumeResourceRequirements>, field: &str) -> Result<u64> {
+    let q = res
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .ok_or_else(|| Error::invalid(format!("{field}.resources.requests.storage is required")))?;
+    importer::size::parse_quantity(&q.0)
+        .map_err(|e| Error::invalid(format!("{field}.resources.requests.storage: {e}")))
+}
+
+/// The claim for a DataVolume, from `spec.pvc` or `spec.storage`.
+pub fn claim(dv: &DataVolume, cfg: &Config) -> Result<Claim> {
+    match (&dv.spec.pvc, &dv.spec.storage) {
+        (Some(_), Some(_)) => Err(Error::invalid("spec.pvc and spec.storage are exclusive")),
+        (None, None) => Err(Error::invalid("spec.pvc or spec.storage is required")),
+        (Some(pvc), None) => {
+            let mode = VolumeMode::parse(pvc.volume_mode.as_deref())?;
+            let size = requested_size(pvc.resources.as_ref(), "spec.pvc")?;
+            let overhead = match mode {
+                VolumeMode::Filesystem => cfg.overhead(pvc.storage_class_name.as_deref()),
+                VolumeMode::Block => 0.0,
+            };
+            Ok(Claim {
+                spec: pvc.clone(),
+                size,
+                mode,
+                overhead,
+            })
+        }
+        (None, Some(st)) => {
+            let mode = VolumeMode::parse(st.volume_mode.as_deref())?;
+            let requested = requested_size(st.resources.as_ref(), "spec.storage")?;
+            let class = st
+                .storage_class_name
+                .clone()
+                .or_else(|| cfg.default_storage_class.clone());
+            let (size, overhead) = match mode {
+                VolumeMode::Filesystem => {
+                    let o = cfg.overhead(class.as_deref());
+                    (required_space(requested, o), o)
+                }
+                VolumeMode::Block => (requested.div_ceil(ALIGN) * ALIGN, 0.0),
+            };
+            let access_modes = if st.access_modes.is_empty() {
+                vec!["ReadWriteOnce".to_string()]
+            } else {
+                st.access_modes.clone()
+            };
+            let mut requests = BTreeMap::new();
+            requests.insert("storage".to_string(), Quantity(size.to_string()));
+            Ok(Claim {
+                spec: PersistentVolumeClaimSpec {
+                    access_modes: Some(access_modes),
+                    selector: st.selector.clone(),
+                    resources: Some(VolumeResourceRequirements {
+                        requests: Some(requests),
+                        ..Default::default()
+                    }),
+                    volume_name: st.volume_name.clone(),
+                    storage_class_name: class,
+                    volume_mode: Some(
+                        match mode {
+                            VolumeMode::Filesystem => "Filesystem",
+                            VolumeMode::Block => "Block",
+                        }
+                        .into(),
+                    ),
+                    data_source: st.data_source.clone(),
+                    data_source_ref: st.data_source_ref.clone(),
+                    ..Default::default()
+                },
+                size,
+                mode,
+                overhead,
+            })
+        }
+    }
+}
+
+/// The PVC object: named like the DataVolume (as CDI does), labelled, not owned (the finalizer
+/// decides whether it outlives the DataVolume).
+pub fn desired_pvc(dv: &DataVolume, claim: &Claim) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(super::name(dv).to_string()),
+            namespace: dv.metadata.namespace.clone(),
+            labels: Some(labels(dv)),
+            annotations: Some(BTreeMap::from([(
+                super::ANN_OWNED_BY.to_string(),
+                format!(
+                    "{}/{}",
+                    dv.metadata.namespace.as_deref().unwrap_or_default(),
+                    super::name(dv)
+                ),
+            )])),
+            ..Default::default()
+        },
+        spec: Some(claim.spec.clone()),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::DataVolumeSpec;
+    use crate::api::datavolume::StorageSpec;
+
+    fn dv(spec: DataVolumeSpec) -> DataVolume {
+        let mut dv = DataVolume::new("disk", spec);
+        dv.metadata.namespace = Some("ns".into());
+        dv
+    }
+
+    fn resources(q: &str) -> Option<VolumeResourceRequirements> {
+        Some(VolumeResourceRequirements {
+            requests: Some(BTreeMap::from([("storage".into(), Quantity(q.into()))])),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn required_space_matches_cdi() {
+        // 1 GiB at CDI's default 5.5 %: ceil(1073741824 / 0.945).
+        assert_eq!(required_space(1 << 30, 0.055), 1_136_234_735);
+        // Unaligned sizes are rounded up to a MiB first.
+        assert_eq!(required_space(1, 0.0), 1 << 20);
+        assert_eq!(required_space((1 << 20) + 1, 0.0), 2 << 20);
+        // Whatever the overhead, the usable part (floored to a MiB, as the importer computes
+        // it) holds the aligned request.
+        for o in [0.0, 0.055, 0.06, 0.1, 0.5] {
+            for req in [1u64, 999_999, 1 << 30, 10_000_000_007] {
+                let size = required_space(req, o);
+                let usable = ((1.0 - o) * size as f64) as u64 / ALIGN * ALIGN;
+                assert!(usable >= req, "o={o} req={req} size={size} usable={usable}");
+            }
+        }
+    }
+
+    #[test]
+    fn storage_gets_cdi_defaults_and_inflation() {
+        let cfg = Config::default();
+        let d = dv(DataVolumeSpec {
+            storage: Some(StorageSpec {
+                resources: resources("1Gi"),
+                storage_class_name: Some("hostpath-csi".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let c = claim(&d, &cfg).unwrap();
+        assert_eq!(c.mode, VolumeMode::Filesystem);
+        assert_eq!(c.size, 1_136_234_735);
+        assert_eq!(
+            c.spec.access_modes.as_deref(),
+            Some(&["ReadWriteOnce".to_string()][..])
+        );
+        assert_eq!(c.spec.volume_mode.as_deref(), Some("Filesystem"));
+        assert_eq!(c.spec.storage_class_name.as_deref(), Some("hostpath-csi"));
+        let pvc = desired_pvc(&d, &c);
+        assert_eq!(pvc.metadata.name.as_deref(), Some("disk"));
+        assert_eq!(
+            pvc.spec.unwrap().resources.unwrap().requests.unwrap()["storage"].0,
+            "1136234735"
+        );
+    }
+
+    #[test]
+    fn per_class_overhead_and_block_mode() {
+        let mut cfg = Config::default();
+        cfg.filesystem_overhead_per_class.insert("fast".into(), 0.1);
+        let mut d = dv(DataVolumeSpec {
+            storage: Some(StorageSpec {
+                resources: resources("100Mi"),
+                storage_class_name: Some("fast".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let c = claim(&d, &cfg).unwrap();
+        assert_eq!(c.overhead, 0.1);
+        assert_eq!(c.size, ((100u64 << 20) as f64 / 0.9).ceil() as u64);
+        d.spec.storage.as_mut().unwrap().volume_mode = Some("Block".into());
+        let c = claim(&d, &cfg).unwrap();
+        assert_eq!(
+            (c.mode, c.size, c.overhead),
+            (VolumeMode::Block, 100 << 20, 0.0)
+        );
+    }
+
+    #[test]
+    fn pvc_is_taken_literally() {
+        let spec = PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteMany".into()]),
+            resources: resources("10Gi"),
+            volume_mode: Some("Block".into()),
+            storage_class_name: Some("ceph".into()),
+            ..Default::default()
+        };
+        let d = dv(DataVolumeSpec {
+            pvc: Some(spec.clone()),
+            ..Default::default()
+        });
+        let c = claim(&d, &Config::default()).unwrap();
+        assert_eq!(c.spec, spec);
+        assert_eq!((c.size, c.mode), (10 << 30, VolumeMode::Block));
+    }
+
+    #[test]
+    fn missing_size_bad_mode_and_both_forms_are_refused() {
+        let cfg = Config::default();
+        let cases = [
+            (
+                DataVolumeSpec {
+                    storage: Some(StorageSpec::default()),
+                    ..Default::default()
+                },
+                "spec.storage.resources.requests.storage is required",
+            ),
+            (
+                DataVolumeSpec {
+                    storage: Some(StorageSpec {
+                        resources: resources("1Gi"),
+                        volume_mode: Some("Tape".into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                "volumeMode",
+            ),
+            (
+                DataVolumeSpec {
+                    storage: Some(StorageSpec {
+                        resources: resources("lots"),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                "spec.storage.resources.requests.storage:",
+            ),
+            (
+                DataVolumeSpec {
+                    storage: Some(StorageSpec::default()),
+                    pvc: Some(Default::default()),
+                    ..Default::default()
+                },
+                "exclusive",
+            ),
+            (DataVolumeSpec::default(), "required"),
+        ];
+        for (spec, needle) in cases {
+            let e = claim(&dv(spec), &cfg).unwrap_err();
+            assert!(e.to_string().contains(needle), "{e}");
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! What a DataVolume asks to import, checked once and shared by the importer pod (as `quarry
+//! import` arguments) and the local mode (as an [`importer::import::ImportRequest`]).
+
+use importer::checksum::Checksum;
+
+use crate::api::datavolume::{ContentType, DataVolumeSpec};
+use crate::error::{Error, Result};
+
+/// Where the data of a DataVolume comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// Imported by `quarry import` from a URL.
+    Import(ImportSource),
+    /// Uploaded by a client to an upload server.
+    Upload,
+    /// A blank disk of the requested size.
+    Blank,
+}
+
+/// The checked contents of `spec.source.http|registry|s3`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ImportSource {
+    /// `http(s)://...`, `docker://...` or `s3://...` as `quarry import` takes it.
+    pub url: String,
+    /// Which source type it came from.
+    pub kind: SourceKind,
+    /// Secret with `accessKeyId` / `secretKey`.
+    pub secret_ref: Option<String>,
+    /// ConfigMap with CA certificates.
+    pub cert_config_map: Option<String>,
+    /// Extra headers, `Name: value`.
+    pub extra_headers: Vec<String>,
+    /// Secrets each holding header lines.
+    pub secret_extra_headers: Vec<String>,
+    /// Expected checksum of the download (checked to parse).
+    pub checksum: Option<String>,
+    /// Registry image platform, `linux/ARCH`.
+    pub platform: Option<String>,
+}
+
+/// The source type of an [`ImportSource`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SourceKind {
+    /// `source.http`.
+    #[default]
+    Http,
+    /// `source.registry`.
+    Registry,
+    /// `source.s3`.
+    S3,
+}
+
+/// The one source of a DataVolume, or a clear error for what Quarry does not support.
+pub fn source(spec: &DataVolumeSpec) -> Result<Source> {
+    if spec.content_type == Some(ContentType::Archive) {
+        return Err(Error::invalid(
+            "contentType archive is not supported: Quarry imports disk images (kubevirt)",
+        ));
+    }
+    let Some(src) = &spec.source else {
+        return Err(if spec.source_ref.is_some() {
+            Error::invalid("spec.sourceRef (DataSource) is not supported; give spec.source")
+        } else {
+            Error::invalid("spec.source is required")
+        });
+    };
+    let mut found = Vec::new();
+    if let Some(h) = &src.http {
+        found.push(Source::Import(ImportSource {
+            url: h.url.clone(),
+            kind: SourceKind::Http,
+            secret_ref: nonempty(&h.secret_ref),
+            cert_config_map: nonempty(&h.cert_config_map),
+            extra_headers: h.extra_headers.clone(),
+            secret_extra_headers: h.secret_extra_headers.clone(),
+            checksum: nonempty(&h.checksum),
+            platform: None,
+        }));
+    }
+    if let Some(r) = &src.registry {
+        if r.image_stream.is_some() {
+            return Err(Error::invalid(
+                "source.registry.imageStream is not supported; give source.registry.url",
+            ));
+        }
+        if r.pull_method.as_deref().is_some_and(|m| m != "pod") {
+            return Err(Error::invalid(
+                "source.registry.pullMethod node is not supported; use pod",
+            ));
+        }
+        let url = r
+            .url
+            .clone()
+            .ok_or_else(|| Error::invalid("source.registry.url is required"))?;
+        found.push(Source::Import(ImportSource {
+            url,
+            kind: SourceKind::Registry,
+            secret_ref: nonempty(&r.secret_ref),
+            cert_config_map: nonempty(&r.cert_config_map),
+            platform: r
+                .platform
+                .as_ref()
+                .and_then(|p| p.architecture.as_ref())
+                .map(|a| format!("linux/{a}")),
+            ..Default::default()
+        }));
+    }
+    if let Some(s) = &src.s3 {
+        found.push(Source::Import(ImportSource {
+            url: s.url.clone(),
+            kind: SourceKind::S3,
+            secret_ref: nonempty(&s.secret_ref),
+            cert_config_map: nonempty(&s.cert_config_map),
+            ..Default::default()
+        }));
+    }
+    if src.upload.is_some() {
+        found.push(Source::Upload);
+    }
+    if src.blank.is_some() {
+        found.push(Source::Blank);
+    }
+    for (set, name) in [
+        (src.gcs.is_some(), "gcs"),
+        (src.pvc.is_some(), "pvc (clone)"),
+        (src.snapshot.is_some(), "snapshot (clone)"),
+        (src.imageio.is_some(), "imageio"),
+        (src.vddk.is_some(), "vddk"),
+    ] {
+        if set {
+            return Err(Error::invalid(format!(
+                "source {name} is not supported by Quarry's DataVolume controller"
+            )));
+        }
+    }
+    if found.len() != 1 {
+        return Err(Error::invalid(format!(
+            "spec.source must have exactly one of http, registry, s3, upload, blank (found {})",
+            found.len()
+        )));
+    }
+    let found = found.remove(0);
+    if let Source::Import(i) = &found {
+        check(i)?;
+    }
+    Ok(found)
+}
+
+fn nonempty(s: &Option<String>) -> Option<String> {
+    s.clone().filter(|s| !s.is_empty())
+}
+
+/// Rejects what `quarry import` would refuse, so the DataVolume fails before any pod runs.
+fn check(src: &ImportSource) -> Result<()> {
+    let lower = src.url.to_ascii_lowercase();
+    let schemes: &[&str] = match src.kind {
+        SourceKind::Http => &["http://", "https://"],
+        SourceKind::Registry => &["docker://"],
+        SourceKind::S3 => &["s3://", "http://", "https://"],
+    };
+    if !schemes.iter().any(|s| lower.starts_with(s)) {
+        return Err(Error::invalid(format!(
+            "source url {:?} must start with {}",
+            src.url,
+            schemes.join(" or ")
+        )));
+    }
+    if let Some(c) = &src.checksum {
+        c.parse::<Checksum>()
+            .map_err(|e| Error::invalid(format!("source.http.checksum: {e}")))?;
+    }
+    for h in &src.extra_headers {
+        header(h)?;
+    }
+    if let Some(p) = &src.platform {
+        importer::source::registry::manifest::Platform::parse(p)
+            .map_err(|e| Error::invalid(format!("source.registry.platform: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Splits `Name: value`, as CDI's extraHeaders are written.
+pub fn header(h: &str) -> Result<(String, String)> {
+    match h.split_once(':') {
+        Some((name, value))
+            if !name.trim().is_empty() && !name.trim().contains(char::is_whitespace) =>
+        {
+            Ok((name.trim().to_string(), value.trim().to_string()))
+        }
+        _ => Err(Error::invalid(format!(
+            "extra header {h:?} is not of the form 'Name: value'"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::datavolume::{DataVolumeSource, Empty, SourceHttp, SourcePvc};
+
+    fn spec(src: DataVolumeSource) -> DataVolumeSpec {
+        DataVolumeSpec {
+            source: Some(src),
+            ..Default::default()
+        }
+    }
+
+    fn http(url: &str) -> SourceHttp {
+        SourceHttp {
+            url: url.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn http_source_is_checked() {
+        let s = source(&spec(DataVolumeSource {
+            http: Some(SourceHttp {
+                checksum: Some(format!("sha256:{}", "ab".repeat(32))),
+                extra_headers: vec!["X-Token: abc".into()],
+                ..http("https://example.org/disk.qcow2")
+            }),
+            ..Default::default()
+        }))
+        .unwrap();
+        let Source::Import(i) = s else { panic!() };
+        assert_eq!(i.kind, SourceKind::Http);
+        assert!(i.checksum.unwrap().starts_with("sha256:abab"));
+    }
+
+    #[test]
+    fn bad_checksum_header_and_scheme_are_refused_by_name() {
+        for (h, needle) in [
+            (
+                SourceHttp {
+                    checksum: Some("crc32:00".into()),
+                    ..http("http://h/x")
+                },
+                "checksum",
+            ),
+            (
+                SourceHttp {
+                    extra_headers: vec!["no colon".into()],
+                    ..http("http://h/x")
+                },
+                "extra header",
+            ),
+            (http("ftp://h/x"), "must start with"),
+        ] {
+            let e = source(&spec(DataVolumeSource {
+                http: Some(h),
+                ..Default::default()
+            }))
+            .unwrap_err();
+            assert!(e.to_string().contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn exactly_one_supported_source() {
+        let two = spec(DataVolumeSource {
+            http: Some(http("http://h/x")),
+            blank: Some(Empty {}),
+            ..Default::default()
+        });
+        assert!(
+            source(&two)
+                .unwrap_err()
+                .to_string()
+                .contains("exactly one")
+        );
+        assert!(source(&DataVolumeSpec::default()).is_err());
+        let clone = spec(DataVolumeSource {
+            pvc: Some(SourcePvc {
+                namespace: "a".into(),
+                name: "b".into(),
+            }),
+            ..Default::default()
+        });
+        assert!(
+            source(&clone)
+                .unwrap_err()
+                .to_string()
+                .contains("not supported")
+        );
+        let upload = spec(DataVolumeSource {
+            upload: Some(Empty {}),
+            ..Default::default()
+        });
+        assert_eq!(source(&upload).unwrap(), Source::Upload);
+        let archive = DataVolumeSpec {
+            content_type: Some(ContentType::Archive),
+            ..upload
+        };
+        assert!(
+            source(&archive)
+                .unwrap_err()
+                .to_string()
+                .contains("archive")
+        );
+    }
+}

@@ -1,0 +1,79 @@
+//! Errors of the controllers and the local mode, with [`Error::kind`] deciding whether a retry
+//! can help.
+
+/// Whether an error is worth retrying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The object's contents are wrong: retrying the same object cannot succeed.
+    Invalid,
+    /// The API server, the network or local I/O failed: retry with back-off.
+    Transient,
+}
+
+/// A controller or local-mode failure.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The custom resource cannot be acted on as written.
+    #[error("{0}")]
+    InvalidSpec(String),
+    /// A Kubernetes API call failed.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// Loading the kubeconfig or in-cluster configuration failed.
+    #[error("no Kubernetes configuration (set KUBECONFIG or run in a pod): {0}")]
+    Config(String),
+    /// The finalizer machinery failed.
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+    /// Reading or writing local state failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// YAML that cannot be read as the expected object.
+    #[error("{context}: {message}")]
+    Yaml {
+        /// What was being read.
+        context: String,
+        /// Parser message.
+        message: String,
+    },
+    /// The provisioner refused or failed (local mode).
+    #[error(transparent)]
+    Provisioner(#[from] provisioner::Error),
+}
+
+impl Error {
+    /// Retryable or not.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidSpec(_) | Error::Yaml { .. } | Error::Config(_) => ErrorKind::Invalid,
+            Error::Kube(_) | Error::Finalizer(_) | Error::Io { .. } => ErrorKind::Transient,
+            Error::Provisioner(e) => match e.kind() {
+                provisioner::ErrorKind::Aborted | provisioner::ErrorKind::Internal => {
+                    ErrorKind::Transient
+                }
+                _ => ErrorKind::Invalid,
+            },
+        }
+    }
+
+    /// An I/O error with what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Error::InvalidSpec(message.into())
+    }
+}
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

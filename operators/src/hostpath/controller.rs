@@ -1,0 +1,213 @@
+//! The HostPathProvisioner controller: server-side applies the driver objects (putting back
+//! edits, recreating deleted ones) and applies the status.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use tracing::{Instrument, info_span};
+
+use super::objects::{DriverObjects, Settings, driver_objects, pools};
+use super::status::status;
+use crate::api::HostPathProvisioner;
+use crate::error::{Error, Result};
+use crate::kubeops;
+use crate::metrics::Metrics;
+
+/// Name in metrics.
+pub const CONTROLLER: &str = "hostpathprovisioner";
+
+/// What every reconcile shares.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// Images and namespace.
+    pub settings: Settings,
+    /// Reconcile metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+async fn deploy(o: &DriverObjects, client: &Client, ns: &str) -> Result<DaemonSet> {
+    let name = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        m.name.clone().unwrap_or_default()
+    };
+    let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    kubeops::apply(&sa, &name(&o.service_account.metadata), &o.service_account).await?;
+    let cr: Api<ClusterRole> = Api::all(client.clone());
+    kubeops::apply(&cr, &name(&o.cluster_role.metadata), &o.cluster_role).await?;
+    let crb: Api<ClusterRoleBinding> = Api::all(client.clone());
+    kubeops::apply(
+        &crb,
+        &name(&o.cluster_role_binding.metadata),
+        &o.cluster_role_binding,
+    )
+    .await?;
+    let cm: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    kubeops::apply(&cm, &name(&o.pools.metadata), &o.pools).await?;
+    let ds: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
+    let applied = kubeops::apply(&ds, &name(&o.daemon_set.metadata), &o.daemon_set).await?;
+    let drivers: Api<CSIDriver> = Api::all(client.clone());
+    kubeops::apply(&drivers, &name(&o.csi_driver.metadata), &o.csi_driver).await?;
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    for sc in &o.storage_classes {
+        kubeops::apply(&classes, &name(&sc.metadata), sc).await?;
+    }
+    Ok(applied)
+}
+
+/// Reconciles one HostPathProvisioner.
+pub async fn reconcile(hpp: Arc<HostPathProvisioner>, ctx: Arc<Context>) -> Result<Requeue> {
+    let span = info_span!("reconcile", controller = CONTROLLER, name = %hpp.name_any());
+    async move {
+        let _measure = ctx.metrics.reconcile(CONTROLLER);
+        let outcome = match driver_objects(&hpp, &ctx.settings) {
+            Ok(o) => deploy(&o, &ctx.client, &ctx.settings.namespace).await,
+            Err(e) => Err(e),
+        };
+        let pools = pools(&hpp).unwrap_or_default();
+        let (ds, error) = match &outcome {
+            Ok(ds) => (Some(ds), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        let st = status(
+            hpp.status.as_ref(),
+            &pools,
+            ds,
+            error.as_deref(),
+            Timestamp::now(),
+        );
+        let changed = hpp.status.as_ref().map(|s| {
+            let mut a = s.clone();
+            let mut b = st.clone();
+            for c in a.conditions.iter_mut().chain(b.conditions.iter_mut()) {
+                c.last_heartbeat_time = None;
+            }
+            a != b
+        });
+        if changed != Some(false) {
+            let api: Api<HostPathProvisioner> = Api::all(ctx.client.clone());
+            let doc = serde_json::json!({
+                "apiVersion": HostPathProvisioner::api_version(&()),
+                "kind": HostPathProvisioner::kind(&()),
+                "status": st,
+            });
+            kubeops::apply_status(&api, &hpp.name_any(), doc).await?;
+        }
+        outcome.map(|_| Requeue::requeue(Duration::from_secs(60)))
+    }
+    .instrument(span)
+    .await
+}
+
+/// Retries failed reconciles.
+pub fn error_policy(hpp: Arc<HostPathProvisioner>, err: &Error, ctx: Arc<Context>) -> Requeue {
+    kubeops::requeue_after(
+        CONTROLLER,
+        &hpp.name_any(),
+        err,
+        &ctx.metrics,
+        Duration::from_secs(60),
+    )
+}
+
+/// Runs the controller until the process stops.
+pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>) {
+    let hpps: Api<HostPathProvisioner> = Api::all(client.clone());
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &settings.namespace);
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let ctx = Arc::new(Context {
+        client,
+        settings,
+        metrics,
+    });
+    let results = Controller::new(hpps, watcher::Config::default())
+        .owns(daemonsets, watcher::Config::default())
+        .owns(classes, watcher::Config::default())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx);
+    kubeops::drain(results).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use http::Method;
+
+    use super::*;
+    use crate::api::HostPathProvisionerSpec;
+    use crate::api::hostpath::StoragePool;
+    use crate::mockapi;
+
+    #[tokio::test]
+    async fn driver_objects_are_applied_then_status() {
+        let (client, mut api) = mockapi::pair();
+        let ctx = Arc::new(Context {
+            client,
+            settings: Settings::default(),
+            metrics: Arc::default(),
+        });
+        let mut hpp = HostPathProvisioner::new(
+            "hostpath-provisioner",
+            HostPathProvisionerSpec {
+                storage_pools: vec![StoragePool {
+                    name: "local".into(),
+                    path: "/var/hpvolumes".into(),
+                    pvc_template: None,
+                }],
+                ..Default::default()
+            },
+        );
+        hpp.metadata.uid = Some("u".into());
+        let task = tokio::spawn(reconcile(Arc::new(hpp.clone()), ctx));
+        for p in [
+            "/api/v1/namespaces/quarry/serviceaccounts/quarry-csi",
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles/quarry-csi-provisioner",
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/quarry-csi-provisioner",
+            "/api/v1/namespaces/quarry/configmaps/quarry-csi-pools",
+        ] {
+            api.expect_echo(Method::PATCH, p).await;
+        }
+        api.expect_with(
+            Method::PATCH,
+            "/apis/apps/v1/namespaces/quarry/daemonsets/quarry-csi",
+            200,
+            |b| {
+                let mut b = b.clone();
+                b["status"] = serde_json::json!({"desiredNumberScheduled": 2, "numberReady": 2,
+                "currentNumberScheduled": 2, "numberMisscheduled": 0});
+                b
+            },
+        )
+        .await;
+        api.expect_echo(
+            Method::PATCH,
+            "/apis/storage.k8s.io/v1/csidrivers/kubevirt.io.hostpath-provisioner",
+        )
+        .await;
+        let (_, sc) = api
+            .expect_echo(
+                Method::PATCH,
+                "/apis/storage.k8s.io/v1/storageclasses/hostpath-csi-local",
+            )
+            .await;
+        assert_eq!(sc["parameters"]["storagePool"], "local");
+        let (_, st) = api
+            .expect(
+                Method::PATCH,
+                "/apis/hostpathprovisioner.kubevirt.io/v1beta1/hostpathprovisioners/hostpath-provisioner/status",
+                200,
+                serde_json::to_value(&hpp).unwrap(),
+            )
+            .await;
+        assert_eq!(st["status"]["storagePoolStatuses"][0]["phase"], "Ready");
+        api.silence().await;
+        task.await.unwrap().unwrap();
+    }
+}

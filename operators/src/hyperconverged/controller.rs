@@ -1,0 +1,346 @@
+//! The HyperConverged controller: server-side applies every child on each reconcile (so edits
+//! are reverted and deleted children recreated, as HCO does), removes a disabled
+//! HostPathProvisioner, and applies the aggregated status.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use tracing::{Instrument, info_span};
+
+use super::children::{self, ChildKind};
+use super::conditions::{ChildStatus, Reconciled, aggregate};
+use crate::api::HyperConverged;
+use crate::api::hyperconverged::HYPERCONVERGED_NAME;
+use crate::error::{Error, Result};
+use crate::kubeops;
+use crate::metrics::Metrics;
+
+/// Name in metrics.
+pub const CONTROLLER: &str = "hyperconverged";
+/// Children are looked at again this often even without a watch event.
+pub const RESYNC: Duration = Duration::from_secs(60);
+
+/// What every reconcile shares.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// Reconcile metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+fn child_api(client: &Client, kind: &ChildKind, namespace: &str) -> Api<DynamicObject> {
+    let ar = kind.api_resource();
+    if kind.namespaced {
+        Api::namespaced_with(client.clone(), namespace, &ar)
+    } else {
+        Api::all_with(client.clone(), &ar)
+    }
+}
+
+/// Reconciles the HyperConverged.
+pub async fn reconcile(hc: Arc<HyperConverged>, ctx: Arc<Context>) -> Result<Requeue> {
+    let ns = hc.namespace().unwrap_or_default();
+    let span =
+        info_span!("reconcile", controller = CONTROLLER, namespace = %ns, name = %hc.name_any());
+    async move {
+        let _measure = ctx.metrics.reconcile(CONTROLLER);
+        if hc.name_any() != HYPERCONVERGED_NAME {
+            // HCO's singleton: others are refused by the webhook and left alone here.
+            tracing::warn!("ignored: only {HYPERCONVERGED_NAME} is reconciled");
+            return Ok(Requeue::await_change());
+        }
+        let (statuses, outcome) = match apply_children(&hc, &ctx.client, &ns).await {
+            Ok(s) => (s, Reconciled::Complete),
+            Err(e) => (Vec::new(), Reconciled::Failed(e.to_string())),
+        };
+        let previous = hc
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let (conditions, health) = aggregate(
+            &previous,
+            &statuses,
+            &outcome,
+            hc.metadata.generation,
+            Timestamp::now(),
+        );
+        let related: Vec<_> = statuses
+            .iter()
+            .map(|s| k8s_openapi::api::core::v1::ObjectReference {
+                kind: Some(s.kind.clone()),
+                ..Default::default()
+            })
+            .collect();
+        let status = crate::api::HyperConvergedStatus {
+            conditions,
+            related_objects: related,
+            observed_generation: hc.metadata.generation,
+            system_health_status: Some(health),
+        };
+        if hc.status.as_ref() != Some(&status) {
+            let api: Api<HyperConverged> = Api::namespaced(ctx.client.clone(), &ns);
+            let doc = serde_json::json!({
+                "apiVersion": HyperConverged::api_version(&()),
+                "kind": HyperConverged::kind(&()),
+                "status": status,
+            });
+            kubeops::apply_status(&api, &hc.name_any(), doc).await?;
+        }
+        match outcome {
+            Reconciled::Complete => Ok(Requeue::requeue(RESYNC)),
+            Reconciled::Failed(m) => Err(Error::InvalidSpec(m)),
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Applies every child and returns what they report.
+async fn apply_children(
+    hc: &HyperConverged,
+    client: &Client,
+    ns: &str,
+) -> Result<Vec<ChildStatus>> {
+    let wanted = children::children(hc)?;
+    let mut statuses = Vec::new();
+    for (kind, obj) in &wanted {
+        let api = child_api(client, kind, ns);
+        let applied = kubeops::apply(&api, kind.name, obj).await?;
+        statuses.push(ChildStatus::from_object(kind.kind, &applied.data));
+    }
+    if !wanted.iter().any(|(k, _)| *k == children::HOSTPATH) {
+        kubeops::delete(
+            &child_api(client, &children::HOSTPATH, ns),
+            children::HOSTPATH.name,
+        )
+        .await?;
+    }
+    Ok(statuses)
+}
+
+/// Retries failed reconciles.
+pub fn error_policy(hc: Arc<HyperConverged>, err: &Error, ctx: Arc<Context>) -> Requeue {
+    kubeops::requeue_after(
+        CONTROLLER,
+        &hc.name_any(),
+        err,
+        &ctx.metrics,
+        Duration::from_secs(60),
+    )
+}
+
+/// Runs the controller for the HyperConverged in `namespace` until the process stops.
+pub async fn run(client: Client, namespace: String, metrics: Arc<Metrics>) {
+    let hcs: Api<HyperConverged> = Api::namespaced(client.clone(), &namespace);
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        metrics,
+    });
+    let labels = "app=kubevirt-hyperconverged";
+    let mut controller = Controller::new(hcs, watcher::Config::default());
+    for kind in children::ALL {
+        let ar = kind.api_resource();
+        let ns = namespace.clone();
+        controller = controller.watches_with(
+            child_api(&client, &kind, &namespace),
+            ar,
+            watcher::Config::default().labels(labels),
+            move |_| Some(ObjectRef::new(HYPERCONVERGED_NAME).within(&ns)),
+        );
+    }
+    let results = controller
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx);
+    kubeops::drain(results).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use http::Method;
+    use serde_json::json;
+
+    use super::*;
+    use crate::api::HyperConvergedSpec;
+    use crate::api::hyperconverged::{FilesystemOverhead, StorageImportConfig};
+    use crate::mockapi;
+
+    fn hc() -> HyperConverged {
+        let mut hc = HyperConverged::new(
+            HYPERCONVERGED_NAME,
+            HyperConvergedSpec {
+                scratch_space_storage_class: Some("local".into()),
+                filesystem_overhead: Some(FilesystemOverhead {
+                    global: Some("0.07".into()),
+                    ..Default::default()
+                }),
+                storage_import: Some(StorageImportConfig {
+                    insecure_registries: vec!["registry.local:5000".into()],
+                }),
+                ..Default::default()
+            },
+        );
+        hc.metadata.namespace = Some("kubevirt-hyperconverged".into());
+        hc.metadata.uid = Some("hc-uid".into());
+        hc.metadata.generation = Some(2);
+        hc
+    }
+
+    fn healthy(mut obj: serde_json::Value) -> serde_json::Value {
+        obj["status"] = json!({"conditions": [
+            {"type": "Available", "status": "True"},
+            {"type": "Progressing", "status": "False"},
+            {"type": "Degraded", "status": "False"}]});
+        obj
+    }
+
+    const STATUS: &str = "/apis/hco.kubevirt.io/v1beta1/namespaces/kubevirt-hyperconverged/hyperconvergeds/kubevirt-hyperconverged/status";
+
+    fn start(hc: HyperConverged) -> (tokio::task::JoinHandle<Result<Requeue>>, mockapi::ApiServer) {
+        let (client, api) = mockapi::pair();
+        let ctx = Arc::new(Context {
+            client,
+            metrics: Arc::default(),
+        });
+        (tokio::spawn(reconcile(Arc::new(hc), ctx)), api)
+    }
+
+    /// Answers the status apply; returns the applied status and its condition of `type_`.
+    async fn status_applied(
+        api: &mut mockapi::ApiServer,
+        hc: &HyperConverged,
+        type_: &str,
+    ) -> (serde_json::Value, serde_json::Value) {
+        let (_, st) = api
+            .expect(
+                Method::PATCH,
+                STATUS,
+                200,
+                serde_json::to_value(hc).unwrap(),
+            )
+            .await;
+        let cond = st["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == type_)
+            .unwrap()
+            .clone();
+        (st["status"].clone(), cond)
+    }
+
+    #[tokio::test]
+    async fn only_the_singleton_is_reconciled() {
+        let mut other = hc();
+        other.metadata.name = Some("second".into());
+        let (task, mut api) = start(other);
+        api.silence().await;
+        assert_eq!(task.await.unwrap().unwrap(), Requeue::await_change());
+    }
+
+    #[tokio::test]
+    async fn children_are_applied_in_order_and_status_aggregated() {
+        let mut with_hpp = hc();
+        with_hpp.metadata.annotations = Some(
+            [(
+                children::ANN_HOSTPATH_POOLS.to_string(),
+                r#"[{"name":"local","path":"/var/hpvolumes"}]"#.to_string(),
+            )]
+            .into(),
+        );
+        let (task, mut api) = start(with_hpp.clone());
+        let paths = [
+            "/apis/cdi.kubevirt.io/v1beta1/cdis/cdi-kubevirt-hyperconverged",
+            "/apis/kubevirt.io/v1/namespaces/kubevirt-hyperconverged/kubevirts/kubevirt-kubevirt-hyperconverged",
+            "/apis/ssp.kubevirt.io/v1beta2/namespaces/kubevirt-hyperconverged/ssps/ssp-kubevirt-hyperconverged",
+            "/apis/networkaddonsoperator.network.kubevirt.io/v1/networkaddonsconfigs/cluster",
+            "/apis/hostpathprovisioner.kubevirt.io/v1beta1/hostpathprovisioners/hostpath-provisioner",
+        ];
+        let mut applied = Vec::new();
+        for p in paths {
+            let (query, body) = api
+                .expect_with(Method::PATCH, p, 200, |b| healthy(b.clone()))
+                .await;
+            // Forced server-side apply: fields someone edited are taken back.
+            assert!(
+                query.contains("fieldManager=quarry-operators") && query.contains("force=true"),
+                "{query}"
+            );
+            applied.push(body);
+        }
+        assert_eq!(
+            applied[0]["spec"]["config"]["scratchSpaceStorageClass"],
+            "local"
+        );
+        assert_eq!(
+            applied[0]["spec"]["config"]["filesystemOverhead"]["global"],
+            "0.07"
+        );
+        assert_eq!(
+            applied[0]["spec"]["config"]["insecureRegistries"][0],
+            "registry.local:5000"
+        );
+        assert_eq!(
+            applied[1]["metadata"]["ownerReferences"][0]["uid"],
+            "hc-uid"
+        );
+        assert!(applied[0]["metadata"].get("ownerReferences").is_none());
+        assert_eq!(
+            applied[4]["spec"]["storagePools"][0]["path"],
+            "/var/hpvolumes"
+        );
+        let (st, avail) = status_applied(&mut api, &with_hpp, "Available").await;
+        assert_eq!(st["systemHealthStatus"], "healthy");
+        assert_eq!(avail["status"], "True");
+        api.silence().await;
+        assert_eq!(task.await.unwrap().unwrap(), Requeue::requeue(RESYNC));
+    }
+
+    #[tokio::test]
+    async fn a_disabled_hostpath_provisioner_is_removed_and_a_missing_crd_fails_the_reconcile() {
+        let (task, mut api) = start(hc());
+        let (_, cdi) = api
+            .expect_echo(
+                Method::PATCH,
+                "/apis/cdi.kubevirt.io/v1beta1/cdis/cdi-kubevirt-hyperconverged",
+            )
+            .await;
+        assert_eq!(cdi["kind"], "CDI");
+        api.expect(
+            Method::PATCH,
+            "/apis/kubevirt.io/v1/namespaces/kubevirt-hyperconverged/kubevirts/kubevirt-kubevirt-hyperconverged",
+            404,
+            mockapi::status(404, "NotFound"),
+        )
+        .await;
+        let (st, rc) = status_applied(&mut api, &hc(), "ReconcileComplete").await;
+        assert_eq!(st["systemHealthStatus"], "error");
+        assert_eq!(rc["status"], "False");
+        api.silence().await;
+        assert!(task.await.unwrap().is_err());
+
+        // With every child present, the HostPathProvisioner is deleted when not enabled.
+        let (task, mut api) = start(hc());
+        for p in [
+            "/apis/cdi.kubevirt.io/v1beta1/cdis/cdi-kubevirt-hyperconverged",
+            "/apis/kubevirt.io/v1/namespaces/kubevirt-hyperconverged/kubevirts/kubevirt-kubevirt-hyperconverged",
+            "/apis/ssp.kubevirt.io/v1beta2/namespaces/kubevirt-hyperconverged/ssps/ssp-kubevirt-hyperconverged",
+            "/apis/networkaddonsoperator.network.kubevirt.io/v1/networkaddonsconfigs/cluster",
+        ] {
+            api.expect_echo(Method::PATCH, p).await;
+        }
+        api.not_found(Method::DELETE, "/apis/hostpathprovisioner.kubevirt.io/v1beta1/hostpathprovisioners/hostpath-provisioner").await;
+        let (st, progressing) = status_applied(&mut api, &hc(), "Progressing").await;
+        // Children without status yet: progressing, a warning.
+        assert_eq!(st["systemHealthStatus"], "warning");
+        assert_eq!(progressing["reason"], "CDIProgressing");
+        api.silence().await;
+        task.await.unwrap().unwrap();
+    }
+}

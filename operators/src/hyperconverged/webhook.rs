@@ -1,0 +1,569 @@
+//! The validating webhook for HyperConverged (hco-webhook's checks on the storage-related
+//! fields), as a pure function plus an axum handler for `AdmissionReview`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::Json;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+
+use super::children::hostpath_pools;
+use crate::api::HyperConverged;
+use crate::api::hyperconverged::{CertRotation, HYPERCONVERGED_NAME};
+use crate::error::{Error, Result};
+
+/// Path the webhook is served on.
+pub const PATH: &str = "/validate-hco-kubevirt-io-v1beta1-hyperconverged";
+
+/// Parses a Go duration (`48h0m0s`, `90m`, `1.5h`, `300ms`) into seconds.
+pub fn go_duration(s: &str) -> Option<f64> {
+    if s.is_empty() {
+        return None;
+    }
+    let mut total = 0.0;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+        if num_end == 0 {
+            return None;
+        }
+        let n: f64 = rest[..num_end].parse().ok()?;
+        rest = &rest[num_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let factor = match &rest[..unit_end] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        total += n * factor;
+        rest = &rest[unit_end..];
+    }
+    Some(total)
+}
+
+fn rotation(what: &str, r: Option<&CertRotation>, errors: &mut Vec<String>) -> Option<(f64, f64)> {
+    let r = r?;
+    let parse = |field: &str, v: &Option<String>, errors: &mut Vec<String>| match v {
+        None => None,
+        Some(v) => {
+            let d = go_duration(v);
+            if d.is_none() {
+                errors.push(format!(
+                    "spec.certConfig.{what}.{field}: {v:?} is not a duration such as 48h0m0s"
+                ));
+            }
+            d
+        }
+    };
+    let duration = parse("duration", &r.duration, errors);
+    let renew = parse("renewBefore", &r.renew_before, errors);
+    if let (Some(d), Some(rb)) = (duration, renew)
+        && rb >= d
+    {
+        errors.push(format!(
+            "spec.certConfig.{what}: renewBefore ({}) must be shorter than duration ({})",
+            r.renew_before.as_deref().unwrap_or_default(),
+            r.duration.as_deref().unwrap_or_default()
+        ));
+    }
+    duration.zip(renew)
+}
+
+fn overhead(field: &str, v: &str, errors: &mut Vec<String>) {
+    // CDI's pattern: 0, 1, or 0.NNN (at most three decimals).
+    let ok = v == "0"
+        || v == "1"
+        || v.strip_prefix("0.")
+            .is_some_and(|d| (1..=3).contains(&d.len()) && d.chars().all(|c| c.is_ascii_digit()));
+    if !ok {
+        errors.push(format!(
+            "{field}: {v:?} is not a fraction between 0 and 1 with at most three decimals"
+        ));
+    }
+}
+
+/// Checks a HyperConverged as hco-webhook does; every problem found is listed.
+pub fn validate(hc: &HyperConverged, namespace: Option<&str>) -> Result<(), Vec<String>> {
+    let mut errors = Vec::new();
+    let name = hc.metadata.name.as_deref().unwrap_or_default();
+    if name != HYPERCONVERGED_NAME {
+        errors.push(format!(
+            "metadata.name: only one HyperConverged, named {HYPERCONVERGED_NAME}, is allowed (got {name:?})"
+        ));
+    }
+    if let (Some(want), Some(got)) = (namespace, hc.metadata.namespace.as_deref())
+        && want != got
+    {
+        errors.push(format!(
+            "metadata.namespace: the HyperConverged must be in {want} (got {got})"
+        ));
+    }
+    let s = &hc.spec;
+    if let Some(fo) = &s.filesystem_overhead {
+        if let Some(g) = &fo.global {
+            overhead("spec.filesystemOverhead.global", g, &mut errors);
+        }
+        for (class, v) in &fo.storage_class {
+            overhead(
+                &format!("spec.filesystemOverhead.storageClass[{class}]"),
+                v,
+                &mut errors,
+            );
+        }
+    }
+    if let Some(cc) = &s.cert_config {
+        let ca = rotation("ca", cc.ca.as_ref(), &mut errors);
+        let server = rotation("server", cc.server.as_ref(), &mut errors);
+        if let (Some((ca_d, _)), Some((srv_d, _))) = (ca, server)
+            && srv_d > ca_d
+        {
+            errors.push(
+                "spec.certConfig: server.duration must not be longer than ca.duration".into(),
+            );
+        }
+    }
+    if let Some(si) = &s.storage_import {
+        for r in &si.insecure_registries {
+            if r.is_empty() || r.contains(char::is_whitespace) {
+                errors.push(format!(
+                    "spec.storageImport.insecureRegistries: {r:?} is not a registry host"
+                ));
+            }
+        }
+    }
+    if let Some(rr) = &s.resource_requirements
+        && rr.vmi_cpu_allocation_ratio.is_some_and(|r| r <= 0)
+    {
+        errors
+            .push("spec.resourceRequirements.vmiCPUAllocationRatio must be greater than 0".into());
+    }
+    if let Some(u) = &s.uninstall_strategy
+        && u != "RemoveWorkloads"
+        && u != "BlockUninstallIfWorkloadsExist"
+    {
+        errors.push(format!(
+            "spec.uninstallStrategy: {u:?} is not RemoveWorkloads or BlockUninstallIfWorkloadsExist"
+        ));
+    }
+    match hostpath_pools(hc) {
+        Err(e) => errors.push(e.to_string()),
+        Ok(Some(pools)) => {
+            for p in &pools {
+                if p.name.is_empty() || !p.path.starts_with('/') {
+                    errors.push(format!(
+                        "hostPath storage pool {:?}: needs a name and an absolute path",
+                        p.name
+                    ));
+                }
+            }
+        }
+        Ok(None) => {}
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
+}
+
+/// The admission decision for one review.
+pub fn review(req: &AdmissionRequest<DynamicObject>, namespace: Option<&str>) -> AdmissionResponse {
+    let resp = AdmissionResponse::from(req);
+    if matches!(req.operation, Operation::Delete | Operation::Connect) {
+        return resp;
+    }
+    let Some(obj) = &req.object else {
+        return resp.deny("the request carries no object");
+    };
+    let hc: HyperConverged = match serde_json::to_value(obj).and_then(serde_json::from_value) {
+        Ok(hc) => hc,
+        Err(e) => return resp.deny(format!("not a HyperConverged: {e}")),
+    };
+    match validate(&hc, namespace) {
+        Ok(()) => resp,
+        Err(errors) => resp.deny(errors.join("; ")),
+    }
+}
+
+/// Axum handler: `AdmissionReview` in, `AdmissionReview` out.
+pub async fn handle(
+    namespace: Option<String>,
+    Json(review_in): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    let req: Result<AdmissionRequest<DynamicObject>, _> = review_in.try_into();
+    let resp = match req {
+        Ok(req) => review(&req, namespace.as_deref()),
+        Err(e) => AdmissionResponse::invalid(e.to_string()),
+    };
+    Json(resp.into_review())
+}
+
+/// A router serving the webhook on [`PATH`].
+pub fn router(namespace: Option<String>) -> axum::Router {
+    axum::Router::new().route(
+        PATH,
+        axum::routing::post(move |body| handle(namespace.clone(), body)),
+    )
+}
+
+/// A TLS listener for axum: TCP accept, then the TLS handshake (bounded in time).
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let (stream, addr) = match self.tcp.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "webhook accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let handshake = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                self.acceptor.accept(stream),
+            );
+            match handshake.await {
+                Ok(Ok(tls)) => return (tls, addr),
+                Ok(Err(e)) => tracing::debug!(%addr, error = %e, "webhook TLS handshake failed"),
+                Err(_) => tracing::debug!(%addr, "webhook TLS handshake timed out"),
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
+
+fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let bad = |what: &Path, e: &dyn std::fmt::Display| {
+        Error::Config(format!("webhook TLS {}: {e}", what.display()))
+    };
+    let certs = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| bad(cert, &e))?
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| bad(cert, &e))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| bad(key, &e))?;
+    rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+        .map_err(|e| bad(cert, &e))
+}
+
+/// Serves the webhook on `addr` in a background task: HTTPS with `tls` = (cert, key) PEM files
+/// (what the API server requires), plain HTTP without. Returns the bound address.
+pub async fn serve(
+    addr: SocketAddr,
+    tls: Option<(PathBuf, PathBuf)>,
+    namespace: Option<String>,
+) -> Result<SocketAddr> {
+    let (tcp, bound) = crate::metrics::bind(addr, "webhook").await?;
+    let app = router(namespace);
+    match tls {
+        Some((cert, key)) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_config(&cert, &key)?));
+            tokio::spawn(async move { axum::serve(TlsListener { tcp, acceptor }, app).await });
+        }
+        None => {
+            tokio::spawn(async move { axum::serve(tcp, app).await });
+        }
+    }
+    Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::HyperConvergedSpec;
+    use crate::api::hyperconverged::{CertConfig, FilesystemOverhead};
+
+    fn hc(spec: HyperConvergedSpec) -> HyperConverged {
+        let mut hc = HyperConverged::new(HYPERCONVERGED_NAME, spec);
+        hc.metadata.namespace = Some("kubevirt-hyperconverged".into());
+        hc
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(go_duration("48h0m0s"), Some(172800.0));
+        assert_eq!(go_duration("1h30m"), Some(5400.0));
+        assert_eq!(go_duration("1.5h"), Some(5400.0));
+        assert_eq!(go_duration("300ms"), Some(0.3));
+        for bad in ["", "10", "h", "5 days", "1x"] {
+            assert_eq!(go_duration(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_valid_hyperconverged_is_allowed() {
+        let ok = hc(HyperConvergedSpec {
+            filesystem_overhead: Some(FilesystemOverhead {
+                global: Some("0.055".into()),
+                storage_class: [("fast".to_string(), "0.1".to_string())].into(),
+            }),
+            cert_config: Some(CertConfig {
+                ca: Some(CertRotation {
+                    duration: Some("48h0m0s".into()),
+                    renew_before: Some("24h0m0s".into()),
+                }),
+                server: Some(CertRotation {
+                    duration: Some("24h0m0s".into()),
+                    renew_before: Some("12h0m0s".into()),
+                }),
+            }),
+            ..Default::default()
+        });
+        assert_eq!(validate(&ok, Some("kubevirt-hyperconverged")), Ok(()));
+    }
+
+    #[test]
+    fn each_invalid_field_is_named() {
+        let cases: Vec<(HyperConverged, &str)> = vec![
+            (
+                {
+                    let mut h = hc(Default::default());
+                    h.metadata.name = Some("other".into());
+                    h
+                },
+                "metadata.name",
+            ),
+            (
+                hc(HyperConvergedSpec {
+                    filesystem_overhead: Some(FilesystemOverhead {
+                        global: Some("1.5".into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                "spec.filesystemOverhead.global",
+            ),
+            (
+                hc(HyperConvergedSpec {
+                    filesystem_overhead: Some(FilesystemOverhead {
+                        storage_class: [("x".to_string(), "0.12345".to_string())].into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                "storageClass[x]",
+            ),
+            (
+                hc(HyperConvergedSpec {
+                    cert_config: Some(CertConfig {
+                        ca: Some(CertRotation {
+                            duration: Some("24h".into()),
+                            renew_before: Some("48h".into()),
+                        }),
+                        server: None,
+                    }),
+                    ..Default::default()
+                }),
+                "renewBefore (48h) must be shorter",
+            ),
+            (
+                hc(HyperConvergedSpec {
+                    cert_config: Some(CertConfig {
+                        ca: Some(CertRotation {
+                            duration: Some("soon".into()),
+                            renew_before: None,
+                        }),
+                        server: None,
+                    }),
+                    ..Default::default()
+                }),
+                "not a duration",
+            ),
+            (
+                hc(HyperConvergedSpec {
+                    cert_config: Some(CertConfig {
+                        ca: Some(CertRotation {
+                            duration: Some("24h".into()),
+                            renew_before: Some("1h".into()),
+                        }),
+                        server: Some(CertRotation {
+                            duration: Some("48h".into()),
+                            renew_before: Some("1h".into()),
+                        }),
+                    }),
+                    ..Default::default()
+                }),
+                "server.duration",
+            ),
+            (
+                hc(HyperConvergedSpec {
+                    uninstall_strategy: Some("Whatever".into()),
+                    ..Default::default()
+                }),
+                "spec.uninstallStrategy",
+            ),
+            (
+                hc(HyperConvergedSpec {
+                    resource_requirements: Some(
+                        crate::api::hyperconverged::OperandResourceRequirements {
+                            vmi_cpu_allocation_ratio: Some(0),
+                            ..Default::default()
+                        },
+                    ),
+                    ..Default::default()
+                }),
+                "vmiCPUAllocationRatio",
+            ),
+        ];
+        for (h, needle) in cases {
+            let errs = validate(&h, None).unwrap_err();
+            assert!(
+                errs.iter().any(|e| e.contains(needle)),
+                "{needle}: {errs:?}"
+            );
+        }
+        let mut wrong_ns = hc(Default::default());
+        wrong_ns.metadata.namespace = Some("default".into());
+        assert!(validate(&wrong_ns, Some("kubevirt-hyperconverged")).is_err());
+    }
+
+    #[tokio::test]
+    async fn the_http_handler_answers_admission_reviews() {
+        use tower::ServiceExt;
+        let review = |spec: serde_json::Value| {
+            serde_json::json!({
+                "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {"uid": "req-1", "kind": {"group": "hco.kubevirt.io", "version": "v1beta1", "kind": "HyperConverged"},
+                    "resource": {"group": "hco.kubevirt.io", "version": "v1beta1", "resource": "hyperconvergeds"},
+                    "name": HYPERCONVERGED_NAME, "namespace": "kubevirt-hyperconverged", "operation": "CREATE",
+                    "userInfo": {}, "dryRun": false,
+                    "object": {"apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
+                        "metadata": {"name": HYPERCONVERGED_NAME, "namespace": "kubevirt-hyperconverged"}, "spec": spec}}
+            })
+        };
+        for (spec, allowed) in [
+            (
+                serde_json::json!({"filesystemOverhead": {"global": "0.1"}, "someOtherHcoField": {"x": 1}}),
+                true,
+            ),
+            (
+                serde_json::json!({"filesystemOverhead": {"global": "2"}}),
+                false,
+            ),
+        ] {
+            let req = http::Request::post(PATH)
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(review(spec).to_string()))
+                .unwrap();
+            let resp = router(Some("kubevirt-hyperconverged".into()))
+                .oneshot(req)
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+                .await
+                .unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(v["response"]["uid"], "req-1");
+            assert_eq!(v["response"]["allowed"], allowed, "{v}");
+            if !allowed {
+                assert!(
+                    v["response"]["status"]["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("spec.filesystemOverhead.global"),
+                    "{v}"
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_webhook_is_served_over_https_with_the_given_certificate() {
+        let ca = testkit::tls::TestCa::new();
+        let addr = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            Some((ca.cert_pem(), ca.key_pem())),
+            None,
+        )
+        .await
+        .unwrap();
+        let body = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u2", "kind": {"group": "hco.kubevirt.io", "version": "v1beta1", "kind": "HyperConverged"},
+                "resource": {"group": "hco.kubevirt.io", "version": "v1beta1", "resource": "hyperconvergeds"},
+                "name": "wrong-name", "operation": "CREATE", "userInfo": {}, "dryRun": false,
+                "object": {"apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
+                    "metadata": {"name": "wrong-name"}, "spec": {}}}
+        });
+        let url = format!("https://{addr}{PATH}");
+        let ca_pem = ca.ca_pem();
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("curl")
+                .args(["-sS", "--fail", "--cacert"])
+                .arg(&ca_pem)
+                .args(["-H", "content-type: application/json", "--data-binary"])
+                .arg(body.to_string())
+                .arg(&url)
+                .output()
+                .expect("running curl")
+        })
+        .await
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["response"]["allowed"], false);
+        assert!(
+            v["response"]["status"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("metadata.name")
+        );
+
+        // Without the CA, the client refuses the server.
+        let out = std::process::Command::new("curl")
+            .args([
+                "-sS",
+                "--fail",
+                "-o",
+                "/dev/null",
+                &format!("https://{addr}{PATH}"),
+            ])
+            .env("CURL_CA_BUNDLE", "/nonexistent")
+            .env("SSL_CERT_FILE", "/nonexistent")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+    }
+
+    #[tokio::test]
+    async fn bad_tls_files_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a pem").unwrap();
+        let err = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            Some((junk.clone(), junk)),
+            None,
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("junk.pem"), "{err}");
+    }
+}

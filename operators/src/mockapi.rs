@@ -1,0 +1,118 @@
+//! A scripted Kubernetes API server for reconcile tests (kube-rs controller-rs style): the
+//! controller's client talks to a `tower-test` mock; each test states the exact requests it
+//! expects, in order, answers them, and checks that no further request comes.
+
+use std::time::Duration;
+
+use http::{Method, Request, Response};
+use kube::Client;
+use kube::client::Body;
+use serde_json::{Value, json};
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+/// How long to wait for a request that must come.
+const EXPECT: Duration = Duration::from_secs(5);
+/// How long to wait to be sure no further request comes.
+const SILENCE: Duration = Duration::from_millis(300);
+
+/// The server side of a mocked client.
+pub struct ApiServer {
+    handle: Handle,
+}
+
+/// A client and the server that answers it.
+pub fn pair() -> (Client, ApiServer) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    (Client::new(service, "default"), ApiServer { handle })
+}
+
+/// A Kubernetes `Status` error body.
+pub fn status(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+           "reason": reason, "message": reason})
+}
+
+type Respond = tower_test::mock::SendResponse<Response<Body>>;
+
+fn respond(send: Respond, code: u16, body: &Value) {
+    let resp = Response::builder()
+        .status(code)
+        .body(Body::from(serde_json::to_vec(body).unwrap()))
+        .unwrap();
+    send.send_response(resp);
+}
+
+impl ApiServer {
+    /// Waits for the next request and checks its method and path (query ignored); returns its
+    /// query, JSON body (Null when empty) and the responder.
+    async fn next(&mut self, method: Method, path: &str) -> (String, Value, Respond) {
+        let (req, send) = tokio::time::timeout(EXPECT, self.handle.next_request())
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {method} {path}"))
+            .unwrap_or_else(|| panic!("client dropped before {method} {path}"));
+        assert_eq!(
+            format!("{} {}", req.method(), req.uri().path()),
+            format!("{method} {path}"),
+            "unexpected request"
+        );
+        let query = req.uri().query().unwrap_or_default().to_string();
+        let bytes = req.into_body().collect_bytes().await.expect("request body");
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).expect("request body is JSON")
+        };
+        (query, body, send)
+    }
+
+    /// Answers the next request (which must be `method path`) with `code` and `body`; returns
+    /// the request's query and JSON body.
+    pub async fn expect(
+        &mut self,
+        method: Method,
+        path: &str,
+        code: u16,
+        body: Value,
+    ) -> (String, Value) {
+        self.expect_with(method, path, code, |_| body).await
+    }
+
+    /// Like [`ApiServer::expect`], answering with `answer(request body)`.
+    pub async fn expect_with(
+        &mut self,
+        method: Method,
+        path: &str,
+        code: u16,
+        answer: impl FnOnce(&Value) -> Value,
+    ) -> (String, Value) {
+        let (query, sent, send) = self.next(method, path).await;
+        respond(send, code, &answer(&sent));
+        (query, sent)
+    }
+
+    /// Answers with the request body itself (a create or an apply that the server accepts).
+    pub async fn expect_echo(&mut self, method: Method, path: &str) -> (String, Value) {
+        let code = if method == Method::POST { 201 } else { 200 };
+        self.expect_with(method, path, code, Value::clone).await
+    }
+
+    /// Answers the next request with 404.
+    pub async fn not_found(&mut self, method: Method, path: &str) {
+        self.expect(method, path, 404, status(404, "NotFound"))
+            .await;
+    }
+
+    /// Answers a create by echoing the object back, and returns it.
+    pub async fn created(&mut self, path: &str) -> Value {
+        self.expect_echo(Method::POST, path).await.1
+    }
+
+    /// Fails if any request comes within a short while.
+    pub async fn silence(&mut self) {
+        if let Ok(Some((req, _))) = tokio::time::timeout(SILENCE, self.handle.next_request()).await
+        {
+            panic!("unexpected request {} {}", req.method(), req.uri());
+        }
+    }
+}
