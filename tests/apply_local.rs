@@ -90,21 +90,30 @@ fn condition<'a>(status: &'a serde_json::Value, t: &str) -> &'a serde_json::Valu
         .unwrap_or_else(|| panic!("no {t} condition in {status}"))
 }
 
+/// nginx serving `root` (with ranges).
+fn serve(root: &Path) -> Nginx {
+    Nginx::start(NginxConfig {
+        root: root.to_path_buf(),
+        ranges: true,
+        ..Default::default()
+    })
+}
+
+/// `spec.source` of a DataVolume importing the served `disk.qcow2` with a sha256 checksum.
+fn http_source(server: &Nginx, sha256_hex: &str) -> String {
+    format!(
+        "    http:\n      url: {}\n      checksum: sha256:{sha256_hex}\n",
+        server.url("/disk.qcow2")
+    )
+}
+
 #[test]
 fn http_qcow2_datavolume_ends_succeeded_with_qemu_img_bytes_in_the_pool() {
     let served = tempfile::tempdir().unwrap();
     let (qcow2, expected) = sample_qcow2(served.path());
-    let server = Nginx::start(NginxConfig {
-        root: served.path().to_path_buf(),
-        ranges: true,
-        ..Default::default()
-    });
+    let server = serve(served.path());
     let l = local();
-    let source = format!(
-        "    http:\n      url: {}\n      checksum: sha256:{}\n",
-        server.url("/disk.qcow2"),
-        sha256(&qcow2)
-    );
+    let source = http_source(&server, &sha256(&qcow2));
     let out = l.apply(&manifest(&l.dir, "fedora", &source));
     assert_ok(&out);
     assert!(String::from_utf8_lossy(&out.stderr).contains("datavolume/fedora Succeeded"));
@@ -153,17 +162,9 @@ fn http_qcow2_datavolume_ends_succeeded_with_qemu_img_bytes_in_the_pool() {
 fn wrong_checksum_ends_failed_at_once_without_retries() {
     let served = tempfile::tempdir().unwrap();
     let (_qcow2, _) = sample_qcow2(served.path());
-    let server = Nginx::start(NginxConfig {
-        root: served.path().to_path_buf(),
-        ranges: true,
-        ..Default::default()
-    });
+    let server = serve(served.path());
     let l = local();
-    let source = format!(
-        "    http:\n      url: {}\n      checksum: sha256:{}\n",
-        server.url("/disk.qcow2"),
-        "0".repeat(64)
-    );
+    let source = http_source(&server, &"0".repeat(64));
     let out = l.apply(&manifest(&l.dir, "bad", &source));
     assert_exit(&out, 1);
     assert!(

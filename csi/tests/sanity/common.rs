@@ -12,7 +12,7 @@ use csi::pb::{
     node_client::NodeClient, volume_capability as vc,
 };
 use csi::{Driver, DriverConfig, Endpoint};
-pub use provisioner::{PoolConfig, Provisioner, QuotaMode};
+use provisioner::{PoolConfig, Provisioner, QuotaMode};
 use tonic::transport::Channel;
 
 pub const NODE: &str = "node-a";
@@ -119,18 +119,7 @@ impl Server {
     /// A server with one plain pool `default` in the temp dir (plus `extra` pools).
     pub async fn start() -> Server {
         let dir = tempfile::tempdir().unwrap();
-        let pools = vec![
-            PoolConfig {
-                name: "default".into(),
-                path: dir.path().join("pool-default"),
-                quota: QuotaMode::Auto,
-            },
-            PoolConfig {
-                name: "second".into(),
-                path: dir.path().join("pool-second"),
-                quota: QuotaMode::None,
-            },
-        ];
+        let pools = two_pools(dir.path(), dir.path());
         Server::start_with(dir, pools).await
     }
 
@@ -340,6 +329,23 @@ impl Drop for Cleanup {
 }
 
 /// A filesystem image mounted through a loop device; unmounted (and its loop released) on drop.
+/// The pools of [`Server::start`]: `default` (quota auto) under `default_root`, `second` (no
+/// quota) under `second_root`.
+pub fn two_pools(default_root: &Path, second_root: &Path) -> Vec<PoolConfig> {
+    vec![
+        PoolConfig {
+            name: "default".into(),
+            path: default_root.join("pool-default"),
+            quota: QuotaMode::Auto,
+        },
+        PoolConfig {
+            name: "second".into(),
+            path: second_root.join("pool-second"),
+            quota: QuotaMode::None,
+        },
+    ]
+}
+
 pub struct LoopFs {
     pub mnt: PathBuf,
     _dir: tempfile::TempDir,

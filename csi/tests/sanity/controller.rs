@@ -257,18 +257,7 @@ async fn get_capacity_per_pool_and_topology() {
     );
     let fs = fs.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let pools = vec![
-        PoolConfig {
-            name: "default".into(),
-            path: dir.path().join("pool-default"),
-            quota: QuotaMode::Auto,
-        },
-        PoolConfig {
-            name: "second".into(),
-            path: fs.mnt.join("pool-second"),
-            quota: QuotaMode::None,
-        },
-    ];
+    let pools = two_pools(dir.path(), &fs.mnt);
     let s = Server::start_with(dir, pools).await;
     let before = capacity(&s, "second", Some(NODE)).await;
     assert!(before > 0);
