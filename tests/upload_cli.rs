@@ -468,7 +468,12 @@ fn quarry_upload_over_tls_checks_the_proxy_certificate() {
 
 #[test]
 fn refusals_have_cdis_status_codes_and_leave_no_complete_looking_target() {
-    let v = Volume::start(&["--size", "64Mi", "--keep-serving"], &[]);
+    // `vms/gone` is routed to a port nothing listens on.
+    let gone = format!("vms/gone=http://127.0.0.1:{}", free_port());
+    let v = Volume::start(
+        &["--size", "64Mi", "--keep-serving"],
+        &["--upstream", &gone],
+    );
     let (d, vol, target, private) = (v.dir(), &v.vol, &v.target, &v.private);
     let (other_key, _) = openssl_keys(d, "intruder");
     let (raw, raw_bytes) = sample_disk(d);
@@ -479,10 +484,16 @@ fn refusals_have_cdis_status_codes_and_leave_no_complete_looking_target() {
         no_partial_left(vol);
     };
 
-    // Tokens: missing or malformed 400, wrong signature or expired 401, another PVC 503.
-    let (code, _) = curl(&["-X", "POST", "-T", arg(&raw), "-H", "Expect:", &url]);
+    // Tokens: missing or malformed 400, wrong signature or expired 401, another PVC 503, a PVC
+    // whose server is not up 503. The body is large, so a proxy that answered without reading it
+    // would reset the connection and curl could lose the answer.
+    let long = d.join("long.raw");
+    let f = fs::File::create(&long).unwrap();
+    f.set_len(70 << 20).unwrap();
+    drop(f);
+    let (code, _) = curl(&["-X", "POST", "-T", arg(&long), "-H", "Expect:", &url]);
     assert_eq!(code, 400, "no token");
-    assert_eq!(post(&url, "not-a.jwt", &raw).0, 400, "malformed token");
+    assert_eq!(post(&url, "not-a.jwt", &long).0, 400, "malformed token");
     let (code, _) = curl(&[
         "-X",
         "POST",
@@ -494,18 +505,27 @@ fn refusals_have_cdis_status_codes_and_leave_no_complete_looking_target() {
     ]);
     assert_eq!(code, 400, "not a bearer token");
     let forged = token(&other_key, "vms", "disk");
-    let (code, body) = post(&url, &forged, &raw);
+    let (code, body) = post(&url, &forged, &long);
     assert_eq!((code, body.contains("signature")), (401, true), "{body}");
     let key = uploader::token::load_private_key(private).unwrap();
     let now = uploader::token::now();
     let expired =
         uploader::token::Claims::upload("vms", "disk", now - 900, Duration::from_secs(300));
     let expired = uploader::token::sign(&expired, &key).unwrap();
-    let (code, body) = post(&url, &expired, &raw);
+    let (code, body) = post(&url, &expired, &long);
     assert_eq!((code, body.contains("expired")), (401, true), "{body}");
-    let (code, body) = post(&url, &token(private, "vms", "someone-else"), &raw);
+    let (code, body) = post(&url, &token(private, "vms", "someone-else"), &long);
     assert_eq!(code, 503, "{body}");
-    assert_eq!(post(&url, &token(private, "other-ns", "disk"), &raw).0, 503);
+    assert_eq!(
+        post(&url, &token(private, "other-ns", "disk"), &long).0,
+        503
+    );
+    let (code, body) = post(&url, &token(private, "vms", "gone"), &long);
+    assert_eq!(
+        (code, body.contains("not reachable")),
+        (503, true),
+        "{body}"
+    );
     nothing();
 
     // An image whose virtual size cannot fit the volume: 400, nothing written.
@@ -516,10 +536,6 @@ fn refusals_have_cdis_status_codes_and_leave_no_complete_looking_target() {
     assert!(body.contains("does not fit"), "{body}");
     nothing();
     // A raw image in a form (no length known up front) is stopped when it passes the limit.
-    let long = d.join("long.raw");
-    let f = fs::File::create(&long).unwrap();
-    f.set_len(70 << 20).unwrap();
-    drop(f);
     let form_url = url.replace("upload", "upload-form");
     let (code, body) = post_form(&form_url, &good, &long);
     assert_eq!(code, 400, "{body}");

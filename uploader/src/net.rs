@@ -258,6 +258,53 @@ where
     }
 }
 
+/// How long the rest of a refused body is read (and dropped) so the client sees the answer.
+const DRAIN_LIMIT: Duration = Duration::from_secs(10);
+
+/// Reads and drops what is left of a refused request's body in the background (for a while).
+/// A client still sending would otherwise meet a reset connection, and the reset can make its
+/// kernel discard the answer before the client reads it.
+pub fn drain<S, E>(mut body: S)
+where
+    S: Stream<Item = std::result::Result<Bytes, E>> + Send + Unpin + 'static,
+{
+    use futures_util::StreamExt;
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(DRAIN_LIMIT, async {
+            while let Some(Ok(_)) = body.next().await {}
+        })
+        .await;
+    });
+}
+
+/// A body stream lent to a consumer that may drop it unread (an HTTP client whose connection
+/// failed), and taken back afterwards with [`Reclaim::take_back`] to be drained.
+pub struct Reclaim<S>(Arc<std::sync::Mutex<Option<S>>>);
+
+impl<S> Reclaim<S> {
+    /// The stream to lend, and the handle that takes it back.
+    pub fn new(inner: S) -> (Self, Self) {
+        let slot = Arc::new(std::sync::Mutex::new(Some(inner)));
+        (Reclaim(slot.clone()), Reclaim(slot))
+    }
+
+    /// The stream, unless the other handle already took it.
+    pub fn take_back(&self) -> Option<S> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+impl<S: Stream + Unpin> Stream for Reclaim<S> {
+    type Item = S::Item;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        match self.0.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            Some(inner) => Pin::new(inner).poll_next(cx),
+            None => Poll::Ready(None),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,6 +327,20 @@ mod tests {
         assert_eq!(out.len(), (200 * 4096_usize).div_ceil(BATCH));
         let bytes: Vec<u8> = out.into_iter().flat_map(|b| b.unwrap()).collect();
         assert_eq!(bytes, expected);
+    }
+
+    #[tokio::test]
+    async fn a_lent_stream_dropped_unread_is_taken_back_whole() {
+        let (lent, back) = Reclaim::new(futures_util::stream::iter(frames(3, 8)));
+        let mut lent = lent;
+        assert_eq!(
+            lent.next().await.unwrap().unwrap(),
+            Bytes::from(vec![0u8; 8])
+        );
+        drop(lent);
+        let rest: Vec<_> = back.take_back().expect("still there").collect().await;
+        assert_eq!(rest.len(), 2);
+        assert!(back.take_back().is_none(), "taken once");
     }
 
     #[tokio::test]

@@ -134,70 +134,44 @@ async fn relay(proxy: &Proxy, req: Request) -> Response {
     if req.method() == Method::OPTIONS {
         return preflight();
     }
-    let Some(auth) = req.headers().get(header::AUTHORIZATION) else {
-        return text(StatusCode::BAD_REQUEST, "no Authorization header");
-    };
-    let Some(bearer) = auth.to_str().ok().and_then(token::bearer) else {
-        return text(
-            StatusCode::BAD_REQUEST,
-            "the Authorization header is not 'Bearer <token>'",
-        );
-    };
-    let claims = match token::verify(bearer, &proxy.public_key, token::now()) {
-        Ok(claims) => claims,
-        Err(e @ Error::MalformedToken(_)) => return text(StatusCode::BAD_REQUEST, e.to_string()),
-        Err(e) => {
-            tracing::info!(error = %e, "refused a token");
-            return text(StatusCode::UNAUTHORIZED, e.to_string());
+    let (parts, body) = req.into_parts();
+    let body = body.into_data_stream();
+    let (pvc, base) = match route(proxy, &parts.headers) {
+        Ok(routed) => routed,
+        Err((status, why)) => {
+            crate::net::drain(body);
+            return text(status, why);
         }
     };
-    let pvc = format!("{}/{}", claims.namespace, claims.name);
-    let Some(base) = proxy.upstreams.url(&claims.namespace, &claims.name) else {
-        return text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("rejecting the upload for PVC {pvc}: it has no upload server"),
-        );
-    };
-    let path_and_query = req
-        .uri()
+    let path_and_query = parts
+        .uri
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
     let url = format!("{}{path_and_query}", base.trim_end_matches('/'));
-    tracing::debug!(%pvc, method = %req.method(), %url, "forwarding");
+    tracing::debug!(%pvc, method = %parts.method, %url, "forwarding");
 
-    let method = req.method().clone();
+    let method = parts.method.clone();
     let mut headers = HeaderMap::new();
     for name in FORWARDED {
-        if let Some(v) = req.headers().get(name) {
+        if let Some(v) = parts.headers.get(name) {
             headers.insert(HeaderName::from_static(name), v.clone());
         }
     }
     let mut upstream = proxy.client.request(method.clone(), &url).headers(headers);
+    // The body is lent to the client, and taken back to be drained if it was never sent.
+    let (lent, unsent) = crate::net::Reclaim::new(body);
     if method != Method::HEAD && method != Method::GET {
-        let body = crate::net::Coalesce::new(req.into_body().into_data_stream());
+        let body = crate::net::Coalesce::new(lent);
         upstream = upstream.body(reqwest::Body::wrap_stream(body));
     }
     let answer = match upstream.send().await {
         Ok(answer) => answer,
-        Err(e) if e.is_connect() => {
-            return text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "the upload server of PVC {pvc} is not reachable: {}",
-                    chain(&e)
-                ),
-            );
-        }
         Err(e) => {
-            tracing::warn!(%pvc, error = %chain(&e), "forwarding failed");
-            return text(
-                StatusCode::BAD_GATEWAY,
-                format!(
-                    "forwarding to the upload server of PVC {pvc} failed: {}",
-                    chain(&e)
-                ),
-            );
+            if let Some(body) = unsent.take_back() {
+                crate::net::drain(body);
+            }
+            return forwarding_failed(&pvc, &e);
         }
     };
     let mut resp = Response::builder().status(answer.status().as_u16());
@@ -208,6 +182,61 @@ async fn relay(proxy: &Proxy, req: Request) -> Response {
     }
     resp.body(Body::from_stream(answer.bytes_stream()))
         .unwrap_or_else(|e| text(StatusCode::BAD_GATEWAY, e.to_string()))
+}
+
+/// 503 when the upload server cannot be reached (not up yet), 502 when forwarding broke.
+fn forwarding_failed(pvc: &str, e: &reqwest::Error) -> Response {
+    if e.is_connect() {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the upload server of PVC {pvc} is not reachable: {}",
+                chain(e)
+            ),
+        );
+    }
+    tracing::warn!(%pvc, error = %chain(e), "forwarding failed");
+    text(
+        StatusCode::BAD_GATEWAY,
+        format!(
+            "forwarding to the upload server of PVC {pvc} failed: {}",
+            chain(e)
+        ),
+    )
+}
+
+/// The PVC the request's token names and its upload server's base URL, or the refusal.
+fn route(
+    proxy: &Proxy,
+    headers: &HeaderMap,
+) -> std::result::Result<(String, String), (StatusCode, String)> {
+    let Some(auth) = headers.get(header::AUTHORIZATION) else {
+        return Err((StatusCode::BAD_REQUEST, "no Authorization header".into()));
+    };
+    let Some(bearer) = auth.to_str().ok().and_then(token::bearer) else {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            "the Authorization header is not 'Bearer <token>'".into(),
+        ));
+    };
+    let claims = match token::verify(bearer, &proxy.public_key, token::now()) {
+        Ok(claims) => claims,
+        Err(e @ Error::MalformedToken(_)) => {
+            return Err((StatusCode::BAD_REQUEST, e.to_string()));
+        }
+        Err(e) => {
+            tracing::info!(error = %e, "refused a token");
+            return Err((StatusCode::UNAUTHORIZED, e.to_string()));
+        }
+    };
+    let pvc = format!("{}/{}", claims.namespace, claims.name);
+    match proxy.upstreams.url(&claims.namespace, &claims.name) {
+        Some(base) => Ok((pvc, base)),
+        None => Err((
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("rejecting the upload for PVC {pvc}: it has no upload server"),
+        )),
+    }
 }
 
 /// An error with its causes, `a: b: c`.

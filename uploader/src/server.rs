@@ -50,8 +50,6 @@ use crate::{UPLOAD_CHECKSUM, UPLOAD_LENGTH, UPLOAD_OFFSET, UPLOAD_STATE};
 
 /// Body chunks in flight between the HTTP side and the pipeline.
 const CHANNEL_DEPTH: usize = 32;
-/// How long the rest of a refused body is read (and dropped) so the client sees the answer.
-const DRAIN_LIMIT: Duration = Duration::from_secs(10);
 
 /// What the server writes, and how.
 #[derive(Debug, Clone)]
@@ -264,7 +262,7 @@ async fn handle(app: Arc<App>, req: Request, form: bool, is_async: bool) -> Resp
     let (mut session, skip) = match begin(&app, &ask).await {
         Ok(started) => started,
         Err(resp) => {
-            drain(body);
+            crate::net::drain(body);
             return resp;
         }
     };
@@ -272,7 +270,7 @@ async fn handle(app: Arc<App>, req: Request, form: bool, is_async: bool) -> Resp
         None => {
             let pumped = pump(&app, &mut session, &mut body, skip).await;
             if matches!(pumped, Pumped::PipelineEnded | Pumped::Refused(_)) {
-                drain(body);
+                crate::net::drain(body);
             }
             pumped
         }
@@ -296,17 +294,6 @@ async fn handle(app: Arc<App>, req: Request, form: bool, is_async: bool) -> Resp
         }
     };
     finish(&app, session, pumped, is_async).await
-}
-
-/// Reads and drops what is left of a refused request's body in the background (for a while), so
-/// the client, still sending, gets to read the answer instead of a reset connection.
-fn drain(mut body: axum::body::BodyDataStream) {
-    tokio::spawn(async move {
-        let _ = tokio::time::timeout(DRAIN_LIMIT, async {
-            while let Some(Ok(_)) = body.next().await {}
-        })
-        .await;
-    });
 }
 
 /// Claims the upload for this request: a fresh one, or the held one when the request resumes
