@@ -8,10 +8,15 @@ Rows (each writes a fresh disk.img and is timed to the point the image is writte
   upload:direct     curl -T IMAGE .../v1beta1/upload straight to the upload server (no proxy)
   upload:curl       the same request through the proxy (virtctl's request; the sync path answers
                     after the image is written and synced)
+  upload:forwarder  the same request through a minimal byte forwarder instead of the proxy (this
+                    script, `--forward`: splice(2) between the two sockets, no HTTP, no token):
+                    the floor any proxy pays on this machine for one more loopback TCP hop
   upload:quarry     quarry upload IMAGE --url PROXY                   (async path; timed until the
                     upload server exits, which it does once the image is written and synced)
 Server and proxy start (and the token) are outside the timings. The proxy's own cost is
-upload:curl against upload:direct; the whole upload path's cost is the upload rows against
+upload:curl against upload:direct, and against upload:forwarder what it costs beyond the TCP hop
+itself; the CPU seconds of the hop (proxy or forwarder, user + system, from wait4) are reported
+too; the whole upload path's cost is the upload rows against
 import:stdin (same single-pass streaming pipeline, plus two HTTP hops on loopback);
 import:file reads a local qcow2 by random access instead. Every output is compared with qemu-img's
 conversion (sha256 of the raw bytes). Wall times on shared machines move with load: compare only
@@ -101,31 +106,80 @@ def prewarm(path: Path) -> None:
             pass
 
 
-class Upload:
-    """An upload server (for `target`) behind a proxy; stopped by PID."""
+def forward(listen_port: int, upstream_port: int) -> None:
+    """A minimal TCP forwarder: each connection is spliced to a new upstream connection, both
+    ways, until SIGTERM."""
+    import threading
 
-    def __init__(self, quarry: str, work: Path, target: Path, public: Path):
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        r, w = os.pipe()
+        try:
+            while n := os.splice(src.fileno(), w, MiB):
+                while n:
+                    n -= os.splice(r, dst.fileno(), n)
+        except OSError:
+            pass
+        finally:
+            os.close(r)
+            os.close(w)
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def serve(client: socket.socket) -> None:
+        with client, socket.create_connection(("127.0.0.1", upstream_port)) as up:
+            back = threading.Thread(target=pump, args=(up, client))
+            back.start()
+            pump(client, up)
+            back.join()
+
+    with socket.create_server(("127.0.0.1", listen_port)) as listener:
+        while True:
+            client, _ = listener.accept()
+            threading.Thread(target=serve, args=(client,), daemon=True).start()
+
+
+def reap(p: subprocess.Popen) -> float:
+    """Waits for `p`; returns its CPU seconds (user + system)."""
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return ru.ru_utime + ru.ru_stime
+
+
+class Upload:
+    """An upload server (for `target`) behind a hop (`quarry upload-proxy`, or the byte forwarder
+    of `forward`); stopped by PID."""
+
+    def __init__(self, quarry: str, work: Path, target: Path, public: Path, hop: str = "proxy"):
         self.sport, self.pport = free_port(), free_port()
         log = open(work / "server.log", "ab")
         self.server = subprocess.Popen(
             [quarry, "upload-server", "--target", str(target), "--listen", f"127.0.0.1:{self.sport}"],
             stdout=subprocess.DEVNULL, stderr=log)
-        self.proxy = subprocess.Popen(
-            [quarry, "upload-proxy", "--public-key", str(public), "--listen",
-             f"127.0.0.1:{self.pport}", "--upstream", f"bench/disk=http://127.0.0.1:{self.sport}"],
-            stdout=subprocess.DEVNULL, stderr=log)
+        if hop == "proxy":
+            argv = [quarry, "upload-proxy", "--public-key", str(public), "--listen",
+                    f"127.0.0.1:{self.pport}", "--upstream",
+                    f"bench/disk=http://127.0.0.1:{self.sport}"]
+        else:
+            argv = [sys.executable, __file__, "--forward", str(self.pport), str(self.sport)]
+        self.hop = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
         wait_listening(self.sport, self.server, "upload-server")
-        wait_listening(self.pport, self.proxy, "upload-proxy")
+        wait_listening(self.pport, self.hop, hop)
         self.url = f"http://127.0.0.1:{self.pport}"
+        self.hop_cpu = 0.0
 
     def wait_server(self) -> int:
-        return self.server.wait(timeout=3600)
+        reap(self.server)
+        return self.server.returncode
 
     def stop(self) -> None:
-        for p in (self.proxy, self.server):
-            if p.poll() is None:
+        for p in (self.hop, self.server):
+            if p.returncode is None and p.poll() is None:
                 p.terminate()
-                p.wait()
+                cpu = reap(p)
+                if p is self.hop:
+                    self.hop_cpu = cpu
 
 
 def timed(argv, **kw) -> float:
@@ -141,7 +195,12 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--format", choices=["qcow2", "raw"], default="qcow2")
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--forward", nargs=2, type=int, metavar=("LISTEN", "UPSTREAM"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.forward:
+        forward(*args.forward)
+        return 0
     quarry = str(Path(args.quarry).resolve())
     work = Path(args.workdir or tempfile.mkdtemp(prefix="upload-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -154,6 +213,7 @@ def main() -> int:
         target.parent.mkdir(exist_ok=True)
         size = image.stat().st_size
         best: dict[str, float] = {}
+        hop_cpu: dict[str, float] = {}
         bad = []
 
         def record(row: str, seconds: float) -> None:
@@ -170,15 +230,16 @@ def main() -> int:
             with open(image, "rb") as src:
                 record("import:stdin", timed([quarry, "import", "-", str(target)], stdin=src,
                                              stderr=subprocess.DEVNULL))
-            for row in ("upload:direct", "upload:curl", "upload:quarry"):
+            for row in ("upload:direct", "upload:curl", "upload:forwarder", "upload:quarry"):
                 fresh(target)
-                up = Upload(quarry, work, target, public)
+                up = Upload(quarry, work, target, public,
+                            "forwarder" if row == "upload:forwarder" else "proxy")
                 token = subprocess.run(
                     [quarry, "upload-token", "--namespace", "bench", "--pvc", "disk", "--key",
                      str(private)], check=True, capture_output=True, text=True).stdout.strip()
                 try:
                     t = time.perf_counter()
-                    if row in ("upload:direct", "upload:curl"):
+                    if row != "upload:quarry":
                         url = (f"http://127.0.0.1:{up.sport}" if row == "upload:direct"
                                else up.url)
                         out = subprocess.run(
@@ -197,16 +258,21 @@ def main() -> int:
                     record(row, time.perf_counter() - t)
                 finally:
                     up.stop()
+                if row != "upload:direct":
+                    hop_cpu[row] = min(up.hop_cpu, hop_cpu.get(row, float("inf")))
 
         base = best["import:stdin"]
         print(f"\n{args.format} image of {size / MiB:.0f} MiB ({args.size_mib} MiB virtual), "
               f"best of {args.repeat}, {os.cpu_count()} CPUs\n")
-        print("| row | seconds | MB/s of image | vs import:stdin | vs upload:direct |")
-        print("|---|---|---|---|---|")
-        for row in ("import:file", "import:stdin", "upload:direct", "upload:curl", "upload:quarry"):
+        print("| row | seconds | MB/s of image | vs import:file | vs import:stdin | vs upload:direct "
+              "| hop CPU s |")
+        print("|---|---|---|---|---|---|---|")
+        for row in ("import:file", "import:stdin", "upload:direct", "upload:curl",
+                    "upload:forwarder", "upload:quarry"):
             s = best[row]
-            print(f"| {row} | {s:.2f} | {size / s / 1e6:.0f} | {s / base:.2f} | "
-                  f"{s / best['upload:direct']:.2f} |")
+            cpu = f"{hop_cpu[row]:.2f}" if row in hop_cpu else ""
+            print(f"| {row} | {s:.2f} | {size / s / 1e6:.0f} | {s / best['import:file']:.2f} | "
+                  f"{s / base:.2f} | {s / best['upload:direct']:.2f} | {cpu} |")
         if bad:
             print(f"\nOUTPUT MISMATCH in {sorted(set(bad))}")
             return 1
