@@ -64,20 +64,24 @@ pub fn classify(exit_code: i32) -> Failure {
     }
 }
 
+/// `quarry import`'s terminal exit codes and the reasons CDI users see for them (tests' table).
+#[cfg(test)]
+pub(crate) const TERMINAL_EXIT_CODES: [(i32, &str); 6] = [
+    (10, "InvalidInput"),
+    (11, "UnsupportedImage"),
+    (12, "CorruptImage"),
+    (13, "TargetTooSmall"),
+    (14, "ChecksumMismatch"),
+    (15, "SourceRejected"),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn terminal_exit_codes_fail_at_once() {
-        for (code, reason) in [
-            (10, "InvalidInput"),
-            (11, "UnsupportedImage"),
-            (12, "CorruptImage"),
-            (13, "TargetTooSmall"),
-            (14, "ChecksumMismatch"),
-            (15, "SourceRejected"),
-        ] {
+        for (code, reason) in TERMINAL_EXIT_CODES {
             assert_eq!(
                 classify(code),
                 Failure {

@@ -296,14 +296,7 @@ fn the_full_import_sequence_with_cdi_phases_events_and_conditions() {
 #[test]
 fn every_terminal_exit_code_fails_at_once_without_restarts() {
     let cfg = Config::default();
-    for (code, why) in [
-        (10, "InvalidInput"),
-        (11, "UnsupportedImage"),
-        (12, "CorruptImage"),
-        (13, "TargetTooSmall"),
-        (14, "ChecksumMismatch"),
-        (15, "SourceRejected"),
-    ] {
+    for (code, why) in super::retry::TERMINAL_EXIT_CODES {
         let mut dv = http_dv();
         let bound = pvc("Bound");
         step(&mut dv, &obs(Some(&bound), None), &cfg);
