@@ -73,6 +73,7 @@ fuzz_target!(|data: &[u8]| {
     let opts = ReaderOptions {
         spill_dir: std::env::temp_dir(),
         memory_budget: 64 << 10,
+        ..ReaderOptions::default()
     };
     let Ok(reader) = Qcow2Reader::new(Box::new(Cursor::new(data.to_vec())), &opts) else {
         return;

@@ -20,8 +20,9 @@ use crate::peek::Peeked;
 use crate::pipe::{self, ChunkObserver};
 use crate::progress::Progress;
 use crate::sink::block::{self, BlockSink, ZeroMode};
+use crate::sink::direct::Bounce;
 use crate::sink::file::FileSink;
-use crate::sink::{Bounded, VolumeSink, direct};
+use crate::sink::{Bounded, VolumeSink};
 use crate::size::usable_space;
 use crate::source::SourceSpec;
 use crate::source::file::open_file;
@@ -187,8 +188,71 @@ struct Opened {
     source_name: String,
     source_length: Option<u64>,
     stages: Stages,
-    /// Bounce buffers for the file sink's `O_DIRECT` writer.
-    direct_buffers: usize,
+    plan: MemoryPlan,
+}
+
+/// How one import spends its memory between its stages, chosen from the compression layers.
+///
+/// xz decodes on liblzma's own threads, which hold a whole compressed block, a dictionary and a
+/// whole decoded block each ([`decode`]'s threading memory): everything around liblzma is kept
+/// small so that the import stays under 100 MiB. Other inputs get the full buffers: their
+/// decoders are fast enough for the buffers to matter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MemoryPlan {
+    /// The stage reading (and hashing) the source.
+    source: pipe::Geometry,
+    /// A stage between the decoders and the format reader, so decompression and parsing run on
+    /// two threads.
+    decode_stage: bool,
+    /// The format reader's read size / window ([`ReaderOptions::read_ahead`]).
+    read_ahead: usize,
+    /// The file sink's `O_DIRECT` writer.
+    bounce: Bounce,
+}
+
+impl MemoryPlan {
+    /// Uncompressed input, or a local file read in place.
+    const PLAIN: MemoryPlan = MemoryPlan {
+        source: pipe::Geometry::DEFAULT,
+        decode_stage: false,
+        read_ahead: format::READ_AHEAD,
+        bounce: Bounce::FULL,
+    };
+
+    /// Around liblzma: its output blocks already decouple it from the writer (a decode stage
+    /// behind it would only add a copy and memory), and its decoding (~250 MB/s a thread) is far
+    /// slower than reading or writing, which small buffers keep up with.
+    const LEAN: MemoryPlan = MemoryPlan {
+        source: pipe::Geometry::LEAN,
+        decode_stage: false,
+        read_ahead: 256 << 10,
+        bounce: Bounce::LEAN,
+    };
+
+    /// The most the importer's own buffers between the source and the target hold (an HTTP
+    /// source's channel and a qcow2 reader's tables come on top).
+    fn buffers(&self) -> usize {
+        self.source.memory()
+            + if self.decode_stage {
+                pipe::Geometry::DEFAULT.memory()
+            } else {
+                0
+            }
+            + self.read_ahead
+            + self.bounce.memory()
+    }
+
+    /// The plan for a stream wrapped in `layers` (outermost first).
+    fn for_layers(layers: &[Compression]) -> MemoryPlan {
+        if layers.contains(&Compression::Xz) {
+            MemoryPlan::LEAN
+        } else {
+            MemoryPlan {
+                decode_stage: !layers.is_empty(),
+                ..MemoryPlan::PLAIN
+            }
+        }
+    }
 }
 
 /// Runs one import to completion. `progress` is updated as it goes.
@@ -206,7 +270,7 @@ pub fn import(req: &ImportRequest, progress: Arc<Progress>) -> Result<ImportRepo
         source_name,
         source_length,
         mut stages,
-        direct_buffers,
+        plan,
     } = opened;
 
     let virtual_size = reader.virtual_size();
@@ -223,7 +287,7 @@ pub fn import(req: &ImportRequest, progress: Arc<Progress>) -> Result<ImportRepo
             detail: capacity.detail.clone(),
         });
     }
-    let mut sink = match open_sink(req, &capacity, virtual_size, direct_buffers) {
+    let mut sink = match open_sink(req, &capacity, virtual_size, plan.bounce) {
         Ok(sink) => sink,
         Err(e) => {
             stages.cancel();
@@ -361,7 +425,7 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
         format,
         source_name: info.name,
         stages: Stages::none(),
-        direct_buffers: direct::IN_FLIGHT,
+        plan: MemoryPlan::PLAIN,
     }))
 }
 
@@ -373,18 +437,28 @@ fn open_stream(req: &ImportRequest, progress: &Arc<Progress>) -> Result<Opened> 
     progress
         .source_length
         .store(info.length.unwrap_or(0), Ordering::Relaxed);
+    // The source stage is sized before it starts, so by the outermost layer, the only one its
+    // first bytes show (the stage still hashes them: they are read again from the peek).
+    let head = Peeked::new(source as decode::BoxRead, decode::SNIFF_LEN)
+        .map_err(|e| Error::from_read(e, "source"))?;
+    let outer: Vec<Compression> = decode::detect(head.head()).into_iter().collect();
     let observer = SourceObserver {
         hasher: req.checksum.as_ref().map(|c| c.algorithm.hasher()),
         progress: progress.clone(),
         bytes: 0,
     };
-    let (raw_stream, source_stage) = pipe::spawn("source", source, observer);
+    let (raw_stream, source_stage) = pipe::spawn_with(
+        "source",
+        head,
+        observer,
+        MemoryPlan::for_layers(&outer).source,
+    );
     let mut stages = Stages {
         source: Some(source_stage),
         decode: None,
     };
     match open_layers(req, info.length, raw_stream, &mut stages) {
-        Ok((reader, layers, format)) => {
+        Ok((reader, layers, format, plan)) => {
             let mut chain: Vec<String> = layers.iter().map(|c| c.as_str().to_string()).collect();
             chain.push(format.as_str().to_string());
             Ok(Opened {
@@ -394,11 +468,7 @@ fn open_stream(req: &ImportRequest, progress: &Arc<Progress>) -> Result<Opened> 
                 source_name: info.name,
                 source_length: info.length,
                 stages,
-                direct_buffers: if layers.contains(&Compression::Xz) {
-                    direct::IN_FLIGHT_LEAN
-                } else {
-                    direct::IN_FLIGHT
-                },
+                plan,
             })
         }
         Err(e) => {
@@ -408,33 +478,39 @@ fn open_stream(req: &ImportRequest, progress: &Arc<Progress>) -> Result<Opened> 
     }
 }
 
+type OpenedLayers = (
+    Box<dyn FormatReader>,
+    Vec<Compression>,
+    ImageFormat,
+    MemoryPlan,
+);
+
 fn open_layers(
     req: &ImportRequest,
     source_length: Option<u64>,
     raw_stream: pipe::ChannelReader,
     stages: &mut Stages,
-) -> Result<(Box<dyn FormatReader>, Vec<Compression>, ImageFormat)> {
+) -> Result<OpenedLayers> {
     let (decoded, layers) = decode::unwrap_layers(Box::new(raw_stream))?;
     let format = req.format.unwrap_or_else(|| format::detect(decoded.head()));
-    // xz decodes on liblzma's own threads, and its output buffers (a whole block each) already
-    // decouple it from the writer: a decode stage behind it would only add a copy and memory.
-    let stream: Box<dyn std::io::Read + Send> =
-        if layers.is_empty() || layers.contains(&Compression::Xz) {
-            Box::new(decoded)
-        } else {
-            let (reader, stage) = pipe::spawn("decode", decoded, ());
-            stages.decode = Some(stage);
-            Box::new(reader)
-        };
-    let reader = open_reader(req, format, stream, &layers, source_length)?;
-    Ok((reader, layers, format))
+    let plan = MemoryPlan::for_layers(&layers);
+    tracing::debug!(?plan, buffers = plan.buffers(), ?layers, "memory plan");
+    let stream: Box<dyn std::io::Read + Send> = if plan.decode_stage {
+        let (reader, stage) = pipe::spawn("decode", decoded, ());
+        stages.decode = Some(stage);
+        Box::new(reader)
+    } else {
+        Box::new(decoded)
+    };
+    let reader = open_reader(req, format, stream, &layers, source_length, &plan)?;
+    Ok((reader, layers, format, plan))
 }
 
 fn open_sink(
     req: &ImportRequest,
     capacity: &Capacity,
     virtual_size: Option<u64>,
-    direct_buffers: usize,
+    bounce: Bounce,
 ) -> Result<Box<dyn VolumeSink>> {
     let mut sink: Box<dyn VolumeSink> = if capacity.is_block {
         Box::new(BlockSink::open(
@@ -446,11 +522,7 @@ fn open_sink(
             },
         )?)
     } else {
-        Box::new(FileSink::create(
-            &req.target,
-            req.preallocate,
-            direct_buffers,
-        )?)
+        Box::new(FileSink::create(&req.target, req.preallocate, bounce)?)
     };
     if let Some(size) = virtual_size
         && let Err(e) = sink.expect_size(size)
@@ -467,10 +539,12 @@ fn open_reader(
     stream: Box<dyn std::io::Read + Send>,
     layers: &[Compression],
     source_length: Option<u64>,
+    plan: &MemoryPlan,
 ) -> Result<Box<dyn FormatReader>> {
     let opts = ReaderOptions {
         spill_dir: spill_dir(req),
         memory_budget: req.memory_budget,
+        read_ahead: plan.read_ahead,
     };
     Ok(match format {
         ImageFormat::Raw => Box::new(RawReader::new(
@@ -480,6 +554,7 @@ fn open_reader(
             } else {
                 None
             },
+            opts.read_ahead,
         )),
         ImageFormat::Qcow2 => Box::new(Qcow2Reader::new(stream, &opts)?),
         other => {
@@ -500,5 +575,51 @@ fn spill_dir(req: &ImportRequest) -> PathBuf {
         }
         Some(p) if p.as_os_str().is_empty() => PathBuf::from("."),
         _ => std::env::temp_dir(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xz_anywhere_makes_the_plan_lean() {
+        for layers in [
+            &[Compression::Xz][..],
+            &[Compression::Xz, Compression::Gzip],
+            &[Compression::Gzip, Compression::Xz],
+        ] {
+            let plan = MemoryPlan::for_layers(layers);
+            assert_eq!(plan.source, pipe::Geometry::LEAN, "{layers:?}");
+            assert_eq!(plan.bounce, Bounce::LEAN, "{layers:?}");
+            assert!(!plan.decode_stage, "{layers:?}");
+        }
+    }
+
+    #[test]
+    fn other_compression_decodes_on_its_own_stage() {
+        for layers in [
+            &[Compression::Gzip][..],
+            &[Compression::Zstd, Compression::Gzip],
+        ] {
+            let plan = MemoryPlan::for_layers(layers);
+            assert!(plan.decode_stage, "{layers:?}");
+            assert_eq!(plan.source, pipe::Geometry::DEFAULT);
+            assert_eq!(plan.bounce, Bounce::FULL);
+        }
+        assert_eq!(MemoryPlan::for_layers(&[]), MemoryPlan::PLAIN);
+    }
+
+    #[test]
+    fn the_lean_plan_leaves_liblzma_room_under_100_mib() {
+        // liblzma takes up to its threading memory (80 MiB), the binary's code ~14 MiB of
+        // resident pages: the buffers around them, an HTTP source's channel included, must stay
+        // within a few MiB.
+        let lean = MemoryPlan::for_layers(&[Compression::Xz]);
+        let http = HttpOptions::default().chunk_depth * crate::source::http::LARGEST_CHUNK;
+        let around = lean.buffers() + http;
+        assert!(around <= 2 << 20, "{} KiB around liblzma", around >> 10);
+        assert!(decode::XZ_THREADING_MEMORY + (around as u64) + (14 << 20) < 98 << 20);
+        assert!(MemoryPlan::PLAIN.buffers() > 4 * lean.buffers());
     }
 }

@@ -1,7 +1,7 @@
 //! Pipeline stages: a thread that reads one stream and hands its bytes, in bounded chunks, to the
 //! next stage through a bounded channel. Memory between two stages is at most
-//! `(DEPTH + 2) * CHUNK_SIZE`, whatever the image size: the reader hands each emptied chunk back
-//! to the stage for reuse, so a long import does not churn the allocator.
+//! [`Geometry::memory`], whatever the image size: the reader hands each emptied chunk back to the
+//! stage for reuse, so a long import does not churn the allocator.
 
 use std::io::{self, Read};
 use std::sync::Arc;
@@ -13,6 +13,33 @@ use std::thread::{self, JoinHandle};
 pub const CHUNK_SIZE: usize = 256 << 10;
 /// Chunks in flight between two stages.
 pub const DEPTH: usize = 8;
+
+/// How much one stage holds: chunks in flight and their size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    pub depth: usize,
+    pub chunk: usize,
+}
+
+impl Geometry {
+    /// Decouples a reader from a consumer of about the same speed.
+    pub const DEFAULT: Geometry = Geometry {
+        depth: DEPTH,
+        chunk: CHUNK_SIZE,
+    };
+    /// For a consumer that buffers its input itself and is far slower than the reader (liblzma
+    /// copies whole compressed blocks into its threads' buffers): a few small chunks suffice.
+    pub const LEAN: Geometry = Geometry {
+        depth: 2,
+        chunk: 64 << 10,
+    };
+
+    /// The most the stage holds at once: the chunks in the channel, the one being filled, the
+    /// one being read and the two waiting for reuse.
+    pub const fn memory(self) -> usize {
+        (self.depth + 4) * self.chunk
+    }
+}
 
 type Chunk = io::Result<Vec<u8>>;
 
@@ -90,12 +117,27 @@ impl<O> Stage<O> {
 }
 
 /// Starts a thread that reads `input` in chunks, shows each to `observer`, and sends it on.
-pub fn spawn<R, O>(name: &str, mut input: R, mut observer: O) -> (ChannelReader, Stage<O>)
+pub fn spawn<R, O>(name: &str, input: R, observer: O) -> (ChannelReader, Stage<O>)
 where
     R: Read + Send + 'static,
     O: ChunkObserver,
 {
-    let (tx, rx) = sync_channel::<Chunk>(DEPTH);
+    spawn_with(name, input, observer, Geometry::DEFAULT)
+}
+
+/// [`spawn`] with the given chunk size and depth.
+pub fn spawn_with<R, O>(
+    name: &str,
+    mut input: R,
+    mut observer: O,
+    geometry: Geometry,
+) -> (ChannelReader, Stage<O>)
+where
+    R: Read + Send + 'static,
+    O: ChunkObserver,
+{
+    let Geometry { depth, chunk: size } = geometry;
+    let (tx, rx) = sync_channel::<Chunk>(depth.max(1));
     let (recycle, recycled) = sync_channel::<Vec<u8>>(2);
     let cancel = Arc::new(AtomicBool::new(false));
     let stop = cancel.clone();
@@ -109,10 +151,10 @@ where
                 }
                 let mut chunk = match recycled.try_recv() {
                     Ok(mut reused) => {
-                        reused.resize(CHUNK_SIZE, 0);
+                        reused.resize(size, 0);
                         reused
                     }
-                    Err(_) => vec![0u8; CHUNK_SIZE],
+                    Err(_) => vec![0u8; size],
                 };
                 let n = match read_full(&mut input, &mut chunk) {
                     Ok(n) => n,
@@ -178,6 +220,19 @@ mod tests {
     fn passes_every_byte_in_order() {
         let data: Vec<u8> = (0..3 * CHUNK_SIZE + 17).map(|i| (i % 251) as u8).collect();
         let (mut rx, stage) = spawn("t", io::Cursor::new(data.clone()), Count(0));
+        let mut out = Vec::new();
+        rx.read_to_end(&mut out).unwrap();
+        assert_eq!(out, data);
+        assert_eq!(stage.finish().unwrap().0, data.len() as u64);
+    }
+
+    #[test]
+    fn a_lean_stage_passes_every_byte_in_order() {
+        let data: Vec<u8> = (0..5 * Geometry::LEAN.chunk + 3)
+            .map(|i| (i % 253) as u8)
+            .collect();
+        let (mut rx, stage) =
+            spawn_with("t", io::Cursor::new(data.clone()), Count(0), Geometry::LEAN);
         let mut out = Vec::new();
         rx.read_to_end(&mut out).unwrap();
         assert_eq!(out, data);

@@ -46,6 +46,7 @@ fn open(image: &Path, budget: usize, spill: &Path) -> Result<Qcow2Reader> {
     let opts = ReaderOptions {
         spill_dir: spill.to_path_buf(),
         memory_budget: budget,
+        ..ReaderOptions::default()
     };
     Qcow2Reader::new(Box::new(PlainRead(File::open(image).unwrap())), &opts)
 }

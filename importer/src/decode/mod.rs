@@ -125,7 +125,7 @@ impl<R: Read> Read for DecoderErrors<R> {
 /// (24 MiB blocks, 8 MiB dictionary) need 32 MiB plus the compressed block, so two blocks that
 /// compress to a third or better decode at once, and less compressible ones one at a time (their
 /// decoding is fast anyway). Chosen so that a whole import stays under 100 MiB peak RSS.
-const XZ_THREADING_MEMORY: u64 = 80 << 20;
+pub(crate) const XZ_THREADING_MEMORY: u64 = 80 << 20;
 
 /// A multi-threaded xz decoder: blocks of a multi-block file decode in parallel; a single-block
 /// file decodes on one thread. Memory is capped: liblzma drops to fewer threads rather than

@@ -45,13 +45,20 @@ pub struct ReaderOptions {
     pub spill_dir: PathBuf,
     /// How many bytes of such data a reader may hold in memory before spilling.
     pub memory_budget: usize,
+    /// How far a streaming reader reads ahead: a raw copy's read size, the qcow2 read window past
+    /// its position. Each write is at most this large.
+    pub read_ahead: usize,
 }
+
+/// The default [`ReaderOptions::read_ahead`]: large, so each write is large.
+pub const READ_AHEAD: usize = 2 << 20;
 
 impl Default for ReaderOptions {
     fn default() -> Self {
         ReaderOptions {
             spill_dir: std::env::temp_dir(),
             memory_budget: 32 << 20,
+            read_ahead: READ_AHEAD,
         }
     }
 }

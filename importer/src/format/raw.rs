@@ -3,24 +3,27 @@
 use std::io::Read;
 
 use crate::error::{Error, Result};
-use crate::format::{FormatReader, ImageFormat};
+use crate::format::{FormatReader, ImageFormat, READ_AHEAD};
 use crate::sink::ExtentSink;
 
 /// Streams a raw image of possibly unknown length.
 pub struct RawReader {
     input: Box<dyn Read + Send>,
     length: Option<u64>,
+    read_size: usize,
 }
 
 impl RawReader {
-    /// `length` is the image size when the source states it (an uncompressed file or HTTP body).
-    pub fn new(input: Box<dyn Read + Send>, length: Option<u64>) -> Self {
-        RawReader { input, length }
+    /// `length` is the image size when the source states it (an uncompressed file or HTTP body);
+    /// `read_size` how much each read (and so each write) takes at most.
+    pub fn new(input: Box<dyn Read + Send>, length: Option<u64>, read_size: usize) -> Self {
+        RawReader {
+            input,
+            length,
+            read_size: read_size.max(1),
+        }
     }
 }
-
-/// Read size for raw copies: large, so each write is large.
-const READ_SIZE: usize = 2 << 20;
 
 impl FormatReader for RawReader {
     fn format(&self) -> ImageFormat {
@@ -32,7 +35,7 @@ impl FormatReader for RawReader {
     }
 
     fn copy_to(mut self: Box<Self>, sink: &mut dyn ExtentSink) -> Result<u64> {
-        let mut buf = vec![0u8; READ_SIZE];
+        let mut buf = vec![0u8; self.read_size];
         let mut offset = 0u64;
         loop {
             let mut filled = 0;
@@ -106,7 +109,7 @@ impl FormatReader for SparseFileReader {
 
     fn copy_to(self: Box<Self>, sink: &mut dyn ExtentSink) -> Result<u64> {
         use std::os::unix::fs::FileExt;
-        let mut buf = vec![0u8; READ_SIZE];
+        let mut buf = vec![0u8; READ_AHEAD];
         let mut pos = 0u64;
         while pos < self.length {
             let Some((start, end)) = self.next_data(pos)? else {
@@ -117,7 +120,7 @@ impl FormatReader for SparseFileReader {
             }
             let mut offset = start;
             while offset < end {
-                let want = (end - offset).min(READ_SIZE as u64) as usize;
+                let want = (end - offset).min(READ_AHEAD as u64) as usize;
                 self.file
                     .read_exact_at(&mut buf[..want], offset)
                     .map_err(|e| Error::from_read(e, "raw image"))?;
@@ -194,7 +197,11 @@ mod tests {
 
     #[test]
     fn stream_length_must_match_the_stated_length() {
-        let reader = RawReader::new(Box::new(std::io::Cursor::new(vec![1u8; 100])), Some(200));
+        let reader = RawReader::new(
+            Box::new(std::io::Cursor::new(vec![1u8; 100])),
+            Some(200),
+            READ_AHEAD,
+        );
         let err = Box::new(reader)
             .copy_to(&mut Recorder::default())
             .unwrap_err();

@@ -14,26 +14,47 @@ use std::thread::JoinHandle;
 
 /// Alignment of direct writes (offset, length and memory): the largest logical block size.
 const ALIGN: usize = 4096;
-/// Bounce buffer size: data is copied here so that its address is aligned.
-const BOUNCE: usize = 2 << 20;
-/// Bounce buffers in flight: the caller fills one while the writer thread waits on the device
-/// for the others, so parsing and device writes overlap.
-pub const IN_FLIGHT: usize = 4;
-/// Enough when the source is slower than the device (xz decoding, ~250 MB/s a thread): two keep
-/// the device busy, and the memory goes to the decoder instead.
-pub const IN_FLIGHT_LEAN: usize = 2;
+/// The bounce buffers of a [`DirectWriter`]: data is copied into them so that its address is
+/// aligned, and the caller fills one while the writer thread waits on the device for the others,
+/// so parsing and device writes overlap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounce {
+    pub count: usize,
+    /// Bytes each; a multiple of the alignment.
+    pub size: usize,
+}
+
+impl Bounce {
+    /// For sources at least as fast as the device.
+    pub const FULL: Bounce = Bounce {
+        count: 4,
+        size: 2 << 20,
+    };
+    /// Enough when the source is much slower than the device (xz decoding, ~250 MB/s a thread):
+    /// two small buffers keep the device busy, and the memory goes to the decoder instead.
+    pub const LEAN: Bounce = Bounce {
+        count: 2,
+        size: 256 << 10,
+    };
+
+    /// Memory the buffers take.
+    pub const fn memory(self) -> usize {
+        self.count * (self.size + ALIGN)
+    }
+}
+
 /// Writes smaller than this stay buffered: direct I/O only pays off for large ones.
 const MIN_DIRECT: usize = 64 << 10;
 
-/// A heap buffer with an [`ALIGN`]-aligned window of [`BOUNCE`] bytes.
+/// A heap buffer with an [`ALIGN`]-aligned window of `size` bytes.
 struct AlignedBuf {
     mem: Vec<u8>,
     start: usize,
 }
 
 impl AlignedBuf {
-    fn new() -> Self {
-        let mem = vec![0u8; BOUNCE + ALIGN];
+    fn new(size: usize) -> Self {
+        let mem = vec![0u8; size + ALIGN];
         let start = mem.as_ptr().align_offset(ALIGN);
         AlignedBuf { mem, start }
     }
@@ -52,6 +73,8 @@ struct Job {
 
 /// Writes the aligned middles of large writes through `O_DIRECT` on a writer thread.
 pub struct DirectWriter {
+    /// Size of each bounce buffer.
+    bounce: usize,
     jobs: Option<SyncSender<Job>>,
     free: Receiver<AlignedBuf>,
     /// The first error the writer thread met; later writes fail with it.
@@ -61,7 +84,7 @@ pub struct DirectWriter {
 
 impl DirectWriter {
     /// Opens `path` again with `O_DIRECT`; None where the filesystem does not support it.
-    pub fn open(path: &Path, in_flight: usize) -> Option<Self> {
+    pub fn open(path: &Path, bounce: Bounce) -> Option<Self> {
         let direct = OpenOptions::new()
             .write(true)
             .custom_flags(libc::O_DIRECT)
@@ -69,10 +92,11 @@ impl DirectWriter {
             .ok()?;
         // some filesystems accept O_DIRECT at open and refuse the write: the writer falls back
         let buffered = OpenOptions::new().write(true).open(path).ok()?;
-        let (jobs, job_rx) = sync_channel::<Job>(in_flight);
-        let (free_tx, free) = sync_channel::<AlignedBuf>(in_flight);
-        for _ in 0..in_flight {
-            free_tx.send(AlignedBuf::new()).ok()?;
+        let count = bounce.count.max(1);
+        let (jobs, job_rx) = sync_channel::<Job>(count);
+        let (free_tx, free) = sync_channel::<AlignedBuf>(count);
+        for _ in 0..count {
+            free_tx.send(AlignedBuf::new(bounce.size)).ok()?;
         }
         let failed = Arc::new(Mutex::new(None));
         let record = failed.clone();
@@ -102,6 +126,7 @@ impl DirectWriter {
             })
             .ok()?;
         Some(DirectWriter {
+            bounce: bounce.size,
             jobs: Some(jobs),
             free,
             failed,
@@ -135,13 +160,13 @@ impl DirectWriter {
         buffered.write_all_at(&data[..head], offset)?;
         let middle = &data[head..data.len() - tail];
         let lost = || io::Error::other("the direct writer thread stopped");
-        for (i, piece) in middle.chunks(BOUNCE).enumerate() {
+        for (i, piece) in middle.chunks(self.bounce).enumerate() {
             let mut buf = self.free.recv().map_err(|_| lost())?;
             buf.window(piece.len()).copy_from_slice(piece);
             let job = Job {
                 buf,
                 len: piece.len(),
-                offset: mid_start + (i * BOUNCE) as u64,
+                offset: mid_start + (i * self.bounce) as u64,
             };
             let jobs = self.jobs.as_ref().ok_or_else(lost)?;
             jobs.send(job).map_err(|_| lost())?;
@@ -178,33 +203,35 @@ mod tests {
 
     #[test]
     fn unaligned_writes_land_exactly() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        let buffered = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        buffered.set_len(16 << 20).unwrap();
-        let Some(mut direct) = DirectWriter::open(&path, IN_FLIGHT) else {
-            eprintln!("skipping: no O_DIRECT on this filesystem");
-            return;
-        };
-        let mut expected = vec![0u8; 16 << 20];
-        for (offset, len, byte) in [
-            (1000u64, 200_000usize, 1u8),
-            (4096, 5 << 20, 2),
-            (7 << 20, 100, 3),
-            ((9 << 20) + 17, (3 << 20) + 5, 4),
-        ] {
-            let data = vec![byte; len];
-            direct.write_at(&buffered, &data, offset).unwrap();
-            expected[offset as usize..offset as usize + len].copy_from_slice(&data);
+        for bounce in [Bounce::FULL, Bounce::LEAN] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("f");
+            let buffered = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .unwrap();
+            buffered.set_len(16 << 20).unwrap();
+            let Some(mut direct) = DirectWriter::open(&path, bounce) else {
+                eprintln!("skipping: no O_DIRECT on this filesystem");
+                return;
+            };
+            let mut expected = vec![0u8; 16 << 20];
+            for (offset, len, byte) in [
+                (1000u64, 200_000usize, 1u8),
+                (4096, 5 << 20, 2),
+                (7 << 20, 100, 3),
+                ((9 << 20) + 17, (3 << 20) + 5, 4),
+            ] {
+                let data = vec![byte; len];
+                direct.write_at(&buffered, &data, offset).unwrap();
+                expected[offset as usize..offset as usize + len].copy_from_slice(&data);
+            }
+            direct.finish().unwrap();
+            buffered.sync_all().unwrap();
+            assert!(std::fs::read(&path).unwrap() == expected, "{bounce:?}");
         }
-        direct.finish().unwrap();
-        buffered.sync_all().unwrap();
-        assert!(std::fs::read(&path).unwrap() == expected);
     }
 }

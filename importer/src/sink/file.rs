@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::{FallocateFlags, fallocate};
 
 use crate::error::{Error, Result};
-use crate::sink::direct::DirectWriter;
+use crate::sink::direct::{Bounce, DirectWriter};
 use crate::sink::{ExtentSink, VolumeSink, for_each_run};
 
 pub struct FileSink {
@@ -35,8 +35,8 @@ pub fn partial_path(target: &Path) -> PathBuf {
 }
 
 impl FileSink {
-    /// `direct_buffers`: bounce buffers of the `O_DIRECT` writer ([`crate::sink::direct::IN_FLIGHT`]).
-    pub fn create(target: &Path, preallocate: bool, direct_buffers: usize) -> Result<Self> {
+    /// `bounce`: the bounce buffers of the `O_DIRECT` writer.
+    pub fn create(target: &Path, preallocate: bool, bounce: Bounce) -> Result<Self> {
         if target.is_dir() {
             return Err(Error::InvalidInput(format!(
                 "target {} is a directory; name the image file (e.g. {}/disk.img)",
@@ -68,7 +68,7 @@ impl FileSink {
             .open(&partial)
             .map_err(|e| Error::io(format!("creating {}", partial.display()), e))?;
         Ok(FileSink {
-            direct: DirectWriter::open(&partial, direct_buffers),
+            direct: DirectWriter::open(&partial, bounce),
             file,
             partial,
             target: target.to_path_buf(),
@@ -167,14 +167,13 @@ impl VolumeSink for FileSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sink::direct::IN_FLIGHT;
     use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn nothing_appears_at_the_target_until_commit() {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("disk.img");
-        let mut sink = Box::new(FileSink::create(&target, false, IN_FLIGHT).unwrap());
+        let mut sink = Box::new(FileSink::create(&target, false, Bounce::FULL).unwrap());
         sink.write_data(0, b"hello").unwrap();
         assert!(!target.exists());
         assert!(partial_path(&target).exists());
@@ -190,7 +189,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("disk.img");
         fs::write(&target, b"precious").unwrap();
-        let mut sink = Box::new(FileSink::create(&target, false, IN_FLIGHT).unwrap());
+        let mut sink = Box::new(FileSink::create(&target, false, Bounce::FULL).unwrap());
         sink.write_data(0, b"half an import").unwrap();
         sink.abort();
         assert_eq!(fs::read(&target).unwrap(), b"precious");
@@ -201,7 +200,7 @@ mod tests {
     fn zero_runs_become_holes_and_preallocation_fills_them() {
         let dir = tempfile::tempdir().unwrap();
         let sparse = dir.path().join("sparse.img");
-        let mut sink = Box::new(FileSink::create(&sparse, false, IN_FLIGHT).unwrap());
+        let mut sink = Box::new(FileSink::create(&sparse, false, Bounce::FULL).unwrap());
         sink.write_data(0, &vec![0u8; 8 << 20]).unwrap();
         sink.write_data(8 << 20, &[1u8; 4096]).unwrap();
         sink.commit(16 << 20).unwrap();
@@ -212,7 +211,7 @@ mod tests {
         );
 
         let full = dir.path().join("full.img");
-        let sink = Box::new(FileSink::create(&full, true, IN_FLIGHT).unwrap());
+        let sink = Box::new(FileSink::create(&full, true, Bounce::FULL).unwrap());
         sink.commit(16 << 20).unwrap();
         let allocated = fs::metadata(&full).unwrap().blocks() * 512;
         assert!(
@@ -224,7 +223,7 @@ mod tests {
     #[test]
     fn a_directory_target_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let err = FileSink::create(dir.path(), false, IN_FLIGHT)
+        let err = FileSink::create(dir.path(), false, Bounce::FULL)
             .err()
             .unwrap();
         assert_eq!(err.kind(), crate::ErrorKind::InvalidInput);

@@ -6,8 +6,9 @@
 //! `quarry-http`. That thread does the whole transfer: the first `GET` (which [`HttpSource::open`]
 //! waits for, so a 404 or a bad certificate fails `open` at once), then streams the body into a
 //! bounded channel of [`HttpOptions::chunk_depth`] chunks. [`Read`] on the other side blocks on
-//! that channel. Memory is bounded by `chunk_depth` × the largest chunk hyper hands out (its read
-//! buffer, at most ~400 KiB; TLS records make most chunks 16 KiB). A runtime per source keeps the
+//! that channel. Memory is bounded by `chunk_depth` × the largest chunk hyper hands out
+//! ([`LARGEST_CHUNK`]; TLS records make most chunks 16 KiB). The import reads the source on a
+//! pipeline stage that buffers on its own, so the channel only needs to keep the transfer going. A runtime per source keeps the
 //! source independent of whatever runtime (or none) the caller has, and a slow consumer only
 //! blocks its own transfer. `Read` blocks the calling thread (parking it until the next chunk):
 //! call it from a plain thread, as the pipeline does, not from an async task.
@@ -99,6 +100,9 @@ pub struct HttpOptions {
     pub chunk_depth: usize,
 }
 
+/// The largest body chunk hyper hands out: its read buffer's limit (8 KiB + 100 pages).
+pub const LARGEST_CHUNK: usize = 8192 + 4096 * 100;
+
 impl Default for HttpOptions {
     fn default() -> Self {
         HttpOptions {
@@ -110,7 +114,7 @@ impl Default for HttpOptions {
             idle_timeout: Duration::from_secs(60),
             max_retries: 5,
             retry_backoff: Duration::from_secs(1),
-            chunk_depth: 8,
+            chunk_depth: 2,
         }
     }
 }

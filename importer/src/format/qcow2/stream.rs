@@ -24,7 +24,7 @@
 //! one host cluster) are written to every guest cluster as long as all mappings are known when the
 //! cluster passes.
 //!
-//! Memory: a read window of [`CHUNK`] plus up to three clusters, the L1 table (capped at 32 MiB),
+//! Memory: a read window of [`ReaderOptions::read_ahead`] plus up to three clusters, the L1 table (capped at 32 MiB),
 //! one map entry per pending L2 table / data cluster / compressed cluster (that is, bounded by the
 //! L2 tables seen), and the hold's memory budget. Work is proportional to the stream length plus the
 //! number of guest clusters (the caller checks the virtual size against the target first).
@@ -39,9 +39,6 @@ use super::l2::{self, Mapping, SECTOR};
 use crate::error::{Error, Result};
 use crate::format::ReaderOptions;
 use crate::sink::ExtentSink;
-
-/// How far ahead of the processing position the window reads.
-pub(crate) const CHUNK: usize = 4 << 20;
 
 /// What a conversion did, for logs and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -211,6 +208,8 @@ pub(crate) struct Stream<'s> {
     buf: Vec<u8>,
     buf_len: usize,
     buf_start: u64,
+    /// How far past `pos` the window reads.
+    read_ahead: usize,
     eof: bool,
     /// Stream offset of the next cluster to dispatch.
     pos: u64,
@@ -272,6 +271,8 @@ impl<'s> Stream<'s> {
             buf: head,
             buf_len: head_len,
             buf_start: 0,
+            // a whole cluster must fit past `pos`, and the next can be read while it is handled
+            read_ahead: opts.read_ahead.max(2 * cs as usize),
             eof: false,
             pos: 0,
             l1_clusters,
@@ -366,7 +367,7 @@ impl<'s> Stream<'s> {
         ))
     }
 
-    /// Drops what the window no longer needs and reads until it reaches `CHUNK` past `pos`.
+    /// Drops what the window no longer needs and reads until it reaches `read_ahead` past `pos`.
     fn fill(&mut self) -> Result<()> {
         self.flush_run()?;
         let mut keep = self.pos.min(self.buf_end());
@@ -380,7 +381,7 @@ impl<'s> Stream<'s> {
             self.buf_len -= drop;
             self.buf_start = keep;
         }
-        let want = (self.pos.max(self.buf_start) - self.buf_start) as usize + CHUNK;
+        let want = (self.pos.max(self.buf_start) - self.buf_start) as usize + self.read_ahead;
         if self.buf.len() < want {
             self.buf.resize(want, 0);
         }
