@@ -258,6 +258,15 @@ where
     }
 }
 
+/// A plain-text answer: CDI's servers answer errors with a message body that says what went wrong.
+pub fn text(
+    status: axum::http::StatusCode,
+    message: impl Into<String>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (status, message.into()).into_response()
+}
+
 /// How long the rest of a refused body is read (and dropped) so the client sees the answer.
 const DRAIN_LIMIT: Duration = Duration::from_secs(10);
 

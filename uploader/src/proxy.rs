@@ -18,6 +18,7 @@ use axum::routing::{any, get};
 use rsa::PublicKey;
 
 use crate::error::{Error, Result};
+use crate::net::text;
 use crate::token;
 use crate::{UPLOAD_CHECKSUM, UPLOAD_LENGTH, UPLOAD_OFFSET, UPLOAD_STATE};
 
@@ -88,10 +89,6 @@ pub fn router(proxy: Proxy) -> Router {
         r = r.route(path, any(forward));
     }
     r.with_state(proxy)
-}
-
-fn text(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, message.into()).into_response()
 }
 
 fn cors(headers: &mut HeaderMap) {

@@ -45,6 +45,7 @@ use importer::progress::Progress;
 use importer::source::{ByteSource, SharedSource, SourceInfo, SourceSpec};
 use tokio::sync::{mpsc, watch};
 
+use crate::net::text;
 use crate::{ASYNC_FORM_PATHS, ASYNC_PATHS, SYNC_FORM_PATHS, SYNC_PATHS};
 use crate::{UPLOAD_CHECKSUM, UPLOAD_LENGTH, UPLOAD_OFFSET, UPLOAD_STATE};
 
@@ -145,10 +146,6 @@ pub fn router(config: Config) -> (Router, watch::Receiver<bool>) {
 
 fn lock(app: &App) -> std::sync::MutexGuard<'_, Phase> {
     app.phase.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn text(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, message.into()).into_response()
 }
 
 /// `HEAD` on an async path: 200, plus the resume offset when an upload is held.
