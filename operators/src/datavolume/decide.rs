@@ -163,6 +163,18 @@ impl Ctx<'_> {
         self.cond(condition::READY, false, reason::TRANSFER_RUNNING, "");
     }
 
+    /// UploadScheduled: the upload pod is not ready yet.
+    fn upload_scheduled(&mut self, pvc: &str) {
+        self.phase(
+            Phase::UploadScheduled,
+            Some((
+                false,
+                reason::UPLOAD_SCHEDULED,
+                format!("Upload into {pvc} scheduled"),
+            )),
+        );
+    }
+
     fn event(&mut self, warning: bool, reason: &str, message: String) {
         self.actions.push(Action::Event(Event {
             warning,
@@ -368,14 +380,7 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
         ("Pending", Work::Upload) => {
             let why = waiting_reason(p);
             cx.cond(condition::RUNNING, false, &why, "");
-            cx.phase(
-                Phase::UploadScheduled,
-                Some((
-                    false,
-                    reason::UPLOAD_SCHEDULED,
-                    format!("Upload into {pvc} scheduled"),
-                )),
-            );
+            cx.upload_scheduled(&pvc);
         }
         ("Running", Work::Import) => {
             cx.transfer_running();
@@ -409,14 +414,7 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
                     )),
                 );
             } else {
-                cx.phase(
-                    Phase::UploadScheduled,
-                    Some((
-                        false,
-                        reason::UPLOAD_SCHEDULED,
-                        format!("Upload into {pvc} scheduled"),
-                    )),
-                );
+                cx.upload_scheduled(&pvc);
             }
         }
         ("Succeeded", _) => {
