@@ -556,14 +556,15 @@ fn basic_auth(args: &ImportArgs) -> anyhow::Result<Option<(String, String)>> {
 
 /// A terminal progress bar fed from the import's counters (hidden when stderr is not a terminal).
 struct ProgressBar {
-    stop: Arc<std::sync::atomic::AtomicBool>,
+    /// Dropped to stop the bar: its thread wakes at once instead of finishing a 100 ms tick,
+    /// which small imports would otherwise wait for.
+    stop: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl ProgressBar {
     fn start(progress: Arc<Progress>) -> Self {
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let done = stop.clone();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
             let bar = indicatif::ProgressBar::with_draw_target(
                 Some(10_000),
@@ -575,24 +576,25 @@ impl ProgressBar {
                 )
                 .expect("valid template"),
             );
-            while !done.load(Ordering::Relaxed) {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(Duration::from_millis(100))
+            {
                 if let Some(p) = progress.percent() {
                     bar.set_position((p * 100.0) as u64);
                 }
                 let written = progress.written.load(Ordering::Relaxed);
                 bar.set_message(format!("{} MiB written", written >> 20));
-                std::thread::sleep(Duration::from_millis(100));
             }
             bar.finish_and_clear();
         });
         ProgressBar {
-            stop,
+            stop: Some(stop),
             thread: Some(thread),
         }
     }
 
     fn finish(mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        drop(self.stop.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
