@@ -5,7 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast "$@"
+  profile=()
+  [ "${CI:-}" = true ] && profile=(--profile ci)
+  cargo nextest run --workspace --no-fail-fast "${profile[@]}" "$@"
 else
   cargo test --workspace --no-fail-fast "$@"
 fi
