@@ -34,10 +34,10 @@ impl Geometry {
         chunk: 64 << 10,
     };
 
-    /// The most the stage holds at once: the chunks in the channel, the one being filled, the
-    /// one being read and the two waiting for reuse.
+    /// The most the stage holds at once: the chunks in the channel, the one being filled and the
+    /// one being read (the stage allocates no more, see [`spawn_with`]).
     pub const fn memory(self) -> usize {
-        (self.depth + 4) * self.chunk
+        (self.depth + 2) * self.chunk
     }
 }
 
@@ -138,23 +138,40 @@ where
 {
     let Geometry { depth, chunk: size } = geometry;
     let (tx, rx) = sync_channel::<Chunk>(depth.max(1));
-    let (recycle, recycled) = sync_channel::<Vec<u8>>(2);
+    // Every chunk the stage ever allocates fits in the recycling channel, so the consumer never
+    // has to drop one, and the stage waits for one to come back instead of allocating anew
+    // (fresh chunks freed on another thread fragment the heap into tens of MiB over an import).
+    let pool = depth.max(1) + 2;
+    let (recycle, recycled) = sync_channel::<Vec<u8>>(pool);
     let cancel = Arc::new(AtomicBool::new(false));
     let stop = cancel.clone();
     let handle = thread::Builder::new()
         .name(format!("quarry-{name}"))
         .spawn(move || {
             let mut tx: Option<SyncSender<Chunk>> = Some(tx);
+            let mut allocated = 0;
+            // Once the consumer is gone, one chunk serves for the rest of the input.
+            let mut spare: Option<Vec<u8>> = None;
             loop {
                 if stop.load(Ordering::Relaxed) {
                     return Err(io::Error::other("stage cancelled"));
                 }
-                let mut chunk = match recycled.try_recv() {
-                    Ok(mut reused) => {
-                        reused.resize(size, 0);
-                        reused
+                let reused = match spare.take().map_or_else(|| recycled.try_recv(), Ok) {
+                    Ok(chunk) => Some(chunk),
+                    Err(_) if allocated < pool => None,
+                    // All chunks are out: the consumer hands one back once it has read it, or
+                    // is gone (then the stage reads on alone for the observer).
+                    Err(_) => recycled.recv().ok(),
+                };
+                let mut chunk = match reused {
+                    Some(mut chunk) => {
+                        chunk.resize(size, 0);
+                        chunk
                     }
-                    Err(_) => vec![0u8; size],
+                    None => {
+                        allocated += 1;
+                        vec![0u8; size]
+                    }
                 };
                 let n = match read_full(&mut input, &mut chunk) {
                     Ok(n) => n,
@@ -172,11 +189,15 @@ where
                 }
                 chunk.truncate(n);
                 observer.observe(&chunk);
-                if let Some(sender) = &tx
-                    && sender.send(Ok(chunk)).is_err()
-                {
-                    // The consumer is done: keep reading so the observer sees every byte.
-                    tx = None;
+                match &tx {
+                    Some(sender) => {
+                        if let Err(returned) = sender.send(Ok(chunk)) {
+                            // The consumer is done: keep reading so the observer sees every byte.
+                            tx = None;
+                            spare = returned.0.ok();
+                        }
+                    }
+                    None => spare = Some(chunk),
                 }
             }
         })
@@ -247,6 +268,42 @@ mod tests {
         rx.read_exact(&mut first).unwrap();
         drop(rx);
         assert_eq!(stage.finish().unwrap().0, 10 * CHUNK_SIZE as u64);
+    }
+
+    #[test]
+    fn a_long_stream_reuses_the_stage_s_chunks() {
+        struct Buffers(std::collections::HashSet<usize>);
+        impl ChunkObserver for Buffers {
+            fn observe(&mut self, chunk: &[u8]) {
+                self.0.insert(chunk.as_ptr() as usize);
+            }
+        }
+        let geometry = Geometry {
+            depth: 2,
+            chunk: 4096,
+        };
+        let data: Vec<u8> = (0..200 * geometry.chunk + 5)
+            .map(|i| (i % 241) as u8)
+            .collect();
+        let (mut rx, stage) = spawn_with(
+            "t",
+            io::Cursor::new(data.clone()),
+            Buffers(Default::default()),
+            geometry,
+        );
+        // a consumer slower than the stage, reading less than a chunk at a time
+        let mut out = Vec::new();
+        let mut piece = [0u8; 1000];
+        loop {
+            let n = rx.read(&mut piece).unwrap();
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&piece[..n]);
+        }
+        assert!(out == data);
+        let buffers = stage.finish().unwrap().0.len();
+        assert!(buffers <= geometry.depth + 2, "{buffers} chunks allocated");
     }
 
     #[test]
