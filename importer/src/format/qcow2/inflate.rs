@@ -11,20 +11,45 @@ use super::header::Compression;
 /// most), and the window is what a hostile frame could make the decoder allocate.
 const ZSTD_WINDOW_LOG_MAX: u32 = 23;
 
+/// One decoder per thread, kept from cluster to cluster: a fresh one per cluster allocated its
+/// state and window each time, and those short-lived allocations, interleaved with longer-lived
+/// ones, fragmented the heap by tens of MiB over an import.
 pub(crate) struct Inflater {
     kind: Compression,
+    deflate: Option<Decompress>,
     zstd: Option<Decoder<'static>>,
 }
 
 impl Inflater {
     pub fn new(kind: Compression) -> Inflater {
-        Inflater { kind, zstd: None }
+        Inflater {
+            kind,
+            deflate: None,
+            zstd: None,
+        }
     }
 
     /// Decompresses `src` into all of `dst`.
     pub fn inflate(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), String> {
         match self.kind {
-            Compression::Deflate => inflate_deflate(src, dst),
+            Compression::Deflate => {
+                // Raw deflate. qemu asks for a 4 KiB window (inflateInit2(&strm, -12)), but a
+                // cluster is inflated in one call into one buffer, where back-references reach
+                // into the output itself and the window never comes into play: the default
+                // window decodes exactly the same, and only it can be reset without reallocating.
+                let d = match &mut self.deflate {
+                    Some(d) => {
+                        d.reset(false);
+                        d
+                    }
+                    None => self.deflate.insert(Decompress::new(false)),
+                };
+                let r = inflate_deflate(d, src, dst);
+                if r.is_err() {
+                    self.deflate = None;
+                }
+                r
+            }
             Compression::Zstd => {
                 if self.zstd.is_none() {
                     let mut d = Decoder::new().map_err(|e| format!("zstd: {e}"))?;
@@ -44,9 +69,7 @@ impl Inflater {
     }
 }
 
-fn inflate_deflate(src: &[u8], dst: &mut [u8]) -> Result<(), String> {
-    // Raw deflate with a 4 KiB window, like qemu's inflateInit2(&strm, -12).
-    let mut d = Decompress::new_with_window_bits(false, 12);
+fn inflate_deflate(d: &mut Decompress, src: &[u8], dst: &mut [u8]) -> Result<(), String> {
     match d.decompress(src, dst, FlushDecompress::Finish) {
         Ok(_) if d.total_out() == dst.len() as u64 => Ok(()),
         Ok(_) => Err(format!(
@@ -146,6 +169,22 @@ pub(crate) mod tests {
             .inflate(&src, &mut out)
             .unwrap();
         assert_eq!(out, data[..4096]);
+    }
+
+    #[test]
+    fn one_deflate_decoder_serves_cluster_after_cluster_and_after_errors() {
+        let mut i = Inflater::new(Compression::Deflate);
+        for round in 0..4 {
+            let data = sample(4096 + round * 1000);
+            let mut out = vec![0; data.len()];
+            i.inflate(&deflate(&data), &mut out).unwrap();
+            assert_eq!(out, data, "round {round}");
+            // a corrupt cluster fails alone; the next one decodes
+            assert!(i.inflate(&[0xff; 64], &mut out).is_err());
+            let short = deflate(&data[..1000]);
+            let e = i.inflate(&short, &mut out).unwrap_err();
+            assert!(e.contains("1000 of"), "round {round}: {e}");
+        }
     }
 
     #[test]
