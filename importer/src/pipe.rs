@@ -156,23 +156,17 @@ where
                 if stop.load(Ordering::Relaxed) {
                     return Err(io::Error::other("stage cancelled"));
                 }
-                let reused = match spare.take().map_or_else(|| recycled.try_recv(), Ok) {
-                    Ok(chunk) => Some(chunk),
-                    Err(_) if allocated < pool => None,
+                let mut chunk = match spare.take().map_or_else(|| recycled.try_recv(), Ok) {
+                    Ok(chunk) => chunk,
+                    Err(_) if allocated < pool => {
+                        allocated += 1;
+                        Vec::new()
+                    }
                     // All chunks are out: the consumer hands one back once it has read it, or
                     // is gone (then the stage reads on alone for the observer).
-                    Err(_) => recycled.recv().ok(),
+                    Err(_) => recycled.recv().unwrap_or_default(),
                 };
-                let mut chunk = match reused {
-                    Some(mut chunk) => {
-                        chunk.resize(size, 0);
-                        chunk
-                    }
-                    None => {
-                        allocated += 1;
-                        vec![0u8; size]
-                    }
-                };
+                chunk.resize(size, 0);
                 let n = match read_full(&mut input, &mut chunk) {
                     Ok(n) => n,
                     Err(e) => {
