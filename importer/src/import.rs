@@ -24,9 +24,9 @@ use crate::sink::direct::Bounce;
 use crate::sink::file::FileSink;
 use crate::sink::{Bounded, VolumeSink};
 use crate::size::usable_space;
-use crate::source::SourceSpec;
 use crate::source::file::open_file;
 use crate::source::http::HttpOptions;
+use crate::source::{SourceInfo, SourceSpec};
 
 /// CDI's default filesystem overhead for filesystem volumes, as a fraction.
 pub const DEFAULT_FILESYSTEM_OVERHEAD: f64 = 0.06;
@@ -409,7 +409,9 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
         return Ok(None); // a pipe or device: stream it
     };
     let head = Peeked::new(&file, decode::SNIFF_LEN).map_err(|e| Error::from_read(e, "source"))?;
-    let format = req.format.unwrap_or_else(|| format::detect(head.head()));
+    let format = req
+        .format
+        .unwrap_or_else(|| format::detect_named(head.head(), &info.name));
     if decode::detect(head.head()).is_some() {
         return Ok(None); // compressed: stream it through the decoders
     }
@@ -457,7 +459,7 @@ fn open_stream(req: &ImportRequest, progress: &Arc<Progress>) -> Result<Opened> 
         source: Some(source_stage),
         decode: None,
     };
-    match open_layers(req, info.length, raw_stream, &mut stages) {
+    match open_layers(req, &info, raw_stream, &mut stages) {
         Ok((reader, layers, format, plan)) => {
             let mut chain: Vec<String> = layers.iter().map(|c| c.as_str().to_string()).collect();
             chain.push(format.as_str().to_string());
@@ -487,12 +489,15 @@ type OpenedLayers = (
 
 fn open_layers(
     req: &ImportRequest,
-    source_length: Option<u64>,
+    info: &SourceInfo,
     raw_stream: pipe::ChannelReader,
     stages: &mut Stages,
 ) -> Result<OpenedLayers> {
+    let source_length = info.length;
     let (decoded, layers) = decode::unwrap_layers(Box::new(raw_stream))?;
-    let format = req.format.unwrap_or_else(|| format::detect(decoded.head()));
+    let format = req
+        .format
+        .unwrap_or_else(|| format::detect_named(decoded.head(), &info.name));
     let plan = MemoryPlan::for_layers(&layers);
     tracing::debug!(?plan, buffers = plan.buffers(), ?layers, "memory plan");
     let stream: Box<dyn std::io::Read + Send> = if plan.decode_stage {
@@ -557,9 +562,16 @@ fn open_reader(
             opts.read_ahead,
         )),
         ImageFormat::Qcow2 => Box::new(Qcow2Reader::new(stream, &opts)?),
+        ImageFormat::Luks => {
+            return Err(Error::Unsupported(
+                "the image is LUKS-encrypted (luks): Quarry does not decrypt images; decrypt it \
+                 with `qemu-img convert -O qcow2 --object secret,...` first"
+                    .into(),
+            ));
+        }
         other => {
             return Err(Error::Unsupported(format!(
-                "{} images are not supported yet; convert with `qemu-img convert -O qcow2` first",
+                "{} images are not supported; convert with `qemu-img convert -O qcow2` first",
                 other.as_str()
             )));
         }
