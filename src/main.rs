@@ -128,9 +128,14 @@ struct ImportArgs {
     /// Read an http(s)://HOST/BUCKET/KEY URL as an S3 object (CDI's S3 URL form), signed.
     #[arg(long)]
     s3: bool,
-    /// Seconds without any body byte after which an HTTP transfer attempt is abandoned.
+    /// Seconds without response headers or a body byte after which an HTTP transfer attempt is
+    /// abandoned (and resumed).
     #[arg(long, default_value_t = 60)]
     idle_timeout: u64,
+    /// Minimum HTTP body rate (bytes, or a quantity such as 1Ki, per second) over each
+    /// --idle-timeout window; a slower transfer attempt is abandoned (and resumed). 0: no minimum.
+    #[arg(long, value_parser = parse_size, default_value = "1Ki")]
+    min_rate: u64,
     /// Retries (with resume) of a failing HTTP transfer.
     #[arg(long, default_value_t = 5)]
     retries: u32,
@@ -196,13 +201,7 @@ fn main() -> ExitCode {
             let served = tokio::runtime::Runtime::new()
                 .map_err(anyhow::Error::from)
                 .and_then(|rt| Ok(rt.block_on(csi::run(args))?));
-            match served {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(err) => {
-                    eprintln!("error: {err:#}");
-                    ExitCode::FAILURE
-                }
-            }
+            report(served.map(|()| ExitCode::SUCCESS))
         }
         Command::Launch(args) => {
             init_logs("warn");
@@ -210,13 +209,11 @@ fn main() -> ExitCode {
         }
         Command::Vmctl(args) => {
             init_logs("warn");
-            match current_thread().and_then(|rt| Ok(rt.block_on(launcher::cli::vmctl(args))?)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(err) => {
-                    eprintln!("error: {err:#}");
-                    ExitCode::FAILURE
-                }
-            }
+            report(
+                current_thread()
+                    .and_then(|rt| Ok(rt.block_on(launcher::cli::vmctl(args))?))
+                    .map(|()| ExitCode::SUCCESS),
+            )
         }
         Command::UploadServer(args) => {
             init_logs("info");
@@ -311,13 +308,13 @@ fn uploader_exit(result: Result<(), uploader::Error>, json: bool) -> ExitCode {
             if json {
                 let kind = err.kind();
                 let line = serde_json::json!({
-                    "error": err.to_string(),
+                    "error": importer::error::chain(&err),
                     "kind": kind.as_str(),
                     "retryable": kind.is_retryable(),
                 });
                 println!("{line}");
             }
-            eprintln!("error: {err}");
+            print_error(&err);
             ExitCode::FAILURE
         }
     }
@@ -325,9 +322,14 @@ fn uploader_exit(result: Result<(), uploader::Error>, json: bool) -> ExitCode {
 
 fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
     result.unwrap_or_else(|err| {
-        eprintln!("error: {err:#}");
+        print_error(err.as_ref());
         ExitCode::FAILURE
     })
+}
+
+/// Prints a command's error on stderr: the message and each cause once.
+fn print_error(err: &(dyn std::error::Error + 'static)) {
+    eprintln!("error: {}", importer::error::chain(err));
 }
 
 /// `quarry apply`: exit 0 when the DataVolume succeeded, 1 when it failed (its status says why).
@@ -375,7 +377,7 @@ fn run_launch(args: &launcher::cli::LaunchArgs) -> ExitCode {
     let spec = match args.to_spec() {
         Ok(spec) => spec,
         Err(err) => {
-            eprintln!("error: {err}");
+            print_error(&err);
             return ExitCode::from(2);
         }
     };
@@ -389,7 +391,7 @@ fn run_launch(args: &launcher::cli::LaunchArgs) -> ExitCode {
             ExitCode::FAILURE
         }
         Err(err) => {
-            eprintln!("error: {err:#}");
+            print_error(err.as_ref());
             ExitCode::FAILURE
         }
     }
@@ -411,14 +413,18 @@ fn tune_allocator() {
     }
 }
 
-/// Logs to stderr, filtered by `QUARRY_LOG` (or `RUST_LOG`), else at `default` level.
+/// Logs to stderr, filtered by `QUARRY_LOG` (or `RUST_LOG`), else at `default` level; coloured
+/// only on a terminal and without `NO_COLOR` (a pod's log or a file gets plain text).
 fn init_logs(default: &str) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_env("QUARRY_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal() && !no_color)
         .init();
 }
 
@@ -448,13 +454,13 @@ fn run_import(args: ImportArgs) -> ExitCode {
             };
             if json {
                 let line = serde_json::json!({
-                    "error": format!("{err:#}"),
+                    "error": importer::error::chain(err.as_ref()),
                     "kind": kind.map(|k| k.as_str()),
                     "retryable": kind.map(|k| k.is_retryable()),
                 });
                 println!("{line}");
             }
-            eprintln!("error: {err:#}");
+            print_error(err.as_ref());
             ExitCode::from(code as u8)
         }
     }
@@ -520,6 +526,7 @@ fn import_command(args: ImportArgs) -> anyhow::Result<ImportReport> {
     req.http.insecure = args.insecure;
     req.http.headers = args.headers;
     req.http.idle_timeout = Duration::from_secs(args.idle_timeout);
+    req.http.min_rate = args.min_rate;
     req.http.max_retries = args.retries;
     if !matches!(req.source, SourceSpec::Registry { .. }) {
         req.http.basic_auth = basic;
@@ -582,7 +589,7 @@ impl ProgressBar {
                 if let Some(p) = progress.percent() {
                     bar.set_position((p * 100.0) as u64);
                 }
-                let written = progress.written.load(Ordering::Relaxed);
+                let written = progress.data_written.load(Ordering::Relaxed);
                 bar.set_message(format!("{} MiB written", written >> 20));
             }
             bar.finish_and_clear();

@@ -207,6 +207,75 @@ fn blank_datavolume_is_a_sparse_disk_of_the_usable_size() {
 }
 
 #[test]
+fn a_missing_pool_directory_is_made() {
+    let l = local();
+    let pool = l.dir.join("new").join("pool");
+    let out = run(&[
+        "apply",
+        "-f",
+        arg(&manifest(&l.dir, "scratch", "    blank: {}\n")),
+        "--pool",
+        arg(&pool),
+        "--state-dir",
+        arg(&l.state),
+    ]);
+    assert_ok(&out);
+    assert!(pool.join("default-scratch").join("disk.img").is_file());
+}
+
+#[test]
+fn a_pool_that_cannot_be_made_is_named_with_its_cause_once() {
+    let l = local();
+    let file = l.dir.join("not-a-dir");
+    fs::write(&file, b"x").unwrap();
+    let out = run(&[
+        "apply",
+        "-f",
+        arg(&manifest(&l.dir, "scratch", "    blank: {}\n")),
+        "--pool",
+        arg(&file.join("pool")),
+        "--state-dir",
+        arg(&l.state),
+    ]);
+    assert_exit(&out, 1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("creating the pool directory"), "{err}");
+    assert_eq!(err.matches("Not a directory").count(), 1, "{err}");
+}
+
+#[test]
+fn an_upload_source_is_recorded_as_failed_with_what_to_run() {
+    let l = local();
+    let out = l.apply(&manifest(&l.dir, "up", "    upload: {}\n"));
+    assert_exit(&out, 1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("datavolume/up Failed: InvalidSpec"), "{err}");
+    assert!(err.contains("quarry upload-server"), "{err}");
+    let status = l.status("up");
+    assert_eq!(status["phase"], "Failed");
+    assert_eq!(status["progress"], "N/A");
+    let ready = condition(&status, "Ready");
+    assert_eq!(ready["reason"], "InvalidSpec");
+}
+
+#[test]
+fn unknown_manifest_fields_are_warned_about_as_kubectl_does() {
+    let l = local();
+    let path = manifest(&l.dir, "typo", "    blank: {}\n");
+    let text = fs::read_to_string(&path)
+        .unwrap()
+        .replace("  storage:\n", "  contentTyp: kubevirt\n  storage:\n");
+    fs::write(&path, text).unwrap();
+    let out = l.apply(&path);
+    assert_ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Warning: unknown field \"spec.contentTyp\""),
+        "{err}"
+    );
+}
+
+#[test]
 fn unknown_names_and_bad_manifests_are_refused_clearly() {
     let l = local();
     let out = l.get(&["nope"]);

@@ -140,6 +140,8 @@ fn oci_and_docker_schema2_images_import_like_qemu_img() {
     let target = out_dir.path().join("secure.img");
     let out = import(&reg.image("vm/disk:oci"), &target, &[]);
     assert_refused(&out, 15, "TLS", &target);
+    assert_refused(&out, 15, "plain HTTP, not TLS", &target);
+    assert_refused(&out, 15, "--insecure", &target);
 }
 
 #[test]

@@ -36,12 +36,11 @@ pub enum Error {
     #[error(transparent)]
     Provisioner(#[from] provisioner::Error),
     /// Socket setup failed.
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     Io {
         /// What was being done.
         context: String,
-        /// Cause.
-        #[source]
+        /// Cause, printed by the CLI's chain.
         source: std::io::Error,
     },
     /// The gRPC server failed.

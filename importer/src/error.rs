@@ -119,15 +119,38 @@ pub enum Error {
     SourceRejected(String),
     #[error("source unavailable: {0}")]
     SourceUnavailable(String),
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: io::Error,
-    },
+    /// The OS error is part of the message (no `source()`): the message is shown whole in
+    /// DataVolume conditions and JSON reports, and chain printers do not repeat it.
+    #[error("{context}: {cause}")]
+    Io { context: String, cause: io::Error },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Local errors that the same import will meet again however often it is retried: the target (or
+/// a file it needs) may not be written, or lies on a read-only filesystem.
+fn never_passes(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EACCES | libc::EPERM | libc::EROFS)
+    )
+}
+
+/// An error and its sources, `a: b: c`, each cause once: a cause whose text the message already
+/// holds (libraries that print their source in their own message too) is not repeated.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
 
 impl Error {
     pub fn kind(&self) -> ErrorKind {
@@ -139,14 +162,15 @@ impl Error {
             Error::ChecksumMismatch { .. } => ErrorKind::ChecksumMismatch,
             Error::SourceRejected(_) => ErrorKind::SourceRejected,
             Error::SourceUnavailable(_) => ErrorKind::SourceUnavailable,
+            Error::Io { cause, .. } if never_passes(cause) => ErrorKind::InvalidInput,
             Error::Io { .. } => ErrorKind::Io,
         }
     }
 
-    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
+    pub fn io(context: impl Into<String>, cause: io::Error) -> Self {
         Error::Io {
             context: context.into(),
-            source,
+            cause,
         }
     }
 
@@ -225,6 +249,45 @@ mod tests {
         let e = Error::from_read(io::Error::from(io::ErrorKind::UnexpectedEof), "qcow2 image");
         assert_eq!(e.kind(), ErrorKind::CorruptImage);
         assert!(e.to_string().contains("truncated"), "{e}");
+    }
+
+    #[test]
+    fn an_io_error_names_its_cause_once_in_the_chain() {
+        let e = Error::io(
+            "writing .disk.img.quarry-partial",
+            io::Error::from_raw_os_error(28),
+        );
+        let text = chain(&e);
+        assert_eq!(text.matches("No space left on device").count(), 1, "{text}");
+        assert!(
+            text.starts_with("writing .disk.img.quarry-partial: "),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn chain_skips_a_cause_the_message_already_holds() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer: {0}")]
+        struct Repeats(#[source] io::Error);
+        let e = Repeats(io::Error::other("inner"));
+        assert_eq!(chain(&e), "outer: inner");
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer")]
+        struct Chained(#[source] io::Error);
+        assert_eq!(chain(&Chained(io::Error::other("inner"))), "outer: inner");
+    }
+
+    #[test]
+    fn permission_and_read_only_errors_are_not_retryable() {
+        for errno in [libc::EACCES, libc::EPERM, libc::EROFS] {
+            let e = Error::io("creating disk.img", io::Error::from_raw_os_error(errno));
+            assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        }
+        for errno in [libc::EIO, libc::ENOSPC, libc::EAGAIN] {
+            let e = Error::io("writing disk.img", io::Error::from_raw_os_error(errno));
+            assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+        }
     }
 
     #[test]

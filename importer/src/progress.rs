@@ -16,7 +16,7 @@ pub struct Progress {
     pub source_length: AtomicU64,
     /// Guest bytes written (data and zeroes).
     pub written: AtomicU64,
-    /// Guest bytes handed over as data (the rest were reported as zeroes).
+    /// Data bytes written to the target (non-zero runs; see `VolumeSink::data_written`).
     pub data_written: AtomicU64,
     /// Virtual size, 0 until known.
     pub virtual_size: AtomicU64,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use importer::source::ByteSource;
 use importer::source::http::{HttpOptions, HttpSource};
 use importer::{Error, ErrorKind};
-use testkit::faults::{FaultConfig, FaultServer, Step};
+use testkit::faults::{Cut, FaultConfig, FaultServer, Step};
 use testkit::nginx::{Nginx, NginxConfig};
 use testkit::tls::TestCa;
 
@@ -513,22 +513,121 @@ fn read_works_from_inside_an_async_runtime() {
     assert_same(&got, &data);
 }
 
-#[test]
-fn resume_without_validators_sends_no_if_range() {
-    let data = random_bytes(2 * MIB, 14);
-    let fault = FaultServer::start(
-        FaultConfig::new(data.clone())
+/// A server with neither ETag nor Last-Modified whose first answer ends after 1 MiB (a clean
+/// close, so that exactly 1 MiB is passed on before the retry).
+fn without_validators(data: &[u8], after_break: Step) -> FaultServer {
+    FaultServer::start(
+        FaultConfig::new(data.to_vec())
             .etag(None)
             .last_modified(None)
-            .script([Step::reset_after(MIB as u64)]),
-    );
+            .script([Step::close_after(MIB as u64), after_break]),
+    )
+}
+
+#[test]
+fn resume_without_validators_rereads_from_the_start_and_checks_the_prefix() {
+    // Nothing ties a range of such a file to its first part: the retry asks for the whole body
+    // and checks the first MiB against what was passed on.
+    let data = random_bytes(2 * MIB, 14);
+    let fault = without_validators(&data, Step::ok());
     let url = fault.url("/disk.img");
     let (got, _) = bounded(60, move || read_all(&url, &opts()).unwrap());
     assert_same(&got, &data);
     let reqs = fault.requests();
     assert_eq!(reqs.len(), 2, "{reqs:?}");
-    assert!(reqs[1].header("range").is_some());
+    assert_eq!(reqs[1].header("range"), None, "{reqs:?}");
     assert_eq!(reqs[1].header("if-range"), None);
+}
+
+#[test]
+fn a_replaced_file_without_validators_is_never_joined() {
+    // The server answers the retry with another file (a range request would have got its
+    // tail: A[..N] + B[N..] with exit 0 before).
+    let data = random_bytes(2 * MIB, 15);
+    let other = random_bytes(2 * MIB, 16);
+    let fault = without_validators(&data, Step::ok().body(other));
+    let url = fault.url("/disk.img");
+    let err = bounded(60, move || read_all(&url, &opts()).map(|_| ()).unwrap_err());
+    eprintln!("error: {err}");
+    assert_eq!(err.kind(), ErrorKind::SourceUnavailable, "{err}");
+    assert!(err.to_string().contains("changed during download"), "{err}");
+    assert_eq!(fault.requests()[1].header("range"), None);
+}
+
+#[test]
+fn a_replaced_file_with_the_same_first_bytes_is_read_whole_from_the_new_one() {
+    // Same first MiB, different tail: the result is the new file, never a mix.
+    let data = random_bytes(2 * MIB, 17);
+    let mut other = data.clone();
+    other[MIB + 5..].fill(0x5a);
+    let fault = without_validators(&data, Step::ok().body(other.clone()));
+    let url = fault.url("/disk.img");
+    let (got, _) = bounded(60, move || read_all(&url, &opts()).unwrap());
+    assert_same(&got, &other);
+}
+
+#[test]
+fn a_weak_etag_alone_is_no_validator_to_resume_with() {
+    let data = random_bytes(2 * MIB, 18);
+    let other = random_bytes(2 * MIB, 21);
+    let fault = FaultServer::start(
+        FaultConfig::new(data)
+            .etag(Some("W/\"weak\""))
+            .last_modified(None)
+            .script([Step::close_after(MIB as u64), Step::ok().body(other)]),
+    );
+    let url = fault.url("/disk.img");
+    let err = bounded(60, move || read_all(&url, &opts()).map(|_| ()).unwrap_err());
+    assert!(err.to_string().contains("changed during download"), "{err}");
+    let reqs = fault.requests();
+    assert_eq!(reqs[1].header("range"), None, "{reqs:?}");
+    assert_eq!(reqs[1].header("if-range"), None, "{reqs:?}");
+}
+
+#[test]
+fn response_headers_are_held_to_the_idle_timeout() {
+    // Before, the headers had the connect and idle limits together (31 s here): the server
+    // below would have been waited for and the transfer would have succeeded.
+    let fault = FaultServer::start(
+        FaultConfig::new(random_bytes(4096, 5))
+            .otherwise(Step::ok().headers_after(Duration::from_secs(20))),
+    );
+    let url = fault.url("/disk.img");
+    let o = HttpOptions {
+        idle_timeout: Duration::from_secs(1),
+        max_retries: 1,
+        ..opts()
+    };
+    let err = bounded(15, move || read_all(&url, &o).unwrap_err());
+    assert_eq!(err.kind(), ErrorKind::SourceUnavailable, "{err}");
+    assert!(
+        err.to_string().contains("no response headers within 1s"),
+        "{err}"
+    );
+    assert_eq!(fault.request_count(), 2);
+}
+
+#[test]
+fn a_body_trickling_below_the_minimum_rate_is_given_up() {
+    // One byte every 200 ms never trips the idle timeout.
+    let fault = FaultServer::start(
+        FaultConfig::new(random_bytes(64 << 10, 6))
+            .otherwise(Step::ok().cut(Cut::Trickle(1000, Duration::from_millis(200)))),
+    );
+    let url = fault.url("/disk.img");
+    let o = HttpOptions {
+        idle_timeout: Duration::from_secs(1),
+        min_rate: 1024,
+        max_retries: 1,
+        ..opts()
+    };
+    let err = bounded(20, move || read_all(&url, &o).unwrap_err());
+    assert_eq!(err.kind(), ErrorKind::SourceUnavailable, "{err}");
+    assert!(
+        err.to_string()
+            .contains("slower than the minimum of 1024 bytes/s"),
+        "{err}"
+    );
 }
 
 #[test]

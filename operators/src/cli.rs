@@ -198,6 +198,9 @@ pub struct ApplyArgs {
     /// First retry delay in seconds (doubled for each further one, at most 60).
     #[arg(long, default_value_t = 2)]
     pub retry_delay: u64,
+    /// A registry (HOST[:PORT]) reached over plain HTTP or without verifying TLS; repeatable.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    pub insecure_registries: Vec<String>,
 }
 
 impl ApplyArgs {
@@ -215,6 +218,7 @@ impl ApplyArgs {
                 max_delay: Duration::from_secs(60),
                 max_restarts: self.max_restarts,
             },
+            insecure_registries: self.insecure_registries.clone(),
         }
     }
 

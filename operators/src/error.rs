@@ -26,13 +26,12 @@ pub enum Error {
     #[error("finalizer: {0}")]
     Finalizer(String),
     /// Reading or writing local state failed.
-    #[error("{context}: {source}")]
+    #[error("{context}: {cause}")]
     Io {
         /// What was being done.
         context: String,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
+        /// Cause, part of the message (no `source()`: it shows whole in conditions).
+        cause: std::io::Error,
     },
     /// YAML that cannot be read as the expected object.
     #[error("{context}: {message}")]
@@ -63,10 +62,10 @@ impl Error {
     }
 
     /// An I/O error with what was being done.
-    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+    pub fn io(context: impl Into<String>, cause: std::io::Error) -> Self {
         Error::Io {
             context: context.into(),
-            source,
+            cause,
         }
     }
 

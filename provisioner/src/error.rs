@@ -60,14 +60,14 @@ pub enum Error {
     /// Invalid pool configuration.
     #[error("pool configuration: {0}")]
     Config(String),
-    /// A system call or file operation failed.
-    #[error("{context}: {source}")]
+    /// A system call or file operation failed. The OS error is part of the message (no
+    /// `source()`): gRPC statuses carry the message alone, and chain printers do not repeat it.
+    #[error("{context}: {cause}")]
     Io {
         /// What was being done.
         context: String,
         /// The underlying error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A metadata file could not be parsed.
     #[error("corrupt metadata {path}: {source}")]
@@ -93,7 +93,7 @@ impl Error {
             Error::OutOfRange(_) => ErrorKind::OutOfRange,
             Error::NoSpace(_) => ErrorKind::ResourceExhausted,
             Error::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
-            Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
+            Error::Io { cause, .. } if cause.raw_os_error() == Some(libc::ENOSPC) => {
                 ErrorKind::ResourceExhausted
             }
             Error::Io { .. } | Error::Metadata { .. } => ErrorKind::Internal,
@@ -101,10 +101,10 @@ impl Error {
     }
 
     /// Wraps an I/O error with context.
-    pub fn io(context: impl Into<String>, source: impl Into<std::io::Error>) -> Self {
+    pub fn io(context: impl Into<String>, cause: impl Into<std::io::Error>) -> Self {
         Error::Io {
             context: context.into(),
-            source: source.into(),
+            cause: cause.into(),
         }
     }
 }

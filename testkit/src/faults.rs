@@ -17,7 +17,8 @@
 //! ```
 //!
 //! Entity: the body, with `ETag` (default `"v1"`, strong) and `Last-Modified` (a fixed date)
-//! unless turned off; a [`Step`] may override the ETag of one response (an entity that changed).
+//! unless turned off, and a `Date` of now, as real servers send; a [`Step`] may change the ETag
+//! or replace the body from its response on (an entity that changed).
 //! Ranges: `Range: bytes=N-` / `bytes=N-M` (one range) answered with 206 and `Content-Range`,
 //! unless ranges are off or the step ignores them; `If-Range` is honoured (a mismatch with the
 //! current ETag, or Last-Modified, serves 200 and the full body); unsatisfiable ranges get 416.
@@ -45,6 +46,8 @@ pub enum Cut {
     Extra(u64),
     /// Send this many body bytes, then go silent for the duration, then close.
     Stall(u64, Duration),
+    /// Send this many body bytes, then one byte per interval (a server that never goes idle).
+    Trickle(u64, Duration),
 }
 
 /// How one request is answered.
@@ -62,6 +65,10 @@ pub struct Step {
     /// Answer a range request with a 206 for the range starting here instead of the one asked
     /// for (with an honest Content-Range): a server that gets ranges wrong.
     pub range_from: Option<u64>,
+    /// Serve this body from this response on, as if the file was replaced.
+    pub body: Option<Arc<Vec<u8>>>,
+    /// Wait this long before sending the response headers.
+    pub headers_after: Option<Duration>,
 }
 
 impl Step {
@@ -74,6 +81,8 @@ impl Step {
             ignore_range: false,
             etag: None,
             range_from: None,
+            body: None,
+            headers_after: None,
         }
     }
     /// An empty response with this status (404, 500, ...).
@@ -123,6 +132,16 @@ impl Step {
     /// Give the entity this ETag (e.g. `"\"v2\""`) from this response on, as if it changed.
     pub fn etag(mut self, etag: &str) -> Step {
         self.etag = Some(etag.to_string());
+        self
+    }
+    /// Send nothing for `wait` before the response headers.
+    pub fn headers_after(mut self, wait: Duration) -> Step {
+        self.headers_after = Some(wait);
+        self
+    }
+    /// Serve `body` from this response on (the ETag, if any, is left as it is).
+    pub fn body(mut self, body: impl Into<Vec<u8>>) -> Step {
+        self.body = Some(Arc::new(body.into()));
         self
     }
 }
@@ -222,6 +241,8 @@ struct Shared {
     counter: AtomicUsize,
     /// The ETag the entity has now (a step's `etag` changes it for good).
     current_etag: Mutex<Option<String>>,
+    /// The body served now (a step's `body` replaces it for good).
+    current_body: Mutex<Arc<Vec<u8>>>,
     requests: Mutex<Vec<Recorded>>,
 }
 
@@ -238,6 +259,7 @@ impl FaultServer {
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
             current_etag: Mutex::new(cfg.etag.clone()),
+            current_body: Mutex::new(cfg.body.clone()),
             cfg,
             stop: AtomicBool::new(false),
             counter: AtomicUsize::new(0),
@@ -361,6 +383,12 @@ fn handle(conn: TcpStream, s: &Shared) -> std::io::Result<()> {
         .cloned()
         .unwrap_or_else(|| s.cfg.otherwise.clone());
 
+    if let Some(wait) = step.headers_after {
+        let until = Instant::now() + wait;
+        while Instant::now() < until && !s.stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     if let Some(code) = step.status {
         let mut head = format!("HTTP/1.1 {code} {}\r\n", reason(code));
         if let Some(secs) = step.retry_after {
@@ -378,7 +406,13 @@ fn handle(conn: TcpStream, s: &Shared) -> std::io::Result<()> {
         }
         cur.clone()
     };
-    let body = &s.cfg.body[..];
+    let body = {
+        let mut cur = s.current_body.lock().unwrap();
+        if let Some(new) = &step.body {
+            *cur = new.clone();
+        }
+        cur.clone()
+    };
     let total = body.len() as u64;
 
     let mut range = None;
@@ -434,6 +468,10 @@ fn handle(conn: TcpStream, s: &Shared) -> std::io::Result<()> {
     if let Some(lm) = &s.cfg.last_modified {
         head += &format!("Last-Modified: {lm}\r\n");
     }
+    head += &format!(
+        "Date: {}\r\n",
+        httpdate::fmt_http_date(std::time::SystemTime::now())
+    );
     if s.cfg.chunked {
         head += "Transfer-Encoding: chunked\r\n";
     } else {
@@ -451,7 +489,7 @@ fn handle(conn: TcpStream, s: &Shared) -> std::io::Result<()> {
         Cut::None | Cut::Extra(_) => len,
         Cut::ResetAfter(n) | Cut::CloseAfter(n) => (*n).min(len),
         Cut::ShortBy(n) => len.saturating_sub(*n),
-        Cut::Stall(n, _) => (*n).min(len),
+        Cut::Stall(n, _) | Cut::Trickle(n, _) => (*n).min(len),
     } as usize;
     let mut data = part[..send_n].to_vec();
     if let Cut::Extra(n) = step.cut {
@@ -476,6 +514,17 @@ fn handle(conn: TcpStream, s: &Shared) -> std::io::Result<()> {
             std::thread::sleep(Duration::from_millis(50));
             set_linger_zero(&conn);
             drop(conn);
+        }
+        Cut::Trickle(_, every) => {
+            conn.flush()?;
+            for &byte in &part[send_n..] {
+                if s.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                std::thread::sleep(every);
+                conn.write_all(&[byte])?;
+                conn.flush()?;
+            }
         }
         Cut::Stall(_, dur) => {
             conn.flush()?;

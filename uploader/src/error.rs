@@ -56,12 +56,9 @@ pub enum Error {
     Refused { status: u16, message: String },
     #[error("upload endpoint unavailable: {0}")]
     Unavailable(String),
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: io::Error,
-    },
+    /// The OS error is part of the message (no `source()`), as in the importer's.
+    #[error("{context}: {cause}")]
+    Io { context: String, cause: io::Error },
     #[error(transparent)]
     Import(#[from] importer::Error),
 }
@@ -81,10 +78,10 @@ impl Error {
         }
     }
 
-    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
+    pub fn io(context: impl Into<String>, cause: io::Error) -> Self {
         Error::Io {
             context: context.into(),
-            source,
+            cause,
         }
     }
 }

@@ -60,10 +60,7 @@ pub fn decoder<'a>(
         failed: input_failed.clone(),
     });
     let decoded: Box<dyn Read + Send + 'a> = match compression {
-        // Multi-member files (concatenated gzip) are one stream, as gzip -d treats them.
-        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(
-            io::BufReader::with_capacity(256 << 10, input),
-        )),
+        Compression::Gzip => Box::new(GzMembers::new(input)),
         Compression::Xz => Box::new(XzStreams::new(input)?),
         Compression::Zstd => Box::new(
             zstd::stream::read::Decoder::new(input)
@@ -187,6 +184,63 @@ impl Read for XzStreams<'_> {
     }
 }
 
+/// A gzip file as `gzip -d` reads it: one or more members back to back (`cat a.gz b.gz`). Data
+/// after a member that does not start another one is corruption, named as such (not as a
+/// truncated stream, which is what a header cut short would otherwise say).
+struct GzMembers<'a> {
+    decoder: Option<flate2::bufread::GzDecoder<io::BufReader<Box<dyn Read + Send + 'a>>>>,
+    /// The current member follows another one and has not yielded a byte yet.
+    following: bool,
+}
+
+impl<'a> GzMembers<'a> {
+    fn new(input: Box<dyn Read + Send + 'a>) -> Self {
+        GzMembers {
+            decoder: Some(flate2::bufread::GzDecoder::new(
+                io::BufReader::with_capacity(256 << 10, input),
+            )),
+            following: false,
+        }
+    }
+
+    fn trailing(detail: &str) -> io::Error {
+        Error::Corrupt(format!(
+            "gzip: data after the end of the gzip stream ({detail})"
+        ))
+        .into_io()
+    }
+}
+
+impl Read for GzMembers<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use io::BufRead;
+        loop {
+            let Some(decoder) = self.decoder.as_mut() else {
+                return Ok(0);
+            };
+            let n = match decoder.read(buf) {
+                Err(e) if self.following && e.get_ref().is_none_or(|i| !i.is::<Error>()) => {
+                    return Err(Self::trailing(&format!("not another gzip member: {e}")));
+                }
+                r => r?,
+            };
+            if n > 0 || buf.is_empty() {
+                self.following = false;
+                return Ok(n);
+            }
+            let mut input = self.decoder.take().expect("decoder present").into_inner();
+            match input.fill_buf()?.first() {
+                None => return Ok(0),
+                Some(0x1f) => {
+                    self.decoder = Some(flate2::bufread::GzDecoder::new(input));
+                    self.following = true;
+                }
+                Some(_) => return Err(Self::trailing("not another gzip member")),
+            }
+        }
+    }
+}
+
 /// The compressed input of [`XzStreams`]. Between two streams the next one's magic has to be read
 /// to be recognised; it is then handed to the next decoder again, ahead of the buffered bytes.
 struct XzInput<'a> {
@@ -200,16 +254,28 @@ impl XzInput<'_> {
     /// pending), Ok(false) at the end of the input.
     fn next_stream(&mut self) -> io::Result<bool> {
         use io::BufRead;
-        loop {
+        // Stream padding comes in whole 4-byte words (xz's file format, 2.2), as `xz -t` checks.
+        let mut padding = 0u64;
+        let more = loop {
             let buf = self.inner.fill_buf()?;
             if buf.is_empty() {
-                return Ok(false);
+                break false;
             }
-            let padding = buf.iter().take_while(|&&b| b == 0).count();
-            if padding == 0 {
-                break;
+            let zeroes = buf.iter().take_while(|&&b| b == 0).count();
+            if zeroes == 0 {
+                break true;
             }
-            self.inner.consume(padding);
+            self.inner.consume(zeroes);
+            padding += zeroes as u64;
+        };
+        if !padding.is_multiple_of(4) {
+            return Err(Error::Corrupt(format!(
+                "xz: {padding} bytes of stream padding after an xz stream (padding must be a multiple of 4 bytes)"
+            ))
+            .into_io());
+        }
+        if !more {
+            return Ok(false);
         }
         let mut head = [0u8; XZ_MAGIC.len()];
         let mut got = 0;
@@ -381,6 +447,48 @@ mod tests {
             assert_eq!(
                 err.kind(),
                 crate::ErrorKind::CorruptImage,
+                "{tail:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn xz_stream_padding_must_be_whole_words() {
+        for pad in 1..=9usize {
+            let mut file = xz(&sample());
+            file.extend(std::iter::repeat_n(0u8, pad));
+            let decoded = (|| {
+                let (mut stream, _) = unwrap_layers(Box::new(io::Cursor::new(file)))?;
+                let mut out = Vec::new();
+                stream
+                    .read_to_end(&mut out)
+                    .map_err(|e| Error::from_read(e, "image"))?;
+                Ok::<_, Error>(out)
+            })();
+            if pad % 4 == 0 {
+                assert_eq!(decoded.unwrap(), sample(), "{pad} bytes of padding");
+            } else {
+                let err = decoded.unwrap_err();
+                assert_eq!(err.kind(), crate::ErrorKind::CorruptImage, "{pad}: {err}");
+                assert!(err.to_string().contains("multiple of 4"), "{pad}: {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn data_after_a_gzip_stream_is_named_as_such() {
+        for tail in [&b"garbage!"[..], b"\x1f", b"\x1fgarbage", b"\0\0\0\0"] {
+            let mut file = gzip(&sample());
+            file.extend_from_slice(tail);
+            let err = read_error(Box::new(io::Cursor::new(file)));
+            assert_eq!(
+                err.kind(),
+                crate::ErrorKind::CorruptImage,
+                "{tail:?}: {err}"
+            );
+            assert!(
+                err.to_string()
+                    .contains("data after the end of the gzip stream"),
                 "{tail:?}: {err}"
             );
         }

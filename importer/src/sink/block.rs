@@ -15,7 +15,7 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::sink::{ExtentSink, VolumeSink, for_each_run};
+use crate::sink::{ExtentSink, VolumeSink, data_len, for_each_run};
 
 /// Bytes at the start of the device written last.
 pub const HEAD_LEN: u64 = 1 << 20;
@@ -38,6 +38,7 @@ pub struct BlockSink {
     size: u64,
     zero_mode: ZeroMode,
     head: Vec<u8>,
+    data_written: u64,
 }
 
 /// True when `path` is a block device.
@@ -86,6 +87,7 @@ impl BlockSink {
             size,
             zero_mode,
             head: vec![0u8; head_len as usize],
+            data_written: 0,
         };
         sink.zero_range(0, head_len)?;
         sink.device
@@ -143,21 +145,29 @@ impl ExtentSink for BlockSink {
         if in_head > 0 {
             self.head[offset as usize..rest as usize].copy_from_slice(&data[..in_head]);
         }
-        let data = &data[in_head..];
-        if self.zero_mode == ZeroMode::Explicit {
-            return self
-                .device
+        let (head, data) = data.split_at(in_head);
+        // A device that may hold old data gets the zeroes inside data written too.
+        let whole = self.zero_mode == ZeroMode::Explicit;
+        if whole {
+            self.device
                 .write_all_at(data, rest)
-                .map_err(|e| Error::io(self.ctx("writing"), e));
+                .map_err(|e| Error::io(self.ctx("writing"), e))?;
         }
+        let mut nonzero = data_len(head);
         for_each_run(data, |start, end, zero| {
             if zero {
+                return Ok(());
+            }
+            nonzero += (end - start) as u64;
+            if whole {
                 return Ok(());
             }
             self.device
                 .write_all_at(&data[start..end], rest + start as u64)
                 .map_err(|e| Error::io(self.ctx("writing"), e))
-        })
+        })?;
+        self.data_written += nonzero;
+        Ok(())
     }
 
     fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<()> {
@@ -174,6 +184,10 @@ impl ExtentSink for BlockSink {
 impl VolumeSink for BlockSink {
     fn device_size(&self) -> Option<u64> {
         Some(self.size)
+    }
+
+    fn data_written(&self) -> u64 {
+        self.data_written
     }
 
     fn commit(self: Box<Self>, _size: u64) -> Result<()> {

@@ -23,6 +23,7 @@ pub struct FileSink {
     partial: PathBuf,
     target: PathBuf,
     preallocate: bool,
+    data_written: u64,
 }
 
 /// The temporary name an import into `target` writes to.
@@ -73,53 +74,12 @@ impl FileSink {
             partial,
             target: target.to_path_buf(),
             preallocate,
+            data_written: 0,
         })
     }
 
-    /// Where the data is written until commit.
-    pub fn partial(&self) -> &Path {
-        &self.partial
-    }
-
-    fn ctx(&self, what: &str) -> String {
-        format!("{what} {}", self.partial.display())
-    }
-}
-
-impl ExtentSink for FileSink {
-    fn write_data(&mut self, offset: u64, data: &[u8]) -> Result<()> {
-        for_each_run(data, |start, end, zero| {
-            if zero {
-                return Ok(());
-            }
-            let run = &data[start..end];
-            let at = offset + start as u64;
-            match &mut self.direct {
-                Some(direct) => direct.write_at(&self.file, run, at),
-                None => self.file.write_all_at(run, at),
-            }
-            .map_err(|e| Error::io(format!("writing {}", self.partial.display()), e))
-        })
-    }
-
-    fn write_zeroes(&mut self, _offset: u64, _len: u64) -> Result<()> {
-        // A fresh file reads zeroes wherever nothing was written.
-        Ok(())
-    }
-}
-
-impl VolumeSink for FileSink {
-    fn device_size(&self) -> Option<u64> {
-        None
-    }
-
-    fn expect_size(&mut self, size: u64) -> Result<()> {
-        self.file
-            .set_len(size)
-            .map_err(|e| Error::io(self.ctx("sizing"), e))
-    }
-
-    fn commit(mut self: Box<Self>, size: u64) -> Result<()> {
+    /// Flushes the last writes, sizes, optionally preallocates and syncs the partial file.
+    fn complete_partial(&mut self, size: u64) -> Result<()> {
         if let Some(direct) = self.direct.take() {
             direct
                 .finish()
@@ -134,17 +94,104 @@ impl VolumeSink for FileSink {
         }
         self.file
             .sync_all()
-            .map_err(|e| Error::io(self.ctx("syncing"), e))?;
-        fs::rename(&self.partial, &self.target).map_err(|e| {
-            Error::io(
+            .map_err(|e| Error::io(self.ctx("syncing"), e))
+    }
+
+    /// Where the data is written until commit.
+    pub fn partial(&self) -> &Path {
+        &self.partial
+    }
+
+    fn ctx(&self, what: &str) -> String {
+        format!("{what} {}", self.partial.display())
+    }
+}
+
+/// The largest length below `too_large` that `file` can be given (to 4 KiB), found by bisection
+/// of `ftruncate` (metadata only on a sparse file); the file is left empty.
+fn largest_size(file: &File, too_large: u64) -> u64 {
+    let (mut fits, mut fails) = (0u64, too_large);
+    while fails - fits > 4096 {
+        let mid = fits + (fails - fits) / 2;
+        if file.set_len(mid).is_ok() {
+            fits = mid;
+        } else {
+            fails = mid;
+        }
+    }
+    let _ = file.set_len(0);
+    fits
+}
+
+impl ExtentSink for FileSink {
+    fn write_data(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        for_each_run(data, |start, end, zero| {
+            if zero {
+                return Ok(());
+            }
+            let run = &data[start..end];
+            let at = offset + start as u64;
+            match &mut self.direct {
+                Some(direct) => direct.write_at(&self.file, run, at),
+                None => self.file.write_all_at(run, at),
+            }
+            .map_err(|e| Error::io(format!("writing {}", self.partial.display()), e))?;
+            self.data_written += run.len() as u64;
+            Ok(())
+        })
+    }
+
+    fn write_zeroes(&mut self, _offset: u64, _len: u64) -> Result<()> {
+        // A fresh file reads zeroes wherever nothing was written.
+        Ok(())
+    }
+}
+
+impl VolumeSink for FileSink {
+    fn device_size(&self) -> Option<u64> {
+        None
+    }
+
+    fn data_written(&self) -> u64 {
+        self.data_written
+    }
+
+    fn expect_size(&mut self, size: u64) -> Result<()> {
+        self.file.set_len(size).map_err(|e| {
+            if e.raw_os_error() == Some(libc::EFBIG) {
+                Error::TooSmall {
+                    needed: size,
+                    available: largest_size(&self.file, size),
+                    detail: format!(
+                        "the filesystem holding {} does not take larger files",
+                        self.target.display()
+                    ),
+                }
+            } else {
+                Error::io(self.ctx("sizing"), e)
+            }
+        })
+    }
+
+    fn commit(mut self: Box<Self>, size: u64) -> Result<()> {
+        // A failure before the rename (a last write or the sync meeting a full disk) leaves no
+        // partial file behind, as any other failed import.
+        if let Err(e) = self.complete_partial(size) {
+            self.abort();
+            return Err(e);
+        }
+        if let Err(e) = fs::rename(&self.partial, &self.target) {
+            let e = Error::io(
                 format!(
                     "renaming {} to {}",
                     self.partial.display(),
                     self.target.display()
                 ),
                 e,
-            )
-        })?;
+            );
+            self.abort();
+            return Err(e);
+        }
         let dir = self
             .target
             .parent()

@@ -30,6 +30,9 @@ use crate::progress::Progress;
 pub trait VolumeSink: ExtentSink + Send {
     /// The fixed capacity of the target (a block device's size); `None` for files, which grow.
     fn device_size(&self) -> Option<u64>;
+    /// Data bytes written so far: the non-zero [`ZERO_BLOCK`] runs of data extents, so the same
+    /// image counts the same whichever reader reported its zeroes (holes are never counted).
+    fn data_written(&self) -> u64;
     /// Told the virtual size before any write, when it is known: a file is sized up front so
     /// that writes do not extend it (and journal a new size) one by one.
     fn expect_size(&mut self, _size: u64) -> Result<()> {
@@ -83,6 +86,18 @@ pub fn for_each_run(
     Ok(())
 }
 
+/// The bytes of `data` in non-zero [`ZERO_BLOCK`] runs: what a sparse target stores of it.
+pub fn data_len(data: &[u8]) -> u64 {
+    let mut len = 0;
+    let _ = for_each_run(data, |start, end, zero| {
+        if !zero {
+            len += (end - start) as u64;
+        }
+        Ok(())
+    });
+    len
+}
+
 /// Enforces the usable size of the target and counts written guest bytes for progress.
 pub struct Bounded<'a> {
     pub inner: &'a mut dyn VolumeSink,
@@ -111,9 +126,12 @@ impl ExtentSink for Bounded<'_> {
     fn write_data(&mut self, offset: u64, data: &[u8]) -> Result<()> {
         self.check(offset, data.len() as u64)?;
         self.inner.write_data(offset, data)?;
-        let len = data.len() as u64;
-        self.progress.written.fetch_add(len, Ordering::Relaxed);
-        self.progress.data_written.fetch_add(len, Ordering::Relaxed);
+        self.progress
+            .written
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.progress
+            .data_written
+            .store(self.inner.data_written(), Ordering::Relaxed);
         Ok(())
     }
 

@@ -26,8 +26,14 @@
 //!   the transfer fails with [`Error::SourceUnavailable`]. An attempt that passed at least 1 MiB
 //!   of new bytes downstream resets the count, so a long download over a flaky link keeps going
 //!   while a server that makes no progress is given up on.
-//! - Once bytes have been passed downstream, a retry asks for `Range: bytes=N-` with `If-Range`
-//!   (the strong ETag, else Last-Modified, else none: weak ETags are not allowed in `If-Range`).
+//! - Once bytes have been passed downstream, a retry asks for `Range: bytes=N-` with `If-Range`,
+//!   but only when the entity has a strong validator: a strong ETag, else a Last-Modified at
+//!   least a second older than the response's `Date` (RFC 9110 8.8.2.2). Without one, nothing
+//!   ties the rest of a file to its first part (a server may serve a replaced file's tail), so
+//!   the retry asks for the whole body again, re-reads the first N bytes and checks them against
+//!   a SHA-256 of what was passed on (kept only for such entities): equal, it goes on from N;
+//!   different, the transfer fails with `SourceUnavailable` "source changed during download".
+//!   Two different files are never joined.
 //!   - 206 with `Content-Range: bytes N-…/total` matching what we know: continue from N.
 //!   - 200 (the server ignored the range, or `If-Range` did not match): if the validators
 //!     (ETag, weakly compared; Last-Modified; length) that both responses carry are unchanged,
@@ -69,9 +75,11 @@ use std::time::Duration;
 use bytes::{Buf, Bytes};
 use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Client, Response, StatusCode, Url};
+use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
+use crate::error::chain;
 use crate::source::{ByteSource, SourceInfo};
 use crate::{Error, ErrorKind, Result};
 
@@ -90,8 +98,12 @@ pub struct HttpOptions {
     pub basic_auth: Option<(String, String)>,
     /// Time allowed for the TCP (and TLS) connection.
     pub connect_timeout: Duration,
-    /// No response headers, or no body byte, for this long fails the attempt.
+    /// No response headers (counted from the request, connecting included), or no body byte, for
+    /// this long fails the attempt.
     pub idle_timeout: Duration,
+    /// A body slower than this many bytes per second over a whole `idle_timeout` fails the
+    /// attempt (a server trickling a byte now and then never goes idle); 0 turns it off.
+    pub min_rate: u64,
     /// Retries of one transfer in a row without progress (see the module docs).
     pub max_retries: u32,
     /// First back-off between attempts; doubles on each retry, capped at 30 s.
@@ -112,6 +124,7 @@ impl Default for HttpOptions {
             basic_auth: None,
             connect_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
+            min_rate: 1024,
             max_retries: 5,
             retry_backoff: Duration::from_secs(1),
             chunk_depth: 2,
@@ -136,6 +149,7 @@ impl std::fmt::Debug for HttpOptions {
             )
             .field("connect_timeout", &self.connect_timeout)
             .field("idle_timeout", &self.idle_timeout)
+            .field("min_rate", &self.min_rate)
             .field("max_retries", &self.max_retries)
             .field("retry_backoff", &self.retry_backoff)
             .field("chunk_depth", &self.chunk_depth)
@@ -271,13 +285,15 @@ impl HttpSource {
             signer,
             expected_length,
             renewed: false,
-            connect_timeout: opts.connect_timeout,
             idle_timeout: opts.idle_timeout,
+            min_rate: opts.min_rate,
             max_retries: opts.max_retries,
             retry_backoff: opts.retry_backoff,
             tx,
             etag: None,
             last_modified: None,
+            date: None,
+            delivered_digest: None,
             length: None,
             seen_entity: false,
             delivered: 0,
@@ -478,14 +494,19 @@ struct Transfer {
     expected_length: Option<u64>,
     /// The last attempt renewed the signer's credentials after a 401.
     renewed: bool,
-    connect_timeout: Duration,
     idle_timeout: Duration,
+    min_rate: u64,
     max_retries: u32,
     retry_backoff: Duration,
     tx: mpsc::Sender<Msg>,
     // What the first response told us about the entity.
     etag: Option<String>,
     last_modified: Option<String>,
+    /// The first response's `Date`, which can make its Last-Modified a strong validator.
+    date: Option<String>,
+    /// SHA-256 of the bytes passed downstream, kept when the entity has no strong validator: a
+    /// retry re-reads them and must find the same.
+    delivered_digest: Option<Sha256>,
     length: Option<u64>,
     seen_entity: bool,
     /// Bytes passed downstream so far (= the entity offset to continue from).
@@ -574,11 +595,25 @@ impl Transfer {
         }
     }
 
-    /// The `If-Range` validator: a strong ETag, else Last-Modified, else none.
+    /// The `If-Range` validator: a strong ETag, else a strong Last-Modified, else none.
     fn if_range(&self) -> Option<&str> {
         match &self.etag {
             Some(e) if !e.starts_with("W/") => Some(e),
-            _ => self.last_modified.as_deref(),
+            _ => self
+                .last_modified
+                .as_deref()
+                .filter(|lm| last_modified_is_strong(lm, self.date.as_deref())),
+        }
+    }
+
+    /// Records the entity's validators from its first response.
+    fn remember_entity(&mut self, resp: &Response) {
+        self.seen_entity = true;
+        self.etag = header_str(resp, header::ETAG);
+        self.last_modified = header_str(resp, header::LAST_MODIFIED);
+        self.date = header_str(resp, header::DATE);
+        if self.if_range().is_none() {
+            self.delivered_digest = Some(Sha256::new());
         }
     }
 
@@ -599,17 +634,19 @@ impl Transfer {
                 .map_err(Failure::Fatal)?;
             rb = rb.headers(signed);
         }
-        if offset > 0 {
-            rb = rb.header(header::RANGE, format!("bytes={offset}-"));
-            if let Some(v) = self.if_range() {
-                rb = rb.header(header::IF_RANGE, v);
-            }
+        if offset > 0
+            && let Some(v) = self.if_range()
+        {
+            rb = rb
+                .header(header::RANGE, format!("bytes={offset}-"))
+                .header(header::IF_RANGE, v);
         }
-        let limit = self.connect_timeout + self.idle_timeout;
+        // The response headers are held to the idle limit like any other byte.
+        let limit = self.idle_timeout;
         let resp = tokio::select! {
             _ = self.tx.closed() => return Err(Failure::Closed),
             r = tokio::time::timeout(limit, rb.send()) => match r {
-                Err(_) => return Err(retry(format!("no response within {limit:?}"))),
+                Err(_) => return Err(retry(format!("no response headers within {limit:?}"))),
                 Ok(Err(e)) => return Err(self.classify(e)),
                 Ok(Ok(resp)) => resp,
             },
@@ -653,9 +690,7 @@ impl Transfer {
         if status.is_success() {
             let cl = content_length(&resp);
             if !self.seen_entity {
-                self.seen_entity = true;
-                self.etag = header_str(&resp, header::ETAG);
-                self.last_modified = header_str(&resp, header::LAST_MODIFIED);
+                self.remember_entity(&resp);
                 self.length = cl;
                 self.check_expected_length(&where_)?;
             } else if let Err(what) = self.same_entity(&resp, true) {
@@ -740,9 +775,7 @@ impl Transfer {
             )));
         }
         if !self.seen_entity {
-            self.seen_entity = true;
-            self.etag = header_str(&resp, header::ETAG);
-            self.last_modified = header_str(&resp, header::LAST_MODIFIED);
+            self.remember_entity(&resp);
         } else if let Err(what) = self.same_entity(&resp, false) {
             return Err(Failure::Fatal(self.changed(&what)));
         }
@@ -794,6 +827,19 @@ impl Transfer {
         Ok(())
     }
 
+    /// Compares the re-read first bytes of the entity with those already passed on.
+    fn check_reread(&self, reread: Sha256) -> Result<(), Failure> {
+        let delivered = self.delivered_digest.clone().map(Sha256::finalize);
+        if delivered == Some(reread.finalize()) {
+            debug!(source = %self.name, offset = self.delivered, "re-read the first bytes: unchanged; going on");
+            return Ok(());
+        }
+        Err(Failure::Fatal(self.changed(&format!(
+            "the server gives no strong validator to resume with, and its first {} bytes differ when read again",
+            self.delivered
+        ))))
+    }
+
     fn changed(&self, what: &str) -> Error {
         Error::SourceUnavailable(format!(
             "{}: source changed during download ({what}); {} bytes were already passed on",
@@ -809,13 +855,18 @@ impl Transfer {
         }
     }
 
-    /// Streams one response downstream, discarding bytes already delivered.
+    /// Streams one response downstream, discarding bytes already delivered (and checking them
+    /// against what was delivered when the entity has no strong validator).
     async fn pump(&mut self, body: Body) -> Result<(), Failure> {
         let Body { resp, start, end } = body;
         let mut pos = start;
         let Some(mut resp) = resp else {
             return Ok(());
         };
+        let resume_at = self.delivered;
+        let mut reread = (start < resume_at && self.delivered_digest.is_some()).then(Sha256::new);
+        // The rate is measured over windows of `idle_timeout`.
+        let mut window = (tokio::time::Instant::now(), pos);
         loop {
             let next = tokio::select! {
                 _ = self.tx.closed() => return Err(Failure::Closed),
@@ -839,6 +890,17 @@ impl Transfer {
             };
             let chunk_start = pos;
             pos += chunk.len() as u64;
+            let elapsed = window.0.elapsed();
+            if elapsed >= self.idle_timeout {
+                let got = pos - window.1;
+                if (got as f64) < self.min_rate as f64 * elapsed.as_secs_f64() {
+                    return Err(retry(format!(
+                        "{got} bytes in {elapsed:.1?} at byte {pos}, slower than the minimum of {} bytes/s",
+                        self.min_rate
+                    )));
+                }
+                window = (tokio::time::Instant::now(), pos);
+            }
             if let Some(len) = self.length
                 && pos > len
             {
@@ -847,11 +909,23 @@ impl Transfer {
                     self.name
                 ))));
             }
-            if pos <= self.delivered {
-                continue;
+            if chunk_start < resume_at {
+                let skip = (resume_at - chunk_start).min(chunk.len() as u64) as usize;
+                if let Some(h) = reread.as_mut() {
+                    h.update(&chunk[..skip]);
+                }
+                chunk.advance(skip);
+                if pos >= resume_at
+                    && let Some(h) = reread.take()
+                {
+                    self.check_reread(h)?;
+                }
+                if chunk.is_empty() {
+                    continue;
+                }
             }
-            if chunk_start < self.delivered {
-                chunk.advance((self.delivered - chunk_start) as usize);
+            if let Some(digest) = self.delivered_digest.as_mut() {
+                digest.update(&chunk);
             }
             self.delivered = pos;
             if self.tx.send(Msg::Data(chunk)).await.is_err() {
@@ -879,6 +953,10 @@ pub fn classify_error(name: &str, e: reqwest::Error) -> (Error, bool) {
         let hint = match tls {
             rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => {
                 " (the server certificate is not trusted: give its CA, or allow insecure)"
+            }
+            rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType) => {
+                " (the server answered in plain HTTP, not TLS: use an http:// URL, or for a \
+                 plain-HTTP registry allow it with --insecure)"
             }
             _ => "",
         };
@@ -942,6 +1020,20 @@ fn content_length(resp: &Response) -> Option<u64> {
     header_str(resp, header::CONTENT_LENGTH).and_then(|v| v.parse().ok())
 }
 
+/// True when `last_modified` may serve as a strong validator: the response's `Date` is at least
+/// one second later (RFC 9110 8.8.2.2); a file changed within the second it was served could
+/// change again under the same date.
+fn last_modified_is_strong(last_modified: &str, date: Option<&str>) -> bool {
+    let (Ok(modified), Some(Ok(date))) = (
+        httpdate::parse_http_date(last_modified),
+        date.map(httpdate::parse_http_date),
+    ) else {
+        return false;
+    };
+    date.duration_since(modified)
+        .is_ok_and(|d| d >= Duration::from_secs(1))
+}
+
 /// The opaque part of an entity tag (weak comparison).
 fn opaque_tag(tag: &str) -> &str {
     tag.strip_prefix("W/").unwrap_or(tag)
@@ -1003,21 +1095,6 @@ fn hex_val(c: u8) -> Option<u8> {
         b'A'..=b'F' => Some(c - b'A' + 10),
         _ => None,
     }
-}
-
-/// The error and its sources, joined with ": ".
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
 }
 
 /// A rustls error somewhere in the chain (io::Error hides its inner error from `source()`).
@@ -1086,13 +1163,15 @@ mod tests {
             signer: None,
             expected_length: None,
             renewed: false,
-            connect_timeout: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(1),
+            min_rate: 0,
             max_retries: 0,
             retry_backoff: Duration::from_millis(1),
             tx,
             etag: Some("W/\"a\"".into()),
             last_modified: Some("Tue, 03 Nov 2026 10:00:00 GMT".into()),
+            date: Some("Tue, 03 Nov 2026 10:00:01 GMT".into()),
+            delivered_digest: None,
             length: None,
             seen_entity: true,
             delivered: 0,
@@ -1102,6 +1181,27 @@ mod tests {
         assert_eq!(t.if_range(), None);
         t.etag = Some("\"b\"".into());
         assert_eq!(t.if_range(), Some("\"b\""));
+    }
+
+    #[test]
+    fn last_modified_is_strong_only_a_second_before_the_date() {
+        let lm = "Tue, 03 Nov 2026 10:00:00 GMT";
+        assert!(last_modified_is_strong(
+            lm,
+            Some("Tue, 03 Nov 2026 10:00:01 GMT")
+        ));
+        assert!(last_modified_is_strong(
+            lm,
+            Some("Wed, 04 Nov 2026 10:00:00 GMT")
+        ));
+        assert!(!last_modified_is_strong(lm, Some(lm)));
+        assert!(!last_modified_is_strong(
+            lm,
+            Some("Tue, 03 Nov 2026 09:59:59 GMT")
+        ));
+        assert!(!last_modified_is_strong(lm, None));
+        assert!(!last_modified_is_strong("yesterday", Some(lm)));
+        assert!(!last_modified_is_strong(lm, Some("later")));
     }
 
     #[test]

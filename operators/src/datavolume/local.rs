@@ -20,7 +20,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use provisioner::{CapacityRange, CreateVolume, PoolConfig, Provisioner};
 
-use super::pod::{SourceRefs, importer_pod_name};
+use super::pod::{SourceRefs, importer_pod_name, insecure_registry};
 use super::pvc::{Claim, VolumeMode, claim};
 use super::source::{ImportSource, Source, SourceKind, header, source};
 use super::{Action, Config, Observed, RetryPolicy, decide, name};
@@ -138,14 +138,60 @@ pub fn parse(text: &str, what: &str) -> Result<DataVolume> {
             kind.unwrap_or("none")
         )));
     }
-    let dv: DataVolume = serde_json::from_value(v).map_err(|e| Error::Yaml {
+    let dv: DataVolume = serde_json::from_value(v.clone()).map_err(|e| Error::Yaml {
         context: what.into(),
         message: e.to_string(),
     })?;
     if dv.metadata.name.as_deref().unwrap_or_default().is_empty() {
         return Err(Error::invalid(format!("{what}: metadata.name is required")));
     }
+    let known = serde_json::to_value(&dv).unwrap_or_default();
+    let mut unknown = Vec::new();
+    unknown_fields(&v, &known, "", &mut unknown);
+    for field in unknown {
+        // As kubectl warns (the API server drops such fields).
+        eprintln!("Warning: unknown field \"{field}\" in {what}");
+    }
     Ok(dv)
+}
+
+/// The paths of `given` (the manifest as written) that `known` (the manifest as the DataVolume
+/// type reads it back) lacks. Empty values are not counted: the type may just omit them.
+fn unknown_fields(
+    given: &serde_json::Value,
+    known: &serde_json::Value,
+    path: &str,
+    out: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    let empty = |v: &Value| match v {
+        Value::Null => true,
+        Value::Object(o) => o.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        _ => false,
+    };
+    match (given, known) {
+        (Value::Object(g), Value::Object(k)) => {
+            for (key, value) in g {
+                let at = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                match k.get(key) {
+                    Some(kv) => unknown_fields(value, kv, &at, out),
+                    None if !empty(value) => out.push(at),
+                    None => {}
+                }
+            }
+        }
+        (Value::Array(g), Value::Array(k)) => {
+            for (i, (gv, kv)) in g.iter().zip(k).enumerate() {
+                unknown_fields(gv, kv, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// What `quarry apply` needs besides the manifest.
@@ -159,6 +205,9 @@ pub struct ApplyOptions {
     pub secrets_dir: Option<PathBuf>,
     /// Retries of retryable failures.
     pub retry: RetryPolicy,
+    /// Registries (`HOST[:PORT]`) reached over plain HTTP or without verifying TLS, as the
+    /// controller's `--insecure-registry` (CDI's `insecureRegistries`).
+    pub insecure_registries: Vec<String>,
 }
 
 /// The local PVC: bound as soon as the provisioner made the volume.
@@ -259,7 +308,10 @@ pub fn import_request(
         options.platform =
             Some(importer::source::registry::manifest::Platform::parse(p).map_err(bad)?);
     }
+    let insecure = matches!(spec, SourceSpec::Registry { .. })
+        && insecure_registry(&src.url, &opts.insecure_registries);
     let mut req = ImportRequest::new(spec, target);
+    req.http.insecure = insecure;
     req.size = Some(claim.size);
     req.filesystem_overhead = Some(claim.overhead);
     req.preallocate = preallocate;
@@ -323,12 +375,16 @@ pub fn apply(
         retry: opts.retry.clone(),
         ..Config::default()
     };
-    let src = source(&dv.spec);
-    if matches!(src, Ok(Source::Upload)) {
-        return Err(Error::invalid(
-            "source.upload needs an upload server: run `quarry upload-server` on the volume instead",
-        ));
+    if matches!(source(&dv.spec), Ok(Source::Upload)) {
+        return refuse_upload(dv, &store);
     }
+    // A missing pool directory is made, as the CSI driver makes its pools' directories.
+    std::fs::create_dir_all(&opts.pool).map_err(|e| {
+        Error::io(
+            format!("creating the pool directory {}", opts.pool.display()),
+            e,
+        )
+    })?;
     let pools = [PoolConfig {
         name: "local".into(),
         path: std::fs::canonicalize(&opts.pool)
@@ -438,6 +494,33 @@ pub fn apply(
         };
         std::thread::sleep(pause);
     }
+}
+
+/// An upload source has no client in local mode: the DataVolume is recorded as Failed, saying
+/// what to run instead, so `quarry get dv` shows why.
+fn refuse_upload(mut dv: DataVolume, store: &Store) -> Result<DataVolume> {
+    use super::status::{PROGRESS_UNKNOWN, reason, set_condition};
+    use crate::api::datavolume::condition;
+    const MESSAGE: &str = "source.upload needs a client to upload to: run `quarry upload-server \
+         --target POOL/NAMESPACE-NAME/disk.img` and `quarry upload` instead of `quarry apply`";
+    let now = Timestamp::now();
+    let mut st = dv.status.take().unwrap_or_default();
+    st.phase = Some(Phase::Failed);
+    st.progress = Some(PROGRESS_UNKNOWN.into());
+    for c in [condition::READY, condition::RUNNING] {
+        set_condition(
+            &mut st.conditions,
+            c,
+            false,
+            reason::INVALID_SPEC,
+            MESSAGE,
+            now,
+        );
+    }
+    set_condition(&mut st.conditions, condition::BOUND, false, "", "", now);
+    dv.status = Some(st);
+    store.save(&dv)?;
+    Ok(dv)
 }
 
 /// Zeroes the counters before an attempt (a retry starts over).
@@ -551,6 +634,24 @@ mod tests {
         ] {
             assert_eq!(age(s), want);
         }
+    }
+
+    #[test]
+    fn unknown_fields_are_found_at_any_depth() {
+        let text = "apiVersion: cdi.kubevirt.io/v1beta1\nkind: DataVolume\nmetadata: {name: a, labels: {}}\nspec:\n  sourc: {}\n  source: {http: {url: 'http://x/a.img', sha256: abc}}\n  storage: {resources: {requests: {storage: 1Mi}}, acessModes: [ReadWriteOnce]}\n  contentTyp: kubevirt\n";
+        let v: serde_json::Value = serde_saphyr::from_str(text).unwrap();
+        let dv = parse(text, "x").unwrap();
+        let mut unknown = Vec::new();
+        unknown_fields(&v, &serde_json::to_value(&dv).unwrap(), "", &mut unknown);
+        unknown.sort();
+        assert_eq!(
+            unknown,
+            [
+                "spec.contentTyp",
+                "spec.source.http.sha256",
+                "spec.storage.acessModes"
+            ]
+        );
     }
 
     #[test]

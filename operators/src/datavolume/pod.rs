@@ -141,7 +141,7 @@ pub fn import_args(
 }
 
 /// Whether a `docker://HOST/...` image is on one of the insecure registries (`HOST[:PORT]`).
-fn insecure_registry(url: &str, insecure: &[String]) -> bool {
+pub(super) fn insecure_registry(url: &str, insecure: &[String]) -> bool {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let host = rest.split('/').next().unwrap_or_default();
     insecure.iter().any(|r| {

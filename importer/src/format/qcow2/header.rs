@@ -72,7 +72,8 @@ pub struct Header {
     /// 2 or 3.
     pub version: u32,
     pub cluster_bits: u32,
-    /// Guest disk size in bytes.
+    /// Guest disk size in bytes: the header's size rounded down to whole 512-byte sectors, as
+    /// qemu reads it (`total_sectors = size / 512`).
     pub virtual_size: u64,
     /// Entries in the active L1 table (may exceed what the virtual size needs: VM state).
     pub l1_entries: u32,
@@ -278,7 +279,8 @@ pub fn parse(buf: &[u8]) -> Result<Header> {
         )));
     }
     let cluster_size = 1u64 << cluster_bits;
-    let virtual_size = be64(buf, 24);
+    let header_size = be64(buf, 24);
+    let virtual_size = header_size / 512 * 512;
     let crypt_method = be32(buf, 32);
     let l1_entries = be32(buf, 36);
     let l1_offset = be64(buf, 40);
@@ -454,10 +456,13 @@ pub fn parse(buf: &[u8]) -> Result<Header> {
             MAX_L1_BYTES / 8
         )));
     }
-    let needed = header.l1_entries_needed();
+    // qemu checks the L1 size against the header's size before rounding it to sectors.
+    let needed = header_size
+        .div_ceil(cluster_size)
+        .div_ceil(header.l2_entries());
     if needed > u64::from(l1_entries) {
         return Err(corrupt(format!(
-            "L1 table of {l1_entries} entries is too small for a {virtual_size}-byte disk ({needed} needed)"
+            "L1 table of {l1_entries} entries is too small for a {header_size}-byte disk ({needed} needed)"
         )));
     }
     if !l1_offset.is_multiple_of(cluster_size) {
@@ -625,6 +630,14 @@ pub(crate) mod tests {
         let e = err(f);
         assert_eq!(e.kind(), kind, "{e}");
         assert!(e.to_string().contains(needle), "{e:?} lacks {needle:?}");
+    }
+
+    #[test]
+    fn the_virtual_size_is_whole_sectors_as_qemu_reads_it() {
+        let h = parse(&Fields::v3(16, 67_108_863).cluster()).unwrap();
+        assert_eq!(h.virtual_size, 67_108_352);
+        let h = parse(&Fields::v3(16, 511).cluster()).unwrap();
+        assert_eq!(h.virtual_size, 0);
     }
 
     #[test]

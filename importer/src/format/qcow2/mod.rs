@@ -24,6 +24,7 @@ pub mod header;
 mod hold;
 mod inflate;
 pub mod l2;
+mod roles;
 mod seek;
 mod stream;
 

@@ -6,9 +6,10 @@
 //! writes each piece as it completes (the sink accepts extents in any order). Zero and
 //! unallocated clusters are never read.
 //!
-//! Memory: at most [`PIECES`] pieces of up to [`RUN_MAX`] bytes in flight, plus one L2 table and
-//! one slice of the L1 table in the planner.
+//! Memory: at most [`PIECES`] pieces of up to [`RUN_MAX`] bytes in flight, plus one L2 table, the
+//! active L1 table and the set of L2 table places in the planner.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,6 +20,7 @@ use super::Qcow2Stats;
 use super::header::Header;
 use super::inflate::Inflater;
 use super::l2::{self, Compressed, Mapping};
+use super::roles::FixedRoles;
 use super::stream::{Geo, Out, Target, be64, decode_l2, emit, needed_len};
 use crate::error::{Error, Result};
 use crate::sink::ExtentSink;
@@ -27,8 +29,6 @@ use crate::sink::ExtentSink;
 const RUN_MAX: u64 = 2 << 20;
 /// Pieces queued between the planner, the workers and the writer.
 const PIECES: usize = 8;
-/// L1 entries read at a time.
-const L1_SLICE: u64 = 8192;
 
 /// Work for a reader thread.
 enum Job {
@@ -326,52 +326,85 @@ fn plan(
         zero: None,
         run: None,
     };
+    // The whole active L1 table first (capped at 32 MiB by the header check), so that every L2
+    // table's place is known before any data is: guest data placed on an L2 table (or on the
+    // header, the L1 or the refcount table) is refused as the streaming converter refuses it.
+    let roles = FixedRoles::of(h);
     let l1_needed = h.l1_entries_needed();
+    let l1 = shared.read(h.l1_offset, l1_needed * 8, "L1 table")?;
+    let mut tables = Vec::with_capacity(l1_needed as usize);
+    for index in 0..l1_needed {
+        let raw = be64(&l1, (index * 8) as usize);
+        let table = l2::l1_entry(raw, g.cb)
+            .map_err(|e| shared.corrupt(format!("L1 entry {index}: {e}")))?;
+        if let Some(off) = table
+            && let Some(role) = roles.of_cluster(off >> g.cb)
+        {
+            return Err(shared.corrupt(format!(
+                "L1 entry {index} puts an L2 table at {off:#x}, inside {role}"
+            )));
+        }
+        tables.push(table);
+    }
+    let l2_clusters: BTreeSet<u64> = tables.iter().flatten().map(|&t| t >> g.cb).collect();
+    let data_role = |host: u64, table: u64| {
+        let cluster = host >> g.cb;
+        if cluster == table >> g.cb {
+            Some("the L2 table that maps it")
+        } else if l2_clusters.contains(&cluster) {
+            Some("an L2 table")
+        } else {
+            roles.of_cluster(cluster)
+        }
+    };
     let mut mappings = Vec::new();
-    let mut first = 0u64;
-    while first < l1_needed {
-        let n = L1_SLICE.min(l1_needed - first);
-        let l1 = shared.read(h.l1_offset + first * 8, n * 8, "L1 table")?;
-        for i in 0..n {
-            if shared.cancel.load(Ordering::Relaxed) {
-                return Ok(());
-            }
-            let index = first + i;
-            let g0 = index * g.l2_entries;
-            let g_end = ((g0 + g.l2_entries) << g.cb).min(g.vsize);
-            let raw = be64(&l1, (i * 8) as usize);
-            let table = l2::l1_entry(raw, g.cb)
-                .map_err(|e| shared.corrupt(format!("L1 entry {index}: {e}")))?;
-            let Some(table) = table else {
-                p.zero(g0 << g.cb, g_end)?;
-                continue;
+    for (index, table) in (0u64..).zip(tables) {
+        if shared.cancel.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let g0 = index * g.l2_entries;
+        let g_end = ((g0 + g.l2_entries) << g.cb).min(g.vsize);
+        let Some(table) = table else {
+            p.zero(g0 << g.cb, g_end)?;
+            continue;
+        };
+        let bytes = shared.read(table, g.cs, "L2 table")?;
+        decode_l2(&bytes, &g, index, table, &mut mappings)?;
+        shared.recycle(bytes);
+        for &(gc, m) in &mappings {
+            let goff = gc << g.cb;
+            let glen = g.cs.min(g.vsize - goff);
+            let role = match m {
+                Mapping::Data { host, .. } => data_role(host, table),
+                Mapping::Compressed(c) => roles.overlapping(c.offset, c.end()).or_else(|| {
+                    (c.offset < table + g.cs && c.end() > table)
+                        .then_some("the L2 table that maps it")
+                }),
+                Mapping::Zero => None,
             };
-            let bytes = shared.read(table, g.cs, "L2 table")?;
-            decode_l2(&bytes, &g, index, table, &mut mappings)?;
-            shared.recycle(bytes);
-            for &(gc, m) in &mappings {
-                let goff = gc << g.cb;
-                let glen = g.cs.min(g.vsize - goff);
-                match m {
-                    Mapping::Zero => p.zero(goff, goff + glen)?,
-                    Mapping::Data { host, data_mask } if data_mask == g.full_mask => {
-                        p.data(goff, host, glen)?
-                    }
-                    Mapping::Data { host, data_mask } => p.other(Job::Subclusters {
-                        target: Target {
-                            guest_cluster: gc,
-                            mask: data_mask,
-                        },
-                        host,
-                    })?,
-                    Mapping::Compressed(c) => p.other(Job::Compressed {
-                        guest_cluster: gc,
-                        c,
-                    })?,
+            if let Some(role) = role {
+                return Err(shared.corrupt(format!(
+                    "guest offset {goff:#x} maps to host data inside {role}"
+                )));
+            }
+            match m {
+                Mapping::Zero => p.zero(goff, goff + glen)?,
+                Mapping::Data { host, data_mask } if data_mask == g.full_mask => {
+                    p.data(goff, host, glen)?
                 }
+                Mapping::Data { host, data_mask } => p.other(Job::Subclusters {
+                    target: Target {
+                        guest_cluster: gc,
+                        mask: data_mask,
+                    },
+                    host,
+                })?,
+                Mapping::Compressed(c) => p.other(Job::Compressed {
+                    guest_cluster: gc,
+                    c,
+                })?,
             }
         }
-        first += n;
     }
     p.flush_zero()?;
     p.flush_run()

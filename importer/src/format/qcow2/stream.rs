@@ -36,6 +36,7 @@ use super::header::Header;
 use super::hold::Hold;
 use super::inflate::Inflater;
 use super::l2::{self, Mapping, SECTOR};
+use super::roles::FixedRoles;
 use crate::error::{Error, Result};
 use crate::format::ReaderOptions;
 use crate::sink::ExtentSink;
@@ -214,8 +215,7 @@ pub(crate) struct Stream<'s> {
     /// Stream offset of the next cluster to dispatch.
     pos: u64,
     /// Cluster index ranges with roles from the header.
-    l1_clusters: (u64, u64),
-    rt_clusters: (u64, u64),
+    roles: FixedRoles,
     /// Byte range of the L1 entries that map the disk.
     l1_bytes: (u64, u64),
     l1: Vec<u8>,
@@ -254,15 +254,8 @@ impl<'s> Stream<'s> {
         sink: &'s mut dyn ExtentSink,
     ) -> Stream<'s> {
         let g = Geo::of(h);
-        let (cb, cs) = (g.cb, g.cs);
+        let cs = g.cs;
         let l1_needed = h.l1_entries_needed();
-        let l1_len = u64::from(h.l1_entries) * 8;
-        let l1_clusters = if l1_len == 0 {
-            (0, 0)
-        } else {
-            (h.l1_offset >> cb, (h.l1_offset + l1_len).div_ceil(cs))
-        };
-        let rt_first = h.refcount_table_offset >> cb;
         let head_len = head.len();
         Stream {
             g,
@@ -275,8 +268,7 @@ impl<'s> Stream<'s> {
             read_ahead: opts.read_ahead.max(2 * cs as usize),
             eof: false,
             pos: 0,
-            l1_clusters,
-            rt_clusters: (rt_first, rt_first + u64::from(h.refcount_table_clusters)),
+            roles: FixedRoles::of(h),
             l1_bytes: (h.l1_offset, h.l1_offset + l1_needed * 8),
             l1: Vec::new(),
             l1_done: l1_needed == 0,
@@ -414,7 +406,7 @@ impl<'s> Stream<'s> {
         let full = hi - lo == self.g.cs as usize;
         if ci == 0 {
             // The header, parsed already.
-        } else if (self.l1_clusters.0..self.l1_clusters.1).contains(&ci) {
+        } else if (self.roles.l1.0..self.roles.l1.1).contains(&ci) {
             let (bs, be) = self.l1_bytes;
             let s = c.max(bs);
             let e = (c + (hi - lo) as u64).min(be);
@@ -426,7 +418,7 @@ impl<'s> Stream<'s> {
             if !self.l1_done && self.l1.len() as u64 == be - bs {
                 self.finish_l1(ci)?;
             }
-        } else if (self.rt_clusters.0..self.rt_clusters.1).contains(&ci) {
+        } else if (self.roles.refcount_table.0..self.roles.refcount_table.1).contains(&ci) {
             // Refcounts do not matter for reading.
         } else if let Some(l1s) = self.pending_l2.get(&ci) {
             if !full {
@@ -535,7 +527,7 @@ impl<'s> Stream<'s> {
                 }
                 Ok(Some(off)) => {
                     let h = off >> cb;
-                    if let Some(role) = self.fixed_role(h) {
+                    if let Some(role) = self.roles.of_cluster(h) {
                         return Err(self.corrupt(format!(
                             "L1 entry {i} puts an L2 table at {off:#x}, inside {role}"
                         )));
@@ -567,19 +559,6 @@ impl<'s> Stream<'s> {
         }
         self.maybe_stop_holding();
         Ok(())
-    }
-
-    /// The role a host cluster has from the header alone, if any.
-    fn fixed_role(&self, h: u64) -> Option<&'static str> {
-        if h == 0 {
-            Some("the header")
-        } else if (self.l1_clusters.0..self.l1_clusters.1).contains(&h) {
-            Some("the L1 table")
-        } else if (self.rt_clusters.0..self.rt_clusters.1).contains(&h) {
-            Some("the refcount table")
-        } else {
-            None
-        }
     }
 
     fn maybe_stop_holding(&mut self) {
@@ -618,7 +597,7 @@ impl<'s> Stream<'s> {
                 } else if self.pending_l2.contains_key(&h) {
                     Some("an L2 table")
                 } else {
-                    self.fixed_role(h)
+                    self.roles.of_cluster(h)
                 };
                 if let Some(role) = role {
                     return Err(self.corrupt(format!(
@@ -653,17 +632,10 @@ impl<'s> Stream<'s> {
                 let end = c.end();
                 let overlaps =
                     |(a, b): (u64, u64)| a < b && c.offset < b << g.cb && end > a << g.cb;
-                let role = if c.offset < g.cs {
-                    Some("the header")
-                } else if overlaps(self.l1_clusters) {
-                    Some("the L1 table")
-                } else if overlaps(self.rt_clusters) {
-                    Some("the refcount table")
-                } else if overlaps((table, table + 1)) || overlaps((cur, cur + 1)) {
-                    Some("the L2 table that maps it")
-                } else {
-                    None
-                };
+                let role = self.roles.overlapping(c.offset, end).or_else(|| {
+                    (overlaps((table, table + 1)) || overlaps((cur, cur + 1)))
+                        .then_some("the L2 table that maps it")
+                });
                 if let Some(role) = role {
                     return Err(self.corrupt(format!(
                         "guest offset {goff:#x} maps to compressed data at {:#x}..{end:#x}, which overlaps {role}",

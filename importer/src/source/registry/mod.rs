@@ -697,8 +697,8 @@ fn walk_layers(plan: &Plan, http: &HttpOptions, tx: &SyncSender<Msg>) -> Result<
 /// Errors out of the tar reader: ours (HTTP, digest) keep their kind, the rest is a bad layer.
 fn tar_error(e: io::Error, what: &str) -> Error {
     match Error::from_read(e, what) {
-        Error::Io { source, .. } => {
-            Error::Corrupt(format!("{what}: not a valid tar layer: {source}"))
+        Error::Io { cause, .. } => {
+            Error::Corrupt(format!("{what}: not a valid tar layer: {cause}"))
         }
         other => other,
     }
