@@ -53,6 +53,8 @@ enum Command {
     Get(operators::cli::GetArgs),
     /// Write the Kubernetes manifests under deploy/ from the Rust types (or --check them).
     GenDeploy(operators::cli::GenDeployArgs),
+    /// Serve CDI's upload token API (upload.cdi.kubevirt.io) as an aggregated API server.
+    Apiserver(operators::apiserver::ApiServerArgs),
 }
 
 #[derive(clap::Args)]
@@ -198,10 +200,7 @@ fn main() -> ExitCode {
         }
         Command::Csi(args) => {
             init_logs("info");
-            let served = tokio::runtime::Runtime::new()
-                .map_err(anyhow::Error::from)
-                .and_then(|rt| Ok(rt.block_on(csi::run(args))?));
-            report(served.map(|()| ExitCode::SUCCESS))
+            serve(csi::run(args))
         }
         Command::Launch(args) => {
             init_logs("warn");
@@ -248,10 +247,7 @@ fn main() -> ExitCode {
         }
         Command::Controller(args) => {
             init_logs("info");
-            let ran = tokio::runtime::Runtime::new()
-                .map_err(anyhow::Error::from)
-                .and_then(|rt| Ok(rt.block_on(operators::cli::controller(args))?));
-            report(ran.map(|()| ExitCode::SUCCESS))
+            serve(operators::cli::controller(args))
         }
         Command::Apply(args) => {
             init_logs("warn");
@@ -267,6 +263,10 @@ fn main() -> ExitCode {
                     })
                     .map_err(Into::into),
             )
+        }
+        Command::Apiserver(args) => {
+            init_logs("info");
+            serve(operators::apiserver::run(args))
         }
         Command::GenDeploy(args) => {
             init_logs("warn");
@@ -318,6 +318,17 @@ fn uploader_exit(result: Result<(), uploader::Error>, json: bool) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs a long-lived service on a multi-threaded runtime until it ends.
+fn serve<E>(service: impl std::future::Future<Output = Result<(), E>>) -> ExitCode
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let served = tokio::runtime::Runtime::new()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| Ok(rt.block_on(service)?));
+    report(served.map(|()| ExitCode::SUCCESS))
 }
 
 fn report(result: anyhow::Result<ExitCode>) -> ExitCode {

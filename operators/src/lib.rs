@@ -4,6 +4,7 @@
 //! launcher ([`launcher`]).
 
 pub mod api;
+pub mod apiserver;
 pub mod cli;
 pub mod datavolume;
 pub mod deploy;

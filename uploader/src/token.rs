@@ -16,12 +16,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use rsa::Generate as _;
 use rsa::pkcs1::{DecodeRsaPrivateKey, DecodeRsaPublicKey};
 use rsa::pkcs8::{
     DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey, LineEnding,
 };
 use rsa::signature::{SignatureEncoding, Signer, Verifier};
-use rsa::{Generate as _, PrivateKey, PublicKey};
+/// The key types of signing and verifying.
+pub use rsa::{PrivateKey, PublicKey};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 

@@ -1,0 +1,276 @@
+//! The token API over real TLS (certificates made by openssl), with the Kubernetes API scripted
+//! by [`crate::mockapi`]: who may ask, what is asked of the API server, and what comes back.
+
+use std::path::Path;
+use std::process::Command;
+
+use axum::http::Method;
+use serde_json::{Value, json};
+use testkit::tls::TestCa;
+
+use super::*;
+use crate::mockapi::{self, ApiServer};
+
+const SAR_PATH: &str = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+const PVC_PATH: &str = "/api/v1/namespaces/vms/persistentvolumeclaims/disk";
+
+/// A running token API with its scripted cluster, its CA and the key that checks its tokens.
+struct Fixture {
+    url: String,
+    cluster: ApiServer,
+    ca: TestCa,
+    public_key: uploader::token::PublicKey,
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("openssl (scripts/setup.sh installs it)");
+    assert!(out.status.success(), "openssl {args:?}: {out:?}");
+}
+
+async fn start(allowed_names: &[&str]) -> Fixture {
+    importer::source::http::install_tls_provider();
+    let ca = TestCa::new();
+    let dir = ca.dir();
+    openssl(
+        dir,
+        &[
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+            "signing.key",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "pkey",
+            "-in",
+            "signing.key",
+            "-pubout",
+            "-out",
+            "signing.pub",
+        ],
+    );
+    let (client, cluster) = mockapi::pair();
+    let ca_pem = std::fs::read_to_string(ca.ca_pem()).unwrap();
+    let tls = tls_config(&ca.cert_pem(), &ca.key_pem(), &ca_pem).unwrap();
+    let app = App {
+        client,
+        auth: RequestHeaderConfig {
+            allowed_names: allowed_names.iter().map(|s| s.to_string()).collect(),
+            ..RequestHeaderConfig::default()
+        },
+        signing_key: uploader::token::load_private_key(&dir.join("signing.key")).unwrap(),
+        token_ttl: Duration::from_secs(300),
+    };
+    let bound = serve("127.0.0.1:0".parse().unwrap(), tls, app)
+        .await
+        .unwrap();
+    Fixture {
+        url: format!("https://127.0.0.1:{}", bound.port()),
+        cluster,
+        public_key: uploader::token::load_public_key(&dir.join("signing.pub")).unwrap(),
+        ca,
+    }
+}
+
+/// An HTTPS client trusting the test CA, presenting `identity` (a client certificate of `ca`).
+fn client(trust: &TestCa, identity: Option<(&TestCa, &str)>) -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(trust.ca_pem()).unwrap()).unwrap();
+    let mut b = reqwest::Client::builder().add_root_certificate(ca);
+    if let Some((issuer, name)) = identity {
+        let (cert, key) = issuer.client_cert(name);
+        let mut pem = std::fs::read(cert).unwrap();
+        pem.extend(std::fs::read(key).unwrap());
+        b = b.identity(reqwest::Identity::from_pem(&pem).unwrap());
+    }
+    b.build().unwrap()
+}
+
+fn request_body() -> Value {
+    json!({"apiVersion": "upload.cdi.kubevirt.io/v1beta1", "kind": "UploadTokenRequest",
+           "metadata": {"name": "t", "namespace": "vms"}, "spec": {"pvcName": "disk"}})
+}
+
+/// POSTs a token request as `user` (no user header when None).
+async fn ask(
+    url: &str,
+    client: &reqwest::Client,
+    user: Option<&str>,
+) -> reqwest::Result<reqwest::Response> {
+    let mut rb = client
+        .post(format!(
+            "{url}/apis/upload.cdi.kubevirt.io/v1beta1/namespaces/vms/uploadtokenrequests"
+        ))
+        .header("X-Remote-Group", "devs")
+        .header("X-Remote-Group", "system:authenticated")
+        .header("Content-Type", "application/json")
+        .body(serde_json::to_vec(&request_body()).unwrap());
+    if let Some(user) = user {
+        rb = rb.header("X-Remote-User", user);
+    }
+    rb.send().await
+}
+
+async fn json(resp: reqwest::Response) -> Value {
+    serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap()
+}
+
+fn sar_answer(allowed: bool, reason: &str) -> Value {
+    json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": {},
+           "status": {"allowed": allowed, "reason": reason}})
+}
+
+fn pvc(annotated: bool) -> Value {
+    let annotations = if annotated {
+        json!({UPLOAD_TARGET_ANNOTATION: ""})
+    } else {
+        json!({})
+    };
+    json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+           "metadata": {"name": "disk", "namespace": "vms", "annotations": annotations}})
+}
+
+#[tokio::test]
+async fn the_front_proxy_gets_a_token_the_proxy_accepts() {
+    let mut f = start(&["front-proxy-client"]).await;
+    let c = client(&f.ca, Some((&f.ca, "front-proxy-client")));
+    let (resp, sar) = tokio::join!(ask(&f.url, &c, Some("alice")), async {
+        let (_, sar) = f
+            .cluster
+            .expect(Method::POST, SAR_PATH, 201, sar_answer(true, ""))
+            .await;
+        f.cluster
+            .expect(Method::GET, PVC_PATH, 200, pvc(true))
+            .await;
+        sar
+    });
+    let attrs = &sar["spec"]["resourceAttributes"];
+    assert_eq!(sar["spec"]["user"], "alice");
+    assert_eq!(
+        sar["spec"]["groups"],
+        json!(["devs", "system:authenticated"])
+    );
+    assert_eq!(attrs["verb"], "create");
+    assert_eq!(attrs["namespace"], "vms");
+    assert_eq!(attrs["group"], "upload.cdi.kubevirt.io");
+    assert_eq!(attrs["resource"], "uploadtokenrequests");
+    let resp = resp.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = json(resp).await;
+    assert_eq!(body["kind"], "UploadTokenRequest");
+    let token = body["status"]["token"].as_str().unwrap();
+    let claims = uploader::token::verify(token, &f.public_key, uploader::token::now()).unwrap();
+    assert_eq!(
+        (claims.namespace.as_str(), claims.name.as_str()),
+        ("vms", "disk")
+    );
+    f.cluster.silence().await;
+}
+
+#[tokio::test]
+async fn a_certificate_of_another_ca_is_refused_in_the_handshake() {
+    let mut f = start(&[]).await;
+    let other = TestCa::new();
+    let c = client(&f.ca, Some((&other, "front-proxy-client")));
+    let err = ask(&f.url, &c, Some("alice")).await.unwrap_err();
+    assert!(err.is_connect() || err.is_request(), "{err:?}");
+    f.cluster.silence().await;
+}
+
+#[tokio::test]
+async fn requests_without_a_proxy_certificate_or_user_are_not_authenticated() {
+    let mut f = start(&["front-proxy-client"]).await;
+    for (who, user, needle) in [
+        (None, Some("alice"), "request is not authenticated"),
+        (
+            Some("mallory"),
+            Some("alice"),
+            "not an allowed front-proxy name",
+        ),
+        (Some("front-proxy-client"), None, "X-Remote-User"),
+    ] {
+        let c = client(&f.ca, who.map(|n| (&f.ca, n)));
+        let resp = ask(&f.url, &c, user).await.unwrap();
+        assert_eq!(resp.status(), 401, "{who:?}");
+        let body = json(resp).await;
+        assert!(body["message"].as_str().unwrap().contains(needle), "{body}");
+    }
+    f.cluster.silence().await;
+}
+
+#[tokio::test]
+async fn a_denied_review_an_absent_pvc_and_a_plain_pvc_are_refused() {
+    let mut f = start(&[]).await;
+    let c = client(&f.ca, Some((&f.ca, "front-proxy-client")));
+    let (resp, _) = tokio::join!(
+        ask(&f.url, &c, Some("bob")),
+        f.cluster.expect(
+            Method::POST,
+            SAR_PATH,
+            201,
+            sar_answer(false, "RBAC: bob may not")
+        )
+    );
+    let resp = resp.unwrap();
+    assert_eq!(resp.status(), 401);
+    assert_eq!(json(resp).await["message"], "RBAC: bob may not");
+
+    let (resp, _) = tokio::join!(ask(&f.url, &c, Some("alice")), async {
+        f.cluster
+            .expect(Method::POST, SAR_PATH, 201, sar_answer(true, ""))
+            .await;
+        f.cluster.not_found(Method::GET, PVC_PATH).await;
+    });
+    let resp = resp.unwrap();
+    assert_eq!(resp.status(), 404);
+    let body = json(resp).await;
+    assert_eq!(body["message"], "persistentvolumeclaims \"disk\" not found");
+    assert_eq!(body["reason"], "NotFound");
+
+    let (resp, _) = tokio::join!(ask(&f.url, &c, Some("alice")), async {
+        f.cluster
+            .expect(Method::POST, SAR_PATH, 201, sar_answer(true, ""))
+            .await;
+        f.cluster
+            .expect(Method::GET, PVC_PATH, 200, pvc(false))
+            .await;
+    });
+    let resp = resp.unwrap();
+    assert_eq!(resp.status(), 400);
+    let body = json(resp).await;
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("not an upload target"),
+        "{body}"
+    );
+    f.cluster.silence().await;
+}
+
+#[tokio::test]
+async fn discovery_is_open_to_every_client() {
+    let mut f = start(&["front-proxy-client"]).await;
+    let c = client(&f.ca, None);
+    for (path, kind) in [
+        ("/apis", "APIGroupList"),
+        ("/apis/upload.cdi.kubevirt.io", "APIGroup"),
+        ("/apis/upload.cdi.kubevirt.io/v1alpha1", "APIResourceList"),
+    ] {
+        let body = json(c.get(format!("{}{path}", f.url)).send().await.unwrap()).await;
+        assert_eq!(body["kind"], kind, "{path}");
+    }
+    let health = c.get(format!("{}/healthz", f.url)).send().await.unwrap();
+    assert_eq!(health.text().await.unwrap(), "ok");
+    let openapi = json(c.get(format!("{}/openapi/v2", f.url)).send().await.unwrap()).await;
+    assert_eq!(openapi["swagger"], "2.0");
+    f.cluster.silence().await;
+}
