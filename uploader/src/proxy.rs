@@ -1,7 +1,7 @@
 //! The upload proxy, as CDI's `cdi-uploadproxy`: checks the `Authorization: Bearer` upload token
-//! (400 when missing or not a JWT, 401 when its signature, times or claims are wrong), then
-//! streams the request to the upload server of the PVC the token names, and streams the answer
-//! back. Nothing is buffered. The upload server's address comes from a template (CDI's default
+//! (400 when missing or not a JWT, 401 when its signature, times or claims are wrong, 431 when
+//! the header is too large to hold one), then streams the request to the upload server of the
+//! PVC the token names, and streams the answer back. Nothing is buffered. The upload server's address comes from a template (CDI's default
 //! `https://cdi-upload-{pvc}.{namespace}.svc:8443`) or from static `NAMESPACE/PVC=URL` routes;
 //! a PVC with no route, or a server that cannot be reached, gets 503. CORS preflights are
 //! answered so browsers can upload.
@@ -24,6 +24,9 @@ use crate::{UPLOAD_CHECKSUM, UPLOAD_LENGTH, UPLOAD_OFFSET, UPLOAD_STATE};
 
 /// CDI's upload server address for a PVC.
 pub const DEFAULT_TEMPLATE: &str = "https://cdi-upload-{pvc}.{namespace}.svc:8443";
+
+/// Longest `Authorization` header read (CDI's tokens are under 2 KiB); longer ones get 431.
+const MAX_AUTHORIZATION: usize = 16 << 10;
 
 /// Request headers passed on to the upload server.
 const FORWARDED: [&str; 4] = [
@@ -210,6 +213,15 @@ fn route(
     let Some(auth) = headers.get(header::AUTHORIZATION) else {
         return Err((StatusCode::BAD_REQUEST, "no Authorization header".into()));
     };
+    if auth.len() > MAX_AUTHORIZATION {
+        return Err((
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!(
+                "the Authorization header is {} bytes; upload tokens are under {MAX_AUTHORIZATION}",
+                auth.len()
+            ),
+        ));
+    }
     let Some(bearer) = auth.to_str().ok().and_then(token::bearer) else {
         return Err((
             StatusCode::BAD_REQUEST,
