@@ -57,7 +57,7 @@ impl Default for Limits {
 }
 
 /// The open connections of one listener.
-pub struct Registry {
+pub(crate) struct Registry {
     limits: Limits,
     slots: Arc<Semaphore>,
     counts: Arc<Counts>,
@@ -70,6 +70,8 @@ pub struct Registry {
 struct Counts {
     open: AtomicUsize,
     peak: AtomicUsize,
+    /// The cap was reached (and logged) since connections last fell to a quarter of their peak.
+    at_cap: AtomicBool,
 }
 
 impl Registry {
@@ -90,6 +92,12 @@ impl Registry {
         let permit = match self.slots.clone().try_acquire_owned() {
             Ok(permit) => permit,
             Err(_) => loop {
+                if !self.counts.at_cap.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        max = self.limits.max_connections,
+                        "at the connection cap: closing the longest-idle connections to make room"
+                    );
+                }
                 self.evict_idlest();
                 tokio::select! {
                     acquired = self.slots.clone().acquire_owned() => {
@@ -149,7 +157,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A connection's place under the cap, held until its socket is closed.
-pub struct Slot {
+pub(crate) struct Slot {
     _permit: OwnedSemaphorePermit,
     counts: Arc<Counts>,
 }
@@ -166,6 +174,7 @@ impl Drop for Slot {
                 .compare_exchange(peak, open, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
+            self.counts.at_cap.store(false, Ordering::Relaxed);
             give_memory_back();
         }
     }
@@ -184,7 +193,7 @@ fn give_memory_back() {
 }
 
 /// One connection's state, as its idle timer and the eviction see it.
-pub struct Conn {
+pub(crate) struct Conn {
     state: Mutex<State>,
     evict: Notify,
     limits: Limits,
@@ -255,7 +264,7 @@ impl Conn {
 }
 
 /// A request in flight on a connection.
-pub struct Busy(Arc<Conn>);
+pub(crate) struct Busy(Arc<Conn>);
 
 impl Drop for Busy {
     fn drop(&mut self) {
@@ -267,7 +276,7 @@ impl Drop for Busy {
 }
 
 /// A registered connection; dropping it unregisters it.
-pub struct ConnHandle {
+pub(crate) struct ConnHandle {
     id: u64,
     conn: Arc<Conn>,
     registry: Arc<Registry>,
@@ -286,7 +295,7 @@ impl Drop for ConnHandle {
 }
 
 /// An answer body that keeps its request counted as in flight until it is sent or dropped.
-pub struct Tracked<B> {
+pub(crate) struct Tracked<B> {
     pub body: B,
     pub _busy: Busy,
 }
@@ -316,7 +325,7 @@ impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for Tracked<B> {
 /// are sent, and what the client still sends is read and dropped for a while. Closing a socket
 /// with unread bytes resets the connection, and a client still sending (a request too large to
 /// read, a refused body) would meet the reset and never read the answer (a 431, a 400).
-pub struct Linger {
+pub(crate) struct Linger {
     tcp: Option<TcpStream>,
     slot: Option<Slot>,
     conn: Arc<Conn>,

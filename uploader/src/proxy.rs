@@ -28,6 +28,9 @@ pub const DEFAULT_TEMPLATE: &str = "https://cdi-upload-{pvc}.{namespace}.svc:844
 /// Longest `Authorization` header read (CDI's tokens are under 2 KiB); longer ones get 431.
 const MAX_AUTHORIZATION: usize = 16 << 10;
 
+/// How long an idle connection to an upload server is kept for reuse.
+const UPSTREAM_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Request headers passed on to the upload server.
 const FORWARDED: [&str; 4] = [
     "content-type",
@@ -273,6 +276,9 @@ pub fn upstream_client(
     };
     let mut b = importer::source::http::client_builder(&opts)?
         .redirect(reqwest::redirect::Policy::none())
+        // Under the upload server's default keep-alive timeout, so the proxy drops an idle
+        // connection before the server does instead of racing the server's close with a request.
+        .pool_idle_timeout(UPSTREAM_IDLE)
         .user_agent(concat!("quarry-upload-proxy/", env!("CARGO_PKG_VERSION")));
     if let Some((cert, key)) = identity {
         let mut pem = crate::error::read_file(cert, "client certificate")?;
