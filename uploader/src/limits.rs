@@ -4,9 +4,10 @@
 //!
 //! - A connection with no request in flight is closed by the server: after the header-read
 //!   timeout until its first request has arrived, after the keep-alive timeout between requests.
-//! - At most `max_connections` are open per listener. At the cap, the connection that has been
-//!   idle the longest is closed to make room (a flood of idle connections cannot lock out a real
-//!   client); when every connection is busy, new ones wait in the kernel's backlog.
+//! - At most `max_connections` are open per listener. At the cap, the connections that have
+//!   been idle the longest (a sixteenth of the cap) are closed to make room, so a flood of idle
+//!   connections cannot lock out a real client; when every connection is busy, new ones wait in
+//!   the kernel's backlog.
 //! - A connection the server ends while the client has not closed its side lingers briefly
 //!   (the answer and a FIN sent, what still comes read and dropped), so an answer to a request
 //!   too large to read is not lost to a reset. Idle and evicted connections close at once.
@@ -127,6 +128,7 @@ impl Registry {
             evict: Notify::new(),
             limits: self.limits,
             abandoned: Default::default(),
+            evicted: Default::default(),
         });
         lock(&self.conns).insert(id, conn.clone());
         ConnHandle {
@@ -136,17 +138,25 @@ impl Registry {
         }
     }
 
-    /// Asks the connection with no request in flight that has been idle the longest to close.
+    /// Asks the connections with no request in flight that have been idle the longest to close:
+    /// a sixteenth of the cap at a time, so that a flood does not cost a scan per connection.
     fn evict_idlest(&self) {
         let conns = lock(&self.conns);
-        let idlest = conns
+        let mut idle: Vec<_> = conns
             .values()
+            .filter(|c| !c.evicted.load(Ordering::Relaxed))
             .filter_map(|c| {
                 let s = lock(&c.state);
                 (s.in_flight == 0).then_some((s.idle_since, c))
             })
-            .min_by_key(|(since, _)| *since);
-        if let Some((_, conn)) = idlest {
+            .collect();
+        let batch = (self.limits.max_connections / 16).clamp(1, idle.len().max(1));
+        if idle.len() > batch {
+            idle.select_nth_unstable_by_key(batch - 1, |(since, _)| *since);
+        }
+        for (_, conn) in idle.into_iter().take(batch) {
+            // Marked, so that the next eviction picks others while these close.
+            conn.evicted.store(true, Ordering::Relaxed);
             conn.evict.notify_one();
         }
     }
@@ -199,6 +209,8 @@ pub(crate) struct Conn {
     limits: Limits,
     /// The server gave up on the connection: close it at once, no lingering.
     abandoned: AtomicBool,
+    /// Asked to close to make room (cleared if a request came in first).
+    evicted: AtomicBool,
 }
 
 struct State {
@@ -257,6 +269,7 @@ impl Conn {
                     if lock(&self.state).in_flight == 0 {
                         return Closing::Evicted;
                     }
+                    self.evicted.store(false, Ordering::Relaxed);
                 }
             }
         }
