@@ -87,7 +87,7 @@ impl Registry {
         })
     }
 
-    /// A slot for the next connection; at the cap, closes the connection idle the longest and
+    /// A slot for the next connection; at the cap, closes the connections idle the longest and
     /// waits for a slot to free.
     pub async fn slot(&self) -> Slot {
         let permit = match self.slots.clone().try_acquire_owned() {

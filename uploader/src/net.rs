@@ -113,10 +113,6 @@ pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
         .map_err(|e| Error::io(format!("listening on {addr}"), e))
 }
 
-/// Largest request header block accepted over h2 (HTTP/1.1's is hyper's read buffer, about
-/// 400 KiB); larger ones are answered 431.
-const MAX_H2_HEADERS: u32 = 64 << 10;
-
 /// Serves `router` on `listener` until `stop` resolves, then lets answers in flight finish.
 /// Connections are bounded by `limits` (see [`crate::limits`]).
 pub async fn serve(
@@ -129,9 +125,7 @@ pub async fn serve(
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
     let registry = Registry::new(limits);
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http2().max_header_list_size(MAX_H2_HEADERS);
-    let builder = Arc::new(builder);
+    let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
     tokio::pin!(stop);
     loop {
         let slot = tokio::select! {
