@@ -1182,7 +1182,7 @@ fn a_slow_loris_flood_neither_locks_out_an_upload_nor_keeps_descriptors_or_memor
     const CAP: usize = 256;
     let fd_limit = raise_fd_limit();
     // Per target, well over the cap; the test process holds them all.
-    let flood = 1500.min((fd_limit as usize).saturating_sub(500) / 3);
+    let flood = 1000.min((fd_limit as usize).saturating_sub(500) / 3);
     assert!(
         flood > CAP,
         "descriptor limit {fd_limit} too low for the flood"
@@ -1284,7 +1284,7 @@ fn a_slow_loris_flood_neither_locks_out_an_upload_nor_keeps_descriptors_or_memor
         let heads: Vec<_> = (0..8)
             .map(|_| {
                 scope.spawn(|| {
-                    (0..250)
+                    (0..125)
                         .filter_map(|i| {
                             let s = head_kept_alive(v.px.port, &t);
                             (i % 2 == 0).then_some(s)
