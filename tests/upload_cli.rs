@@ -941,3 +941,388 @@ fn a_form_upload_is_written_while_it_arrives() {
     assert_eq!(v.srv.wait_exit(), 0);
     assert_same(&v.target, &expected);
 }
+
+#[test]
+fn upload_server_help_says_it_exits_after_one_upload() {
+    let out = quarry().args(["upload-server", "--help"]).output().unwrap();
+    common::assert_ok(&out);
+    let help = String::from_utf8_lossy(&out.stdout).replace('\n', " ");
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        help.contains("exits 0 after the first successful upload")
+            && help.contains("pass --keep-serving"),
+        "{help}"
+    );
+    for cmd in ["upload-server", "upload-proxy"] {
+        let out = quarry().args([cmd, "--help"]).output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        for flag in [
+            "--header-read-timeout",
+            "--keep-alive-timeout",
+            "--max-connections",
+        ] {
+            assert!(help.contains(flag), "{cmd} --help lacks {flag}: {help}");
+        }
+    }
+}
+
+#[test]
+fn quarry_upload_tells_why_the_proxy_refused_the_token() {
+    let v = Volume::start(&[], &[]);
+    let (raw, _) = sample_disk(v.dir());
+    let upload = |token: &str| {
+        let out = quarry()
+            .args(["upload", arg(&raw), "--url", &v.url(), "--token", token])
+            .args(["--json", "--retries", "0"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        common::json(&out)
+    };
+    // The HEAD probe's refusal has no body: the reason comes from the proxy's answer to a POST.
+    let report = upload("garbage");
+    let error = report["error"].as_str().unwrap();
+    assert_eq!(report["kind"], "refused", "{report}");
+    assert!(
+        error.contains("HTTP 400") && error.contains("not three dot-separated parts"),
+        "{error}"
+    );
+    let key = uploader::token::load_private_key(&v.private).unwrap();
+    let claims = uploader::token::Claims::upload(
+        "vms",
+        "disk",
+        uploader::token::now() - 900,
+        Duration::from_secs(300),
+    );
+    let report = upload(&uploader::token::sign(&claims, &key).unwrap());
+    let error = report["error"].as_str().unwrap();
+    assert_eq!(report["kind"], "unauthorized", "{report}");
+    assert!(error.contains("expired"), "{error}");
+    assert_eq!(error.matches("token rejected").count(), 1, "{error}");
+    assert!(!v.target.exists());
+    no_partial_left(&v.vol);
+}
+
+#[test]
+fn a_form_with_two_file_parts_is_refused_and_nothing_is_written() {
+    let mut v = Volume::start(&[], &[]);
+    let (raw, expected) = sample_disk(v.dir());
+    let url = format!("{}/v1beta1/upload-form", v.url());
+    let auth = format!("Authorization: Bearer {}", v.token());
+    let part = format!("file=@{}", arg(&raw));
+    let (code, body) = curl(&[
+        "-X", "POST", "-H", "Expect:", "-H", &auth, "-F", &part, "-F", &part, &url,
+    ]);
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("more than one part named \"file\""), "{body}");
+    assert!(!v.target.exists());
+    no_partial_left(&v.vol);
+    // The server is still there for a proper upload.
+    let (code, body) = post_form(&url, &v.token(), &raw);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(v.srv.wait_exit(), 0);
+    assert_same(&v.target, &expected);
+}
+
+/// Sends a request with an `Authorization` header of `size` bytes as a network would (16 KiB
+/// every millisecond); returns the answer's status line, or the error that stopped the sending.
+fn oversized_authorization(port: u16, size: usize) -> std::io::Result<String> {
+    use std::io::{BufRead as _, Write as _};
+    let request = format!(
+        "POST /v1beta1/upload HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
+         Content-Length: 0\r\n\r\n",
+        "a".repeat(size)
+    );
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    for chunk in request.as_bytes().chunks(16 << 10) {
+        s.write_all(chunk)?;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut status = String::new();
+    std::io::BufReader::new(s).read_line(&mut status)?;
+    Ok(status.trim_end().to_string())
+}
+
+#[test]
+fn an_oversized_authorization_header_is_answered_431() {
+    let v = Volume::start(&["--keep-serving"], &[]);
+    // 100 KiB gets past hyper's header limit (about 400 KiB) and is refused by the proxy. 1 MiB
+    // is refused while the headers are read, by the proxy and by the server: the client is still
+    // sending then, and must be able to finish and read the answer (no reset).
+    for (port, size) in [
+        (v.px.port, 100 << 10),
+        (v.px.port, 1 << 20),
+        (v.srv.port, 1 << 20),
+    ] {
+        match oversized_authorization(port, size) {
+            Ok(status) => assert!(
+                status.starts_with("HTTP/1.1 431 "),
+                "{size} bytes: {status}"
+            ),
+            Err(e) => panic!("{size} bytes to port {port}: {e}"),
+        }
+    }
+    assert!(!v.target.exists());
+}
+
+/// Open descriptors and resident memory (KiB) of a process.
+fn fds_and_rss(pid: u32) -> (usize, u64) {
+    let fds = fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    (fds, rss)
+}
+
+/// Raises this process's descriptor limit (inherited by the processes it starts) to the hard
+/// limit; returns it.
+fn raise_fd_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct given.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        limit.rlim_cur = limit.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+    }
+    limit.rlim_cur
+}
+
+/// Slow-loris connections to `port`: each sends part of a request line, then nothing. Opens one
+/// every half millisecond until `stop` or `max`; returns them, still open.
+fn loris(port: u16, max: usize, stop: &std::sync::atomic::AtomicBool) -> Vec<TcpStream> {
+    use std::io::Write as _;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut open = Vec::new();
+    while open.len() < max && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            let _ =
+                s.write_all(b"POST /v1beta1/upload-async HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthori");
+            open.push(s);
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    open
+}
+
+/// `HEAD` on the async path over a new connection, the answer read; the connection is returned
+/// open (keep-alive).
+fn head_kept_alive(port: u16, token: &str) -> TcpStream {
+    use std::io::{Read as _, Write as _};
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "HEAD /v1beta1/upload-async HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    while !answer.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "the HEAD got no answer");
+        answer.push(byte[0]);
+    }
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    s
+}
+
+/// Asserts that the other end closed each connection (end of file or reset, within 10 s each).
+fn assert_closed_by_peer(conns: Vec<TcpStream>, what: &str) {
+    use std::io::Read as _;
+    let mut buf = [0u8; 4096];
+    for (i, mut s) in conns.into_iter().enumerate() {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => continue, // an answer before the close (none expected, but harmless)
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("{what} connection {i} is still open: {e}"),
+            }
+        }
+    }
+}
+
+/// The most descriptors and resident memory each process had, sampled until `running` clears.
+fn peaks_while(pids: [u32; 2], running: &std::sync::atomic::AtomicBool) -> [(usize, u64); 2] {
+    let mut peaks = [(0usize, 0u64); 2];
+    while running.load(std::sync::atomic::Ordering::Relaxed) {
+        for (peak, pid) in peaks.iter_mut().zip(pids) {
+            let (fds, rss) = fds_and_rss(pid);
+            *peak = (peak.0.max(fds), peak.1.max(rss));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    peaks
+}
+
+/// Waits (up to 15 s) until `pid` holds at most `limit` descriptors; returns the last count.
+fn settle_fds(pid: u32, limit: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (fds, _) = fds_and_rss(pid);
+        if fds <= limit || Instant::now() > deadline {
+            return fds;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_slow_loris_flood_neither_locks_out_an_upload_nor_keeps_descriptors_or_memory() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const CAP: usize = 256;
+    let fd_limit = raise_fd_limit();
+    // Per target, well over the cap; the test process holds them all.
+    let flood = 1000.min((fd_limit as usize).saturating_sub(500) / 3);
+    assert!(
+        flood > CAP,
+        "descriptor limit {fd_limit} too low for the flood"
+    );
+    let limits = [
+        "--header-read-timeout",
+        "2s",
+        "--keep-alive-timeout",
+        "2s",
+        "--max-connections",
+        "256",
+    ];
+    let mut server_args = vec!["--keep-serving"];
+    server_args.extend(limits);
+    let v = Volume::start(&server_args, &limits);
+    let (qcow2, expected) = sample_qcow2(v.dir());
+    let t = v.token();
+    let pids = [("proxy", v.px.child.id()), ("server", v.srv.child.id())];
+    // Baseline once the proxy has a connection to the server.
+    drop(head_kept_alive(v.px.port, &t));
+    std::thread::sleep(Duration::from_millis(300));
+    let base = pids.map(|(_, pid)| fds_and_rss(pid));
+
+    let stop = AtomicBool::new(false);
+    let sampling = AtomicBool::new(true);
+    let (peaks, proxy_loris, server_loris, report) = std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| peaks_while(pids.map(|(_, pid)| pid), &sampling));
+        let at_proxy = scope.spawn(|| loris(v.px.port, flood, &stop));
+        let at_server = scope.spawn(|| loris(v.srv.port, flood, &stop));
+        // Both listeners at their cap, the flood still going: a real upload gets through.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while pids
+            .iter()
+            .zip(base)
+            .any(|((_, pid), (fds, _))| fds_and_rss(*pid).0 < fds + CAP - 8)
+        {
+            assert!(Instant::now() < deadline, "the flood did not reach the cap");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = quarry()
+            .args(["upload", arg(&qcow2), "--url", &v.url(), "--token", &t])
+            .arg("--json")
+            .output()
+            .unwrap();
+        let flood_ended = at_proxy.is_finished() || at_server.is_finished();
+        stop.store(true, Ordering::Relaxed);
+        let (proxy_loris, server_loris) = (at_proxy.join().unwrap(), at_server.join().unwrap());
+        sampling.store(false, Ordering::Relaxed);
+        common::assert_ok(&out);
+        assert!(!flood_ended, "the flood ended before the upload did");
+        (
+            sampler.join().unwrap(),
+            proxy_loris,
+            server_loris,
+            common::json(&out),
+        )
+    });
+    // An async upload: the image is renamed into place once written.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !v.target.exists() {
+        assert!(Instant::now() < deadline, "the upload was never written");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_same(&v.target, &expected);
+    for ((name, _), ((fds, _), (base_fds, _))) in pids.iter().zip(peaks.iter().zip(base)) {
+        assert!(
+            *fds <= base_fds + CAP + 8,
+            "{name} held {fds} descriptors, {base_fds} before the flood, capped at {CAP}"
+        );
+    }
+    eprintln!(
+        "{} + {} slow-loris connections; upload: {report}",
+        proxy_loris.len(),
+        server_loris.len()
+    );
+
+    // The loris clients never close: the servers do.
+    assert_closed_by_peer(proxy_loris, "a slow-loris (proxy)");
+    assert_closed_by_peer(server_loris, "a slow-loris (server)");
+    for ((name, pid), (base_fds, _)) in pids.iter().zip(base) {
+        let fds = settle_fds(*pid, base_fds + 2);
+        assert!(
+            fds <= base_fds + 2,
+            "{name}: {fds} descriptors, {base_fds} before"
+        );
+    }
+
+    // Memory, from when the upload is written: a second flood, slow-loris connections at both
+    // listeners and HEADs through the proxy whose clients half close and half keep idle (the
+    // proxy closes those after the keep-alive timeout). Afterwards the memory is given back.
+    std::thread::sleep(Duration::from_millis(500));
+    let before = pids.map(|(_, pid)| fds_and_rss(pid));
+    let sampling = AtomicBool::new(true);
+    let never = AtomicBool::new(false);
+    let (peaks, open) = std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| peaks_while(pids.map(|(_, pid)| pid), &sampling));
+        let at_proxy = scope.spawn(|| loris(v.px.port, flood, &never));
+        let at_server = scope.spawn(|| loris(v.srv.port, flood, &never));
+        let heads: Vec<_> = (0..8)
+            .map(|_| {
+                scope.spawn(|| {
+                    (0..125)
+                        .filter_map(|i| {
+                            let s = head_kept_alive(v.px.port, &t);
+                            (i % 2 == 0).then_some(s)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut open = at_proxy.join().unwrap();
+        open.extend(at_server.join().unwrap());
+        open.extend(heads.into_iter().flat_map(|w| w.join().unwrap()));
+        sampling.store(false, Ordering::Relaxed);
+        (sampler.join().unwrap(), open)
+    });
+    eprintln!(
+        "second flood: {} connections left open by their clients",
+        open.len()
+    );
+    assert_closed_by_peer(open, "a slow-loris or idle keep-alive");
+    for ((name, pid), ((base_fds, _), ((_, rss_before), (_, peak_rss)))) in
+        pids.iter().zip(base.iter().zip(before.iter().zip(peaks)))
+    {
+        let fds = settle_fds(*pid, base_fds + 2);
+        let rss = fds_and_rss(*pid).1;
+        eprintln!(
+            "{name}: {base_fds} descriptors before the floods, {fds} after; VmRSS {rss_before} \
+             KiB before the second flood, {peak_rss} KiB at its peak, {rss} KiB after"
+        );
+        assert!(
+            fds <= base_fds + 2,
+            "{name}: {fds} descriptors, {base_fds} before"
+        );
+        // At least half of what the flood took is given back (glibc keeps freed memory for
+        // reuse unless trimmed).
+        let growth = peak_rss.saturating_sub(*rss_before);
+        assert!(
+            rss <= rss_before + (growth / 2).max(1 << 10),
+            "{name} kept its memory: VmRSS {rss_before} KiB before, {peak_rss} KiB peak, {rss} KiB after"
+        );
+    }
+}

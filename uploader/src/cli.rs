@@ -13,6 +13,11 @@ use crate::{net, proxy, server, token};
 
 /// `quarry upload-server`: receive one image into a volume, as CDI's upload server pod.
 #[derive(clap::Args, Debug)]
+#[command(
+    after_help = "The server exits 0 after the first successful upload (as CDI's upload \
+server pod), so a second upload meets a closed port; pass --keep-serving to keep answering \
+(409 to any further upload)."
+)]
 pub struct ServerArgs {
     /// The volume's disk.img (or block device) the image is written to.
     #[arg(long)]
@@ -44,10 +49,37 @@ pub struct ServerArgs {
     /// A request body that delivers nothing for this long counts as interrupted.
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
     pub idle_timeout: Duration,
-    /// Keep serving after a successful upload (answering 409) instead of exiting 0 as CDI's
-    /// upload server pod does.
+    /// Keep serving after a successful upload (answering 409). Without it the server exits 0
+    /// once an upload succeeds, as CDI's upload server pod does, and a second upload meets a
+    /// closed port.
     #[arg(long)]
     pub keep_serving: bool,
+    #[command(flatten)]
+    pub connections: ConnectionArgs,
+}
+
+/// Connection limits of a listener (see `uploader::limits`).
+#[derive(clap::Args, Debug)]
+pub struct ConnectionArgs {
+    /// Close a new connection that has not delivered its first request's headers in this long.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub header_read_timeout: Duration,
+    /// Close a connection left with no request in flight for this long after a request.
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    pub keep_alive_timeout: Duration,
+    /// Open connections at most; at the cap the longest-idle one is closed to make room.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+}
+
+impl ConnectionArgs {
+    pub fn limits(&self) -> crate::limits::Limits {
+        crate::limits::Limits {
+            header_read_timeout: self.header_read_timeout,
+            keep_alive_timeout: self.keep_alive_timeout,
+            max_connections: self.max_connections as usize,
+        }
+    }
 }
 
 /// `quarry upload-proxy`: check upload tokens and stream uploads to the PVC's upload server.
@@ -79,6 +111,8 @@ pub struct ProxyArgs {
     pub client_cert: Option<PathBuf>,
     #[arg(long, value_name = "PEM", requires = "client_cert")]
     pub client_key: Option<PathBuf>,
+    #[command(flatten)]
+    pub connections: ConnectionArgs,
 }
 
 /// `quarry upload-token`: issue an upload token, or (`keygen`) make the signing key pair.
@@ -193,7 +227,14 @@ pub fn run_server(args: ServerArgs) -> Result<()> {
         resume_window: args.resume_window,
         idle_timeout: args.idle_timeout,
     };
-    runtime()?.block_on(server::run(config, args.listen, tls, args.keep_serving))
+    let limits = args.connections.limits();
+    runtime()?.block_on(server::run(
+        config,
+        args.listen,
+        tls,
+        limits,
+        args.keep_serving,
+    ))
 }
 
 pub fn run_proxy(args: ProxyArgs) -> Result<()> {
@@ -223,7 +264,14 @@ pub fn run_proxy(args: ProxyArgs) -> Result<()> {
     runtime()?.block_on(async move {
         let listener = net::bind(args.listen).await?;
         tracing::info!(addr = %args.listen, "upload proxy listening");
-        net::serve(listener, tls, router, net::terminated()).await
+        net::serve(
+            listener,
+            tls,
+            router,
+            args.connections.limits(),
+            net::terminated(),
+        )
+        .await
     })
 }
 

@@ -180,7 +180,9 @@ async fn probe(client: &reqwest::Client, url: &str, bearer: &str) -> Result<Prob
             .map(str::to_string)
     };
     match resp.status() {
-        StatusCode::BAD_REQUEST | StatusCode::UNAUTHORIZED => Err(refused(resp).await),
+        StatusCode::BAD_REQUEST | StatusCode::UNAUTHORIZED => {
+            Err(refused_probe(client, url, bearer, resp.status()).await)
+        }
         status => Ok(Probe {
             status,
             held: header(UPLOAD_OFFSET).and_then(|v| v.parse().ok()),
@@ -207,16 +209,46 @@ async fn held_offset(client: &reqwest::Client, url: &str, bearer: &str) -> u64 {
     0
 }
 
+/// The token was refused: a `HEAD` answer has no body, so the reason is asked for with an
+/// empty `POST` to the same path (refused the same way, before anything is written).
+async fn refused_probe(
+    client: &reqwest::Client,
+    url: &str,
+    bearer: &str,
+    status: StatusCode,
+) -> Error {
+    let post = client
+        .post(url)
+        .header(AUTHORIZATION, bearer)
+        .header(CONTENT_LENGTH, 0)
+        .send()
+        .await;
+    match post {
+        Ok(resp) if resp.status() == status => refused(resp).await,
+        _ => refusal(status.as_u16(), String::new()),
+    }
+}
+
 async fn refused(resp: reqwest::Response) -> Error {
     let status = resp.status().as_u16();
-    let message = resp.text().await.unwrap_or_default();
+    refusal(status, resp.text().await.unwrap_or_default())
+}
+
+/// The error for a refusal with HTTP `status` and the answer's body.
+fn refusal(status: u16, message: String) -> Error {
     let message = if message.trim().is_empty() {
         format!("HTTP {status}")
     } else {
         message.trim().to_string()
     };
     match status {
-        401 => Error::Unauthorized(message),
+        // The proxy's reason already says the token was rejected.
+        401 => Error::Unauthorized(
+            message
+                .strip_prefix("token rejected: ")
+                .map(str::to_string)
+                .unwrap_or(message),
+        ),
         _ => Error::Refused { status, message },
     }
 }

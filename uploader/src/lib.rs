@@ -12,11 +12,13 @@
 //! - [`proxy`]: the token-checking streaming proxy.
 //! - [`client`]: the resumable upload client behind `quarry upload`.
 //! - [`net`]: serving a router over TCP with optional TLS and mutual TLS, HTTP/1.1 and h2.
+//! - [`limits`]: bounding a listener's connections (idle timeouts, a cap, lingering close).
 //! - [`cli`]: the subcommands' arguments and entry points.
 
 pub mod cli;
 pub mod client;
 pub mod error;
+pub mod limits;
 pub mod net;
 pub mod proxy;
 pub mod server;

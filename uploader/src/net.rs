@@ -16,12 +16,12 @@ use futures_util::Stream;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 
 use crate::error::{Error, Result, read_file};
+use crate::limits::{Conn, Limits, Linger, Registry, Tracked};
 
 /// How long answers in flight may take after a stop was asked for.
 const DRAIN: Duration = Duration::from_secs(30);
@@ -114,16 +114,24 @@ pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener> {
 }
 
 /// Serves `router` on `listener` until `stop` resolves, then lets answers in flight finish.
+/// Connections are bounded by `limits` (see [`crate::limits`]).
 pub async fn serve(
     listener: TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
     router: Router,
+    limits: Limits,
     stop: impl Future<Output = ()>,
 ) -> Result<()> {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
+    let registry = Registry::new(limits);
+    let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
     tokio::pin!(stop);
     loop {
+        let slot = tokio::select! {
+            slot = registry.slot() => slot,
+            () = &mut stop => break,
+        };
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => conn,
@@ -137,30 +145,41 @@ pub async fn serve(
             () = &mut stop => break,
         };
         let _ = tcp.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        let handle = registry.register();
+        let tcp = Linger::new(tcp, slot, handle.conn().clone());
+        let service = tracked(router.clone(), handle.conn().clone());
         let watcher = graceful.watcher();
         let acceptor = acceptor.clone();
+        let builder = builder.clone();
         tokio::spawn(async move {
-            let builder = auto::Builder::new(TokioExecutor::new());
-            let served = match acceptor {
-                Some(acceptor) => match acceptor.accept(tcp).await {
-                    Ok(stream) => {
-                        let conn = builder.serve_connection(TokioIo::new(stream), service);
+            let conn = handle.conn().clone();
+            let served = async {
+                match acceptor {
+                    Some(acceptor) => match acceptor.accept(tcp).await {
+                        Ok(stream) => {
+                            let conn = builder.serve_connection(TokioIo::new(stream), service);
+                            watcher.watch(conn.into_owned()).await
+                        }
+                        Err(e) => {
+                            tracing::info!(%peer, error = %e, "TLS handshake failed");
+                            Ok(())
+                        }
+                    },
+                    None => {
+                        let conn = builder.serve_connection(TokioIo::new(tcp), service);
                         watcher.watch(conn.into_owned()).await
                     }
-                    Err(e) => {
-                        tracing::info!(%peer, error = %e, "TLS handshake failed");
-                        return;
-                    }
-                },
-                None => {
-                    let conn = builder.serve_connection(TokioIo::new(tcp), service);
-                    watcher.watch(conn.into_owned()).await
                 }
             };
-            if let Err(e) = served {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            tokio::select! {
+                served = served => if let Err(e) = served {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                },
+                closing = conn.closing() => {
+                    tracing::debug!(%peer, ?closing, "closing a connection with no request in flight");
+                }
             }
+            drop(handle);
         });
     }
     drop(listener);
@@ -171,6 +190,29 @@ pub async fn serve(
         tracing::warn!("connections still open after {DRAIN:?}; stopping anyway");
     }
     Ok(())
+}
+
+/// `router` as a connection's service: each request counts as in flight until its answer's
+/// body is sent or dropped.
+fn tracked(
+    router: Router,
+    conn: Arc<Conn>,
+) -> impl hyper::service::Service<
+    http::Request<hyper::body::Incoming>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future: Send + 'static,
+> + Send
++ 'static {
+    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        use tower::ServiceExt as _;
+        let busy = conn.busy();
+        let call = router.clone().oneshot(req);
+        async move {
+            let resp = call.await?;
+            Ok(resp.map(|body| axum::body::Body::new(Tracked { body, _busy: busy })))
+        }
+    })
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

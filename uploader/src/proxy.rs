@@ -1,7 +1,7 @@
 //! The upload proxy, as CDI's `cdi-uploadproxy`: checks the `Authorization: Bearer` upload token
-//! (400 when missing or not a JWT, 401 when its signature, times or claims are wrong), then
-//! streams the request to the upload server of the PVC the token names, and streams the answer
-//! back. Nothing is buffered. The upload server's address comes from a template (CDI's default
+//! (400 when missing or not a JWT, 401 when its signature, times or claims are wrong, 431 when
+//! the header is too large to hold one), then streams the request to the upload server of the
+//! PVC the token names, and streams the answer back. Nothing is buffered. The upload server's address comes from a template (CDI's default
 //! `https://cdi-upload-{pvc}.{namespace}.svc:8443`) or from static `NAMESPACE/PVC=URL` routes;
 //! a PVC with no route, or a server that cannot be reached, gets 503. CORS preflights are
 //! answered so browsers can upload.
@@ -24,6 +24,12 @@ use crate::{UPLOAD_CHECKSUM, UPLOAD_LENGTH, UPLOAD_OFFSET, UPLOAD_STATE};
 
 /// CDI's upload server address for a PVC.
 pub const DEFAULT_TEMPLATE: &str = "https://cdi-upload-{pvc}.{namespace}.svc:8443";
+
+/// Longest `Authorization` header read (CDI's tokens are under 2 KiB); longer ones get 431.
+const MAX_AUTHORIZATION: usize = 16 << 10;
+
+/// How long an idle connection to an upload server is kept for reuse.
+const UPSTREAM_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Request headers passed on to the upload server.
 const FORWARDED: [&str; 4] = [
@@ -210,6 +216,15 @@ fn route(
     let Some(auth) = headers.get(header::AUTHORIZATION) else {
         return Err((StatusCode::BAD_REQUEST, "no Authorization header".into()));
     };
+    if auth.len() > MAX_AUTHORIZATION {
+        return Err((
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!(
+                "the Authorization header is {} bytes; upload tokens are under {MAX_AUTHORIZATION}",
+                auth.len()
+            ),
+        ));
+    }
     let Some(bearer) = auth.to_str().ok().and_then(token::bearer) else {
         return Err((
             StatusCode::BAD_REQUEST,
@@ -261,6 +276,9 @@ pub fn upstream_client(
     };
     let mut b = importer::source::http::client_builder(&opts)?
         .redirect(reqwest::redirect::Policy::none())
+        // Under the upload server's default keep-alive timeout, so the proxy drops an idle
+        // connection before the server does instead of racing the server's close with a request.
+        .pool_idle_timeout(UPSTREAM_IDLE)
         .user_agent(concat!("quarry-upload-proxy/", env!("CARGO_PKG_VERSION")));
     if let Some((cert, key)) = identity {
         let mut pem = crate::error::read_file(cert, "client certificate")?;

@@ -273,24 +273,68 @@ async fn handle(app: Arc<App>, req: Request, form: bool, is_async: bool) -> Resp
         }
         Some(boundary) => {
             let mut form = multer::Multipart::new(body, boundary);
-            loop {
-                match form.next_field().await {
-                    Ok(Some(field)) if field.name() == Some("file") => {
-                        break pump(&app, &mut session, field, skip).await;
-                    }
-                    Ok(Some(field)) => {
-                        tracing::info!(part = ?field.name(), "ignoring form part");
-                    }
-                    Ok(None) => {
-                        break Pumped::Refused("the form has no part named \"file\"".into());
-                    }
-                    Err(e) if session.received > 0 => break Pumped::Interrupted(e.to_string()),
-                    Err(e) => break Pumped::Refused(format!("bad multipart body: {e}")),
-                }
+            let pumped = pump_form(&app, &mut session, &mut form, skip).await;
+            if matches!(pumped, Pumped::PipelineEnded | Pumped::Refused(_)) {
+                drain_form(form);
             }
+            pumped
         }
     };
     finish(&app, session, pumped, is_async).await
+}
+
+/// Pumps the form's part named `file`. The image is complete only once the whole form is read
+/// and no second `file` part came (answering before the body is read would reset the client's
+/// connection).
+async fn pump_form(
+    app: &App,
+    session: &mut Session,
+    form: &mut multer::Multipart<'static>,
+    skip: u64,
+) -> Pumped {
+    let mut pumped = None;
+    loop {
+        let next = match tokio::time::timeout(app.config.idle_timeout, form.next_field()).await {
+            Ok(next) => next,
+            Err(_) => {
+                return Pumped::Interrupted(format!("no bytes for {:?}", app.config.idle_timeout));
+            }
+        };
+        match next {
+            Ok(Some(field)) if field.name() == Some("file") => {
+                if pumped.is_some() {
+                    return Pumped::Refused(
+                        "the form has more than one part named \"file\"".into(),
+                    );
+                }
+                match pump(app, session, field, skip).await {
+                    Pumped::Complete => pumped = Some(Pumped::Complete),
+                    other => return other,
+                }
+            }
+            Ok(Some(field)) => {
+                tracing::info!(part = ?field.name(), "ignoring form part");
+            }
+            Ok(None) => {
+                return pumped.unwrap_or_else(|| {
+                    Pumped::Refused("the form has no part named \"file\"".into())
+                });
+            }
+            Err(e) if session.received > 0 => return Pumped::Interrupted(e.to_string()),
+            Err(e) => return Pumped::Refused(format!("bad multipart body: {e}")),
+        }
+    }
+}
+
+/// Reads and drops the rest of a refused form in the background, as [`crate::net::drain`].
+fn drain_form(form: multer::Multipart<'static>) {
+    let parts = futures_util::stream::unfold(form, |mut form| async move {
+        match form.next_field().await {
+            Ok(Some(_)) => Some((Ok::<_, multer::Error>(Bytes::new()), form)),
+            _ => None,
+        }
+    });
+    crate::net::drain(Box::pin(parts));
 }
 
 /// Claims the upload for this request: a fresh one, or the held one when the request resumes
@@ -623,6 +667,7 @@ pub async fn run(
     config: Config,
     listen: std::net::SocketAddr,
     tls: Option<crate::net::TlsFiles>,
+    limits: crate::limits::Limits,
     keep_serving: bool,
 ) -> crate::Result<()> {
     let tls = tls.as_ref().map(crate::net::server_config).transpose()?;
@@ -641,5 +686,5 @@ pub async fn run(
             () = crate::net::terminated() => tracing::info!("terminated"),
         }
     };
-    crate::net::serve(listener, tls, router, stop).await
+    crate::net::serve(listener, tls, router, limits, stop).await
 }
