@@ -240,6 +240,16 @@ fn can_run_containers() -> bool {
     true
 }
 
+/// The image built and unpacked into a bundle, and a work directory; `None` (having said why)
+/// when this test cannot run containers.
+fn bundle_and_workdir() -> Option<(Bundle, tempfile::TempDir)> {
+    if !can_run_containers() {
+        return None;
+    }
+    let bundle = Bundle::unpack(&Image::build());
+    Some((bundle, tempfile::tempdir().unwrap()))
+}
+
 /// An OCI runtime bundle: the image's layer unpacked into `rootfs`, and `config.json`.
 struct Bundle {
     dir: tempfile::TempDir,
@@ -712,12 +722,9 @@ fn etc_hosts() -> Value {
 
 #[test]
 fn the_importer_runs_unprivileged_and_writes_what_qemu_img_gives() {
-    if !can_run_containers() {
+    let Some((bundle, work)) = bundle_and_workdir() else {
         return;
-    }
-    let image = Image::build();
-    let bundle = Bundle::unpack(&image);
-    let work = tempfile::tempdir().unwrap();
+    };
     let (server, expected) = served_qcow2_xz(work.path());
     let vol = volume_dir(work.path());
     // By name: the image's NSS (`files`, built into libc) resolves it from /etc/hosts.
@@ -749,12 +756,9 @@ fn the_importer_runs_unprivileged_and_writes_what_qemu_img_gives() {
 
 #[test]
 fn the_importer_writes_a_block_volume_it_owns_without_capabilities() {
-    if !can_run_containers() {
+    let Some((bundle, work)) = bundle_and_workdir() else {
         return;
-    }
-    let image = Image::build();
-    let bundle = Bundle::unpack(&image);
-    let work = tempfile::tempdir().unwrap();
+    };
     let (server, expected) = served_qcow2_xz(work.path());
     let Some(dev) = LoopDevice::new(&work.path().join("backing"), 16 << 20) else {
         return;
@@ -785,12 +789,9 @@ fn the_importer_writes_a_block_volume_it_owns_without_capabilities() {
 
 #[test]
 fn https_imports_trust_the_images_ca_bundle() {
-    if !can_run_containers() {
+    let Some((bundle, work)) = bundle_and_workdir() else {
         return;
-    }
-    let image = Image::build();
-    let bundle = Bundle::unpack(&image);
-    let work = tempfile::tempdir().unwrap();
+    };
     let served = work.path().join("served");
     fs::create_dir(&served).unwrap();
     let (_, data) = sample_disk(&served);
@@ -825,12 +826,9 @@ fn https_imports_trust_the_images_ca_bundle() {
 
 #[tokio::test]
 async fn the_csi_driver_runs_privileged_and_answers_probe_on_the_mounted_socket() {
-    if !can_run_containers() {
+    let Some((bundle, work)) = bundle_and_workdir() else {
         return;
-    }
-    let image = Image::build();
-    let bundle = Bundle::unpack(&image);
-    let work = tempfile::tempdir().unwrap();
+    };
     let sockets = work.path().join("csi");
     let pool = work.path().join("pool");
     fs::create_dir(&sockets).unwrap();
