@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
     --binary) binary=${2:?--binary needs a path}; shift 2 ;;
     --tag) tag=${2:?--tag needs a value}; shift 2 ;;
     --out) out=${2:?--out needs a directory}; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -46,11 +46,15 @@ version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -1)
 tag=${tag:-$version}
 if [ -z "$binary" ]; then
   (cd "$root" && cargo build --release --bin quarry)
-  binary="$root/target/release/quarry"
+  binary="${CARGO_TARGET_DIR:-$root/target}/release/quarry"
 fi
 [ -x "$binary" ] || die "$binary is not an executable"
 
 revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
+# a build from uncommitted changes says so
+if [ "$revision" != unknown ] && ! git -C "$root" diff --quiet HEAD --; then
+  revision="$revision-dirty"
+fi
 epoch=${SOURCE_DATE_EPOCH:-$(git -C "$root" log -1 --format=%ct 2>/dev/null || echo 0)}
 created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
 
