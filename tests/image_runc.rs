@@ -601,6 +601,23 @@ impl Container {
         }
     }
 
+    /// Waits until `ready` (a server in the container accepts connections); panics if the
+    /// process exits first, or after 30 s.
+    fn wait_ready(&mut self, what: &str, mut ready: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !ready() {
+            if let Some(code) = self.try_wait() {
+                panic!("{what} exited with {code}: {}", self.output());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{what} did not listen within 30 s: {}",
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn stdout(&self) -> String {
         fs::read_to_string(&self.stdout).unwrap()
     }
@@ -669,15 +686,15 @@ fn block_device(dev: &Path, path: &str, uid: u32) -> Value {
            "fileMode": 0o660, "uid": uid, "gid": uid})
 }
 
-/// Runs `quarry ARGS` as the importer pod does (see [`restricted`]), after checking the
-/// process's credentials just before it executes quarry; the exit code and the output.
-fn run_restricted(
+/// Creates a container running `quarry ARGS` as the importer and upload pods run (see
+/// [`restricted`]), and checks the process's credentials, set before it executes quarry.
+fn create_restricted(
     bundle: &Bundle,
     name: &str,
     args: &[&str],
     mounts: Vec<Value>,
     devices: Vec<Value>,
-) -> (i32, String, String) {
+) -> Container {
     let sec = restricted(bundle);
     assert_eq!((sec.uid, sec.gid), (IMAGE_UID, IMAGE_UID));
     let mut spec = runtime_spec(&bundle.command(args), &bundle.config["Env"], &sec, mounts);
@@ -687,7 +704,7 @@ fn run_restricted(
         .map(|d| json!({"allow": true, "type": d["type"], "major": d["major"], "minor": d["minor"], "access": "rwm"}))
         .collect();
     spec["linux"]["devices"] = json!(devices);
-    let mut c = Container::create(bundle, &spec, name);
+    let c = Container::create(bundle, &spec, name);
     assert_eq!(status_field(c.pid, "Uid"), "107\t107\t107\t107");
     assert_eq!(status_field(c.pid, "Gid"), "107\t107\t107\t107");
     for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
@@ -695,6 +712,18 @@ fn run_restricted(
     }
     assert_eq!(status_field(c.pid, "NoNewPrivs"), "1");
     assert_eq!(status_field(c.pid, "Seccomp"), "2");
+    c
+}
+
+/// [`create_restricted`], run to its end: the exit code, stdout, and stdout and stderr.
+fn run_restricted(
+    bundle: &Bundle,
+    name: &str,
+    args: &[&str],
+    mounts: Vec<Value>,
+    devices: Vec<Value>,
+) -> (i32, String, String) {
+    let mut c = create_restricted(bundle, name, args, mounts, devices);
     c.start();
     let code = c.wait(Duration::from_secs(120));
     (code, c.stdout(), c.output())
@@ -867,21 +896,12 @@ async fn the_csi_driver_runs_privileged_and_answers_probe_on_the_mounted_socket(
     c.start();
 
     let sock = sockets.join("csi.sock");
-    let started = Instant::now();
-    let channel = loop {
-        if let Ok(ch) = csi::connect_unix(&sock).await {
-            break ch;
-        }
-        if let Some(code) = c.try_wait() {
-            panic!("quarry csi exited with {code}: {}", c.output());
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "quarry csi did not listen on the mounted socket: {}",
-            c.output()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    c.wait_ready("quarry csi", || {
+        std::os::unix::net::UnixStream::connect(&sock).is_ok()
+    });
+    let channel = csi::connect_unix(&sock)
+        .await
+        .expect("connecting to quarry csi");
     let probe = csi::pb::identity_client::IdentityClient::new(channel)
         .probe(csi::pb::ProbeRequest {})
         .await
@@ -906,4 +926,57 @@ async fn the_csi_driver_runs_privileged_and_answers_probe_on_the_mounted_socket(
     let code = c.wait(Duration::from_secs(10));
     assert_eq!(code, 0, "{}", c.output());
     assert!(!sock.exists(), "the socket is removed on exit");
+}
+
+#[test]
+fn the_upload_server_runs_unprivileged_and_writes_an_upload() {
+    let Some((bundle, work)) = bundle_and_workdir() else {
+        return;
+    };
+    let (qcow2, expected) = sample_qcow2(work.path());
+    let vol = volume_dir(work.path());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut c = create_restricted(
+        &bundle,
+        "quarry-upload",
+        &[
+            "upload-server",
+            "--target",
+            "/data/disk.img",
+            "--listen",
+            &listen,
+        ],
+        vec![bind(&vol, "/data", false)],
+        vec![],
+    );
+    c.start();
+    c.wait_ready("quarry upload-server", || {
+        std::net::TcpStream::connect(&listen).is_ok()
+    });
+    let out = Command::new("curl")
+        .args(["-sS", "--fail-with-body", "-X", "POST", "-H", "Expect:"])
+        .args(["-H", "Content-Type: application/octet-stream", "-T"])
+        .arg(&qcow2)
+        .arg(format!("http://{listen}/v1beta1/upload"))
+        .output()
+        .expect("running curl");
+    assert!(
+        out.status.success(),
+        "upload failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // the upload pod completes after a successful upload
+    assert_eq!(c.wait(Duration::from_secs(60)), 0, "{}", c.output());
+    let disk = vol.join("disk.img");
+    assert!(
+        fs::read(&disk).unwrap() == expected,
+        "the bytes differ from qemu-img convert's"
+    );
+    assert_eq!(fs::metadata(&disk).unwrap().uid(), IMAGE_UID);
 }
