@@ -45,7 +45,7 @@ version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -1)
 [ -n "$version" ] || die "no version in $root/Cargo.toml"
 tag=${tag:-$version}
 if [ -z "$binary" ]; then
-  (cd "$root" && cargo build --release --bin quarry)
+  (cd "$root" && cargo build --release --locked --bin quarry)
   binary="${CARGO_TARGET_DIR:-$root/target}/release/quarry"
 fi
 [ -x "$binary" ] || die "$binary is not an executable"
