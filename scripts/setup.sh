@@ -22,6 +22,9 @@ declare -A needs=(
   [skopeo]=skopeo
   [pip3]=python3-pip
   [tinyproxy]=tinyproxy
+  [runc]=runc
+  [jq]=jq
+  [strip]=binutils
 )
 missing=()
 for cmd in "${!needs[@]}"; do
