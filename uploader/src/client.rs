@@ -18,8 +18,8 @@ use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 
 use crate::error::{Error, Result};
-use crate::proxy::chain;
 use crate::{UPLOAD_CHECKSUM, UPLOAD_OFFSET, UPLOAD_STATE};
+use importer::error::chain;
 
 const CHUNK: usize = 1 << 20;
 /// Chunks read ahead of the connection.

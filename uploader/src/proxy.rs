@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::net::text;
 use crate::token;
 use crate::{UPLOAD_CHECKSUM, UPLOAD_LENGTH, UPLOAD_OFFSET, UPLOAD_STATE};
+use importer::error::chain;
 
 /// CDI's upload server address for a PVC.
 pub const DEFAULT_TEMPLATE: &str = "https://cdi-upload-{pvc}.{namespace}.svc:8443";
@@ -249,18 +250,6 @@ fn route(
             format!("rejecting the upload for PVC {pvc}: it has no upload server"),
         )),
     }
-}
-
-/// An error with its causes, `a: b: c`.
-pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// The client the proxy forwards with: the upload servers' CA, the proxy's client certificate.
