@@ -40,25 +40,62 @@ async fn deploy(o: &DriverObjects, client: &Client, ns: &str) -> Result<DaemonSe
         m.name.clone().unwrap_or_default()
     };
     let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    kubeops::apply(&sa, &name(&o.service_account.metadata), &o.service_account).await?;
+    kubeops::apply(
+        &sa,
+        &name(&o.service_account.metadata),
+        &o.service_account,
+        &kubeops::manager(CONTROLLER),
+    )
+    .await?;
     let cr: Api<ClusterRole> = Api::all(client.clone());
-    kubeops::apply(&cr, &name(&o.cluster_role.metadata), &o.cluster_role).await?;
+    kubeops::apply(
+        &cr,
+        &name(&o.cluster_role.metadata),
+        &o.cluster_role,
+        &kubeops::manager(CONTROLLER),
+    )
+    .await?;
     let crb: Api<ClusterRoleBinding> = Api::all(client.clone());
     kubeops::apply(
         &crb,
         &name(&o.cluster_role_binding.metadata),
         &o.cluster_role_binding,
+        &kubeops::manager(CONTROLLER),
     )
     .await?;
     let cm: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    kubeops::apply(&cm, &name(&o.pools.metadata), &o.pools).await?;
+    kubeops::apply(
+        &cm,
+        &name(&o.pools.metadata),
+        &o.pools,
+        &kubeops::manager(CONTROLLER),
+    )
+    .await?;
     let ds: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
-    let applied = kubeops::apply(&ds, &name(&o.daemon_set.metadata), &o.daemon_set).await?;
+    let applied = kubeops::apply(
+        &ds,
+        &name(&o.daemon_set.metadata),
+        &o.daemon_set,
+        &kubeops::manager(CONTROLLER),
+    )
+    .await?;
     let drivers: Api<CSIDriver> = Api::all(client.clone());
-    kubeops::apply(&drivers, &name(&o.csi_driver.metadata), &o.csi_driver).await?;
+    kubeops::apply(
+        &drivers,
+        &name(&o.csi_driver.metadata),
+        &o.csi_driver,
+        &kubeops::manager(CONTROLLER),
+    )
+    .await?;
     let classes: Api<StorageClass> = Api::all(client.clone());
     for sc in &o.storage_classes {
-        kubeops::apply(&classes, &name(&sc.metadata), sc).await?;
+        kubeops::apply(
+            &classes,
+            &name(&sc.metadata),
+            sc,
+            &kubeops::manager(CONTROLLER),
+        )
+        .await?;
     }
     Ok(applied)
 }
@@ -99,7 +136,8 @@ pub async fn reconcile(hpp: Arc<HostPathProvisioner>, ctx: Arc<Context>) -> Resu
                 "kind": HostPathProvisioner::kind(&()),
                 "status": st,
             });
-            kubeops::apply_status(&api, &hpp.name_any(), doc).await?;
+            kubeops::apply_status(&api, &hpp.name_any(), doc, &kubeops::manager(CONTROLLER))
+                .await?;
         }
         outcome.map(|_| Requeue::requeue(Duration::from_secs(60)))
     }

@@ -91,7 +91,7 @@ pub async fn reconcile(hc: Arc<HyperConverged>, ctx: Arc<Context>) -> Result<Req
                 "kind": HyperConverged::kind(&()),
                 "status": status,
             });
-            kubeops::apply_status(&api, &hc.name_any(), doc).await?;
+            kubeops::apply_status(&api, &hc.name_any(), doc, &kubeops::manager(CONTROLLER)).await?;
         }
         match outcome {
             Reconciled::Complete => Ok(Requeue::requeue(RESYNC)),
@@ -112,7 +112,7 @@ async fn apply_children(
     let mut statuses = Vec::new();
     for (kind, obj) in &wanted {
         let api = child_api(client, kind, ns);
-        let applied = kubeops::apply(&api, kind.name, obj).await?;
+        let applied = kubeops::apply(&api, kind.name, obj, &kubeops::manager(CONTROLLER)).await?;
         statuses.push(ChildStatus::from_object(kind.kind, &applied.data));
     }
     if !wanted.iter().any(|(k, _)| *k == children::HOSTPATH) {
@@ -269,7 +269,8 @@ mod tests {
                 .await;
             // Forced server-side apply: fields someone edited are taken back.
             assert!(
-                query.contains("fieldManager=quarry-operators") && query.contains("force=true"),
+                query.contains("fieldManager=quarry-hyperconverged")
+                    && query.contains("force=true"),
                 "{query}"
             );
             applied.push(body);
