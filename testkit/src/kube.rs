@@ -763,4 +763,25 @@ mod tests {
         }
         assert!(server.kubeconfig().is_file());
     }
+
+    #[tokio::test]
+    async fn an_own_server_takes_extra_flags_and_stops_on_drop() {
+        let opts = Options {
+            extra_args: vec!["--feature-gates=CustomResourceValidationExpressions=true".into()],
+        };
+        let Some(server) = tokio::task::spawn_blocking(move || KubeApiServer::start(&opts))
+            .await
+            .unwrap()
+        else {
+            return;
+        };
+        let version = server.client().apiserver_version().await.unwrap();
+        assert_eq!(
+            (version.major.as_str(), version.minor.as_str()),
+            ("1", "24")
+        );
+        let port: u16 = server.url().rsplit(':').next().unwrap().parse().unwrap();
+        drop(server);
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    }
 }

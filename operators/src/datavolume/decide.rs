@@ -257,6 +257,8 @@ impl Ctx<'_> {
 pub fn decide(dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) -> Decision {
     let mut st = dv.status.clone().unwrap_or_default();
     st.claim_name = Some(name(dv).to_string());
+    st.observed_generation = dv.metadata.generation;
+    st.progress.get_or_insert_with(|| PROGRESS_UNKNOWN.into());
     st.restart_count.get_or_insert(0);
     let mut cx = Ctx {
         dv,

@@ -412,9 +412,13 @@ fn an_invalid_spec_fails_before_creating_anything() {
         }),
         ..Default::default()
     });
+    dv.metadata.generation = Some(3);
     let d = step(&mut dv, &obs(None, None), &cfg);
     assert_eq!(d.status.phase, Some(Phase::Failed));
     assert_eq!(cond(&d, "Ready").reason.as_deref(), Some("InvalidSpec"));
+    // Progress unknown, not empty; the status says which generation it is about.
+    assert_eq!(d.status.progress.as_deref(), Some("N/A"));
+    assert_eq!(d.status.observed_generation, Some(3));
     assert!(
         matches!(&d.actions[..], [Action::Event(e)] if e.reason == "DataVolumeFailed" && e.warning)
     );
