@@ -6,4 +6,5 @@
 //! Every test skips (printing why) where `../shared/kube/kube-apiserver.xz` or etcd is absent.
 
 mod datavolume;
+mod hostpath;
 mod support;
