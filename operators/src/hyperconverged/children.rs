@@ -47,6 +47,23 @@ pub struct ChildKind {
     pub namespaced: bool,
 }
 
+/// A relatedObjects entry for an applied child, as HCO lists them: apiVersion, kind, name,
+/// namespace (for namespaced children), uid and resourceVersion.
+pub fn related_object(
+    kind: &ChildKind,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some(kind.api_resource().api_version),
+        kind: Some(kind.kind.into()),
+        name: Some(kind.name.into()),
+        namespace: meta.namespace.clone().filter(|_| kind.namespaced),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        field_path: None,
+    }
+}
+
 impl ChildKind {
     /// The API resource, for dynamic clients.
     pub fn api_resource(&self) -> ApiResource {

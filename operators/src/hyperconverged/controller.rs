@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action as Requeue, Controller};
@@ -55,9 +56,9 @@ pub async fn reconcile(hc: Arc<HyperConverged>, ctx: Arc<Context>) -> Result<Req
             tracing::warn!("ignored: only {HYPERCONVERGED_NAME} is reconciled");
             return Ok(Requeue::await_change());
         }
-        let (statuses, outcome) = match apply_children(&hc, &ctx.client, &ns).await {
-            Ok(s) => (s, Reconciled::Complete),
-            Err(e) => (Vec::new(), Reconciled::Failed(e.to_string())),
+        let (statuses, related, outcome) = match apply_children(&hc, &ctx.client, &ns).await {
+            Ok((s, r)) => (s, r, Reconciled::Complete),
+            Err(e) => (Vec::new(), Vec::new(), Reconciled::Failed(e.to_string())),
         };
         let previous = hc
             .status
@@ -71,13 +72,6 @@ pub async fn reconcile(hc: Arc<HyperConverged>, ctx: Arc<Context>) -> Result<Req
             hc.metadata.generation,
             Timestamp::now(),
         );
-        let related: Vec<_> = statuses
-            .iter()
-            .map(|s| k8s_openapi::api::core::v1::ObjectReference {
-                kind: Some(s.kind.clone()),
-                ..Default::default()
-            })
-            .collect();
         let status = crate::api::HyperConvergedStatus {
             conditions,
             related_objects: related,
@@ -102,18 +96,21 @@ pub async fn reconcile(hc: Arc<HyperConverged>, ctx: Arc<Context>) -> Result<Req
     .await
 }
 
-/// Applies every child and returns what they report.
+/// Applies every child and returns what they report, and references to them (HCO's
+/// relatedObjects).
 async fn apply_children(
     hc: &HyperConverged,
     client: &Client,
     ns: &str,
-) -> Result<Vec<ChildStatus>> {
+) -> Result<(Vec<ChildStatus>, Vec<ObjectReference>)> {
     let wanted = children::children(hc)?;
     let mut statuses = Vec::new();
+    let mut related = Vec::new();
     for (kind, obj) in &wanted {
         let api = child_api(client, kind, ns);
         let applied = kubeops::apply(&api, kind.name, obj, &kubeops::manager(CONTROLLER)).await?;
         statuses.push(ChildStatus::from_object(kind.kind, &applied.data));
+        related.push(children::related_object(kind, &applied.metadata));
     }
     if !wanted.iter().any(|(k, _)| *k == children::HOSTPATH) {
         kubeops::delete(
@@ -122,7 +119,7 @@ async fn apply_children(
         )
         .await?;
     }
-    Ok(statuses)
+    Ok((statuses, related))
 }
 
 /// Retries failed reconciles.
@@ -298,6 +295,23 @@ mod tests {
         );
         let (st, avail) = status_applied(&mut api, &with_hpp, "Available").await;
         assert_eq!(st["systemHealthStatus"], "healthy");
+        // relatedObjects as HCO lists them: apiVersion, kind, name, and the namespace of
+        // namespaced children only.
+        let kv = &st["relatedObjects"][1];
+        assert_eq!(
+            (&kv["apiVersion"], &kv["kind"], &kv["name"]),
+            (
+                &json!("kubevirt.io/v1"),
+                &json!("KubeVirt"),
+                &json!("kubevirt-kubevirt-hyperconverged")
+            ),
+            "{kv}"
+        );
+        assert_eq!(
+            st["relatedObjects"][0]["name"],
+            "cdi-kubevirt-hyperconverged"
+        );
+        assert!(st["relatedObjects"][0].get("namespace").is_none());
         assert_eq!(avail["status"], "True");
         api.silence().await;
         assert_eq!(task.await.unwrap().unwrap(), Requeue::requeue(RESYNC));
