@@ -34,6 +34,8 @@ use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+use crate::tls::{make_ca, openssl, signed_by};
+
 /// Token of the admin user (`system:masters`) in the server's token file.
 const ADMIN_TOKEN: &str = "quarry-testkit-admin-token";
 /// Common name of the front-proxy client certificate the apiserver presents to aggregated
@@ -607,50 +609,23 @@ fn pki(dir: &Path) -> Result<(), String> {
     if dir.join("tokens.csv").is_file() {
         return Ok(());
     }
-    for (name, cn) in [
-        ("ca", "Quarry testkit kube CA"),
-        ("front-proxy-ca", "front-proxy-ca"),
-    ] {
-        openssl(
-            dir,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.pem"),
-                "-days",
-                "2",
-                "-subj",
-                &format!("/CN={cn}"),
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign",
-            ],
-        )?;
-    }
-    signed(
+    make_ca(dir, "ca", "Quarry testkit kube CA");
+    make_ca(dir, "front-proxy-ca", "front-proxy-ca");
+    signed_by(
         dir,
         "ca",
-        "server",
         "/CN=kube-apiserver",
+        ("server.key", "server.pem"),
         "subjectAltName = IP:127.0.0.1, DNS:localhost, DNS:kubernetes.default.svc\n\
          extendedKeyUsage = serverAuth\n",
-    )?;
-    signed(
+    );
+    signed_by(
         dir,
         "front-proxy-ca",
-        "front-proxy-client",
         &format!("/CN={FRONT_PROXY_CLIENT}"),
+        ("front-proxy-client.key", "front-proxy-client.pem"),
         "extendedKeyUsage = clientAuth\n",
-    )?;
+    );
     openssl(
         dir,
         &[
@@ -662,72 +637,13 @@ fn pki(dir: &Path) -> Result<(), String> {
             "-out",
             "sa.key",
         ],
-    )?;
-    openssl(dir, &["pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
+    );
+    openssl(dir, &["pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
     fs::write(
         dir.join("tokens.csv"),
         format!("{ADMIN_TOKEN},admin,admin-uid,system:masters\n"),
     )
     .map_err(|e| format!("writing tokens.csv: {e}"))
-}
-
-fn signed(dir: &Path, ca: &str, name: &str, subject: &str, ext: &str) -> Result<(), String> {
-    let ext_file = format!("{name}.ext");
-    fs::write(dir.join(&ext_file), ext).map_err(|e| format!("writing {ext_file}: {e}"))?;
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
-            subject,
-        ],
-    )?;
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            &format!("{ca}.pem"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-out",
-            &format!("{name}.pem"),
-            "-days",
-            "2",
-            "-extfile",
-            &ext_file,
-        ],
-    )
-}
-
-fn openssl(dir: &Path, args: &[&str]) -> Result<(), String> {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .map_err(|e| format!("running openssl: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "openssl {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
 }
 
 #[cfg(test)]

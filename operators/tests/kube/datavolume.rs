@@ -17,7 +17,7 @@ use operators::datavolume::{Config, RetryPolicy};
 use serde_json::json;
 
 use crate::support::{
-    FakeImporter, bind_pvc, exited, pod, running, server, set_pod_status, wait_for,
+    FakeImporter, bind_pvc, exited, namespace, pod, running, set_pod_status, wait_for,
 };
 
 /// The controller's field manager.
@@ -138,11 +138,9 @@ fn record_versions(client: &Client, ns: &str, name: &str) -> Arc<Mutex<Vec<Optio
 
 #[tokio::test]
 async fn a_running_import_is_polled_on_a_timer_without_a_reconcile_storm() {
-    let Some(server) = server().await else {
+    let Some((client, ns)) = namespace("dv-storm", &[]).await else {
         return;
     };
-    let client = server.client();
-    let ns = server.namespace("dv-storm", &[]).await;
     let created = create(&client, &ns, &dv("fedora", http())).await;
     // The simulated import takes 4 s from its first scrape; its progress grows all the time.
     let importer = FakeImporter::start(created.uid().unwrap(), Duration::from_secs(4)).await;
@@ -182,11 +180,9 @@ async fn a_running_import_is_polled_on_a_timer_without_a_reconcile_storm() {
 
 #[tokio::test]
 async fn a_failed_import_backs_off_before_its_next_pod_and_keeps_its_reason() {
-    let Some(server) = server().await else {
+    let Some((client, ns)) = namespace("dv-backoff", &[]).await else {
         return;
     };
-    let client = server.client();
-    let ns = server.namespace("dv-backoff", &[]).await;
     create(&client, &ns, &dv("fedora", http())).await;
     let _ctl = start(&client, &ns, config(), None);
     bind_pvc(&client, &ns, "fedora").await;
@@ -230,15 +226,13 @@ async fn a_failed_import_backs_off_before_its_next_pod_and_keeps_its_reason() {
 
 #[tokio::test]
 async fn importer_and_upload_pods_meet_pod_security_restricted() {
-    let Some(server) = server().await else {
-        return;
-    };
-    let client = server.client();
     let restricted = [
         ("pod-security.kubernetes.io/enforce", "restricted"),
         ("pod-security.kubernetes.io/enforce-version", "latest"),
     ];
-    let ns = server.namespace("dv-restricted", &restricted).await;
+    let Some((client, ns)) = namespace("dv-restricted", &restricted).await else {
+        return;
+    };
     create(&client, &ns, &dv("fedora", http())).await;
     create(&client, &ns, &dv("up", json!({"upload": {}}))).await;
     create(&client, &ns, &dv("empty", json!({"blank": {}}))).await;
@@ -261,11 +255,9 @@ async fn importer_and_upload_pods_meet_pod_security_restricted() {
 
 #[tokio::test]
 async fn a_refused_pod_is_reported_with_the_apis_message_and_retried() {
-    let Some(server) = server().await else {
+    let Some((client, ns)) = namespace("dv-refused", &[]).await else {
         return;
     };
-    let client = server.client();
-    let ns = server.namespace("dv-refused", &[]).await;
     // No pods allowed in the namespace: the quota's admission refuses every pod with a 403.
     let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &ns);
     let quota = serde_json::from_value(json!({
@@ -334,11 +326,9 @@ async fn events_of(client: &Client, ns: &str, name: &str) -> Vec<(bool, String, 
 
 #[tokio::test]
 async fn every_retry_and_the_final_failure_are_visible_events() {
-    let Some(server) = server().await else {
+    let Some((client, ns)) = namespace("dv-events", &[]).await else {
         return;
     };
-    let client = server.client();
-    let ns = server.namespace("dv-events", &[]).await;
     create(&client, &ns, &dv("fedora", http())).await;
     let mut cfg = config();
     cfg.retry.base_delay = Duration::from_secs(1);
@@ -392,11 +382,9 @@ fn managers(meta: &kube::api::ObjectMeta) -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn objects_name_their_field_manager_and_carry_cdis_owner_refs_resources_and_labels() {
-    let Some(server) = server().await else {
+    let Some((client, ns)) = namespace("dv-objects", &[]).await else {
         return;
     };
-    let client = server.client();
-    let ns = server.namespace("dv-objects", &[]).await;
     create(&client, &ns, &dv("fedora", http())).await;
     create(&client, &ns, &dv("up", json!({"upload": {}}))).await;
     let mut kept = dv("kept", http());
@@ -501,11 +489,9 @@ async fn objects_name_their_field_manager_and_carry_cdis_owner_refs_resources_an
 
 #[tokio::test]
 async fn deletion_cleans_up_pods_and_the_pvc_unless_retained_then_releases_the_finalizer() {
-    let Some(server) = server().await else {
+    let Some((client, ns)) = namespace("dv-delete", &[]).await else {
         return;
     };
-    let client = server.client();
-    let ns = server.namespace("dv-delete", &[]).await;
     create(&client, &ns, &dv("fedora", http())).await;
     let mut kept = dv("kept", http());
     kept.metadata.annotations = Some(BTreeMap::from([(

@@ -8,15 +8,13 @@ use operators::api::HostPathProvisioner;
 use operators::hostpath::objects::Settings;
 use serde_json::json;
 
-use crate::support::{server, wait_for};
+use crate::support::{namespace, wait_for};
 
 #[tokio::test]
 async fn invalid_pool_names_are_one_short_degraded_message_with_transition_times() {
-    let Some(server) = server().await else {
+    let Some((client, ns)) = namespace("hpp", &[]).await else {
         return;
     };
-    let client = server.client();
-    let ns = server.namespace("hpp", &[]).await;
     let settings = Settings {
         namespace: ns.clone(),
         ..Settings::default()

@@ -27,10 +27,16 @@ pub fn test_writes() -> PatchParams {
 const PATIENCE: Duration = Duration::from_secs(60);
 
 /// The shared server with the project's CRDs installed, or None (skip) where it cannot run.
-pub async fn server() -> Option<&'static KubeApiServer> {
+async fn server() -> Option<&'static KubeApiServer> {
     let server = KubeApiServer::shared()?;
     install_crds(&server.client()).await;
     Some(server)
+}
+
+/// The shared server's admin client and a fresh namespace of its own for one test (None: skip).
+pub async fn namespace(prefix: &str, labels: &[(&str, &str)]) -> Option<(Client, String)> {
+    let server = server().await?;
+    Some((server.client(), server.namespace(prefix, labels).await))
 }
 
 /// Applies the DataVolume, HyperConverged and HostPathProvisioner CRDs (idempotent) and waits
