@@ -166,8 +166,18 @@ pub fn aggregate(
             now,
         ),
     }
-    match progressing {
-        Some(s) => {
+    match (reconciled, progressing) {
+        // Nothing moves while the children cannot be applied.
+        (Reconciled::Failed(m), _) => set(
+            &mut c,
+            "Progressing",
+            false,
+            "ReconcileFailed",
+            m,
+            generation,
+            now,
+        ),
+        (_, Some(s)) => {
             let m = s.says("Progressing", "progressing");
             set(
                 &mut c,
@@ -179,7 +189,7 @@ pub fn aggregate(
                 now,
             )
         }
-        None => set(
+        (_, None) => set(
             &mut c,
             "Progressing",
             false,
@@ -189,8 +199,17 @@ pub fn aggregate(
             now,
         ),
     }
-    match degraded {
-        Some(s) => {
+    match (reconciled, degraded) {
+        (Reconciled::Failed(m), _) => set(
+            &mut c,
+            "Degraded",
+            true,
+            "ReconcileFailed",
+            m,
+            generation,
+            now,
+        ),
+        (_, Some(s)) => {
             let m = s.says("Degraded", "degraded");
             set(
                 &mut c,
@@ -202,7 +221,7 @@ pub fn aggregate(
                 now,
             )
         }
-        None => set(
+        (_, None) => set(
             &mut c,
             "Degraded",
             false,
@@ -212,7 +231,8 @@ pub fn aggregate(
             now,
         ),
     }
-    let upgradeable = progressing.is_none() && degraded.is_none();
+    let failed = matches!(reconciled, Reconciled::Failed(_));
+    let upgradeable = progressing.is_none() && degraded.is_none() && !failed;
     if upgradeable {
         set(
             &mut c,
@@ -311,6 +331,10 @@ mod tests {
         let (c, health) = aggregate(&c, &[], &Reconciled::Failed("boom".into()), None, now());
         assert_eq!(get(&c, "ReconcileComplete"), ("False", "ReconcileFailed"));
         assert_eq!(get(&c, "Available"), ("False", "ReconcileFailed"));
+        // A failed reconcile never reads as success anywhere.
+        assert_eq!(get(&c, "Degraded"), ("True", "ReconcileFailed"));
+        assert_eq!(get(&c, "Progressing"), ("False", "ReconcileFailed"));
+        assert_eq!(get(&c, "Upgradeable").0, "False");
         assert_eq!(health, "error");
     }
 

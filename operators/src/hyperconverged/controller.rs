@@ -108,7 +108,9 @@ async fn apply_children(
     let mut related = Vec::new();
     for (kind, obj) in &wanted {
         let api = child_api(client, kind, ns);
-        let applied = kubeops::apply(&api, kind.name, obj, &kubeops::manager(CONTROLLER)).await?;
+        let applied = kubeops::apply(&api, kind.name, obj, &kubeops::manager(CONTROLLER))
+            .await
+            .map_err(|e| missing_kind(e, kind))?;
         statuses.push(ChildStatus::from_object(kind.kind, &applied.data));
         related.push(children::related_object(kind, &applied.metadata));
     }
@@ -120,6 +122,18 @@ async fn apply_children(
         .await?;
     }
     Ok((statuses, related))
+}
+
+/// A 404 on applying a child means its CRD is not installed: say which (the API server's own
+/// "404 page not found" names nothing).
+fn missing_kind(e: Error, kind: &ChildKind) -> Error {
+    match e {
+        Error::Kube(kube::Error::Api(s)) if s.code == 404 => Error::InvalidSpec(format!(
+            "cannot create {} {}: the CustomResourceDefinition {}.{} is not installed",
+            kind.kind, kind.name, kind.plural, kind.group
+        )),
+        e => e,
+    }
 }
 
 /// Retries failed reconciles.
@@ -143,6 +157,18 @@ pub async fn run(client: Client, namespace: String, metrics: Arc<Metrics>) {
     let labels = "app=kubevirt-hyperconverged";
     let mut controller = Controller::new(hcs, watcher::Config::default());
     for kind in children::ALL {
+        // A watch of a kind whose CRD is missing fails and backs off, holding every reconcile
+        // back (over a minute against a real API server): watch only installed kinds; the
+        // others are applied (and their absence reported) on every resync.
+        let probe = child_api(&client, &kind, &namespace)
+            .list(&kube::api::ListParams::default().limit(1))
+            .await;
+        if let Err(kube::Error::Api(e)) = probe
+            && e.code == 404
+        {
+            tracing::warn!(kind = kind.kind, "CRD not installed: not watched");
+            continue;
+        }
         let ar = kind.api_resource();
         let ns = namespace.clone();
         controller = controller.watches_with(
@@ -337,6 +363,22 @@ mod tests {
         let (st, rc) = status_applied(&mut api, &hc(), "ReconcileComplete").await;
         assert_eq!(st["systemHealthStatus"], "error");
         assert_eq!(rc["status"], "False");
+        // The missing kind is named, and Degraded says so too.
+        let msg = rc["message"].as_str().unwrap();
+        assert!(
+            msg.contains("KubeVirt") && msg.contains("kubevirts.kubevirt.io is not installed"),
+            "{msg}"
+        );
+        let degraded = st["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Degraded")
+            .unwrap();
+        assert_eq!(
+            (&degraded["status"], &degraded["message"]),
+            (&json!("True"), &json!(msg))
+        );
         api.silence().await;
         assert!(task.await.unwrap().is_err());
 

@@ -7,4 +7,5 @@
 
 mod datavolume;
 mod hostpath;
+mod hyperconverged;
 mod support;
