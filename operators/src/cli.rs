@@ -138,6 +138,7 @@ impl DataVolumeArgs {
                 secret,
                 client_ca_config_map: self.upload_client_ca_configmap.clone(),
             }),
+            ..Config::default()
         }
     }
 }
@@ -147,13 +148,18 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
     let config = kube::Config::infer()
         .await
         .map_err(|e| Error::Config(e.to_string()))?;
-    let client = kube::Client::try_from(config).map_err(|e| Error::Config(e.to_string()))?;
+    let controller = match &args.which {
+        Which::Datavolume(_) => crate::datavolume::controller::CONTROLLER,
+        Which::Hyperconverged(_) => crate::hyperconverged::controller::CONTROLLER,
+        Which::Hostpath(_) => crate::hostpath::controller::CONTROLLER,
+    };
+    let client = crate::kubeops::client_for(config, controller)?;
     let metrics = Arc::new(Metrics::default());
     let bound = crate::metrics::serve(args.metrics_addr, metrics.clone()).await?;
     tracing::info!(%bound, "serving metrics");
     match args.which {
         Which::Datavolume(a) => {
-            crate::datavolume::controller::run(client, a.config(), metrics).await
+            crate::datavolume::controller::run(client, a.config(), metrics, None).await
         }
         Which::Hyperconverged(a) => {
             if let Some(addr) = a.webhook_addr {

@@ -3,6 +3,9 @@
 
 use std::fmt::Debug;
 
+use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -15,8 +18,22 @@ use kube::runtime::controller::Action as Requeue;
 use crate::error::{Error, ErrorKind, Result};
 use crate::metrics::Metrics;
 
-/// Field manager of every server-side apply.
-pub const FIELD_MANAGER: &str = "quarry-operators";
+/// Prefix of the controllers' field managers and user agents: each controller manages its own
+/// fields as `quarry-<controller>` (`quarry-datavolume`, `quarry-hyperconverged`,
+/// `quarry-hostpathprovisioner`).
+pub fn manager(controller: &str) -> String {
+    format!("quarry-{controller}")
+}
+
+/// `client` with `User-Agent: quarry-<controller>/VERSION` on every request (the API server
+/// records it in audit logs and managedFields), for `config`.
+pub fn client_for(mut config: kube::Config, controller: &str) -> Result<kube::Client> {
+    let agent = format!("{}/{}", manager(controller), env!("CARGO_PKG_VERSION"));
+    let value = http::HeaderValue::from_str(&agent)
+        .map_err(|e| Error::Config(format!("user agent {agent:?}: {e}")))?;
+    config.headers.push((http::header::USER_AGENT, value));
+    kube::Client::try_from(config).map_err(|e| Error::Config(e.to_string()))
+}
 
 fn status_code(e: &kube::Error) -> Option<u16> {
     match e {
@@ -25,12 +42,17 @@ fn status_code(e: &kube::Error) -> Option<u16> {
     }
 }
 
-/// Creates `obj`; an object of that name that already exists counts as created.
-pub async fn create<K>(api: &Api<K>, obj: &K) -> Result<()>
+/// Creates `obj` as field manager `manager`; an object of that name that already exists counts
+/// as created.
+pub async fn create<K>(api: &Api<K>, obj: &K, manager: &str) -> Result<()>
 where
     K: kube::Resource + Clone + DeserializeOwned + Serialize + Debug,
 {
-    match api.create(&PostParams::default(), obj).await {
+    let params = PostParams {
+        field_manager: Some(manager.to_string()),
+        ..Default::default()
+    };
+    match api.create(&params, obj).await {
         Ok(_) => Ok(()),
         Err(e) if status_code(&e) == Some(409) => Ok(()),
         Err(e) => Err(e.into()),
@@ -59,31 +81,148 @@ where
 
 /// Server-side applies `obj` (the whole desired object), taking over conflicting fields: what
 /// someone else edits in the fields we own is put back.
-pub async fn apply<K>(api: &Api<K>, name: &str, obj: &K) -> Result<K>
+pub async fn apply<K>(api: &Api<K>, name: &str, obj: &K, manager: &str) -> Result<K>
 where
     K: kube::Resource + Clone + DeserializeOwned + Serialize + Debug,
 {
     Ok(api
         .patch(
             name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
+            &PatchParams::apply(manager).force(),
             &Patch::Apply(obj),
         )
         .await?)
 }
 
 /// Server-side applies the `status` of `name` (apiVersion and kind must be in `status_doc`).
-pub async fn apply_status<K>(api: &Api<K>, name: &str, status_doc: serde_json::Value) -> Result<()>
+pub async fn apply_status<K>(
+    api: &Api<K>,
+    name: &str,
+    status_doc: serde_json::Value,
+    manager: &str,
+) -> Result<K>
 where
     K: kube::Resource + Clone + DeserializeOwned + Debug,
 {
-    api.patch_status(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(status_doc),
-    )
-    .await?;
-    Ok(())
+    Ok(api
+        .patch_status(
+            name,
+            &PatchParams::apply(manager).force(),
+            &Patch::Apply(status_doc),
+        )
+        .await?)
+}
+
+/// Adds `finalizer` to `obj`. The patch carries the object's resourceVersion, so a stale copy
+/// fails with 409 (and is retried) instead of dropping someone else's finalizer.
+pub async fn add_finalizer<K>(api: &Api<K>, obj: &K, finalizer: &str, manager: &str) -> Result<()>
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug,
+{
+    let mut list = obj.meta().finalizers.clone().unwrap_or_default();
+    if list.iter().any(|f| f == finalizer) {
+        return Ok(());
+    }
+    list.push(finalizer.to_string());
+    set_finalizers(api, obj, list, manager).await
+}
+
+/// Removes `finalizer` from `obj` (guarded like [`add_finalizer`]); absent counts as removed.
+pub async fn remove_finalizer<K>(
+    api: &Api<K>,
+    obj: &K,
+    finalizer: &str,
+    manager: &str,
+) -> Result<()>
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug,
+{
+    let list = obj.meta().finalizers.clone().unwrap_or_default();
+    if !list.iter().any(|f| f == finalizer) {
+        return Ok(());
+    }
+    let rest = list.into_iter().filter(|f| f != finalizer).collect();
+    set_finalizers(api, obj, rest, manager).await
+}
+
+async fn set_finalizers<K>(api: &Api<K>, obj: &K, list: Vec<String>, manager: &str) -> Result<()>
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug,
+{
+    let meta = obj.meta();
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": meta.resource_version, "finalizers": list}
+    });
+    let params = PatchParams {
+        field_manager: Some(manager.to_string()),
+        ..Default::default()
+    };
+    let name = meta.name.clone().unwrap_or_default();
+    match api.patch(&name, &params, &Patch::Merge(patch)).await {
+        Ok(_) => Ok(()),
+        // Gone already: nothing left to finalize.
+        Err(e) if status_code(&e) == Some(404) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Records a core/v1 Event on `regarding`, each one its own object (kube-rs's recorder folds
+/// events of one reason into a series whose visible message stays the first one). Best effort:
+/// a lost event is logged, never an error.
+pub async fn publish_event(
+    client: &kube::Client,
+    regarding: &ObjectReference,
+    warning: bool,
+    reason: &str,
+    message: &str,
+    component: &str,
+) {
+    let ns = regarding
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let now = Time(Timestamp::now());
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let event = CoreEvent {
+        metadata: ObjectMeta {
+            name: Some(format!(
+                "{}.{stamp:x}",
+                regarding.name.as_deref().unwrap_or("object")
+            )),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        involved_object: regarding.clone(),
+        type_: Some(if warning { "Warning" } else { "Normal" }.into()),
+        reason: Some(reason.into()),
+        // The API server caps messages at 1 KiB.
+        message: Some(truncate(message, 1024).into()),
+        source: Some(EventSource {
+            component: Some(component.into()),
+            host: None,
+        }),
+        reporting_component: Some(component.into()),
+        reporting_instance: Some(std::env::var("POD_NAME").unwrap_or_else(|_| component.into())),
+        first_timestamp: Some(now.clone()),
+        last_timestamp: Some(now),
+        count: Some(1),
+        ..Default::default()
+    };
+    let api: Api<CoreEvent> = Api::namespaced(client.clone(), &ns);
+    if let Err(e) = create(&api, &event, component).await {
+        tracing::warn!(error = %e, reason, "publishing an event failed");
+    }
+}
+
+/// `s` cut to at most `max` bytes on a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// The error policy all controllers share: count the failure, retry transient errors after 5 s

@@ -103,11 +103,6 @@ impl ApiServer {
             .await;
     }
 
-    /// Answers a create by echoing the object back, and returns it.
-    pub async fn created(&mut self, path: &str) -> Value {
-        self.expect_echo(Method::POST, path).await.1
-    }
-
     /// Fails if any request comes within a short while.
     pub async fn silence(&mut self) {
         if let Ok(Some((req, _))) = tokio::time::timeout(SILENCE, self.handle.next_request()).await

@@ -5,6 +5,7 @@
 
 pub mod faults;
 pub mod guest;
+pub mod kube;
 pub mod nginx;
 pub mod oci;
 pub mod proxy;

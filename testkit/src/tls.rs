@@ -27,30 +27,7 @@ impl TestCa {
             .tempdir()
             .expect("creating a temp dir for the test CA");
         let d = dir.path();
-        openssl(
-            d,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.pem",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=Quarry testkit CA",
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign",
-            ],
-        );
+        make_ca(d, "ca", "Quarry testkit CA");
         signed_cert(
             d,
             "/CN=localhost",
@@ -108,8 +85,54 @@ impl Default for TestCa {
     }
 }
 
+/// A self-signed P-256 CA in `dir`: `NAME.pem` and `NAME.key`, with common name `cn`.
+pub(crate) fn make_ca(dir: &Path, name: &str, cn: &str) {
+    let (key, pem, subj) = (
+        format!("{name}.key"),
+        format!("{name}.pem"),
+        format!("/CN={cn}"),
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &pem,
+            "-days",
+            "2",
+            "-subj",
+            &subj,
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    );
+}
+
 /// A P-256 key and a certificate for `subject` with `extensions`, signed by the CA in `dir`.
-fn signed_cert(dir: &Path, subject: &str, (key, cert): (&str, &str), extensions: &str) {
+fn signed_cert(dir: &Path, subject: &str, key_cert: (&str, &str), extensions: &str) {
+    signed_by(dir, "ca", subject, key_cert, extensions)
+}
+
+/// A P-256 key and a certificate for `subject` with `extensions`, signed by CA `ca` (`ca.pem`,
+/// `ca.key`) in `dir`.
+pub(crate) fn signed_by(
+    dir: &Path,
+    ca: &str,
+    subject: &str,
+    (key, cert): (&str, &str),
+    extensions: &str,
+) {
+    let (ca_pem, ca_key) = (format!("{ca}.pem"), format!("{ca}.key"));
     std::fs::write(dir.join("cert.ext"), extensions).expect("writing cert.ext");
     openssl(
         dir,
@@ -136,9 +159,9 @@ fn signed_cert(dir: &Path, subject: &str, (key, cert): (&str, &str), extensions:
             "-in",
             "cert.csr",
             "-CA",
-            "ca.pem",
+            &ca_pem,
             "-CAkey",
-            "ca.key",
+            &ca_key,
             "-CAcreateserial",
             "-out",
             cert,
@@ -150,7 +173,7 @@ fn signed_cert(dir: &Path, subject: &str, (key, cert): (&str, &str), extensions:
     );
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
+pub(crate) fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
         .args(args)
         .current_dir(dir)

@@ -321,6 +321,9 @@ pub struct DataVolumeStatus {
     /// Ready, Bound and Running.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<DataVolumeCondition>,
+    /// The `metadata.generation` this status was decided from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
 }
 
 /// CDI's DataVolume phases (the subset Quarry's controller moves through, plus the others CDI

@@ -2,32 +2,37 @@
 //! and [`error_policy`], a finalizer that cleans up pods (and the PVC unless retained), status by
 //! server-side apply, a tracing span per object and Prometheus reconcile metrics. All decisions
 //! are [`decide`]'s; this module only reads the objects and carries out the actions.
+//!
+//! What triggers a reconcile: a DataVolume's spec, finalizers or deletion (never its status, so
+//! our own status writes cause no reconcile), its PVC, pod and Service, and timers. A running
+//! import's progress is read on the timer ([`Config::progress_interval`]), at most once per
+//! interval whatever else triggers reconciles.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::{Action as Requeue, Controller};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
-use tracing::{Instrument, info_span, warn};
+use tracing::{Instrument, info_span};
 
+use super::decide::{Event, pod_refused};
 use super::pod::{self, POD_PORT, SourceRefs};
 use super::source::{Source, source};
 use super::status::parse_progress;
-use super::{ANN_OWNED_BY, ANN_RETAIN_PVC, Action, Config, FINALIZER, Observed, decide, name};
+use super::{ANN_OWNED_BY, Action, Config, FINALIZER, Observed, decide, name};
 use crate::api::DataVolume;
 use crate::error::{Error, Result};
 use crate::kubeops;
 use crate::metrics::Metrics;
 
-/// Name in metrics and events.
+/// Name in metrics, events, the field manager and the user agent.
 pub const CONTROLLER: &str = "datavolume";
 
 /// What every reconcile shares.
@@ -36,24 +41,23 @@ pub struct Context {
     pub client: Client,
     /// Controller settings.
     pub config: Config,
-    /// Event recorder.
-    pub recorder: Recorder,
     /// Reconcile metrics.
     pub metrics: Arc<Metrics>,
     /// Client for importer metrics endpoints.
     pub http: reqwest::Client,
+    /// Field manager of every write (`quarry-datavolume`).
+    pub manager: String,
+    /// Port of the importers' metrics endpoints (tests point it at a fake importer).
+    pub metrics_port: u16,
+    /// When each running import (by DataVolume UID) was last scraped.
+    scraped: Mutex<HashMap<String, Instant>>,
+    /// Pod creations refused in a row, by DataVolume UID (their back-off).
+    refused: Mutex<HashMap<String, u32>>,
 }
 
 impl Context {
     /// A context for `client`.
     pub fn new(client: Client, config: Config, metrics: Arc<Metrics>) -> Self {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "quarry-datavolume-controller".into(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        );
         importer::source::http::install_tls_provider();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(3))
@@ -62,10 +66,38 @@ impl Context {
         Context {
             client,
             config,
-            recorder,
             metrics,
             http,
+            manager: kubeops::manager(CONTROLLER),
+            metrics_port: POD_PORT as u16,
+            scraped: Mutex::default(),
+            refused: Mutex::default(),
         }
+    }
+
+    /// Whether the import of `uid` is due for a progress scrape (and if so, records it).
+    fn scrape_due(&self, uid: &str) -> bool {
+        let mut scraped = self.scraped.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        // A timer may fire a little early; 90 % of the interval counts as due.
+        let due = scraped.get(uid).is_none_or(|last| {
+            now.duration_since(*last) >= self.config.progress_interval.mul_f32(0.9)
+        });
+        if due {
+            scraped.insert(uid.to_string(), now);
+        }
+        due
+    }
+
+    fn forget(&self, uid: &str) {
+        self.scraped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
     }
 }
 
@@ -77,18 +109,21 @@ pub async fn reconcile(dv: Arc<DataVolume>, ctx: Arc<Context>) -> Result<Requeue
     async move {
         let _measure = ctx.metrics.reconcile(CONTROLLER);
         let api: Api<DataVolume> = Api::namespaced(ctx.client.clone(), &ns);
-        finalizer(&api, FINALIZER, dv, |event| async {
-            match event {
-                Finalizer::Apply(dv) => apply(&dv, &ctx).await,
-                Finalizer::Cleanup(dv) => cleanup(&dv, &ctx).await,
+        let has_finalizer = dv.finalizers().iter().any(|f| f == FINALIZER);
+        if dv.metadata.deletion_timestamp.is_some() {
+            if has_finalizer {
+                cleanup(&dv, &ctx).await?;
+                kubeops::remove_finalizer(&api, dv.as_ref(), FINALIZER, &ctx.manager).await?;
             }
-        })
-        .await
-        .map_err(|e| match e {
-            kube::runtime::finalizer::Error::ApplyFailed(e)
-            | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-            other => Error::Finalizer(other.to_string()),
-        })
+            ctx.forget(dv.metadata.uid.as_deref().unwrap_or_default());
+            return Ok(Requeue::await_change());
+        }
+        if !has_finalizer {
+            // The finalizer change is watched: the next reconcile does the work.
+            kubeops::add_finalizer(&api, dv.as_ref(), FINALIZER, &ctx.manager).await?;
+            return Ok(Requeue::await_change());
+        }
+        apply(&dv, &ctx, true).await
     }
     .instrument(span)
     .await
@@ -113,11 +148,16 @@ fn pod_name(dv: &DataVolume) -> (String, bool) {
     }
 }
 
-async fn apply(dv: &DataVolume, ctx: &Context) -> Result<Requeue> {
+/// Observes, decides and acts. `may_refresh`: before creating a pod, the DataVolume is read
+/// again from the API server (the cached copy may predate our last status write, whose
+/// restart count and back-off the decision must see) and decided on afresh if it changed.
+async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requeue> {
     let ns = dv.namespace().unwrap_or_default();
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+    let dvs: Api<DataVolume> = Api::namespaced(ctx.client.clone(), &ns);
+    let uid = dv.metadata.uid.clone().unwrap_or_default();
     let finished = dv
         .status
         .as_ref()
@@ -157,7 +197,9 @@ async fn apply(dv: &DataVolume, ctx: &Context) -> Result<Requeue> {
         SourceRefs::default()
     };
     let progress = match &pod {
-        Some(p) if !upload => scrape_progress(dv, p, ctx).await,
+        Some(p) if !upload && pod_running(p) && ctx.scrape_due(&uid) => {
+            scrape_progress(dv, p, ctx).await
+        }
         _ => None,
     };
     let observed = Observed {
@@ -169,32 +211,59 @@ async fn apply(dv: &DataVolume, ctx: &Context) -> Result<Requeue> {
         refs,
         now: Timestamp::now(),
     };
-    let decision = decide(dv, &observed, &ctx.config);
+    let mut decision = decide(dv, &observed, &ctx.config);
 
-    for action in decision.actions {
+    if may_refresh
+        && decision
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::CreatePod(_)))
+        && let Some(fresh) = kubeops::get(&dvs, name(dv)).await?
+        && fresh.metadata.resource_version != dv.metadata.resource_version
+    {
+        return Box::pin(apply(&fresh, ctx, false)).await;
+    }
+
+    // Creations and events first, then the status, then deletions: a deletion triggers a
+    // reconcile, which must find the status (restart count, back-off) already written.
+    let mut deletions = Vec::new();
+    for action in std::mem::take(&mut decision.actions) {
         match action {
-            Action::CreatePvc(p) => kubeops::create(&pvcs, &p).await?,
-            Action::CreatePod(p) => kubeops::create(&pods, &p).await?,
-            Action::CreateService(s) => kubeops::create(&services, &s).await?,
-            Action::DeletePod(n) => kubeops::delete(&pods, &n).await?,
-            Action::DeleteService(n) => kubeops::delete(&services, &n).await?,
-            Action::Event(e) => {
-                let ev = KubeEvent {
-                    type_: if e.warning {
-                        EventType::Warning
-                    } else {
-                        EventType::Normal
-                    },
-                    reason: e.reason,
-                    note: Some(e.message),
-                    action: "Reconcile".into(),
-                    secondary: None,
-                };
-                // Events are best effort: a lost event must not stall the DataVolume.
-                if let Err(err) = ctx.recorder.publish(&ev, &dv.object_ref(&())).await {
-                    warn!(error = %err, "publishing an event failed");
+            Action::CreatePvc(p) => kubeops::create(&pvcs, &p, &ctx.manager).await?,
+            Action::CreatePod(p) => match kubeops::create(&pods, &p, &ctx.manager).await {
+                Ok(()) => {
+                    ctx.refused
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&uid);
                 }
-            }
+                Err(Error::Kube(kube::Error::Api(e))) if is_refusal(e.code) => {
+                    let attempt = {
+                        let mut refused = ctx.refused.lock().unwrap_or_else(|e| e.into_inner());
+                        let n = refused.entry(uid.clone()).or_insert(0);
+                        *n += 1;
+                        *n
+                    };
+                    let (event, delay) = pod_refused(
+                        &mut decision.status,
+                        &p,
+                        &e.message,
+                        attempt,
+                        &ctx.config,
+                        observed.now,
+                    );
+                    if let Some(ev) = event {
+                        publish(ctx, dv, ev).await;
+                    }
+                    decision.requeue = Some(delay);
+                    // Without its pod, the upload Service has nothing to serve yet.
+                    break;
+                }
+                Err(e) => return Err(e),
+            },
+            Action::CreateService(s) => kubeops::create(&services, &s, &ctx.manager).await?,
+            Action::DeletePod(_) | Action::DeleteService(_) => deletions.push(action),
+            Action::Event(e) => publish(ctx, dv, e).await,
         }
     }
     if dv.status.as_ref() != Some(&decision.status) {
@@ -203,13 +272,42 @@ async fn apply(dv: &DataVolume, ctx: &Context) -> Result<Requeue> {
             "kind": DataVolume::kind(&()),
             "status": decision.status,
         });
-        let api: Api<DataVolume> = Api::namespaced(ctx.client.clone(), &ns);
-        kubeops::apply_status(&api, name(dv), doc).await?;
+        kubeops::apply_status(&dvs, name(dv), doc, &ctx.manager).await?;
+    }
+    for action in deletions {
+        match action {
+            Action::DeletePod(n) => kubeops::delete(&pods, &n).await?,
+            Action::DeleteService(n) => kubeops::delete(&services, &n).await?,
+            _ => {}
+        }
     }
     Ok(match decision.requeue {
         Some(d) => Requeue::requeue(d),
         None => Requeue::await_change(),
     })
+}
+
+/// API answers that refuse an object as written (admission, Pod Security, quota, validation):
+/// retrying at once cannot help.
+fn is_refusal(code: u16) -> bool {
+    matches!(code, 400 | 403 | 422)
+}
+
+/// Records an event on the DataVolume; best effort (a lost event must not stall the volume).
+async fn publish(ctx: &Context, dv: &DataVolume, e: Event) {
+    kubeops::publish_event(
+        &ctx.client,
+        &dv.object_ref(&()),
+        e.warning,
+        &e.reason,
+        &e.message,
+        &ctx.manager,
+    )
+    .await;
+}
+
+fn pod_running(p: &Pod) -> bool {
+    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
 
 /// Keys of the CA ConfigMap and of the header Secrets, so the pod can name each file and key.
@@ -236,12 +334,8 @@ async fn source_refs(dv: &DataVolume, ctx: &Context, ns: &str) -> Result<SourceR
 
 /// The running importer's progress, from its metrics endpoint (None when it cannot be read).
 async fn scrape_progress(dv: &DataVolume, pod: &Pod, ctx: &Context) -> Option<f64> {
-    let status = pod.status.as_ref()?;
-    if status.phase.as_deref() != Some("Running") {
-        return None;
-    }
-    let ip = status.pod_ip.as_ref()?;
-    let url = format!("http://{ip}:{POD_PORT}/metrics");
+    let ip = pod.status.as_ref()?.pod_ip.as_ref()?;
+    let url = format!("http://{ip}:{}/metrics", ctx.metrics_port);
     fetch_progress(
         &ctx.http,
         &url,
@@ -257,7 +351,7 @@ async fn fetch_progress(http: &reqwest::Client, url: &str, owner_uid: &str) -> O
 }
 
 /// Deletion: the pods and Service go; the PVC too unless the DataVolume asks to retain it.
-async fn cleanup(dv: &DataVolume, ctx: &Context) -> Result<Requeue> {
+async fn cleanup(dv: &DataVolume, ctx: &Context) -> Result<()> {
     let ns = dv.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
@@ -265,14 +359,10 @@ async fn cleanup(dv: &DataVolume, ctx: &Context) -> Result<Requeue> {
     kubeops::delete(&pods, &pod::importer_pod_name(name(dv))).await?;
     kubeops::delete(&pods, &pod::upload_name(name(dv))).await?;
     kubeops::delete(&services, &pod::upload_name(name(dv))).await?;
-    let retain = dv
-        .annotations()
-        .get(ANN_RETAIN_PVC)
-        .is_some_and(|v| v == "true");
-    if !retain {
+    if !super::pvc::retained(dv) {
         kubeops::delete(&pvcs, name(dv)).await?;
     }
-    Ok(Requeue::await_change())
+    Ok(())
 }
 
 /// The DataVolume a PVC belongs to, from CDI's ownedByDataVolume annotation.
@@ -282,17 +372,48 @@ fn owner_of(pvc: PersistentVolumeClaim) -> Option<ObjectRef<DataVolume>> {
     Some(ObjectRef::new(name).within(ns))
 }
 
-/// Runs the controller until the process is stopped.
-pub async fn run(client: Client, config: Config, metrics: Arc<Metrics>) {
-    let dvs: Api<DataVolume> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::all(client.clone());
-    let services: Api<Service> = Api::all(client.clone());
-    let pvcs: Api<PersistentVolumeClaim> = Api::all(client.clone());
-    let ctx = Arc::new(Context::new(client, config, metrics));
-    let results = Controller::new(dvs, watcher::Config::default())
-        .owns(pods, watcher::Config::default())
-        .owns(services, watcher::Config::default())
-        .watches(pvcs, watcher::Config::default(), owner_of)
+/// Runs the controller until the process is stopped, over every namespace (`namespace` None)
+/// or one.
+pub async fn run(client: Client, config: Config, metrics: Arc<Metrics>, namespace: Option<&str>) {
+    run_with(Arc::new(Context::new(client, config, metrics)), namespace).await
+}
+
+/// [`run`] with a prepared context.
+pub async fn run_with(ctx: Arc<Context>, namespace: Option<&str>) {
+    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let client = ctx.client.clone();
+    let dvs: Api<DataVolume> = api(&client, namespace);
+    let (reader, writer) = reflector::store();
+    // Status-only changes (our own writes among them) do not pass: the spec (generation, also
+    // bumped by deletion) and the finalizers do.
+    let trigger = watcher(dvs, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(
+            predicates::generation.combine(predicates::finalizers),
+            Default::default(),
+        );
+    let results = Controller::for_stream(trigger, reader)
+        .owns(api::<Pod>(&client, namespace), watcher::Config::default())
+        .owns(
+            api::<Service>(&client, namespace),
+            watcher::Config::default(),
+        )
+        .watches(
+            api::<PersistentVolumeClaim>(&client, namespace),
+            watcher::Config::default(),
+            owner_of,
+        )
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx);
     kubeops::drain(results).await;
@@ -300,21 +421,21 @@ pub async fn run(client: Client, config: Config, metrics: Arc<Metrics>) {
 
 #[cfg(test)]
 mod tests {
+    //! Reconciles against the real API server are in `tests/kube/`; here only what needs none.
+
     use std::collections::BTreeMap;
 
     use http::Method;
     use k8s_openapi::api::core::v1::VolumeResourceRequirements;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    use serde_json::{Value, json};
 
     use super::*;
     use crate::ErrorKind;
+    use crate::api::DataVolumeSpec;
     use crate::api::datavolume::{DataVolumeSource, SourceHttp, StorageSpec};
-    use crate::api::{DataVolumeSpec, Phase};
-    use crate::mockapi::{self, ApiServer};
+    use crate::mockapi::{self};
 
     const NS: &str = "/api/v1/namespaces/vms";
-    const DV: &str = "/apis/cdi.kubevirt.io/v1beta1/namespaces/vms/datavolumes/fedora";
 
     fn dv() -> DataVolume {
         let mut dv = DataVolume::new(
@@ -350,232 +471,6 @@ mod tests {
         Arc::new(Context::new(client, Config::default(), Arc::default()))
     }
 
-    fn to_json<T: serde::Serialize>(v: &T) -> Value {
-        serde_json::to_value(v).unwrap()
-    }
-
-    fn bound_pvc() -> Value {
-        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-               "metadata": {"name": "fedora", "namespace": "vms"},
-               "spec": {}, "status": {"phase": "Bound"}})
-    }
-
-    fn pod(phase: &str, exit: Option<i32>) -> Value {
-        let mut p = json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "importer-fedora", "namespace": "vms"},
-            "spec": {"containers": []}, "status": {"phase": phase}});
-        if let Some(code) = exit {
-            p["status"]["containerStatuses"] = json!([{"name": "importer", "image": "", "imageID": "",
-                "ready": false, "restartCount": 0,
-                "state": {"terminated": {"exitCode": code, "message": "error: checksum mismatch"}}}]);
-        }
-        p
-    }
-
-    fn importing() -> DataVolume {
-        let mut d = dv();
-        d.status = Some(crate::api::DataVolumeStatus {
-            phase: Some(Phase::ImportInProgress),
-            ..Default::default()
-        });
-        d
-    }
-
-    fn deleting(annotations: &[(&str, &str)]) -> DataVolume {
-        let mut d = dv();
-        d.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            Timestamp::now(),
-        ));
-        d.metadata.annotations = Some(
-            annotations
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        );
-        d
-    }
-
-    /// Answers the reconcile's reads of the PVC and the importer pod (404 for None).
-    async fn reads(api: &mut ApiServer, pvc: Option<Value>, pod: Option<Value>) {
-        for (path, obj) in [
-            (format!("{NS}/persistentvolumeclaims/fedora"), pvc),
-            (format!("{NS}/pods/importer-fedora"), pod),
-        ] {
-            match obj {
-                Some(o) => api.expect(Method::GET, &path, 200, o).await,
-                None => {
-                    api.expect(Method::GET, &path, 404, mockapi::status(404, "NotFound"))
-                        .await
-                }
-            };
-        }
-    }
-
-    async fn reconciled(
-        dv: DataVolume,
-        ctx: Arc<Context>,
-    ) -> tokio::task::JoinHandle<Result<Requeue>> {
-        tokio::spawn(reconcile(Arc::new(dv), ctx))
-    }
-
-    /// Checks the status apply and returns the applied status.
-    async fn status_applied(api: &mut ApiServer, dv: &DataVolume) -> Value {
-        let (query, sent) = api
-            .expect(Method::PATCH, &format!("{DV}/status"), 200, to_json(dv))
-            .await;
-        assert!(
-            query.contains("fieldManager=quarry-operators") && query.contains("force=true"),
-            "{query}"
-        );
-        assert_eq!(sent["kind"], "DataVolume");
-        sent["status"].clone()
-    }
-
-    #[tokio::test]
-    async fn new_datavolume_creates_the_pvc_then_patches_status() {
-        let (client, mut api) = mockapi::pair();
-        let task = reconciled(dv(), context(client)).await;
-        reads(&mut api, None, None).await;
-        let pvc = api.created(&format!("{NS}/persistentvolumeclaims")).await;
-        assert_eq!(pvc["metadata"]["name"], "fedora");
-        assert_eq!(
-            pvc["spec"]["resources"]["requests"]["storage"],
-            "1136234735"
-        );
-        let st = status_applied(&mut api, &dv()).await;
-        assert_eq!(st["phase"], "Pending");
-        api.silence().await;
-        let action = task.await.unwrap().unwrap();
-        assert_eq!(action, Requeue::await_change());
-    }
-
-    #[tokio::test]
-    async fn bound_pvc_gets_an_importer_pod() {
-        let (client, mut api) = mockapi::pair();
-        let task = reconciled(dv(), context(client)).await;
-        reads(&mut api, Some(bound_pvc()), None).await;
-        let pod = api.created(&format!("{NS}/pods")).await;
-        assert_eq!(pod["metadata"]["name"], "importer-fedora");
-        assert_eq!(pod["spec"]["containers"][0]["args"][0], "import");
-        assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], "uid-1");
-        let st = status_applied(&mut api, &dv()).await;
-        assert_eq!(st["phase"], "PVCBound");
-        api.silence().await;
-        task.await.unwrap().unwrap();
-    }
-
-    #[tokio::test]
-    async fn succeeded_pod_is_reported_then_deleted() {
-        let (client, mut api) = mockapi::pair();
-        let running = importing();
-        let task = reconciled(running.clone(), context(client)).await;
-        reads(&mut api, Some(bound_pvc()), Some(pod("Succeeded", Some(0)))).await;
-        let ev = api
-            .created("/apis/events.k8s.io/v1/namespaces/vms/events")
-            .await;
-        assert_eq!(ev["reason"], "ImportSucceeded");
-        api.expect(
-            Method::DELETE,
-            &format!("{NS}/pods/importer-fedora"),
-            200,
-            pod("Succeeded", Some(0)),
-        )
-        .await;
-        let st = status_applied(&mut api, &running).await;
-        assert_eq!(st["phase"], "Succeeded");
-        assert_eq!(st["progress"], "100.00%");
-        api.silence().await;
-        task.await.unwrap().unwrap();
-    }
-
-    #[tokio::test]
-    async fn checksum_failure_fails_at_once_and_no_new_pod_is_made() {
-        let (client, mut api) = mockapi::pair();
-        let running = importing();
-        let ctx = context(client);
-        let task = reconciled(running.clone(), ctx.clone()).await;
-        reads(&mut api, Some(bound_pvc()), Some(pod("Failed", Some(14)))).await;
-        let ev = api
-            .created("/apis/events.k8s.io/v1/namespaces/vms/events")
-            .await;
-        assert_eq!(
-            (ev["reason"].as_str(), ev["type"].as_str()),
-            (Some("ImportFailed"), Some("Warning"))
-        );
-        api.not_found(Method::DELETE, &format!("{NS}/pods/importer-fedora"))
-            .await;
-        let st = status_applied(&mut api, &running).await;
-        assert_eq!(st["phase"], "Failed");
-        assert_eq!(st["restartCount"], 0);
-        api.silence().await;
-        task.await.unwrap().unwrap();
-
-        // The next reconcile of the failed DataVolume only looks: no pod is created.
-        let mut failed = running;
-        failed.status = serde_json::from_value(st).unwrap();
-        let task = reconciled(failed, ctx).await;
-        reads(&mut api, Some(bound_pvc()), None).await;
-        api.silence().await;
-        task.await.unwrap().unwrap();
-    }
-
-    #[tokio::test]
-    async fn deletion_removes_pods_service_and_pvc_then_the_finalizer() {
-        let (client, mut api) = mockapi::pair();
-        let deleting = deleting(&[]);
-        let task = reconciled(deleting.clone(), context(client)).await;
-        api.expect(
-            Method::DELETE,
-            &format!("{NS}/pods/importer-fedora"),
-            200,
-            pod("Running", None),
-        )
-        .await;
-        api.not_found(Method::DELETE, &format!("{NS}/pods/cdi-upload-fedora"))
-            .await;
-        api.not_found(Method::DELETE, &format!("{NS}/services/cdi-upload-fedora"))
-            .await;
-        api.expect(
-            Method::DELETE,
-            &format!("{NS}/persistentvolumeclaims/fedora"),
-            200,
-            bound_pvc(),
-        )
-        .await;
-        let (_, patch) = api.expect(Method::PATCH, DV, 200, to_json(&deleting)).await;
-        assert_eq!(patch[1]["op"], "remove", "{patch}");
-        api.silence().await;
-        task.await.unwrap().unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_retained_pvc_survives_deletion() {
-        let (client, mut api) = mockapi::pair();
-        let deleting = deleting(&[(ANN_RETAIN_PVC, "true")]);
-        let task = reconciled(deleting.clone(), context(client)).await;
-        api.not_found(Method::DELETE, &format!("{NS}/pods/importer-fedora"))
-            .await;
-        api.not_found(Method::DELETE, &format!("{NS}/pods/cdi-upload-fedora"))
-            .await;
-        api.not_found(Method::DELETE, &format!("{NS}/services/cdi-upload-fedora"))
-            .await;
-        api.expect(Method::PATCH, DV, 200, to_json(&deleting)).await;
-        api.silence().await;
-        task.await.unwrap().unwrap();
-    }
-
-    #[tokio::test]
-    async fn the_finalizer_is_added_before_anything_else() {
-        let (client, mut api) = mockapi::pair();
-        let mut fresh = dv();
-        fresh.metadata.finalizers = None;
-        let task = reconciled(fresh.clone(), context(client)).await;
-        let (_, patch) = api.expect(Method::PATCH, DV, 200, to_json(&fresh)).await;
-        assert_eq!(patch[1]["value"][0], FINALIZER, "{patch}");
-        api.silence().await;
-        task.await.unwrap().unwrap();
-    }
-
     #[tokio::test]
     async fn progress_is_read_from_the_importers_metrics_server() {
         let progress = Arc::new(importer::progress::Progress::default());
@@ -609,7 +504,7 @@ mod tests {
     async fn api_errors_surface_as_transient_errors() {
         let (client, mut api) = mockapi::pair();
         let ctx = context(client);
-        let task = reconciled(dv(), ctx.clone()).await;
+        let task = tokio::spawn(reconcile(Arc::new(dv()), ctx.clone()));
         api.expect(
             Method::GET,
             &format!("{NS}/persistentvolumeclaims/fedora"),

@@ -20,9 +20,6 @@ use super::{Config, name};
 use crate::api::datavolume::{DataVolumeStatus, condition};
 use crate::api::{DataVolume, Phase};
 
-/// How often a running import is looked at again, for its progress.
-pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
-
 /// What the controller saw of the DataVolume's objects.
 #[derive(Debug, Clone)]
 pub struct Observed<'a> {
@@ -126,8 +123,9 @@ fn last_error_line(log: &str) -> String {
     log.trim().lines().last().unwrap_or_default().to_string()
 }
 
-/// Why the container is not running yet (`ContainerCreating`, `ImagePullBackOff`, ...).
-fn waiting_reason(p: &Pod) -> String {
+/// Why the container is not running yet (`ContainerCreating`, `ImagePullBackOff`, ...), when
+/// the kubelet has said.
+fn waiting_reason(p: &Pod) -> Option<String> {
     p.status
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())
@@ -135,7 +133,51 @@ fn waiting_reason(p: &Pod) -> String {
         .and_then(|c| c.state.as_ref())
         .and_then(|s| s.waiting.as_ref())
         .and_then(|w| w.reason.clone())
-        .unwrap_or_else(|| "Pending".into())
+}
+
+/// Running while the pod is pending: the kubelet's waiting reason; without one, a retry keeps
+/// the previous attempt's failure (its reason, message and back-off time) instead of "Pending".
+fn pending_reason(cx: &mut Ctx<'_>, p: &Pod) {
+    let retrying = cx.st.restart_count.unwrap_or(0) > 0
+        && status::find(&cx.st.conditions, condition::RUNNING)
+            .is_some_and(|c| c.status == "False" && c.reason.is_some());
+    match waiting_reason(p) {
+        Some(why) => cx.cond(condition::RUNNING, false, &why, ""),
+        None if retrying => {}
+        None => cx.cond(condition::RUNNING, false, reason::PENDING, ""),
+    }
+}
+
+/// A pod creation the API server refused (Pod Security, quota, admission webhooks): Running
+/// turns False with the API's message, a Warning event says so when the message is new, and the
+/// creation is retried after the back-off of `attempt` (1 for the first refusal). Returns the
+/// event and the delay.
+pub fn pod_refused(
+    st: &mut DataVolumeStatus,
+    pod: &Pod,
+    api_message: &str,
+    attempt: u32,
+    cfg: &Config,
+    now: Timestamp,
+) -> (Option<Event>, Duration) {
+    let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
+    let message = format!("cannot create pod {pod_name}: {api_message}");
+    let new = status::find(&st.conditions, condition::RUNNING)
+        .is_none_or(|c| c.message.as_deref() != Some(message.as_str()));
+    status::set_condition(
+        &mut st.conditions,
+        condition::RUNNING,
+        false,
+        reason::CREATE_POD_FAILED,
+        &message,
+        now,
+    );
+    let event = new.then(|| Event {
+        warning: true,
+        reason: reason::CREATE_POD_FAILED.into(),
+        message,
+    });
+    (event, cfg.retry.delay(attempt))
 }
 
 struct Ctx<'a> {
@@ -215,6 +257,8 @@ impl Ctx<'_> {
 pub fn decide(dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) -> Decision {
     let mut st = dv.status.clone().unwrap_or_default();
     st.claim_name = Some(name(dv).to_string());
+    st.observed_generation = dv.metadata.generation;
+    st.progress.get_or_insert_with(|| PROGRESS_UNKNOWN.into());
     st.restart_count.get_or_insert(0);
     let mut cx = Ctx {
         dv,
@@ -316,6 +360,14 @@ fn claim_ready(cx: &mut Ctx<'_>, claim: &Claim) -> bool {
     }
 }
 
+/// The UID of the observed PVC (upload pods and Services are keyed on it).
+fn pvc_uid(cx: &Ctx<'_>) -> String {
+    cx.obs
+        .pvc
+        .and_then(|p| p.metadata.uid.clone())
+        .unwrap_or_default()
+}
+
 fn start_pod(cx: &mut Ctx<'_>, src: &Source, claim: &Claim, work: Work) {
     let restarts = cx.st.restart_count.unwrap_or(0).max(0) as u32;
     if restarts > 0 {
@@ -335,12 +387,15 @@ fn start_pod(cx: &mut Ctx<'_>, src: &Source, claim: &Claim, work: Work) {
     let p = match src {
         Source::Import(i) => pod::importer_pod(cx.dv, i, claim, &cx.obs.refs, cx.cfg),
         Source::Blank => pod::blank_pod(cx.dv, claim, cx.cfg),
-        Source::Upload => pod::upload_pod(cx.dv, claim, cx.cfg),
+        Source::Upload => pod::upload_pod(cx.dv, claim, cx.cfg, &pvc_uid(cx)),
     };
     cx.actions.push(Action::CreatePod(Box::new(p)));
     if work == Work::Upload && !cx.obs.service {
         cx.actions
-            .push(Action::CreateService(Box::new(pod::upload_service(cx.dv))));
+            .push(Action::CreateService(Box::new(pod::upload_service(
+                cx.dv,
+                &pvc_uid(cx),
+            ))));
     }
     if matches!(
         cx.st.phase,
@@ -365,8 +420,7 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
     let pod_name = p.metadata.name.clone().unwrap_or_default();
     match (pod_phase(p), work) {
         ("Pending", Work::Import) => {
-            let why = waiting_reason(p);
-            cx.cond(condition::RUNNING, false, &why, "");
+            pending_reason(cx, p);
             cx.cond(condition::READY, false, "", "");
             cx.phase(
                 Phase::ImportScheduled,
@@ -378,8 +432,7 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
             );
         }
         ("Pending", Work::Upload) => {
-            let why = waiting_reason(p);
-            cx.cond(condition::RUNNING, false, &why, "");
+            pending_reason(cx, p);
             cx.upload_scheduled(&pvc);
         }
         ("Running", Work::Import) => {
@@ -400,7 +453,7 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
                     .clone()
                     .unwrap_or_else(|| PROGRESS_UNKNOWN.into()),
             });
-            cx.requeue = Some(PROGRESS_INTERVAL);
+            cx.requeue = Some(cx.cfg.progress_interval);
         }
         ("Running", Work::Upload) => {
             cx.transfer_running();
@@ -455,12 +508,17 @@ fn pod_failed(cx: &mut Ctx<'_>, p: &Pod, pod_name: String, work: Work) {
     let pvc = name(cx.dv).to_string();
     let (code, msg) = terminated(p).unwrap_or((-1, "the pod failed".into()));
     let failure = classify(code);
-    let (ev, what) = match work {
+    let (ev, retry_ev, what) = match work {
         Work::Import => (
             reason::IMPORT_FAILED,
+            reason::IMPORT_RETRYING,
             format!("Failed to import into PVC {pvc}"),
         ),
-        Work::Upload => (reason::UPLOAD_FAILED, format!("Upload into {pvc} failed")),
+        Work::Upload => (
+            reason::UPLOAD_FAILED,
+            reason::UPLOAD_RETRYING,
+            format!("Upload into {pvc} failed"),
+        ),
     };
     let restarts = cx.st.restart_count.unwrap_or(0).max(0) as u32;
     let max = cx.cfg.retry.max_restarts;
@@ -480,7 +538,8 @@ fn pod_failed(cx: &mut Ctx<'_>, p: &Pod, pod_name: String, work: Work) {
         );
         cx.cond(condition::RUNNING, false, &failure.reason, &message);
         cx.cond(condition::READY, false, "", "");
-        cx.event(true, ev, message);
+        // Its own reason: the final failure must not read as one more of the same.
+        cx.event(true, retry_ev, message);
         cx.st.restart_count = Some(n as i32);
         cx.requeue = Some(delay);
     }

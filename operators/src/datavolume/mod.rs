@@ -10,8 +10,12 @@
 //! - [`local`]: `quarry apply` / `quarry get dv` without a cluster.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Resource;
 
 use crate::api::DataVolume;
 
@@ -33,10 +37,12 @@ pub use retry::RetryPolicy;
 pub const ANN_OWNED_BY: &str = "cdi.kubevirt.io/ownedByDataVolume";
 /// DataVolume annotation: keep the PVC when the DataVolume is deleted.
 pub const ANN_RETAIN_PVC: &str = "quarry.kubevirt.io/retainPVC";
-/// Pod label naming the PVC a pod populates (the upload Service selects on it).
+/// Upload pod label: the UID of the PVC it fills (CDI's; the upload Service selects on it).
 pub const LABEL_TARGET: &str = "cdi.kubevirt.io/uploadTarget";
 /// Finalizer that cleans up pods (and the PVC) when a DataVolume is deleted.
 pub const FINALIZER: &str = "quarry.kubevirt.io/datavolume-cleanup";
+/// How often a running import's progress is read by default.
+pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(3);
 /// CDI's default filesystem overhead (`0.055`).
 pub const DEFAULT_FILESYSTEM_OVERHEAD: f64 = 0.055;
 
@@ -64,7 +70,7 @@ pub struct Config {
     pub default_storage_class: Option<String>,
     /// Registries reached without TLS verification (`HOST[:PORT]`).
     pub insecure_registries: Vec<String>,
-    /// Resources of importer and upload pods.
+    /// Resources of importer and upload pods (None: CDI's defaults, [`default_resources`]).
     pub resources: Option<ResourceRequirements>,
     /// Retries of failed pods.
     pub retry: RetryPolicy,
@@ -73,6 +79,8 @@ pub struct Config {
     pub honor_wait_for_first_consumer: bool,
     /// TLS of upload servers (None: plain HTTP inside the cluster).
     pub upload_tls: Option<UploadTls>,
+    /// How often a running import's progress is read (CDI: every few seconds).
+    pub progress_interval: Duration,
 }
 
 impl Default for Config {
@@ -88,6 +96,7 @@ impl Default for Config {
             retry: RetryPolicy::default(),
             honor_wait_for_first_consumer: true,
             upload_tls: None,
+            progress_interval: DEFAULT_PROGRESS_INTERVAL,
         }
     }
 }
@@ -120,4 +129,29 @@ pub fn labels(dv: &DataVolume) -> BTreeMap<String, String> {
             name(dv).to_string(),
         ),
     ])
+}
+
+/// The owner reference of everything made for a DataVolume: its controller, blocking the
+/// DataVolume's foreground deletion until the object is gone (as CDI's).
+pub fn owner_ref(dv: &DataVolume) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        block_owner_deletion: Some(true),
+        ..dv.controller_owner_ref(&())?
+    })
+}
+
+/// CDI's default podResourceRequirements of importer and upload pods: requests 100m CPU and
+/// 60M memory, limits 750m CPU and 600M memory.
+pub fn default_resources() -> ResourceRequirements {
+    let q = |cpu: &str, mem: &str| {
+        BTreeMap::from([
+            ("cpu".to_string(), Quantity(cpu.into())),
+            ("memory".to_string(), Quantity(mem.into())),
+        ])
+    };
+    ResourceRequirements {
+        requests: Some(q("100m", "60M")),
+        limits: Some(q("750m", "600M")),
+        ..Default::default()
+    }
 }

@@ -5,13 +5,13 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    PersistentVolumeClaimVolumeSource, Pod, PodSpec, Probe, SecretKeySelector, SecretVolumeSource,
-    Service, ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeDevice, VolumeMount,
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, Probe, SeccompProfile,
+    SecretKeySelector, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
+    TCPSocketAction, Volume, VolumeDevice, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::Resource;
 
 use super::pvc::{Claim, VolumeMode};
 use super::source::{ImportSource, SourceKind};
@@ -26,6 +26,8 @@ pub const DISK_IMG: &str = "/data/disk.img";
 pub const BLOCK_DEVICE: &str = "/dev/cdi-block-volume";
 /// Port of the importer's metrics and of the upload server.
 pub const POD_PORT: i32 = 8443;
+/// The non-root user and group importer and upload pods run as (CDI's `qemu` user, 107).
+pub const POD_UID: i64 = 107;
 /// CA certificates of `certConfigMap`.
 const CERT_DIR: &str = "/certs";
 /// The `secretRef` Secret.
@@ -182,13 +184,14 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
 }
 
 /// The pod skeleton both kinds share: one container, the PVC attached (plus `extra` volumes),
-/// owned by the DataVolume, never restarted in place (the controller decides about retries).
+/// owned by the DataVolume, never restarted in place (the controller decides about retries),
+/// meeting Pod Security's `restricted` profile.
 fn pod(
     dv: &DataVolume,
     pod_name: String,
     claim: &Claim,
     mut c: Container,
-    extra: Vec<Volume>,
+    (extra, extra_labels): (Vec<Volume>, BTreeMap<String, String>),
     cfg: &Config,
 ) -> Pod {
     let pvc = name(dv);
@@ -216,22 +219,21 @@ fn pod(
     c.image = Some(cfg.image.clone());
     c.image_pull_policy = cfg.pull_policy.clone();
     c.command = Some(vec!["quarry".into()]);
-    c.resources = cfg.resources.clone();
+    c.resources = Some(
+        cfg.resources
+            .clone()
+            .unwrap_or_else(super::default_resources),
+    );
     c.termination_message_policy = Some("FallbackToLogsOnError".into());
-    c.ports = Some(vec![ContainerPort {
-        container_port: POD_PORT,
-        name: Some("https".into()),
-        protocol: Some("TCP".into()),
-        ..Default::default()
-    }]);
+    c.security_context = Some(restricted_container());
     let mut meta_labels = labels(dv);
-    meta_labels.insert(super::LABEL_TARGET.into(), pvc.into());
+    meta_labels.extend(extra_labels);
     Pod {
         metadata: ObjectMeta {
             name: Some(pod_name),
             namespace: dv.metadata.namespace.clone(),
             labels: Some(meta_labels),
-            owner_references: dv.controller_owner_ref(&()).map(|o| vec![o]),
+            owner_references: super::owner_ref(dv).map(|o| vec![o]),
             ..Default::default()
         },
         spec: Some(PodSpec {
@@ -239,10 +241,50 @@ fn pod(
             volumes: Some(volumes),
             restart_policy: Some("Never".into()),
             priority_class_name: dv.spec.priority_class_name.clone(),
+            security_context: Some(restricted_pod()),
             ..Default::default()
         }),
         status: None,
     }
+}
+
+/// The pod side of Pod Security's `restricted` profile, as CDI's pods: a fixed non-root user,
+/// RuntimeDefault seccomp, and the volume's files (fsGroup) and block devices (with the
+/// runtime's device ownership from the security context) owned by the pod's group.
+fn restricted_pod() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(POD_UID),
+        run_as_group: Some(POD_UID),
+        fs_group: Some(POD_UID),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
+        ..Default::default()
+    }
+}
+
+/// The container side of `restricted`: no privilege escalation, every capability dropped.
+fn restricted_container() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        run_as_non_root: Some(true),
+        ..Default::default()
+    }
+}
+
+fn port(name: &str) -> Option<Vec<ContainerPort>> {
+    Some(vec![ContainerPort {
+        container_port: POD_PORT,
+        name: Some(name.into()),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    }])
 }
 
 fn config_map_volume(vol: &str, config_map: &str) -> Volume {
@@ -289,9 +331,12 @@ pub fn importer_pod(
         args: Some(args),
         env: (!env.is_empty()).then_some(env),
         volume_mounts: Some(mounts),
+        // Plain-HTTP Prometheus metrics.
+        ports: port("metrics"),
         ..Default::default()
     };
-    pod(dv, importer_pod_name(name(dv)), claim, c, volumes, cfg)
+    let pod_name = importer_pod_name(name(dv));
+    pod(dv, pod_name, claim, c, (volumes, BTreeMap::new()), cfg)
 }
 
 /// The importer pod for a blank disk: an import of an empty source, which leaves a sparse disk
@@ -305,8 +350,9 @@ pub fn blank_pod(dv: &DataVolume, claim: &Claim, cfg: &Config) -> Pod {
 }
 
 /// The upload server pod: `quarry upload-server` writing into the volume, TLS from the
-/// configured Secret, client certificates checked against the upload proxy's CA.
-pub fn upload_pod(dv: &DataVolume, claim: &Claim, cfg: &Config) -> Pod {
+/// configured Secret, client certificates checked against the upload proxy's CA. Labelled with
+/// the UID of the PVC it fills, which its Service selects on.
+pub fn upload_pod(dv: &DataVolume, claim: &Claim, cfg: &Config, pvc_uid: &str) -> Pod {
     let mut args = vec![
         "upload-server".to_string(),
         "--target".into(),
@@ -347,26 +393,33 @@ pub fn upload_pod(dv: &DataVolume, claim: &Claim, cfg: &Config) -> Pod {
             ..Default::default()
         }),
         volume_mounts: Some(mounts),
+        ports: port(if cfg.upload_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }),
         ..Default::default()
     };
-    pod(dv, upload_name(name(dv)), claim, c, volumes, cfg)
+    let target = BTreeMap::from([(super::LABEL_TARGET.to_string(), pvc_uid.to_string())]);
+    pod(dv, upload_name(name(dv)), claim, c, (volumes, target), cfg)
 }
 
-/// The Service in front of the upload server, as CDI names it: port 443 to the pod's 8443.
-pub fn upload_service(dv: &DataVolume) -> Service {
+/// The Service in front of the upload server, as CDI names it: port 443 to the pod's 8443,
+/// selecting the upload pod by its PVC's UID.
+pub fn upload_service(dv: &DataVolume, pvc_uid: &str) -> Service {
     let pvc = name(dv);
     Service {
         metadata: ObjectMeta {
             name: Some(upload_name(pvc)),
             namespace: dv.metadata.namespace.clone(),
             labels: Some(labels(dv)),
-            owner_references: dv.controller_owner_ref(&()).map(|o| vec![o]),
+            owner_references: super::owner_ref(dv).map(|o| vec![o]),
             ..Default::default()
         },
         spec: Some(ServiceSpec {
             selector: Some(BTreeMap::from([(
                 super::LABEL_TARGET.to_string(),
-                pvc.to_string(),
+                pvc_uid.to_string(),
             )])),
             ports: Some(vec![ServicePort {
                 name: Some("uploadproxy".into()),

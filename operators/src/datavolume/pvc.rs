@@ -135,8 +135,8 @@ pub fn claim(dv: &DataVolume, cfg: &Config) -> Result<Claim> {
     }
 }
 
-/// The PVC object: named like the DataVolume (as CDI does), labelled, not owned (the finalizer
-/// decides whether it outlives the DataVolume).
+/// The PVC object: named like the DataVolume (as CDI does), labelled, and owned by it unless
+/// the DataVolume asks to retain its PVC (the finalizer deletes an unretained one too).
 pub fn desired_pvc(dv: &DataVolume, claim: &Claim) -> PersistentVolumeClaim {
     PersistentVolumeClaim {
         metadata: ObjectMeta {
@@ -151,11 +151,24 @@ pub fn desired_pvc(dv: &DataVolume, claim: &Claim) -> PersistentVolumeClaim {
                     super::name(dv)
                 ),
             )])),
+            owner_references: (!retained(dv))
+                .then(|| super::owner_ref(dv))
+                .flatten()
+                .map(|o| vec![o]),
             ..Default::default()
         },
         spec: Some(claim.spec.clone()),
         status: None,
     }
+}
+
+/// Whether the DataVolume keeps its PVC when deleted.
+pub fn retained(dv: &DataVolume) -> bool {
+    dv.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(super::ANN_RETAIN_PVC))
+        .is_some_and(|v| v == "true")
 }
 
 #[cfg(test)]

@@ -23,6 +23,12 @@ pub mod reason {
     pub const UPLOAD_SUCCEEDED: &str = "UploadSucceeded";
     /// Event: the upload server failed.
     pub const UPLOAD_FAILED: &str = "UploadFailed";
+    /// Event and Running: the API server refused the pod (Pod Security, quota, a webhook).
+    pub const CREATE_POD_FAILED: &str = "CreatePodFailed";
+    /// Event: a failed attempt is retried after a back-off.
+    pub const IMPORT_RETRYING: &str = "ImportRetrying";
+    /// Event: a failed upload server is restarted after a back-off.
+    pub const UPLOAD_RETRYING: &str = "UploadRetrying";
     /// Event: the DataVolume cannot be acted on.
     pub const DATA_VOLUME_FAILED: &str = "DataVolumeFailed";
     /// Event: the PVC lost its volume.

@@ -263,7 +263,7 @@ fn the_full_import_sequence_with_cdi_phases_events_and_conditions() {
         Some("Pod is running")
     );
     assert_eq!(cond(&d, "Ready").reason.as_deref(), Some("TransferRunning"));
-    assert_eq!(d.requeue, Some(decide::PROGRESS_INTERVAL));
+    assert_eq!(d.requeue, Some(cfg.progress_interval));
     // Progress unknown for a moment: the last value stays.
     let d = step(&mut dv, &obs(Some(&bound), Some(&running)), &cfg);
     assert_eq!(d.status.progress.as_deref(), Some("45.50%"));
@@ -347,7 +347,7 @@ fn retryable_failures_back_off_then_restart_then_give_up() {
         cond(&d, "Running").reason.as_deref(),
         Some("SourceUnavailable")
     );
-    assert_eq!(events(&d), [(true, "ImportFailed".to_string())]);
+    assert_eq!(events(&d), [(true, "ImportRetrying".to_string())]);
     assert!(
         d.actions
             .contains(&Action::DeletePod("importer-fedora".into()))
@@ -369,6 +369,12 @@ fn retryable_failures_back_off_then_restart_then_give_up() {
     let d = step(&mut dv, &after, &cfg);
     created_pod(&d);
     assert_eq!(d.status.phase, Some(Phase::ImportInProgress));
+    // The new pod, not started yet, leaves the failure's reason in Running (not "Pending").
+    let d = step(&mut dv, &obs(Some(&bound), Some(&pod_in("Pending"))), &cfg);
+    assert_eq!(
+        cond(&d, "Running").reason.as_deref(),
+        Some("SourceUnavailable")
+    );
 
     // Second failure (exit 21) waits the capped delay; the third gives up.
     let d = step(
@@ -382,6 +388,8 @@ fn retryable_failures_back_off_then_restart_then_give_up() {
     );
     let d = step(&mut dv, &obs(Some(&bound), Some(&exited(137, ""))), &cfg);
     assert_eq!(d.status.phase, Some(Phase::Failed));
+    // The final failure has its own reason, so it never folds into the retries' events.
+    assert_eq!(events(&d), [(true, "ImportFailed".to_string())]);
     assert_eq!(d.status.restart_count, Some(2));
     assert_eq!(cond(&d, "Running").reason.as_deref(), Some("Error"));
     assert!(
@@ -404,9 +412,13 @@ fn an_invalid_spec_fails_before_creating_anything() {
         }),
         ..Default::default()
     });
+    dv.metadata.generation = Some(3);
     let d = step(&mut dv, &obs(None, None), &cfg);
     assert_eq!(d.status.phase, Some(Phase::Failed));
     assert_eq!(cond(&d, "Ready").reason.as_deref(), Some("InvalidSpec"));
+    // Progress unknown, not empty; the status says which generation it is about.
+    assert_eq!(d.status.progress.as_deref(), Some("N/A"));
+    assert_eq!(d.status.observed_generation, Some(3));
     assert!(
         matches!(&d.actions[..], [Action::Event(e)] if e.reason == "DataVolumeFailed" && e.warning)
     );
@@ -672,7 +684,7 @@ fn upload_pod_runs_the_upload_server_with_tls_and_the_service_maps_443() {
     };
     let dv = upload_dv();
     let claim = pvc::claim(&dv, &cfg).unwrap();
-    let p = pod::upload_pod(&dv, &claim, &cfg);
+    let p = pod::upload_pod(&dv, &claim, &cfg, "pvc-uid");
     assert_eq!(
         args(&p),
         [
@@ -697,9 +709,20 @@ fn upload_pod_runs_the_upload_server_with_tls_and_the_service_maps_443() {
     assert!(vols.iter().any(|v| v.name == "cdi-upload-tls"
         && v.secret.as_ref().unwrap().secret_name.as_deref() == Some("upload-tls")));
     let labels = p.metadata.labels.as_ref().unwrap();
-    let svc = pod::upload_service(&dv);
+    let svc = pod::upload_service(&dv, "pvc-uid");
     let spec = svc.spec.unwrap();
     let sel = spec.selector.unwrap();
+    assert_eq!(sel[super::LABEL_TARGET], "pvc-uid");
+    assert_eq!(
+        p.spec.as_ref().unwrap().containers[0]
+            .ports
+            .as_ref()
+            .unwrap()[0]
+            .name
+            .as_deref(),
+        Some("https"),
+        "TLS upload servers name their port https"
+    );
     for (k, v) in &sel {
         assert_eq!(labels.get(k), Some(v), "the Service selects the pod");
     }
@@ -725,7 +748,7 @@ fn a_failed_upload_server_is_restarted_with_its_service_kept() {
     };
     let d = step(&mut dv, &o, &cfg);
     assert_eq!(d.status.restart_count, Some(1));
-    assert_eq!(events(&d), [(true, "UploadFailed".to_string())]);
+    assert_eq!(events(&d), [(true, "UploadRetrying".to_string())]);
     assert!(
         d.actions
             .contains(&Action::DeletePod("cdi-upload-fedora".into()))
@@ -746,4 +769,25 @@ fn a_failed_upload_server_is_restarted_with_its_service_kept() {
             .iter()
             .any(|a| matches!(a, Action::CreateService(_)))
     );
+}
+
+#[test]
+fn a_refused_pod_sets_running_with_the_apis_message_once_and_backs_off() {
+    let cfg = Config::default();
+    let mut dv = http_dv();
+    let bound = pvc("Bound");
+    let d = step(&mut dv, &obs(Some(&bound), None), &cfg);
+    let p = created_pod(&d).clone();
+    let mut st = d.status.clone();
+    let msg = "pods \"importer-fedora\" is forbidden: exceeded quota: q";
+    let (ev, delay) = decide::pod_refused(&mut st, &p, msg, 1, &cfg, t0());
+    let ev = ev.expect("a first refusal is an event");
+    assert!(ev.warning && ev.reason == "CreatePodFailed" && ev.message.contains(msg));
+    assert_eq!(delay, cfg.retry.delay(1));
+    let running = crate::datavolume::status::find(&st.conditions, "Running").unwrap();
+    assert_eq!(running.reason.as_deref(), Some("CreatePodFailed"));
+    // The same refusal again: no new event, a longer back-off.
+    let (ev, delay) = decide::pod_refused(&mut st, &p, msg, 2, &cfg, t0());
+    assert!(ev.is_none());
+    assert_eq!(delay, cfg.retry.delay(2));
 }

@@ -11,12 +11,13 @@ use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use tracing::{Instrument, info_span};
 
 use super::objects::{DriverObjects, Settings, driver_objects, pools};
-use super::status::status;
+use super::status::{active, inactive, status};
 use crate::api::HostPathProvisioner;
 use crate::error::{Error, Result};
 use crate::kubeops;
@@ -33,6 +34,8 @@ pub struct Context {
     pub settings: Settings,
     /// Reconcile metrics.
     pub metrics: Arc<Metrics>,
+    /// Every HostPathProvisioner (the controller's cache), to serve only the [`active`] one.
+    pub all: Option<Store<HostPathProvisioner>>,
 }
 
 async fn deploy(o: &DriverObjects, client: &Client, ns: &str) -> Result<DaemonSet> {
@@ -40,25 +43,62 @@ async fn deploy(o: &DriverObjects, client: &Client, ns: &str) -> Result<DaemonSe
         m.name.clone().unwrap_or_default()
     };
     let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    kubeops::apply(&sa, &name(&o.service_account.metadata), &o.service_account).await?;
+    kubeops::apply(
+        &sa,
+        &name(&o.service_account.metadata),
+        &o.service_account,
+        &kubeops::manager(CONTROLLER),
+    )
+    .await?;
     let cr: Api<ClusterRole> = Api::all(client.clone());
-    kubeops::apply(&cr, &name(&o.cluster_role.metadata), &o.cluster_role).await?;
+    kubeops::apply(
+        &cr,
+        &name(&o.cluster_role.metadata),
+        &o.cluster_role,
+        &kubeops::manager(CONTROLLER),
+    )
+    .await?;
     let crb: Api<ClusterRoleBinding> = Api::all(client.clone());
     kubeops::apply(
         &crb,
         &name(&o.cluster_role_binding.metadata),
         &o.cluster_role_binding,
+        &kubeops::manager(CONTROLLER),
     )
     .await?;
     let cm: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    kubeops::apply(&cm, &name(&o.pools.metadata), &o.pools).await?;
+    kubeops::apply(
+        &cm,
+        &name(&o.pools.metadata),
+        &o.pools,
+        &kubeops::manager(CONTROLLER),
+    )
+    .await?;
     let ds: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
-    let applied = kubeops::apply(&ds, &name(&o.daemon_set.metadata), &o.daemon_set).await?;
+    let applied = kubeops::apply(
+        &ds,
+        &name(&o.daemon_set.metadata),
+        &o.daemon_set,
+        &kubeops::manager(CONTROLLER),
+    )
+    .await?;
     let drivers: Api<CSIDriver> = Api::all(client.clone());
-    kubeops::apply(&drivers, &name(&o.csi_driver.metadata), &o.csi_driver).await?;
+    kubeops::apply(
+        &drivers,
+        &name(&o.csi_driver.metadata),
+        &o.csi_driver,
+        &kubeops::manager(CONTROLLER),
+    )
+    .await?;
     let classes: Api<StorageClass> = Api::all(client.clone());
     for sc in &o.storage_classes {
-        kubeops::apply(&classes, &name(&sc.metadata), sc).await?;
+        kubeops::apply(
+            &classes,
+            &name(&sc.metadata),
+            sc,
+            &kubeops::manager(CONTROLLER),
+        )
+        .await?;
     }
     Ok(applied)
 }
@@ -68,6 +108,24 @@ pub async fn reconcile(hpp: Arc<HostPathProvisioner>, ctx: Arc<Context>) -> Resu
     let span = info_span!("reconcile", controller = CONTROLLER, name = %hpp.name_any());
     async move {
         let _measure = ctx.metrics.reconcile(CONTROLLER);
+        let api: Api<HostPathProvisioner> = Api::all(ctx.client.clone());
+        let manager = kubeops::manager(CONTROLLER);
+        let all = ctx.all.as_ref().map(|s| s.state()).unwrap_or_default();
+        if let Some(winner) = active(all.iter().map(|h| h.as_ref()))
+            && winner != hpp.name_any()
+        {
+            let st = inactive(hpp.status.as_ref(), &winner, Timestamp::now());
+            if !same_but_heartbeats(hpp.status.as_ref(), &st) {
+                let doc = serde_json::json!({
+                    "apiVersion": HostPathProvisioner::api_version(&()),
+                    "kind": HostPathProvisioner::kind(&()),
+                    "status": st,
+                });
+                kubeops::apply_status(&api, &hpp.name_any(), doc, &manager).await?;
+            }
+            // Looked at again: the served one may go away.
+            return Ok(Requeue::requeue(Duration::from_secs(60)));
+        }
         let outcome = match driver_objects(&hpp, &ctx.settings) {
             Ok(o) => deploy(&o, &ctx.client, &ctx.settings.namespace).await,
             Err(e) => Err(e),
@@ -84,27 +142,34 @@ pub async fn reconcile(hpp: Arc<HostPathProvisioner>, ctx: Arc<Context>) -> Resu
             error.as_deref(),
             Timestamp::now(),
         );
-        let changed = hpp.status.as_ref().map(|s| {
-            let mut a = s.clone();
-            let mut b = st.clone();
-            for c in a.conditions.iter_mut().chain(b.conditions.iter_mut()) {
-                c.last_heartbeat_time = None;
-            }
-            a != b
-        });
-        if changed != Some(false) {
-            let api: Api<HostPathProvisioner> = Api::all(ctx.client.clone());
+        if !same_but_heartbeats(hpp.status.as_ref(), &st) {
             let doc = serde_json::json!({
                 "apiVersion": HostPathProvisioner::api_version(&()),
                 "kind": HostPathProvisioner::kind(&()),
                 "status": st,
             });
-            kubeops::apply_status(&api, &hpp.name_any(), doc).await?;
+            kubeops::apply_status(&api, &hpp.name_any(), doc, &kubeops::manager(CONTROLLER))
+                .await?;
         }
         outcome.map(|_| Requeue::requeue(Duration::from_secs(60)))
     }
     .instrument(span)
     .await
+}
+
+/// Whether `new` differs from `old` only in heartbeat times (then it is not written).
+fn same_but_heartbeats(
+    old: Option<&crate::api::HostPathProvisionerStatus>,
+    new: &crate::api::HostPathProvisionerStatus,
+) -> bool {
+    old.is_some_and(|s| {
+        let mut a = s.clone();
+        let mut b = new.clone();
+        for c in a.conditions.iter_mut().chain(b.conditions.iter_mut()) {
+            c.last_heartbeat_time = None;
+        }
+        a == b
+    })
 }
 
 /// Retries failed reconciles.
@@ -123,12 +188,14 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>) {
     let hpps: Api<HostPathProvisioner> = Api::all(client.clone());
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &settings.namespace);
     let classes: Api<StorageClass> = Api::all(client.clone());
+    let controller = Controller::new(hpps, watcher::Config::default());
     let ctx = Arc::new(Context {
         client,
         settings,
         metrics,
+        all: Some(controller.store()),
     });
-    let results = Controller::new(hpps, watcher::Config::default())
+    let results = controller
         .owns(daemonsets, watcher::Config::default())
         .owns(classes, watcher::Config::default())
         .shutdown_on_signal()
@@ -152,6 +219,7 @@ mod tests {
             client,
             settings: Settings::default(),
             metrics: Arc::default(),
+            all: None,
         });
         let mut hpp = HostPathProvisioner::new(
             "hostpath-provisioner",

@@ -85,6 +85,17 @@ pub fn pools(hpp: &HostPathProvisioner) -> Result<Vec<StoragePool>> {
             pvc_template: None,
         });
     }
+    let mut problems: Vec<String> = pools
+        .iter()
+        .filter(|p| !p.name.is_empty() && !pool_name_ok(&p.name))
+        .map(|p| {
+            format!(
+                "pool name {:?} must be lowercase letters, digits and '-', starting and ending \
+                 with a letter or digit, at most {MAX_POOL_NAME} characters",
+                p.name
+            )
+        })
+        .collect();
     let configs: Vec<provisioner::PoolConfig> = pools
         .iter()
         .map(|p| provisioner::PoolConfig {
@@ -93,9 +104,31 @@ pub fn pools(hpp: &HostPathProvisioner) -> Result<Vec<StoragePool>> {
             quota: Default::default(),
         })
         .collect();
-    provisioner::config::validate(&configs)
-        .map_err(|e| Error::invalid(format!("spec.storagePools: {e}")))?;
-    Ok(pools)
+    if let Err(e) = provisioner::config::validate(&configs) {
+        problems.push(e.to_string());
+    }
+    if problems.is_empty() {
+        Ok(pools)
+    } else {
+        Err(Error::invalid(format!(
+            "spec.storagePools: {}",
+            problems.join("; ")
+        )))
+    }
+}
+
+/// Longest pool name: the DaemonSet's volume `pool-<name>` must stay a DNS-1123 label.
+const MAX_POOL_NAME: usize = 63 - "pool-".len();
+
+/// Whether a pool name makes valid object names (`pool-<name>` volumes, `hostpath-csi-<name>`
+/// StorageClasses): a DNS-1123 label, short enough for the prefix.
+fn pool_name_ok(name: &str) -> bool {
+    let b = name.as_bytes();
+    let inner = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    name.len() <= MAX_POOL_NAME
+        && b.first().is_some_and(inner)
+        && b.last().is_some_and(inner)
+        && b.iter().all(|c| inner(c) || *c == b'-')
 }
 
 fn meta(name: &str, namespace: Option<&str>, hpp: &HostPathProvisioner) -> ObjectMeta {
@@ -419,6 +452,25 @@ mod tests {
         );
         h.metadata.uid = Some("hpp-uid".into());
         h
+    }
+
+    #[test]
+    fn pool_names_are_checked_up_front_and_every_problem_named_once() {
+        let mut hpp = HostPathProvisioner::new("hpp", Default::default());
+        for (name, path) in [("Fast_Pool", "/a"), ("ok", "/b"), ("-x", "relative")] {
+            hpp.spec.storage_pools.push(StoragePool {
+                name: name.into(),
+                path: path.into(),
+                pvc_template: None,
+            });
+        }
+        let msg = pools(&hpp).unwrap_err().to_string();
+        assert!(msg.contains("\"Fast_Pool\" must be lowercase"), "{msg}");
+        assert!(msg.contains("\"-x\" must be lowercase"), "{msg}");
+        assert!(msg.contains("not absolute"), "{msg}");
+        assert!(!msg.contains("\"ok\""), "{msg}");
+        assert!(msg.len() < 400, "{msg}");
+        assert!(pool_name_ok("fast-1") && !pool_name_ok(&"a".repeat(59)));
     }
 
     #[test]

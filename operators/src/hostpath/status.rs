@@ -5,8 +5,8 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::HostPathProvisionerStatus;
 use crate::api::hostpath::{OperatorCondition, StoragePool, StoragePoolStatus};
+use crate::api::{HostPathProvisioner, HostPathProvisionerStatus};
 
 fn set(
     conds: &mut Vec<OperatorCondition>,
@@ -35,6 +35,62 @@ fn set(
     c.reason = Some(reason.into());
     c.message = Some(message.into());
     c.last_heartbeat_time = Some(Time(now));
+}
+
+/// The one HostPathProvisioner served when several exist (the driver objects are cluster-wide,
+/// so two would fight over them): the oldest, by creation time and then name.
+pub fn active<'a>(all: impl IntoIterator<Item = &'a HostPathProvisioner>) -> Option<String> {
+    all.into_iter()
+        .filter(|h| h.metadata.deletion_timestamp.is_none())
+        .min_by(|a, b| {
+            let key = |h: &'a HostPathProvisioner| {
+                (
+                    h.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                    h.metadata.name.as_deref(),
+                )
+            };
+            key(a).cmp(&key(b))
+        })
+        .and_then(|h| h.metadata.name.clone())
+}
+
+/// The status of a HostPathProvisioner that is not [`active`]: Degraded, naming the one served;
+/// nothing is deployed for it.
+pub fn inactive(
+    previous: Option<&HostPathProvisionerStatus>,
+    active: &str,
+    now: Timestamp,
+) -> HostPathProvisionerStatus {
+    let mut st = previous.cloned().unwrap_or_default();
+    let m = format!(
+        "only one HostPathProvisioner is served: {active:?} (the oldest); delete this one or that"
+    );
+    let c = &mut st.conditions;
+    set(
+        c,
+        "Available",
+        false,
+        "AnotherHostPathProvisionerActive",
+        &m,
+        now,
+    );
+    set(
+        c,
+        "Progressing",
+        false,
+        "AnotherHostPathProvisionerActive",
+        &m,
+        now,
+    );
+    set(
+        c,
+        "Degraded",
+        true,
+        "AnotherHostPathProvisionerActive",
+        &m,
+        now,
+    );
+    st
 }
 
 /// The status for `pools`, given the DaemonSet as last seen (None: not created yet) and the
@@ -145,5 +201,25 @@ mod tests {
         );
         let s = status(None, &pools, None, None, now);
         assert_eq!(cond(&s, "Available"), "False");
+    }
+
+    #[test]
+    fn the_oldest_cr_is_served_and_the_others_say_which() {
+        let at = |name: &str, secs: i64| {
+            let mut h = HostPathProvisioner::new(name, Default::default());
+            h.metadata.creation_timestamp = Some(Time(Timestamp::from_second(secs).unwrap()));
+            h
+        };
+        let all = [at("b", 5), at("a", 9), at("c", 5)];
+        assert_eq!(active(&all).as_deref(), Some("b"));
+        let st = inactive(None, "b", Timestamp::from_second(10).unwrap());
+        let d = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded")
+            .unwrap();
+        assert_eq!(d.status, "True");
+        assert!(d.message.as_deref().unwrap().contains("\"b\""));
+        assert!(d.last_transition_time.is_some());
     }
 }

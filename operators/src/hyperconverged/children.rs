@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use crate::api::HyperConverged;
 use crate::api::hostpath::StoragePool;
+use crate::api::hyperconverged::{CertConfig, CertRotation};
 use crate::error::{Error, Result};
 
 /// HyperConverged annotation enabling the HostPathProvisioner child: a JSON list of
@@ -45,6 +46,23 @@ pub struct ChildKind {
     pub name: &'static str,
     /// Namespaced (in the HyperConverged's namespace) or cluster-scoped.
     pub namespaced: bool,
+}
+
+/// A relatedObjects entry for an applied child, as HCO lists them: apiVersion, kind, name,
+/// namespace (for namespaced children), uid and resourceVersion.
+pub fn related_object(
+    kind: &ChildKind,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some(kind.api_resource().api_version),
+        kind: Some(kind.kind.into()),
+        name: Some(kind.name.into()),
+        namespace: meta.namespace.clone().filter(|_| kind.namespaced),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        field_path: None,
+    }
 }
 
 impl ChildKind {
@@ -163,10 +181,28 @@ fn drop_nulls(v: Value) -> Value {
     }
 }
 
+/// The certificate rotation the children get: what the HyperConverged sets, each unset field
+/// filled with HCO's defaults (CA 48h, renewed 24h before expiry; server 24h, renewed 12h before).
+pub fn cert_config(hc: &HyperConverged) -> CertConfig {
+    let given = hc.spec.cert_config.clone().unwrap_or_default();
+    let fill = |r: Option<CertRotation>, duration: &str, renew: &str| {
+        let r = r.unwrap_or_default();
+        Some(CertRotation {
+            duration: r.duration.or_else(|| Some(duration.into())),
+            renew_before: r.renew_before.or_else(|| Some(renew.into())),
+        })
+    };
+    CertConfig {
+        ca: fill(given.ca, "48h0m0s", "24h0m0s"),
+        server: fill(given.server, "24h0m0s", "12h0m0s"),
+    }
+}
+
 /// The CDI child: HCO's storage settings propagated into `spec.config` and `spec.certConfig`.
 pub fn cdi(hc: &HyperConverged) -> DynamicObject {
     let s = &hc.spec;
-    let cert = s.cert_config.as_ref();
+    let cert = cert_config(hc);
+    let cert = Some(&cert);
     let spec = json!({
         "config": {
             "scratchSpaceStorageClass": s.scratch_space_storage_class,
@@ -195,7 +231,8 @@ pub fn kubevirt(hc: &HyperConverged) -> DynamicObject {
     if fg.persistent_reservation == Some(true) {
         gates.push("PersistentReservation");
     }
-    let cert = s.cert_config.as_ref();
+    let cert = cert_config(hc);
+    let cert = Some(&cert);
     let spec = json!({
         "certificateRotateStrategy": {"selfSigned": {
             "ca": cert.and_then(|c| c.ca.as_ref()),
@@ -240,4 +277,44 @@ pub fn children(hc: &HyperConverged) -> Result<Vec<(ChildKind, DynamicObject)>> 
         out.push((HOSTPATH, hostpath(hc, &pools)));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::HyperConvergedSpec;
+
+    fn hc(cert: Option<CertConfig>) -> HyperConverged {
+        let mut hc = HyperConverged::new(
+            "kubevirt-hyperconverged",
+            HyperConvergedSpec {
+                cert_config: cert,
+                ..Default::default()
+            },
+        );
+        hc.metadata.namespace = Some("kubevirt-hyperconverged".into());
+        hc
+    }
+
+    #[test]
+    fn children_get_hcos_certificate_defaults_where_none_are_set() {
+        let spec = &cdi(&hc(None)).data["spec"]["certConfig"];
+        assert_eq!(spec["ca"]["duration"], "48h0m0s");
+        assert_eq!(spec["ca"]["renewBefore"], "24h0m0s");
+        assert_eq!(spec["server"]["duration"], "24h0m0s");
+        assert_eq!(spec["server"]["renewBefore"], "12h0m0s");
+        // What is set is kept; only the rest is filled.
+        let partial = CertConfig {
+            server: Some(CertRotation {
+                duration: Some("6h0m0s".into()),
+                renew_before: None,
+            }),
+            ca: None,
+        };
+        let kv = kubevirt(&hc(Some(partial)));
+        let rot = &kv.data["spec"]["certificateRotateStrategy"]["selfSigned"];
+        assert_eq!(rot["server"]["duration"], "6h0m0s");
+        assert_eq!(rot["server"]["renewBefore"], "12h0m0s");
+        assert_eq!(rot["ca"]["duration"], "48h0m0s");
+    }
 }

@@ -10,12 +10,12 @@ use serde_json::Value;
 pub struct ChildStatus {
     /// Its kind (`CDI`, `KubeVirt`, ...), used in reasons.
     pub kind: String,
-    /// Its `status.conditions`, if it reported any.
-    pub conditions: Vec<(String, String)>,
+    /// Its `status.conditions` as (type, status, message), if it reported any.
+    pub conditions: Vec<(String, String, String)>,
 }
 
 impl ChildStatus {
-    /// Reads `status.conditions[{type, status}]` of a child object.
+    /// Reads `status.conditions[{type, status, message}]` of a child object.
     pub fn from_object(kind: &str, obj: &Value) -> Self {
         let conditions = obj
             .pointer("/status/conditions")
@@ -26,6 +26,10 @@ impl ChildStatus {
                 Some((
                     c.get("type")?.as_str()?.to_string(),
                     c.get("status")?.as_str()?.to_string(),
+                    c.get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
                 ))
             })
             .collect();
@@ -38,8 +42,22 @@ impl ChildStatus {
     fn is(&self, type_: &str) -> Option<bool> {
         self.conditions
             .iter()
-            .find(|(t, _)| t == type_)
-            .map(|(_, s)| s == "True")
+            .find(|(t, _, _)| t == type_)
+            .map(|(_, s, _)| s == "True")
+    }
+
+    /// `"{kind} is {what}"`, followed by the child's own message for `type_` when it has one
+    /// (as HCO passes its components' messages on).
+    fn says(&self, type_: &str, what: &str) -> String {
+        let own = self
+            .conditions
+            .iter()
+            .find(|(t, _, m)| t == type_ && !m.is_empty())
+            .map(|(_, _, m)| m.as_str());
+        match own {
+            Some(m) => format!("{} is {what}: {m}", self.kind),
+            None => format!("{} is {what}", self.kind),
+        }
     }
 }
 
@@ -127,7 +145,7 @@ pub fn aggregate(
             now,
         ),
         (_, Some(s)) => {
-            let m = format!("{} is not available", s.kind);
+            let m = s.says("Available", "not available");
             set(
                 &mut c,
                 "Available",
@@ -148,9 +166,19 @@ pub fn aggregate(
             now,
         ),
     }
-    match progressing {
-        Some(s) => {
-            let m = format!("{} is progressing", s.kind);
+    match (reconciled, progressing) {
+        // Nothing moves while the children cannot be applied.
+        (Reconciled::Failed(m), _) => set(
+            &mut c,
+            "Progressing",
+            false,
+            "ReconcileFailed",
+            m,
+            generation,
+            now,
+        ),
+        (_, Some(s)) => {
+            let m = s.says("Progressing", "progressing");
             set(
                 &mut c,
                 "Progressing",
@@ -161,7 +189,7 @@ pub fn aggregate(
                 now,
             )
         }
-        None => set(
+        (_, None) => set(
             &mut c,
             "Progressing",
             false,
@@ -171,9 +199,18 @@ pub fn aggregate(
             now,
         ),
     }
-    match degraded {
-        Some(s) => {
-            let m = format!("{} is degraded", s.kind);
+    match (reconciled, degraded) {
+        (Reconciled::Failed(m), _) => set(
+            &mut c,
+            "Degraded",
+            true,
+            "ReconcileFailed",
+            m,
+            generation,
+            now,
+        ),
+        (_, Some(s)) => {
+            let m = s.says("Degraded", "degraded");
             set(
                 &mut c,
                 "Degraded",
@@ -184,7 +221,7 @@ pub fn aggregate(
                 now,
             )
         }
-        None => set(
+        (_, None) => set(
             &mut c,
             "Degraded",
             false,
@@ -194,7 +231,8 @@ pub fn aggregate(
             now,
         ),
     }
-    let upgradeable = progressing.is_none() && degraded.is_none();
+    let failed = matches!(reconciled, Reconciled::Failed(_));
+    let upgradeable = progressing.is_none() && degraded.is_none() && !failed;
     if upgradeable {
         set(
             &mut c,
@@ -234,9 +272,9 @@ mod tests {
         ChildStatus {
             kind: kind.into(),
             conditions: vec![
-                ("Available".into(), avail.into()),
-                ("Progressing".into(), prog.into()),
-                ("Degraded".into(), degr.into()),
+                ("Available".into(), avail.into(), String::new()),
+                ("Progressing".into(), prog.into(), String::new()),
+                ("Degraded".into(), degr.into(), format!("{kind} says why")),
             ],
         }
     }
@@ -287,10 +325,16 @@ mod tests {
         let kids = [child("KubeVirt", "True", "False", "True")];
         let (c, health) = aggregate(&[], &kids, &Reconciled::Complete, None, now());
         assert_eq!(get(&c, "Degraded"), ("True", "KubeVirtDegraded"));
+        let msg = &c.iter().find(|c| c.type_ == "Degraded").unwrap().message;
+        assert_eq!(msg, "KubeVirt is degraded: KubeVirt says why");
         assert_eq!(health, "error");
         let (c, health) = aggregate(&c, &[], &Reconciled::Failed("boom".into()), None, now());
         assert_eq!(get(&c, "ReconcileComplete"), ("False", "ReconcileFailed"));
         assert_eq!(get(&c, "Available"), ("False", "ReconcileFailed"));
+        // A failed reconcile never reads as success anywhere.
+        assert_eq!(get(&c, "Degraded"), ("True", "ReconcileFailed"));
+        assert_eq!(get(&c, "Progressing"), ("False", "ReconcileFailed"));
+        assert_eq!(get(&c, "Upgradeable").0, "False");
         assert_eq!(health, "error");
     }
 

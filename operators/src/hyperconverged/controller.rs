@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action as Requeue, Controller};
@@ -55,9 +56,9 @@ pub async fn reconcile(hc: Arc<HyperConverged>, ctx: Arc<Context>) -> Result<Req
             tracing::warn!("ignored: only {HYPERCONVERGED_NAME} is reconciled");
             return Ok(Requeue::await_change());
         }
-        let (statuses, outcome) = match apply_children(&hc, &ctx.client, &ns).await {
-            Ok(s) => (s, Reconciled::Complete),
-            Err(e) => (Vec::new(), Reconciled::Failed(e.to_string())),
+        let (statuses, related, outcome) = match apply_children(&hc, &ctx.client, &ns).await {
+            Ok((s, r)) => (s, r, Reconciled::Complete),
+            Err(e) => (Vec::new(), Vec::new(), Reconciled::Failed(e.to_string())),
         };
         let previous = hc
             .status
@@ -71,13 +72,6 @@ pub async fn reconcile(hc: Arc<HyperConverged>, ctx: Arc<Context>) -> Result<Req
             hc.metadata.generation,
             Timestamp::now(),
         );
-        let related: Vec<_> = statuses
-            .iter()
-            .map(|s| k8s_openapi::api::core::v1::ObjectReference {
-                kind: Some(s.kind.clone()),
-                ..Default::default()
-            })
-            .collect();
         let status = crate::api::HyperConvergedStatus {
             conditions,
             related_objects: related,
@@ -91,7 +85,7 @@ pub async fn reconcile(hc: Arc<HyperConverged>, ctx: Arc<Context>) -> Result<Req
                 "kind": HyperConverged::kind(&()),
                 "status": status,
             });
-            kubeops::apply_status(&api, &hc.name_any(), doc).await?;
+            kubeops::apply_status(&api, &hc.name_any(), doc, &kubeops::manager(CONTROLLER)).await?;
         }
         match outcome {
             Reconciled::Complete => Ok(Requeue::requeue(RESYNC)),
@@ -102,18 +96,23 @@ pub async fn reconcile(hc: Arc<HyperConverged>, ctx: Arc<Context>) -> Result<Req
     .await
 }
 
-/// Applies every child and returns what they report.
+/// Applies every child and returns what they report, and references to them (HCO's
+/// relatedObjects).
 async fn apply_children(
     hc: &HyperConverged,
     client: &Client,
     ns: &str,
-) -> Result<Vec<ChildStatus>> {
+) -> Result<(Vec<ChildStatus>, Vec<ObjectReference>)> {
     let wanted = children::children(hc)?;
     let mut statuses = Vec::new();
+    let mut related = Vec::new();
     for (kind, obj) in &wanted {
         let api = child_api(client, kind, ns);
-        let applied = kubeops::apply(&api, kind.name, obj).await?;
+        let applied = kubeops::apply(&api, kind.name, obj, &kubeops::manager(CONTROLLER))
+            .await
+            .map_err(|e| missing_kind(e, kind))?;
         statuses.push(ChildStatus::from_object(kind.kind, &applied.data));
+        related.push(children::related_object(kind, &applied.metadata));
     }
     if !wanted.iter().any(|(k, _)| *k == children::HOSTPATH) {
         kubeops::delete(
@@ -122,7 +121,19 @@ async fn apply_children(
         )
         .await?;
     }
-    Ok(statuses)
+    Ok((statuses, related))
+}
+
+/// A 404 on applying a child means its CRD is not installed: say which (the API server's own
+/// "404 page not found" names nothing).
+fn missing_kind(e: Error, kind: &ChildKind) -> Error {
+    match e {
+        Error::Kube(kube::Error::Api(s)) if s.code == 404 => Error::InvalidSpec(format!(
+            "cannot create {} {}: the CustomResourceDefinition {}.{} is not installed",
+            kind.kind, kind.name, kind.plural, kind.group
+        )),
+        e => e,
+    }
 }
 
 /// Retries failed reconciles.
@@ -146,6 +157,18 @@ pub async fn run(client: Client, namespace: String, metrics: Arc<Metrics>) {
     let labels = "app=kubevirt-hyperconverged";
     let mut controller = Controller::new(hcs, watcher::Config::default());
     for kind in children::ALL {
+        // A watch of a kind whose CRD is missing fails and backs off, holding every reconcile
+        // back (over a minute against a real API server): watch only installed kinds; the
+        // others are applied (and their absence reported) on every resync.
+        let probe = child_api(&client, &kind, &namespace)
+            .list(&kube::api::ListParams::default().limit(1))
+            .await;
+        if let Err(kube::Error::Api(e)) = probe
+            && e.code == 404
+        {
+            tracing::warn!(kind = kind.kind, "CRD not installed: not watched");
+            continue;
+        }
         let ar = kind.api_resource();
         let ns = namespace.clone();
         controller = controller.watches_with(
@@ -269,7 +292,8 @@ mod tests {
                 .await;
             // Forced server-side apply: fields someone edited are taken back.
             assert!(
-                query.contains("fieldManager=quarry-operators") && query.contains("force=true"),
+                query.contains("fieldManager=quarry-hyperconverged")
+                    && query.contains("force=true"),
                 "{query}"
             );
             applied.push(body);
@@ -297,6 +321,23 @@ mod tests {
         );
         let (st, avail) = status_applied(&mut api, &with_hpp, "Available").await;
         assert_eq!(st["systemHealthStatus"], "healthy");
+        // relatedObjects as HCO lists them: apiVersion, kind, name, and the namespace of
+        // namespaced children only.
+        let kv = &st["relatedObjects"][1];
+        assert_eq!(
+            (&kv["apiVersion"], &kv["kind"], &kv["name"]),
+            (
+                &json!("kubevirt.io/v1"),
+                &json!("KubeVirt"),
+                &json!("kubevirt-kubevirt-hyperconverged")
+            ),
+            "{kv}"
+        );
+        assert_eq!(
+            st["relatedObjects"][0]["name"],
+            "cdi-kubevirt-hyperconverged"
+        );
+        assert!(st["relatedObjects"][0].get("namespace").is_none());
         assert_eq!(avail["status"], "True");
         api.silence().await;
         assert_eq!(task.await.unwrap().unwrap(), Requeue::requeue(RESYNC));
@@ -322,6 +363,22 @@ mod tests {
         let (st, rc) = status_applied(&mut api, &hc(), "ReconcileComplete").await;
         assert_eq!(st["systemHealthStatus"], "error");
         assert_eq!(rc["status"], "False");
+        // The missing kind is named, and Degraded says so too.
+        let msg = rc["message"].as_str().unwrap();
+        assert!(
+            msg.contains("KubeVirt") && msg.contains("kubevirts.kubevirt.io is not installed"),
+            "{msg}"
+        );
+        let degraded = st["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Degraded")
+            .unwrap();
+        assert_eq!(
+            (&degraded["status"], &degraded["message"]),
+            (&json!("True"), &json!(msg))
+        );
         api.silence().await;
         assert!(task.await.unwrap().is_err());
 

@@ -1,0 +1,193 @@
+//! What the tests share: the CRDs installed once, polling for an outcome, playing the PV binder
+//! and the kubelet by writing status, and a fake importer metrics endpoint.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, CustomResourceExt};
+use operators::api::{DataVolume, HostPathProvisioner, HyperConverged};
+use serde_json::{Value, json};
+use testkit::kube::KubeApiServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Field manager of the tests' own writes (playing binder and kubelet).
+pub fn test_writes() -> PatchParams {
+    PatchParams {
+        field_manager: Some("quarry-tests".into()),
+        ..Default::default()
+    }
+}
+
+/// How long an expected outcome may take before the test fails (a hang guard, not a measure).
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The shared server with the project's CRDs installed, or None (skip) where it cannot run.
+async fn server() -> Option<&'static KubeApiServer> {
+    let server = KubeApiServer::shared()?;
+    install_crds(&server.client()).await;
+    Some(server)
+}
+
+/// The shared server's admin client and a fresh namespace of its own for one test (None: skip).
+pub async fn namespace(prefix: &str, labels: &[(&str, &str)]) -> Option<(Client, String)> {
+    let server = server().await?;
+    Some((server.client(), server.namespace(prefix, labels).await))
+}
+
+/// Applies the DataVolume, HyperConverged and HostPathProvisioner CRDs (idempotent) and waits
+/// until the server serves them.
+async fn install_crds(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in [
+        DataVolume::crd(),
+        HyperConverged::crd(),
+        HostPathProvisioner::crd(),
+    ] {
+        let name = crd.metadata.name.clone().unwrap();
+        api.patch(
+            &name,
+            &PatchParams::apply("quarry-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying CRD {name}: {e}"));
+        wait_for(&format!("CRD {name} established"), || async {
+            let c = api.get(&name).await.ok()?;
+            c.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        })
+        .await;
+    }
+}
+
+/// Polls `f` until it returns Some, failing the test after [`PATIENCE`].
+pub async fn wait_for<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Plays the PV binder: the PVC `name` becomes Bound once it exists.
+pub async fn bind_pvc(client: &Client, ns: &str, name: &str) {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    wait_for(&format!("PVC {name}"), || async {
+        api.get_opt(name).await.ok()?
+    })
+    .await;
+    api.patch_status(
+        name,
+        &test_writes(),
+        &Patch::Merge(json!({"status": {"phase": "Bound"}})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("binding PVC {name}: {e}"));
+}
+
+/// Waits for pod `name` (a new one when `not_uid` names the old) and returns it.
+pub async fn pod(client: &Client, ns: &str, name: &str, not_uid: Option<&str>) -> Pod {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    wait_for(&format!("pod {name}"), || async {
+        let p = api.get_opt(name).await.ok()??;
+        (p.metadata.uid.as_deref() != not_uid && p.metadata.deletion_timestamp.is_none())
+            .then_some(p)
+    })
+    .await
+}
+
+/// Plays the kubelet: writes the pod's status.
+pub async fn set_pod_status(client: &Client, ns: &str, name: &str, status: Value) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    api.patch_status(
+        name,
+        &test_writes(),
+        &Patch::Merge(json!({ "status": status })),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("writing the status of pod {name}: {e}"));
+}
+
+/// A running pod's status, reachable on 127.0.0.1.
+pub fn running() -> Value {
+    json!({"phase": "Running", "podIP": "127.0.0.1",
+           "containerStatuses": [{"name": "importer", "image": "quarry", "imageID": "",
+             "ready": true, "restartCount": 0, "state": {"running": {}}}]})
+}
+
+/// A terminated pod's status.
+pub fn exited(code: i32, message: &str) -> Value {
+    json!({"phase": if code == 0 { "Succeeded" } else { "Failed" },
+           "containerStatuses": [{"name": "importer", "image": "quarry", "imageID": "",
+             "ready": false, "restartCount": 0,
+             "state": {"terminated": {"exitCode": code, "message": message}}}]})
+}
+
+/// A fake importer metrics endpoint: `kubevirt_cdi_import_progress_total{ownerUID}` grows with
+/// the time since the first scrape, as a real import does, reaching 100 % after `duration`.
+pub struct FakeImporter {
+    /// The port it listens on (127.0.0.1).
+    pub port: u16,
+    scrapes: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeImporter {
+    /// Starts serving progress for `owner_uid`.
+    pub async fn start(owner_uid: String, duration: Duration) -> FakeImporter {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let scrapes = Arc::new(AtomicU64::new(0));
+        let counter = scrapes.clone();
+        let task = tokio::spawn(async move {
+            let mut first: Option<Instant> = None;
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf).await;
+                counter.fetch_add(1, Ordering::Relaxed);
+                let since = first.get_or_insert_with(Instant::now).elapsed();
+                let percent = (since.as_secs_f64() / duration.as_secs_f64() * 100.0).min(100.0);
+                let body = format!(
+                    "kubevirt_cdi_import_progress_total{{ownerUID=\"{owner_uid}\"}} {percent}\n"
+                );
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(resp.as_bytes()).await;
+            }
+        });
+        FakeImporter {
+            port,
+            scrapes,
+            task,
+        }
+    }
+
+    /// Scrapes served so far.
+    pub fn scrapes(&self) -> u64 {
+        self.scrapes.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for FakeImporter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
