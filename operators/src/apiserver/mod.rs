@@ -36,8 +36,7 @@ use crate::error::{Error, Result};
 use auth::RequestHeaderConfig;
 pub use discovery::{GROUP, RESOURCE, VERSIONS};
 
-/// The PVC annotation that makes a claim an upload target (CDI's).
-pub const UPLOAD_TARGET_ANNOTATION: &str = "cdi.kubevirt.io/storage.upload.target";
+use crate::datavolume::ANN_UPLOAD_TARGET as UPLOAD_TARGET_ANNOTATION;
 
 /// `quarry apiserver`.
 #[derive(clap::Args, Debug)]

@@ -35,6 +35,9 @@ pub use retry::RetryPolicy;
 
 /// Annotation naming the DataVolume that owns a PVC (CDI's).
 pub const ANN_OWNED_BY: &str = "cdi.kubevirt.io/ownedByDataVolume";
+/// Marks the PVC of an upload DataVolume as an upload target (CDI's); the token API issues
+/// upload tokens only for such PVCs.
+pub const ANN_UPLOAD_TARGET: &str = "cdi.kubevirt.io/storage.upload.target";
 /// DataVolume annotation: keep the PVC when the DataVolume is deleted.
 pub const ANN_RETAIN_PVC: &str = "quarry.kubevirt.io/retainPVC";
 /// Upload pod label: the UID of the PVC it fills (CDI's; the upload Service selects on it).

@@ -138,19 +138,23 @@ pub fn claim(dv: &DataVolume, cfg: &Config) -> Result<Claim> {
 /// The PVC object: named like the DataVolume (as CDI does), labelled, and owned by it unless
 /// the DataVolume asks to retain its PVC (the finalizer deletes an unretained one too).
 pub fn desired_pvc(dv: &DataVolume, claim: &Claim) -> PersistentVolumeClaim {
+    let mut annotations = BTreeMap::from([(
+        super::ANN_OWNED_BY.to_string(),
+        format!(
+            "{}/{}",
+            dv.metadata.namespace.as_deref().unwrap_or_default(),
+            super::name(dv)
+        ),
+    )]);
+    if dv.spec.source.as_ref().is_some_and(|s| s.upload.is_some()) {
+        annotations.insert(super::ANN_UPLOAD_TARGET.to_string(), String::new());
+    }
     PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(super::name(dv).to_string()),
             namespace: dv.metadata.namespace.clone(),
             labels: Some(labels(dv)),
-            annotations: Some(BTreeMap::from([(
-                super::ANN_OWNED_BY.to_string(),
-                format!(
-                    "{}/{}",
-                    dv.metadata.namespace.as_deref().unwrap_or_default(),
-                    super::name(dv)
-                ),
-            )])),
+            annotations: Some(annotations),
             owner_references: (!retained(dv))
                 .then(|| super::owner_ref(dv))
                 .flatten()
@@ -188,6 +192,49 @@ mod tests {
             requests: Some(BTreeMap::from([("storage".into(), Quantity(q.into()))])),
             ..Default::default()
         })
+    }
+
+    #[test]
+    fn only_upload_claims_are_upload_targets() {
+        use crate::api::datavolume::{DataVolumeSource, Empty};
+        let claim = claim(
+            &dv(DataVolumeSpec {
+                storage: Some(StorageSpec {
+                    resources: resources("1Gi"),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            &Config::default(),
+        )
+        .unwrap();
+        let with = |source: DataVolumeSource| {
+            desired_pvc(
+                &dv(DataVolumeSpec {
+                    source: Some(source),
+                    ..Default::default()
+                }),
+                &claim,
+            )
+            .metadata
+            .annotations
+            .unwrap_or_default()
+        };
+        let upload = with(DataVolumeSource {
+            upload: Some(Empty::default()),
+            ..Default::default()
+        });
+        assert_eq!(
+            upload
+                .get(super::super::ANN_UPLOAD_TARGET)
+                .map(String::as_str),
+            Some("")
+        );
+        let blank = with(DataVolumeSource {
+            blank: Some(Empty::default()),
+            ..Default::default()
+        });
+        assert!(!blank.contains_key(super::super::ANN_UPLOAD_TARGET));
     }
 
     #[test]
