@@ -73,41 +73,6 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// An RSA key pair made by openssl (interoperability: keys need not come from quarry).
-fn openssl_keys(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let (private, public) = (
-        dir.join(format!("{name}.key")),
-        dir.join(format!("{name}.pub")),
-    );
-    for args in [
-        vec![
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-out",
-            arg(&private),
-        ],
-        vec![
-            "pkey",
-            "-in",
-            arg(&private),
-            "-pubout",
-            "-out",
-            arg(&public),
-        ],
-    ] {
-        let ok = Command::new("openssl")
-            .args(&args)
-            .stderr(Stdio::null())
-            .status()
-            .expect("openssl");
-        assert!(ok.success(), "openssl {args:?}");
-    }
-    (private, public)
-}
-
 fn token(key: &Path, ns: &str, pvc: &str) -> String {
     let out = quarry()
         .args([
@@ -179,7 +144,7 @@ impl Volume {
     fn start(server_args: &[&str], proxy_args: &[&str]) -> Volume {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let (private, public) = openssl_keys(d, "signer");
+        let (private, public) = testkit::tls::rsa_key_pair(d, "signer");
         let vol = d.join("vol");
         fs::create_dir(&vol).unwrap();
         let target = vol.join("disk.img");
@@ -315,7 +280,7 @@ fn images(dir: &Path) -> Vec<(&'static str, PathBuf, Vec<u8>)> {
 fn virtctl_requests_through_the_proxy_write_what_qemu_img_writes() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let (private, public) = openssl_keys(d, "signer");
+    let (private, public) = testkit::tls::rsa_key_pair(d, "signer");
     for (i, (what, image, expected)) in images(d).into_iter().enumerate() {
         let pvc = format!("disk-{i}");
         let vol = d.join(&pvc);
@@ -356,7 +321,7 @@ fn tls_h2_and_mutual_tls_between_proxy_and_server() {
     let d = dir.path();
     let ca = TestCa::new();
     let (client_cert, client_key) = ca.client_cert("cdi-uploadproxy");
-    let (private, public) = openssl_keys(d, "signer");
+    let (private, public) = testkit::tls::rsa_key_pair(d, "signer");
     let (qcow2, expected) = sample_qcow2(d);
     let target = d.join("disk.img");
     let mut srv = server(
@@ -475,7 +440,7 @@ fn refusals_have_cdis_status_codes_and_leave_no_complete_looking_target() {
         &["--upstream", &gone],
     );
     let (d, vol, target, private) = (v.dir(), &v.vol, &v.target, &v.private);
-    let (other_key, _) = openssl_keys(d, "intruder");
+    let (other_key, _) = testkit::tls::rsa_key_pair(d, "intruder");
     let (raw, raw_bytes) = sample_disk(d);
     let url = format!("{}/v1beta1/upload", v.url());
     let good = v.token();

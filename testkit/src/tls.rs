@@ -173,6 +173,26 @@ pub(crate) fn signed_by(
     );
 }
 
+/// A 2048-bit RSA key pair made by openssl in `dir`: `NAME.key` (PKCS#8) and `NAME.pub` (SPKI),
+/// for upload-token signing tests (keys that did not come from quarry).
+pub fn rsa_key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let (private, public) = (format!("{name}.key"), format!("{name}.pub"));
+    openssl(
+        dir,
+        &[
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+            &private,
+        ],
+    );
+    openssl(dir, &["pkey", "-in", &private, "-pubout", "-out", &public]);
+    (dir.join(private), dir.join(public))
+}
+
 pub(crate) fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
         .args(args)

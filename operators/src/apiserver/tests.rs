@@ -1,9 +1,6 @@
 //! The token API over real TLS (certificates made by openssl), with the Kubernetes API scripted
 //! by [`crate::mockapi`]: who may ask, what is asked of the API server, and what comes back.
 
-use std::path::Path;
-use std::process::Command;
-
 use axum::http::Method;
 use serde_json::{Value, json};
 use testkit::tls::TestCa;
@@ -22,42 +19,11 @@ struct Fixture {
     public_key: uploader::token::PublicKey,
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl (scripts/setup.sh installs it)");
-    assert!(out.status.success(), "openssl {args:?}: {out:?}");
-}
-
 async fn start(allowed_names: &[&str]) -> Fixture {
     importer::source::http::install_tls_provider();
     let ca = TestCa::new();
     let dir = ca.dir();
-    openssl(
-        dir,
-        &[
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-out",
-            "signing.key",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "pkey",
-            "-in",
-            "signing.key",
-            "-pubout",
-            "-out",
-            "signing.pub",
-        ],
-    );
+    let (signing_key, public_key) = testkit::tls::rsa_key_pair(dir, "signing");
     let (client, cluster) = mockapi::pair();
     let ca_pem = std::fs::read_to_string(ca.ca_pem()).unwrap();
     let tls = tls_config(&ca.cert_pem(), &ca.key_pem(), &ca_pem).unwrap();
@@ -67,7 +33,7 @@ async fn start(allowed_names: &[&str]) -> Fixture {
             allowed_names: allowed_names.iter().map(|s| s.to_string()).collect(),
             ..RequestHeaderConfig::default()
         },
-        signing_key: uploader::token::load_private_key(&dir.join("signing.key")).unwrap(),
+        signing_key: uploader::token::load_private_key(&signing_key).unwrap(),
         token_ttl: Duration::from_secs(300),
     };
     let bound = serve("127.0.0.1:0".parse().unwrap(), tls, app)
@@ -76,7 +42,7 @@ async fn start(allowed_names: &[&str]) -> Fixture {
     Fixture {
         url: format!("https://127.0.0.1:{}", bound.port()),
         cluster,
-        public_key: uploader::token::load_public_key(&dir.join("signing.pub")).unwrap(),
+        public_key: uploader::token::load_public_key(&public_key).unwrap(),
         ca,
     }
 }
