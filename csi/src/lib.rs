@@ -2,6 +2,7 @@
 //! KubeVirt's hostpath-provisioner CSI driver (same driver name, topology key and `storagePool`
 //! parameter), with enforced sizes, block volumes, snapshots and clones.
 
+mod authority;
 mod client;
 mod controller;
 mod identity;

@@ -162,7 +162,11 @@ pub async fn serve(
                 source: e,
             })?;
             tracing::info!(endpoint = %path.display(), "CSI server listening");
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            // any :authority a local client sends is accepted (see authority.rs)
+            let incoming = tokio_stream::StreamExt::map(
+                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                |conn| conn.map(crate::authority::filter),
+            );
             let res = bounded(shutdown, |s| {
                 router.serve_with_incoming_shutdown(incoming, s)
             })

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use crate::config::{PoolConfig, QuotaMode};
 use crate::error::{Error, IoContext, Result};
-use crate::meta::{CopyMethod, SnapshotMeta, VolumeMeta, VolumeMode, read_json};
+use crate::meta::{CopyMethod, SnapshotMeta, VolumeMeta, VolumeMode, read_json, sweep_temp_files};
 use crate::sys::{btrfs, copy, fsinfo, quota};
 
 /// Size enforcement actually in force on a pool.
@@ -65,6 +65,9 @@ impl Pool {
         for sub in ["volumes", "snapshots", "snapshot-data"] {
             std::fs::create_dir_all(path.join(META_DIR).join(sub))
                 .ctx(|| format!("create {}/{META_DIR}/{sub}", path.display()))?;
+        }
+        for sub in ["volumes", "snapshots"] {
+            sweep_temp_files(&path.join(META_DIR).join(sub))?;
         }
         let fs = fsinfo::stats(&path)
             .ctx(|| format!("statfs {}", path.display()))?
@@ -141,12 +144,8 @@ impl Pool {
             let entry = entry.ctx(|| format!("list {}", dir.display()))?;
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            if name.starts_with('.') {
-                // an interrupted atomic write: the rename never happened, so it is garbage
-                let _ = std::fs::remove_file(entry.path());
-                continue;
-            }
-            if !name.ends_with(".json") {
+            // temp files of atomic writes (`.<name>.tmp`) are some request's work in progress
+            if name.starts_with('.') || !name.ends_with(".json") {
                 continue;
             }
             if let Some(m) = read_json(&entry.path())? {

@@ -236,6 +236,7 @@ impl Provisioner {
                     .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                     .map_or(0, |d| d.as_secs()),
                 adopted: true,
+                exclusive_target: None,
             };
             write_json(&pool.volume_meta_path(&name), &meta)?;
             tracing::warn!(volume = %name, pool = %pool.name, "adopted a volume directory without metadata (made by HPP?); its size is unknown until expanded");
@@ -458,7 +459,7 @@ impl Provisioner {
             QuotaInForce::Project => Some(self.allocate_project_id(pool)?),
             QuotaInForce::BtrfsQgroup | QuotaInForce::None => None,
         };
-        let mut meta = VolumeMeta {
+        let meta = VolumeMeta {
             id: req.name.clone(),
             pool: pool.name.clone(),
             capacity_bytes: size,
@@ -470,10 +471,17 @@ impl Provisioner {
             parameters: req.parameters.clone(),
             created_unix: now().0,
             adopted: false,
+            exclusive_target: None,
         };
         write_json(&pool.volume_meta_path(&meta.id), &meta)?;
         drop(_alloc);
 
+        let ready = VolumeMeta {
+            state: State::Ready,
+            ..meta.clone()
+        };
+        // everything after the `Creating` record is undone if any step fails, up to and
+        // including the `Ready` record itself
         let built = (|| -> Result<()> {
             pool.make_volume_dir(&meta)?;
             pool.apply_limit(&meta, size)?;
@@ -504,7 +512,7 @@ impl Provisioner {
             sync_dir(&dir)?;
             sync_dir(&pool.path)?;
             crate::crash::point("create-volume.built");
-            Ok(())
+            write_json(&pool.volume_meta_path(&meta.id), &ready)
         })();
         if let Err(e) = built {
             tracing::warn!(volume = %meta.id, error = %e, "create failed; rolling back");
@@ -513,10 +521,8 @@ impl Provisioner {
             }
             return Err(e);
         }
-        meta.state = State::Ready;
-        write_json(&pool.volume_meta_path(&meta.id), &meta)?;
-        tracing::info!(volume = %meta.id, pool = %pool.name, bytes = size, mode = ?meta.mode, "volume created");
-        Ok(meta)
+        tracing::info!(volume = %ready.id, pool = %pool.name, bytes = size, mode = ?ready.mode, "volume created");
+        Ok(ready)
     }
 
     /// Deletes a volume; deleting a missing volume succeeds.
@@ -528,14 +534,19 @@ impl Provisioner {
         let Some((pool, m)) = self.find_volume(id)? else {
             return Ok(());
         };
-        if m.mode == VolumeMode::Block
-            && let Ok(f) = std::fs::canonicalize(pool.block_file(id))
-            && !loopdev::find_by_backing(&f).unwrap_or_default().is_empty()
-            && m.state == State::Ready
-        {
-            return Err(Error::FailedPrecondition(format!(
-                "volume {id} is still published (a loop device holds it)"
-            )));
+        if m.state == State::Ready {
+            let targets = self.publications(pool, &m)?;
+            if let Some(t) = targets.first() {
+                return Err(Error::FailedPrecondition(format!(
+                    "volume {id} is still published ({} of {} mount(s); first: {})",
+                    match m.mode {
+                        VolumeMode::Filesystem => "bind",
+                        VolumeMode::Block => "loop device",
+                    },
+                    targets.len(),
+                    t.display()
+                )));
+            }
         }
         self.remove_volume_data(pool, &m)?;
         tracing::info!(volume = %id, "volume deleted");
