@@ -98,6 +98,18 @@ pub struct VolumeMeta {
     pub exclusive_target: Option<std::path::PathBuf>,
 }
 
+/// The mutable parameter (CSI ControllerModifyVolume, Kubernetes VolumeAttributesClass) that
+/// turns a filesystem volume's size enforcement off (`none`) or back on (`enforced`, the
+/// default) on pools that enforce sizes.
+pub const QUOTA_PARAMETER: &str = "quota";
+
+impl VolumeMeta {
+    /// Whether the volume's size is to be enforced where its pool can (see [`QUOTA_PARAMETER`]).
+    pub fn size_enforced(&self) -> bool {
+        self.parameters.get(QUOTA_PARAMETER).map(String::as_str) != Some("none")
+    }
+}
+
 /// A snapshot's metadata.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -120,6 +132,28 @@ pub struct SnapshotMeta {
     pub created_unix: u64,
     /// Nanoseconds part of the creation time.
     #[serde(default)]
+    pub created_nanos: u32,
+    /// The group snapshot it was taken in, if any (it is deleted with its group only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+}
+
+/// A group snapshot's metadata: snapshots of several volumes taken together (see
+/// [`crate::group`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupSnapshotMeta {
+    /// Group snapshot id (the CreateVolumeGroupSnapshot name).
+    pub id: String,
+    /// The volumes, in request order.
+    pub source_volume_ids: Vec<String>,
+    /// The member snapshots, one per source volume, in the same order.
+    pub snapshot_ids: Vec<String>,
+    /// Life-cycle state.
+    pub state: State,
+    /// Creation time: seconds since the epoch.
+    pub created_unix: u64,
+    /// Nanoseconds part of the creation time.
     pub created_nanos: u32,
 }
 

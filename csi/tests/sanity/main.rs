@@ -7,6 +7,7 @@ mod access;
 mod btrfs;
 mod common;
 mod controller;
+mod group;
 mod guest;
 mod identity;
 mod load;
