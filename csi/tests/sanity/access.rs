@@ -282,13 +282,7 @@ async fn delete_of_a_mounted_volume_is_refused() {
         .await
         .unwrap();
     std::fs::write(target.join("data"), b"kept").unwrap();
-    let r = s
-        .controller()
-        .delete_volume(pb::DeleteVolumeRequest {
-            volume_id: "v".into(),
-            ..Default::default()
-        })
-        .await;
+    let r = s.controller().delete_volume(delete_req("v")).await;
     assert_eq!(code(r), Code::FailedPrecondition);
     assert_eq!(std::fs::read(target.join("data")).unwrap(), b"kept");
     assert!(s.prov.volume("v").is_ok());
