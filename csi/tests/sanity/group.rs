@@ -116,17 +116,31 @@ async fn group_snapshot_holds_what_was_written_before_it() {
     create(&s, create_req("disk-b", 2 * MIB, mount_cap())).await;
     create(&s, create_req("disk-c", 2 * MIB, block_cap())).await;
     let pool = s.pool_path(0);
-    std::fs::write(pool.join("disk-a/disk.img"), b"a before").unwrap();
-    std::fs::write(pool.join("disk-b/disk.img"), b"b before").unwrap();
-    write_at(&pool.join("disk-c/disk.img"), 8192, b"c before");
-
-    let made = g
-        .create_volume_group_snapshot(group_req("vm1", &["disk-a", "disk-b", "disk-c"]))
-        .await
-        .unwrap()
-        .into_inner()
-        .group_snapshot
-        .unwrap();
+    let disks = ["disk-a", "disk-b", "disk-c"];
+    // the filesystem volumes' disk.img files, and 8 bytes into the block volume at 8 KiB
+    let write_all = |when: &str| {
+        for (d, tag) in disks.iter().zip(["a", "b", "c"]) {
+            let data = format!("{tag} {when:<6}");
+            if *d == "disk-c" {
+                write_at(&pool.join("disk-c/disk.img"), 8192, data.as_bytes());
+            } else {
+                std::fs::write(pool.join(d).join("disk.img"), data).unwrap();
+            }
+        }
+    };
+    let group_of = |g: &mut GroupControllerClient<_>| {
+        let mut g = g.clone();
+        async move {
+            g.create_volume_group_snapshot(group_req("vm1", &disks))
+                .await
+                .unwrap()
+                .into_inner()
+                .group_snapshot
+                .unwrap()
+        }
+    };
+    write_all("before");
+    let made = group_of(&mut g).await;
     assert_eq!(made.group_snapshot_id, "vm1");
     assert!(made.ready_to_use);
     assert_eq!(made.snapshots.len(), 3);
@@ -135,25 +149,16 @@ async fn group_snapshot_holds_what_was_written_before_it() {
         .iter()
         .map(|m| m.snapshot_id.clone())
         .collect();
-    for (m, v) in made.snapshots.iter().zip(["disk-a", "disk-b", "disk-c"]) {
+    for (m, v) in made.snapshots.iter().zip(disks) {
         assert_eq!(m.source_volume_id, v);
         assert_eq!(m.group_snapshot_id, "vm1");
         assert!(m.ready_to_use);
     }
     // writes after the group snapshot are not in it
-    std::fs::write(pool.join("disk-a/disk.img"), b"a after!").unwrap();
-    std::fs::write(pool.join("disk-b/disk.img"), b"b after!").unwrap();
-    write_at(&pool.join("disk-c/disk.img"), 8192, b"c after!");
+    write_all("after");
 
     // idempotent: the same group, same ids and creation time
-    let again = g
-        .create_volume_group_snapshot(group_req("vm1", &["disk-a", "disk-b", "disk-c"]))
-        .await
-        .unwrap()
-        .into_inner()
-        .group_snapshot
-        .unwrap();
-    assert_eq!(again, made);
+    assert_eq!(group_of(&mut g).await, made);
     let got = g
         .get_volume_group_snapshot(get_group("vm1", &members))
         .await
