@@ -386,7 +386,12 @@ fn run_launch(args: &launcher::cli::LaunchArgs) -> ExitCode {
                 "error: VM failed: {}: {}",
                 outcome.reason.code, outcome.reason.message
             );
-            ExitCode::FAILURE
+            // a spec error found only on the host (a missing disk) is still a spec error
+            if outcome.reason.code == "InvalidSpec" {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
         Err(err) => {
             eprintln!("error: {err:#}");

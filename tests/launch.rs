@@ -532,10 +532,15 @@ fn guest_panic_fails_the_vm() {
 /// Runs `quarry launch` on `yaml` (plus a run directory in `dir`), expects it to fail as a VM
 /// (exit 1) and returns the final state record.
 fn failed_launch(dir: &Path, yaml: &str) -> Value {
+    failed_launch_with(dir, yaml, 1)
+}
+
+/// As [`failed_launch`], expecting exit status `code`.
+fn failed_launch_with(dir: &Path, yaml: &str, code: i32) -> Value {
     let spec = dir.join("vm.yaml");
     fs::write(&spec, format!("{yaml}runDir: {:?}\n", dir.join("run"))).unwrap();
     let out = run(&["launch", arg(&spec)]);
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(out.status.code(), Some(code), "{out:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(last["state"], "Failed");
@@ -555,14 +560,16 @@ fn bad_specs_are_refused_with_the_reason() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("vcpus"));
 
-    // A valid spec whose disk is missing fails as a VM, before qemu starts, with a status.
+    // A valid spec whose disk is missing fails as a VM, before qemu starts, with a status, and
+    // exits 2 as any spec error does.
     let run_dir = dir.path().join("run");
-    let last = failed_launch(
+    let last = failed_launch_with(
         dir.path(),
         &format!(
             "name: x\nallowEmulation: true\ndisks: [{{name: d, path: {:?}}}]\n",
             dir.path().join("missing.img")
         ),
+        2,
     );
     assert_eq!(last["reason"]["code"], "InvalidSpec");
     let msg = last["reason"]["message"].as_str().unwrap();

@@ -115,7 +115,11 @@ async fn serve_connection(
             },
             Err(e) => ControlResponse {
                 ok: false,
-                error: Some(e.to_string()),
+                // the client says "the launcher refused the request" itself
+                error: Some(match e {
+                    Error::Refused(why) => why,
+                    e => e.to_string(),
+                }),
             },
         };
         let mut out = serde_json::to_string(&resp).expect("response serializes");
@@ -128,14 +132,22 @@ async fn serve_connection(
 async fn apply(qmp: &Qmp, hotplugged: &mut HashSet<String>, req: ControlRequest) -> Result<()> {
     match req {
         ControlRequest::Attach { disk } => {
+            // refused here, not by qemu ("Duplicate nodes with node-name=...")
+            if hotplugged.contains(&disk.name) {
+                return Err(Error::Refused(format!(
+                    "disk {:?} is already hot-plugged: detach it first, or attach under another name",
+                    disk.name
+                )));
+            }
             attach(qmp, &disk).await?;
             hotplugged.insert(disk.name);
             Ok(())
         }
         ControlRequest::Detach { name } => {
             if !hotplugged.contains(&name) {
-                return Err(Error::InvalidSpec(format!(
-                    "disk {name:?} was not hot-plugged; only hot-plugged disks can be detached"
+                return Err(Error::Refused(format!(
+                    "disk {name:?} was not hot-plugged (a disk of the spec, or no disk of this VM); \
+                     only hot-plugged disks can be detached"
                 )));
             }
             detach(qmp, &name).await?;
@@ -174,5 +186,46 @@ pub async fn request(socket: &Path, req: &ControlRequest) -> Result<()> {
         ControlResponse { error, .. } => Err(Error::Refused(
             error.unwrap_or_else(|| "no reason given".into()),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launcher::qmp::fake;
+    use crate::launcher::spec::DiskSpec;
+
+    /// A second attach of a hot-plugged name and a detach of a disk that was never hot-plugged
+    /// are refused with what is wrong, before qemu is asked anything.
+    #[tokio::test]
+    async fn duplicate_attach_and_unknown_detach_are_refused_before_qemu() {
+        let (_d, path, l) = fake::socket();
+        tokio::spawn(fake::server(l, |cmd| {
+            panic!("qemu was asked {cmd}");
+        }));
+        let (qmp, _events) = Qmp::connect(&path).await.unwrap();
+        let mut set = HashSet::from(["extra".to_string()]);
+        let disk: DiskSpec =
+            serde_json::from_value(serde_json::json!({"name": "extra", "path": "/dev/null"}))
+                .unwrap();
+        let e = apply(&qmp, &mut set, ControlRequest::Attach { disk })
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Refused(_)), "{e:?}");
+        assert!(e.to_string().contains("already hot-plugged"), "{e}");
+        let e = apply(
+            &qmp,
+            &mut set,
+            ControlRequest::Detach {
+                name: "boot".into(),
+            },
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(e, Error::Refused(_)), "{e:?}");
+        let msg = e.to_string();
+        assert!(msg.contains("\"boot\" was not hot-plugged"), "{msg}");
+        assert!(!msg.contains("invalid VM spec"), "{msg}");
+        assert_eq!(set, HashSet::from(["extra".to_string()]));
     }
 }
