@@ -469,18 +469,23 @@ fn hotplugged_disk_is_seen_by_the_guest_and_unplugged() {
     };
     assert_ok(&vmctl(&["attach", "extra", arg(&extra), "--readonly"]));
     vm.l.wait_serial(&format!("QUARRY-SHA256 vdb {sha}"));
-    // The same name twice is refused by qemu, with its reason.
-    let again = vmctl(&["attach", "extra", arg(&extra)]);
-    assert!(!again.status.success());
-    let err = String::from_utf8_lossy(&again.stderr);
-    assert!(
-        err.contains("blockdev-add") && err.contains("-extra"),
-        "{err}"
-    );
+    // The same name twice, or a boot disk's name, is refused before qemu is asked.
+    for name in ["extra", "disk0"] {
+        let again = vmctl(&["attach", name, arg(&extra)]);
+        assert!(!again.status.success());
+        let err = String::from_utf8_lossy(&again.stderr);
+        assert!(err.contains(&format!("disk {name:?} is")), "{err}");
+        assert!(!err.contains("Duplicate"), "{err}");
+    }
     // Only hot-plugged disks can be detached.
     let cold = vmctl(&["detach", "disk0"]);
     assert!(!cold.status.success());
-    assert!(String::from_utf8_lossy(&cold.stderr).contains("not hot-plugged"));
+    let err = String::from_utf8_lossy(&cold.stderr);
+    assert!(
+        err.contains("a disk of the VM's spec, not hot-plugged"),
+        "{err}"
+    );
+    assert!(!err.contains("invalid VM spec"), "{err}");
 
     assert_ok(&vmctl(&["detach", "extra"]));
     vm.l.wait_serial("QUARRY-GONE vdb");

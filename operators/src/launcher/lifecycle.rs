@@ -229,7 +229,9 @@ impl Vm<'_> {
         let qmp = Arc::new(qmp);
         self.qmp = Some(qmp.clone());
         check_block_devices(&qmp, spec).await?;
-        let control = control::ControlServer::bind(&self.paths.control_socket, qmp.clone())?;
+        let spec_disks = spec.disks.iter().map(|d| d.name.clone()).collect();
+        let control =
+            control::ControlServer::bind(&self.paths.control_socket, qmp.clone(), spec_disks)?;
         self.control = Some(tokio::spawn(control.serve()));
         qmp.execute("cont", None).await?;
         reporter.report(State::Running, None)?;
