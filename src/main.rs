@@ -14,7 +14,6 @@ use importer::format::ImageFormat;
 use importer::import::{ImportReport, ImportRequest, import};
 use importer::progress::{Progress, serve_metrics};
 use importer::source::SourceSpec;
-use operators::launcher;
 
 #[derive(Parser)]
 #[command(

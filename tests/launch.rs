@@ -584,7 +584,7 @@ fn bad_specs_are_refused_with_the_reason() {
 
 #[test]
 fn without_usable_kvm_and_without_emulation_the_vm_fails_with_the_reason() {
-    if operators::launcher::accel::HostVirt::probe().kvm_usable() {
+    if launcher::accel::HostVirt::probe().kvm_usable() {
         eprintln!("skipping: this host has usable KVM, the VM would boot");
         return;
     }

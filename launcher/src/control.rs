@@ -212,8 +212,8 @@ pub async fn request(socket: &Path, req: &ControlRequest) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launcher::qmp::fake;
-    use crate::launcher::spec::DiskSpec;
+    use crate::qmp::fake;
+    use crate::spec::DiskSpec;
 
     /// A second attach of a name (hot-plugged or of the spec) and a detach of a disk that was
     /// never hot-plugged are refused with what is wrong, before qemu is asked anything.
