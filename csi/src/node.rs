@@ -43,9 +43,13 @@ impl pb::node_server::Node for Driver {
             .as_ref()
             .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
         let mode = capability_mode(cap).map_err(Status::invalid_argument)?;
-        let reader_only = cap.access_mode.as_ref().map(|m| m.mode)
-            == Some(vc::access_mode::Mode::SingleNodeReaderOnly as i32);
+        use vc::access_mode::Mode;
+        let access = cap.access_mode.as_ref().map(|m| m.mode);
+        let reader_only = access == Some(Mode::SingleNodeReaderOnly as i32);
         let read_only = r.readonly || reader_only;
+        // SINGLE_NODE_WRITER stays shareable between a node's pods: Kubernetes sends it for
+        // ReadWriteOnce where the driver lacks SINGLE_NODE_MULTI_WRITER
+        let exclusive = reader_only || access == Some(Mode::SingleNodeSingleWriter as i32);
         let mount_flags = match &cap.access_type {
             Some(vc::AccessType::Mount(m)) => {
                 if !m.fs_type.is_empty() {
@@ -68,6 +72,7 @@ impl pb::node_server::Node for Driver {
                 mode,
                 context: &context,
                 mount_flags: &mount_flags,
+                exclusive,
             })
         })
         .await?;

@@ -8,7 +8,8 @@ use provisioner::Provisioner;
 use tonic::transport::Server;
 
 use crate::pb::{
-    controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
+    controller_server::ControllerServer, group_controller_server::GroupControllerServer,
+    identity_server::IdentityServer, node_server::NodeServer,
 };
 use crate::{DRIVER_NAME, Error};
 
@@ -128,7 +129,7 @@ where
     }
 }
 
-/// Serves the three services on `endpoint` until `shutdown` completes (and then at most
+/// Serves the four services on `endpoint` until `shutdown` completes (and then at most
 /// [`SHUTDOWN_GRACE`] longer while requests finish).
 pub async fn serve(
     driver: Driver,
@@ -138,6 +139,7 @@ pub async fn serve(
     let router = Server::builder()
         .add_service(IdentityServer::new(driver.clone()))
         .add_service(ControllerServer::new(driver.clone()))
+        .add_service(GroupControllerServer::new(driver.clone()))
         .add_service(NodeServer::new(driver));
     match endpoint {
         Endpoint::Unix(path) => {
@@ -162,7 +164,11 @@ pub async fn serve(
                 source: e,
             })?;
             tracing::info!(endpoint = %path.display(), "CSI server listening");
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            // any :authority a local client sends is accepted (see authority.rs)
+            let incoming = tokio_stream::StreamExt::map(
+                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                |conn| conn.map(crate::authority::filter),
+            );
             let res = bounded(shutdown, |s| {
                 router.serve_with_incoming_shutdown(incoming, s)
             })

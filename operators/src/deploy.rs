@@ -111,7 +111,7 @@ pub fn manifests() -> Result<Vec<(PathBuf, String)>> {
         let pool = sc
             .parameters
             .as_ref()
-            .and_then(|p| p.get(csi::POOL_PARAMETER))
+            .and_then(|p| p.get(provisioner::POOL_PARAMETER))
             .cloned()
             .unwrap_or_default();
         out.push((

@@ -1,7 +1,7 @@
 //! CRD types ([`api`]), the DataVolume ([`datavolume`]), HyperConverged ([`hyperconverged`]) and
 //! HostPathProvisioner ([`hostpath`]) controllers, the manifests generated from them
-//! ([`deploy`]), the `quarry controller` / `apply` / `get` commands ([`cli`]) and the KVM
-//! launcher ([`launcher`]).
+//! ([`deploy`]) and the `quarry controller` / `apply` / `get` commands ([`cli`]). The KVM
+//! launcher is its own crate (`launcher`).
 
 pub mod api;
 pub mod apiserver;
@@ -12,7 +12,6 @@ pub mod error;
 pub mod hostpath;
 pub mod hyperconverged;
 pub mod kubeops;
-pub mod launcher;
 pub mod metrics;
 #[cfg(test)]
 mod mockapi;

@@ -6,6 +6,7 @@
 pub mod config;
 pub mod crash;
 pub mod error;
+pub mod group;
 pub mod guard;
 pub mod meta;
 pub mod page;
@@ -20,3 +21,8 @@ pub mod provisioner;
 pub use node::{Publish, VolumeStats};
 pub use pool::{Pool, PoolCapacity, QuotaInForce};
 pub use provisioner::{CapacityRange, CreateVolume, Provisioner};
+
+/// HPP's CSI driver name (the CSI driver's default, and what the operators deploy).
+pub const DRIVER_NAME: &str = "kubevirt.io.hostpath-provisioner";
+/// StorageClass parameter selecting the pool.
+pub const POOL_PARAMETER: &str = "storagePool";

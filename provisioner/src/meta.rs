@@ -1,10 +1,14 @@
 //! Volume and snapshot metadata, stored as JSON next to the pool's data and always replaced
-//! atomically (write a temp file, fsync, rename, fsync the directory).
+//! atomically (write a temp file, fsync, rename, fsync the directory). Temp files are named
+//! uniquely per write (`.<name>.<pid>.<n>.tmp`), so concurrent requests never share one; the
+//! ones a crash left behind are swept when a pool opens ([`sweep_temp_files`]), never while
+//! requests run.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -87,6 +91,23 @@ pub struct VolumeMeta {
     /// size was never recorded, so its capacity is 0 (unknown) until it is expanded.
     #[serde(default)]
     pub adopted: bool,
+    /// The one target a single-workload access mode (SINGLE_NODE_SINGLE_WRITER,
+    /// SINGLE_NODE_READER_ONLY) published the volume at; no other target may publish it while
+    /// that one is mounted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclusive_target: Option<std::path::PathBuf>,
+}
+
+/// The mutable parameter (CSI ControllerModifyVolume, Kubernetes VolumeAttributesClass) that
+/// turns a filesystem volume's size enforcement off (`none`) or back on (`enforced`, the
+/// default) on pools that enforce sizes.
+pub const QUOTA_PARAMETER: &str = "quota";
+
+impl VolumeMeta {
+    /// Whether the volume's size is to be enforced where its pool can (see [`QUOTA_PARAMETER`]).
+    pub fn size_enforced(&self) -> bool {
+        self.parameters.get(QUOTA_PARAMETER).map(String::as_str) != Some("none")
+    }
 }
 
 /// A snapshot's metadata.
@@ -112,6 +133,28 @@ pub struct SnapshotMeta {
     /// Nanoseconds part of the creation time.
     #[serde(default)]
     pub created_nanos: u32,
+    /// The group snapshot it was taken in, if any (it is deleted with its group only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+}
+
+/// A group snapshot's metadata: snapshots of several volumes taken together (see
+/// [`crate::group`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupSnapshotMeta {
+    /// Group snapshot id (the CreateVolumeGroupSnapshot name).
+    pub id: String,
+    /// The volumes, in request order.
+    pub source_volume_ids: Vec<String>,
+    /// The member snapshots, one per source volume, in the same order.
+    pub snapshot_ids: Vec<String>,
+    /// Life-cycle state.
+    pub state: State,
+    /// Creation time: seconds since the epoch.
+    pub created_unix: u64,
+    /// Nanoseconds part of the creation time.
+    pub created_nanos: u32,
 }
 
 /// Writes `value` as JSON to `path` atomically and durably.
@@ -132,19 +175,41 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
         )
     })?;
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = dir.join(format!(".{name}.tmp"));
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
     let mut f = OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .open(&tmp)
         .ctx(|| format!("create {}", tmp.display()))?;
     f.write_all(data)
         .ctx(|| format!("write {}", tmp.display()))?;
     f.sync_all().ctx(|| format!("fsync {}", tmp.display()))?;
     drop(f);
-    std::fs::rename(&tmp, path).ctx(|| format!("rename to {}", path.display()))?;
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::io(
+            format!("rename {} to {}", tmp.display(), path.display()),
+            e,
+        ));
+    }
     sync_dir(dir)
+}
+
+/// Removes the temp files of atomic writes a crash interrupted (their rename never happened).
+/// Only for a pool being opened: a live request's temp file must not be taken from it.
+pub fn sweep_temp_files(dir: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(dir).ctx(|| format!("list {}", dir.display()))? {
+        let entry = entry.ctx(|| format!("list {}", dir.display()))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') && name.ends_with(".tmp") {
+            tracing::debug!(file = %entry.path().display(), "removing an interrupted metadata write");
+            remove_file(&entry.path())?;
+        }
+    }
+    Ok(())
 }
 
 /// Removes a file durably; a missing file is not an error.
@@ -188,6 +253,7 @@ mod tests {
     fn sample() -> VolumeMeta {
         VolumeMeta {
             adopted: false,
+            exclusive_target: None,
             id: "pvc-1".into(),
             pool: "fast".into(),
             capacity_bytes: 1 << 20,
@@ -223,6 +289,46 @@ mod tests {
         assert_eq!(names, vec![std::ffi::OsString::from("pvc-1.json")]);
         remove_file(&p).unwrap();
         remove_file(&p).unwrap();
+    }
+
+    /// Many threads rewriting different files of one directory while others list it: every
+    /// write lands (a shared temp name, or a lister sweeping temp files, made renames fail).
+    #[test]
+    fn concurrent_writes_in_one_directory_all_land() {
+        let dir = tempfile::tempdir().unwrap();
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                let d = dir.path();
+                s.spawn(move || {
+                    for i in 0..50 {
+                        let mut m = sample();
+                        m.id = format!("v{t}-{i}");
+                        write_json(&d.join(format!("{}.json", m.id)), &m).unwrap();
+                        write_json(&d.join(format!("{}.json", m.id)), &m).unwrap();
+                    }
+                });
+            }
+        });
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 400);
+        assert!(names.iter().all(|n| n.ends_with(".json")), "{names:?}");
+    }
+
+    #[test]
+    fn sweep_removes_only_interrupted_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("v.json");
+        write_json(&p, &sample()).unwrap();
+        std::fs::write(dir.path().join(".v.json.1.2.tmp"), b"{").unwrap();
+        sweep_temp_files(dir.path()).unwrap();
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("v.json")]);
     }
 
     #[test]

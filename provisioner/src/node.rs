@@ -6,7 +6,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, IoContext, Result};
-use crate::meta::{State, VolumeMode};
+use crate::meta::{State, VolumeMeta, VolumeMode, write_json};
 use crate::pool::Pool;
 use crate::provisioner::{CapacityRange, CreateVolume, Provisioner};
 use crate::sys::{fsinfo, loopdev, mount};
@@ -29,6 +29,10 @@ pub struct Publish<'a> {
     pub context: &'a BTreeMap<String, String>,
     /// CSI `mount_flags` of a filesystem volume (per-mount flags of the bind mount).
     pub mount_flags: &'a [String],
+    /// The access mode allows one target only (SINGLE_NODE_SINGLE_WRITER,
+    /// SINGLE_NODE_READER_ONLY): refused while the volume is published elsewhere, and while
+    /// it is published here no other target may publish it.
+    pub exclusive: bool,
 }
 
 /// Space and inode usage of one volume.
@@ -88,7 +92,9 @@ impl Provisioner {
     }
 
     /// Publishes a volume at `target`: a bind mount of its directory, or for block volumes a
-    /// loop device over its file bind-mounted onto the target file. Idempotent.
+    /// loop device over its file bind-mounted onto the target file. Idempotent. A refused or
+    /// failed publish leaves nothing behind: no mount, no loop device, no directory or file it
+    /// created, and no ephemeral volume it created.
     pub fn publish(&self, req: &Publish<'_>) -> Result<()> {
         if req.volume_id.is_empty() {
             return Err(Error::InvalidArgument("volume id is required".into()));
@@ -102,11 +108,22 @@ impl Provisioner {
         if req.read_only {
             flags |= nix::mount::MsFlags::MS_RDONLY;
         }
-        if req.context.get(EPHEMERAL_KEY).map(String::as_str) == Some("true") {
-            self.ensure_ephemeral(req)?;
+        let created = req.context.get(EPHEMERAL_KEY).map(String::as_str) == Some("true")
+            && self.ensure_ephemeral(req)?;
+        let published = self.publish_volume(req, flags);
+        if published.is_err()
+            && created
+            && let Err(e) = self.delete_volume(req.volume_id)
+        {
+            tracing::error!(volume = %req.volume_id, error = %e, "cannot remove the ephemeral volume of a failed publish");
         }
+        published
+    }
+
+    fn publish_volume(&self, req: &Publish<'_>, flags: nix::mount::MsFlags) -> Result<()> {
         let _guard = self.lock_volume(req.volume_id)?;
-        let (m, dir, file) = self.volume_paths(req.volume_id)?;
+        let (pool, mut m) = self.volume(req.volume_id)?;
+        let (dir, file) = (pool.volume_dir(&m.id), pool.block_file(&m.id));
         if m.mode != req.mode {
             return Err(Error::InvalidArgument(format!(
                 "volume {} is a {:?} volume, published as {:?}",
@@ -114,51 +131,21 @@ impl Provisioner {
             )));
         }
         if mount::is_mount_point(req.target).ctx(|| "read mountinfo".into())? {
-            let ok_src = match m.mode {
-                VolumeMode::Filesystem => same_file(req.target, &dir),
-                VolumeMode::Block => loopdev::loop_of_node(req.target)
-                    .ok()
-                    .flatten()
-                    .map(|dev| {
-                        let back = std::fs::canonicalize(&file).unwrap_or(file.clone());
-                        loopdev::find_by_backing(&back)
-                            .unwrap_or_default()
-                            .contains(&dev)
-                    })
-                    .unwrap_or(false),
-            };
-            let ro = fsinfo::stats(req.target)
-                .map(|s| s.read_only)
-                .unwrap_or(false);
-            let ro = match m.mode {
-                VolumeMode::Filesystem => ro,
-                // for a bind-mounted device node, the mount flag says read-only
-                VolumeMode::Block => mount_read_only(req.target).unwrap_or(ro),
-            };
-            if ok_src && ro == req.read_only {
-                return Ok(());
-            }
-            return Err(Error::AlreadyExists(format!(
-                "{} is already mounted with another volume or access mode",
-                req.target.display()
-            )));
+            return already_published(req, &m, &dir, &file);
         }
+        self.check_sharing(pool, &m, req)?;
+        let mut made = Made::default();
         match m.mode {
             VolumeMode::Filesystem => {
-                std::fs::create_dir_all(req.target)
-                    .ctx(|| format!("create target {}", req.target.display()))?;
+                made.dirs(req.target)?;
                 mount::bind(&dir, req.target, flags)
                     .ctx(|| format!("bind {} on {}", dir.display(), req.target.display()))?;
             }
             VolumeMode::Block => {
                 if let Some(parent) = req.target.parent() {
-                    std::fs::create_dir_all(parent)
-                        .ctx(|| format!("create {}", parent.display()))?;
+                    made.dirs(parent)?;
                 }
-                if !req.target.exists() {
-                    std::fs::File::create(req.target)
-                        .ctx(|| format!("create target file {}", req.target.display()))?;
-                }
+                made.file(req.target)?;
                 let dev = loopdev::attach(&file, req.read_only)
                     .ctx(|| format!("attach a loop device to {}", file.display()))?;
                 crate::crash::point("publish-block.attached");
@@ -172,11 +159,75 @@ impl Provisioner {
                 tracing::debug!(volume = %m.id, dev = %dev.display(), "block volume attached");
             }
         }
-        tracing::info!(volume = %m.id, target = %req.target.display(), read_only = req.read_only, "volume published");
+        if req.exclusive {
+            m.exclusive_target = Some(req.target.to_path_buf());
+            if let Err(e) = write_json(&pool.volume_meta_path(&m.id), &m) {
+                self.unmount_target(req.target)?;
+                return Err(e);
+            }
+        }
+        made.keep();
+        tracing::info!(volume = %m.id, target = %req.target.display(), read_only = req.read_only, exclusive = req.exclusive, "volume published");
         Ok(())
     }
 
-    fn ensure_ephemeral(&self, req: &Publish<'_>) -> Result<()> {
+    /// Refuses a publish at a new target that the access modes forbid: any other target while
+    /// an exclusive publication is mounted, and an exclusive one while any other is.
+    fn check_sharing(&self, pool: &Pool, m: &VolumeMeta, req: &Publish<'_>) -> Result<()> {
+        if let Some(t) = &m.exclusive_target
+            && t != req.target
+            && mount::is_mount_point(t).ctx(|| "read mountinfo".into())?
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {} is published at {} with a single-workload access mode \
+                 (SINGLE_NODE_SINGLE_WRITER or SINGLE_NODE_READER_ONLY)",
+                m.id,
+                t.display()
+            )));
+        }
+        if req.exclusive {
+            let others = self.publications(pool, m)?;
+            if let Some(t) = others.first() {
+                return Err(Error::FailedPrecondition(format!(
+                    "volume {} is already published ({} in use), and its access mode allows \
+                     one workload only",
+                    m.id,
+                    t.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Where a volume is in use on this node: the mount points its directory is bound to, or
+    /// the loop devices over its block file.
+    pub fn publications(&self, pool: &Pool, m: &VolumeMeta) -> Result<Vec<PathBuf>> {
+        match m.mode {
+            VolumeMode::Filesystem => {
+                let dir = pool.volume_dir(&m.id);
+                let Ok(canon) = std::fs::canonicalize(&dir) else {
+                    return Ok(Vec::new());
+                };
+                let suffix = format!("/{}", m.id);
+                Ok(mount::mounts()
+                    .ctx(|| "read mountinfo".into())?
+                    .into_iter()
+                    // the bind's root is the volume's path in its filesystem: a cheap filter
+                    // before comparing inodes
+                    .filter(|e| e.root.ends_with(&suffix) && e.mount_point != canon)
+                    .filter(|e| same_file(&e.mount_point, &canon))
+                    .map(|e| e.mount_point)
+                    .collect())
+            }
+            VolumeMode::Block => match std::fs::canonicalize(pool.block_file(&m.id)) {
+                Ok(f) => loopdev::find_by_backing(&f).ctx(|| "list loop devices".into()),
+                Err(_) => Ok(Vec::new()),
+            },
+        }
+    }
+
+    /// Creates the volume of an ephemeral inline publish; true when this call created it.
+    fn ensure_ephemeral(&self, req: &Publish<'_>) -> Result<bool> {
         let size = match req.context.get("size") {
             Some(s) => parse_size(s)?,
             None => 0,
@@ -194,12 +245,12 @@ impl Provisioner {
             ephemeral: true,
         };
         match self.find_volume(req.volume_id)? {
-            Some((_, m)) if m.state == State::Ready && m.ephemeral => Ok(()),
+            Some((_, m)) if m.state == State::Ready && m.ephemeral => Ok(false),
             Some((_, m)) if m.state == State::Ready => Err(Error::AlreadyExists(format!(
                 "volume {} exists and is not ephemeral",
                 m.id
             ))),
-            _ => self.create_volume(&create).map(|_| ()),
+            _ => self.create_volume(&create).map(|_| true),
         }
     }
 
@@ -214,13 +265,7 @@ impl Provisioner {
         }
         let guard = self.lock_volume(volume_id)?;
         if std::fs::symlink_metadata(target).is_ok() {
-            while mount::is_mount_point(target).ctx(|| "read mountinfo".into())? {
-                let dev = loopdev::loop_of_node(target).ok().flatten();
-                mount::unmount(target).ctx(|| format!("unmount {}", target.display()))?;
-                if let Some(dev) = dev {
-                    self.release_loop(&dev)?;
-                }
-            }
+            self.unmount_target(target)?;
             let md =
                 std::fs::symlink_metadata(target).ctx(|| format!("stat {}", target.display()))?;
             let removed = if md.is_dir() {
@@ -235,11 +280,30 @@ impl Provisioner {
             }
             tracing::info!(volume = %volume_id, target = %target.display(), "volume unpublished");
         }
+        if let Some((pool, mut m)) = self.find_volume(volume_id)?
+            && m.state == State::Ready
+            && m.exclusive_target.as_deref() == Some(target)
+        {
+            m.exclusive_target = None;
+            write_json(&pool.volume_meta_path(&m.id), &m)?;
+        }
         drop(guard);
         if let Some((_, m)) = self.find_volume(volume_id)?
             && m.ephemeral
         {
             self.delete_volume(volume_id)?;
+        }
+        Ok(())
+    }
+
+    /// Unmounts everything stacked on `target`, releasing the loop devices of block volumes.
+    fn unmount_target(&self, target: &Path) -> Result<()> {
+        while mount::is_mount_point(target).ctx(|| "read mountinfo".into())? {
+            let dev = loopdev::loop_of_node(target).ok().flatten();
+            mount::unmount(target).ctx(|| format!("unmount {}", target.display()))?;
+            if let Some(dev) = dev {
+                self.release_loop(&dev)?;
+            }
         }
         Ok(())
     }
@@ -348,6 +412,105 @@ impl Provisioner {
             .filter(|a| self.pool_of_path(&a.backing).is_some())
             .map(|a| (a.dev, a.backing))
             .collect()
+    }
+}
+
+/// A publish at a target that is already a mount point: fine if it is this volume with the same
+/// read-only setting (a repeated call), ALREADY_EXISTS otherwise.
+fn already_published(req: &Publish<'_>, m: &VolumeMeta, dir: &Path, file: &Path) -> Result<()> {
+    let ok_src = match m.mode {
+        VolumeMode::Filesystem => same_file(req.target, dir),
+        VolumeMode::Block => loopdev::loop_of_node(req.target)
+            .ok()
+            .flatten()
+            .map(|dev| {
+                let back = std::fs::canonicalize(file).unwrap_or(file.to_path_buf());
+                loopdev::find_by_backing(&back)
+                    .unwrap_or_default()
+                    .contains(&dev)
+            })
+            .unwrap_or(false),
+    };
+    let ro = fsinfo::stats(req.target)
+        .map(|s| s.read_only)
+        .unwrap_or(false);
+    let ro = match m.mode {
+        VolumeMode::Filesystem => ro,
+        // for a bind-mounted device node, the mount flag says read-only
+        VolumeMode::Block => mount_read_only(req.target).unwrap_or(ro),
+    };
+    if ok_src && ro == req.read_only {
+        return Ok(());
+    }
+    Err(Error::AlreadyExists(format!(
+        "{} is already mounted with another volume or access mode",
+        req.target.display()
+    )))
+}
+
+/// What a publish created on its way (directories above the target, the block target file),
+/// removed again in reverse order on drop unless [`Made::keep`] is called: a failed publish
+/// leaves the tree as it found it.
+#[derive(Default)]
+struct Made {
+    paths: Vec<PathBuf>,
+}
+
+impl Made {
+    /// Creates `dir` and its missing ancestors, remembering each one made here.
+    fn dirs(&mut self, dir: &Path) -> Result<()> {
+        let missing: Vec<&Path> = dir
+            .ancestors()
+            .take_while(|p| std::fs::symlink_metadata(p).is_err())
+            .collect();
+        for d in missing.into_iter().rev() {
+            match std::fs::create_dir(d) {
+                Ok(()) => self.paths.push(d.to_path_buf()),
+                // made meanwhile by someone else: theirs to keep
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::io(format!("create {}", d.display()), e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates the file `path` unless something is there.
+    fn file(&mut self, path: &Path) -> Result<()> {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+        {
+            Ok(_) => self.paths.push(path.to_path_buf()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(Error::io(
+                    format!("create target file {}", path.display()),
+                    e,
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The publish succeeded: keep everything.
+    fn keep(mut self) {
+        self.paths.clear();
+    }
+}
+
+impl Drop for Made {
+    fn drop(&mut self) {
+        for p in self.paths.iter().rev() {
+            let removed = if p.is_dir() {
+                std::fs::remove_dir(p)
+            } else {
+                std::fs::remove_file(p)
+            };
+            if let Err(e) = removed {
+                tracing::warn!(path = %p.display(), error = %e, "cannot remove what a failed publish created");
+            }
+        }
     }
 }
 

@@ -4,7 +4,10 @@ use std::path::{Path, PathBuf};
 
 use crate::config::{PoolConfig, QuotaMode};
 use crate::error::{Error, IoContext, Result};
-use crate::meta::{CopyMethod, SnapshotMeta, VolumeMeta, VolumeMode, read_json};
+use crate::meta::{
+    CopyMethod, GroupSnapshotMeta, SnapshotMeta, VolumeMeta, VolumeMode, read_json,
+    sweep_temp_files,
+};
 use crate::sys::{btrfs, copy, fsinfo, quota};
 
 /// Size enforcement actually in force on a pool.
@@ -62,9 +65,12 @@ impl Pool {
             .ctx(|| format!("create pool {} at {}", cfg.name, cfg.path.display()))?;
         let path = std::fs::canonicalize(&cfg.path)
             .ctx(|| format!("resolve pool path {}", cfg.path.display()))?;
-        for sub in ["volumes", "snapshots", "snapshot-data"] {
+        for sub in ["volumes", "snapshots", "snapshot-data", "groups"] {
             std::fs::create_dir_all(path.join(META_DIR).join(sub))
                 .ctx(|| format!("create {}/{META_DIR}/{sub}", path.display()))?;
+        }
+        for sub in ["volumes", "snapshots", "groups"] {
+            sweep_temp_files(&path.join(META_DIR).join(sub))?;
         }
         let fs = fsinfo::stats(&path)
             .ctx(|| format!("statfs {}", path.display()))?
@@ -119,6 +125,24 @@ impl Pool {
             .join(format!("{id}.json"))
     }
 
+    /// The group snapshot's metadata file.
+    pub fn group_meta_path(&self, id: &str) -> PathBuf {
+        self.path
+            .join(META_DIR)
+            .join("groups")
+            .join(format!("{id}.json"))
+    }
+
+    /// Reads a group snapshot's metadata.
+    pub fn group(&self, id: &str) -> Result<Option<GroupSnapshotMeta>> {
+        read_json(&self.group_meta_path(id))
+    }
+
+    /// All group snapshot metadata in the pool (any state).
+    pub fn groups(&self) -> Result<Vec<GroupSnapshotMeta>> {
+        self.list_json("groups")
+    }
+
     /// The snapshot's data directory.
     pub fn snapshot_dir(&self, id: &str) -> PathBuf {
         self.path.join(META_DIR).join("snapshot-data").join(id)
@@ -141,12 +165,8 @@ impl Pool {
             let entry = entry.ctx(|| format!("list {}", dir.display()))?;
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            if name.starts_with('.') {
-                // an interrupted atomic write: the rename never happened, so it is garbage
-                let _ = std::fs::remove_file(entry.path());
-                continue;
-            }
-            if !name.ends_with(".json") {
+            // temp files of atomic writes (`.<name>.tmp`) are some request's work in progress
+            if name.starts_with('.') || !name.ends_with(".json") {
                 continue;
             }
             if let Some(m) = read_json(&entry.path())? {
@@ -189,7 +209,8 @@ impl Pool {
 
     /// Whether a volume's size is bounded (it can never allocate more than its capacity).
     pub fn is_bounded(&self, m: &VolumeMeta) -> bool {
-        m.capacity_bytes > 0 && (self.enforces_sizes() || m.mode == VolumeMode::Block)
+        m.capacity_bytes > 0
+            && ((self.enforces_sizes() && m.size_enforced()) || m.mode == VolumeMode::Block)
     }
 
     /// Whether filesystem volumes' sizes are enforced on this pool.
@@ -214,9 +235,10 @@ impl Pool {
     }
 
     /// Sets (0: clears) the size limit of a volume where the pool enforces sizes. Block volumes
-    /// are bounded by their file, so their limit only ever accounts.
+    /// are bounded by their file, so their limit only ever accounts; a volume whose enforcement
+    /// is turned off ([`VolumeMeta::size_enforced`]) gets none.
     pub fn apply_limit(&self, m: &VolumeMeta, bytes: u64) -> Result<()> {
-        let bytes = if m.mode == VolumeMode::Block {
+        let bytes = if m.mode == VolumeMode::Block || !m.size_enforced() {
             0
         } else {
             bytes

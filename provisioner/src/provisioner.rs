@@ -9,8 +9,8 @@ use crate::config::PoolConfig;
 use crate::error::{Error, IoContext, Result};
 use crate::guard::{OpGuard, OpGuards};
 use crate::meta::{
-    ContentSource, CopyMethod, SnapshotMeta, State, VolumeMeta, VolumeMode, remove_file, sync_dir,
-    write_json,
+    ContentSource, CopyMethod, QUOTA_PARAMETER, SnapshotMeta, State, VolumeMeta, VolumeMode,
+    remove_file, sync_dir, write_json,
 };
 use crate::page::{Page, paginate};
 use crate::pool::{Pool, PoolCapacity, QuotaInForce};
@@ -64,7 +64,7 @@ pub struct Provisioner {
     project_alloc: Mutex<()>,
 }
 
-fn now() -> (u64, u32) {
+pub(crate) fn now() -> (u64, u32) {
     let d = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
@@ -89,10 +89,10 @@ pub fn validate_name(what: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
-fn vol_key(id: &str) -> String {
+pub(crate) fn vol_key(id: &str) -> String {
     format!("volume/{id}")
 }
-fn snap_key(id: &str) -> String {
+pub(crate) fn snap_key(id: &str) -> String {
     format!("snapshot/{id}")
 }
 
@@ -158,7 +158,7 @@ impl Provisioner {
         }
     }
 
-    fn find_snapshot(&self, id: &str) -> Result<Option<(&Pool, SnapshotMeta)>> {
+    pub(crate) fn find_snapshot(&self, id: &str) -> Result<Option<(&Pool, SnapshotMeta)>> {
         if validate_name("snapshot", id).is_err() {
             return Ok(None);
         }
@@ -190,6 +190,12 @@ impl Provisioner {
                         self.remove_volume_data(pool, &m)?;
                     }
                     State::Ready => self.reconcile_volume(pool, m)?,
+                }
+            }
+            for g in pool.groups()? {
+                if g.state != State::Ready {
+                    tracing::warn!(group = %g.id, state = ?g.state, "removing group snapshot left by an interrupted operation");
+                    self.remove_group(pool, &g)?;
                 }
             }
             for s in pool.snapshots()? {
@@ -236,6 +242,7 @@ impl Provisioner {
                     .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                     .map_or(0, |d| d.as_secs()),
                 adopted: true,
+                exclusive_target: None,
             };
             write_json(&pool.volume_meta_path(&name), &meta)?;
             tracing::warn!(volume = %name, pool = %pool.name, "adopted a volume directory without metadata (made by HPP?); its size is unknown until expanded");
@@ -316,7 +323,7 @@ impl Provisioner {
         remove_file(&pool.volume_meta_path(&m.id))
     }
 
-    fn remove_snapshot_data(&self, pool: &Pool, s: &SnapshotMeta) -> Result<()> {
+    pub(crate) fn remove_snapshot_data(&self, pool: &Pool, s: &SnapshotMeta) -> Result<()> {
         let mut s = s.clone();
         if s.state != State::Deleting {
             s.state = State::Deleting;
@@ -458,7 +465,7 @@ impl Provisioner {
             QuotaInForce::Project => Some(self.allocate_project_id(pool)?),
             QuotaInForce::BtrfsQgroup | QuotaInForce::None => None,
         };
-        let mut meta = VolumeMeta {
+        let meta = VolumeMeta {
             id: req.name.clone(),
             pool: pool.name.clone(),
             capacity_bytes: size,
@@ -470,10 +477,17 @@ impl Provisioner {
             parameters: req.parameters.clone(),
             created_unix: now().0,
             adopted: false,
+            exclusive_target: None,
         };
         write_json(&pool.volume_meta_path(&meta.id), &meta)?;
         drop(_alloc);
 
+        let ready = VolumeMeta {
+            state: State::Ready,
+            ..meta.clone()
+        };
+        // everything after the `Creating` record is undone if any step fails, up to and
+        // including the `Ready` record itself
         let built = (|| -> Result<()> {
             pool.make_volume_dir(&meta)?;
             pool.apply_limit(&meta, size)?;
@@ -504,7 +518,7 @@ impl Provisioner {
             sync_dir(&dir)?;
             sync_dir(&pool.path)?;
             crate::crash::point("create-volume.built");
-            Ok(())
+            write_json(&pool.volume_meta_path(&meta.id), &ready)
         })();
         if let Err(e) = built {
             tracing::warn!(volume = %meta.id, error = %e, "create failed; rolling back");
@@ -513,10 +527,8 @@ impl Provisioner {
             }
             return Err(e);
         }
-        meta.state = State::Ready;
-        write_json(&pool.volume_meta_path(&meta.id), &meta)?;
-        tracing::info!(volume = %meta.id, pool = %pool.name, bytes = size, mode = ?meta.mode, "volume created");
-        Ok(meta)
+        tracing::info!(volume = %ready.id, pool = %pool.name, bytes = size, mode = ?ready.mode, "volume created");
+        Ok(ready)
     }
 
     /// Deletes a volume; deleting a missing volume succeeds.
@@ -528,14 +540,19 @@ impl Provisioner {
         let Some((pool, m)) = self.find_volume(id)? else {
             return Ok(());
         };
-        if m.mode == VolumeMode::Block
-            && let Ok(f) = std::fs::canonicalize(pool.block_file(id))
-            && !loopdev::find_by_backing(&f).unwrap_or_default().is_empty()
-            && m.state == State::Ready
-        {
-            return Err(Error::FailedPrecondition(format!(
-                "volume {id} is still published (a loop device holds it)"
-            )));
+        if m.state == State::Ready {
+            let targets = self.publications(pool, &m)?;
+            if let Some(t) = targets.first() {
+                return Err(Error::FailedPrecondition(format!(
+                    "volume {id} is still published ({} of {} mount(s); first: {})",
+                    match m.mode {
+                        VolumeMode::Filesystem => "bind",
+                        VolumeMode::Block => "loop device",
+                    },
+                    targets.len(),
+                    t.display()
+                )));
+            }
         }
         self.remove_volume_data(pool, &m)?;
         tracing::info!(volume = %id, "volume deleted");
@@ -650,6 +667,51 @@ impl Provisioner {
         Ok((want, node))
     }
 
+    /// Checks mutable parameters (ControllerModifyVolume, or CreateVolume's
+    /// `mutable_parameters`): only [`QUOTA_PARAMETER`] (`enforced` or `none`) is known.
+    pub fn check_mutable_parameters(params: &BTreeMap<String, String>) -> Result<()> {
+        for (k, v) in params {
+            match (k.as_str(), v.as_str()) {
+                (QUOTA_PARAMETER, "enforced" | "none") => {}
+                (QUOTA_PARAMETER, other) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "mutable parameter {QUOTA_PARAMETER}={other:?}: enforced or none expected"
+                    )));
+                }
+                (other, _) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "unknown mutable parameter {other:?} (known: {QUOTA_PARAMETER})"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies mutable parameters to a volume (ControllerModifyVolume): `quota: none` lifts a
+    /// filesystem volume's size limit, `quota: enforced` puts it back. Idempotent.
+    pub fn modify_volume(&self, id: &str, params: &BTreeMap<String, String>) -> Result<VolumeMeta> {
+        if id.is_empty() {
+            return Err(Error::InvalidArgument("volume id is required".into()));
+        }
+        Self::check_mutable_parameters(params)?;
+        let _guard = self.lock_volume(id)?;
+        let (pool, mut m) = self.volume(id)?;
+        if m.mode == VolumeMode::Block
+            && params.get(QUOTA_PARAMETER).map(String::as_str) == Some("none")
+        {
+            return Err(Error::InvalidArgument(format!(
+                "volume {id} is a block volume: its file bounds it, {QUOTA_PARAMETER}=none cannot apply"
+            )));
+        }
+        m.parameters
+            .extend(params.iter().map(|(k, v)| (k.clone(), v.clone())));
+        pool.apply_limit(&m, m.capacity_bytes)?;
+        write_json(&pool.volume_meta_path(id), &m)?;
+        tracing::info!(volume = %id, parameters = ?params, "volume modified");
+        Ok(m)
+    }
+
     /// Snapshots a volume (a reflink or sparse copy in the volume's pool). Idempotent by name.
     pub fn create_snapshot(&self, name: &str, source_volume: &str) -> Result<SnapshotMeta> {
         validate_name("snapshot", name)?;
@@ -663,7 +725,7 @@ impl Provisioner {
             .try_lock([snap_key(name), vol_key(source_volume)])?;
         if let Some((p, s)) = self.find_snapshot(name)? {
             if s.state == State::Ready {
-                if s.source_volume_id == source_volume {
+                if s.source_volume_id == source_volume && s.group.is_none() {
                     return Ok(s);
                 }
                 return Err(Error::AlreadyExists(format!(
@@ -674,6 +736,18 @@ impl Provisioner {
             self.remove_snapshot_data(p, &s)?;
         }
         let (pool, v) = self.volume(source_volume)?;
+        self.take_snapshot(name, pool, &v, None)
+    }
+
+    /// Copies volume `v` of `pool` into the new snapshot `name` (a member of `group`, if any).
+    /// The caller holds the guards of both; a failed copy leaves nothing.
+    pub(crate) fn take_snapshot(
+        &self,
+        name: &str,
+        pool: &Pool,
+        v: &VolumeMeta,
+        group: Option<&str>,
+    ) -> Result<SnapshotMeta> {
         let (secs, nanos) = now();
         let mut s = SnapshotMeta {
             id: name.to_string(),
@@ -685,6 +759,7 @@ impl Provisioner {
             copy: pool.copy,
             created_unix: secs,
             created_nanos: nanos,
+            group: group.map(str::to_string),
         };
         write_json(&pool.snapshot_meta_path(name), &s)?;
         let dir = pool.snapshot_dir(name);
@@ -694,15 +769,14 @@ impl Provisioner {
                 .ctx(|| format!("copy volume {} to snapshot {name}", v.id))?;
             sync_dir(dir.parent().unwrap_or(&pool.path))?;
             crate::crash::point("create-snapshot.copied");
-            Ok(())
+            s.state = State::Ready;
+            write_json(&pool.snapshot_meta_path(name), &s)
         })();
         if let Err(e) = made {
             let _ = self.remove_snapshot_data(pool, &s);
             return Err(e);
         }
-        s.state = State::Ready;
-        write_json(&pool.snapshot_meta_path(name), &s)?;
-        tracing::info!(snapshot = %name, volume = %v.id, copy = ?pool.copy, "snapshot created");
+        tracing::info!(snapshot = %name, volume = %v.id, copy = ?pool.copy, group = ?group, "snapshot created");
         Ok(s)
     }
 
@@ -713,6 +787,13 @@ impl Provisioner {
         }
         let _guard = self.guards.try_lock([snap_key(id)])?;
         if let Some((p, s)) = self.find_snapshot(id)? {
+            if let Some(g) = &s.group
+                && s.state == State::Ready
+            {
+                return Err(Error::FailedPrecondition(format!(
+                    "snapshot {id} belongs to group snapshot {g}: delete the group"
+                )));
+            }
             self.remove_snapshot_data(p, &s)?;
             tracing::info!(snapshot = %id, "snapshot deleted");
         }

@@ -53,8 +53,10 @@ const MODULES: &[&str] = &[
 ///   `QUARRY-GONE vdX` for every disk that goes, power off on the ACPI power button;
 /// - `deaf`: as `wait` but ignore the power button;
 /// - `reset`: reboot at once; `panic`: crash the kernel;
-/// - `run`: mount a tmpfs on /tmp, run `/run` (a [`Payload`]'s script) with sh, print
-///   `QUARRY-EXIT N` with its exit status and power off.
+/// - `run`: mount a scratch tmpfs on /scratch (`TMPDIR` and the working directory), run `/run`
+///   (a [`Payload`]'s script) with sh, print `QUARRY-EXIT N` with its exit status and power
+///   off. Nothing is mounted over /tmp: payload files keep their host paths, and a checkout
+///   (or a test binary) under /tmp must stay visible.
 pub const INIT: &str = r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -84,7 +86,9 @@ case "${qmode:-poweroff}" in
   reset) reboot -f ;;
   panic) echo c > /proc/sysrq-trigger ;;
   run)
-    mkdir -p /tmp && mount -t tmpfs tmp /tmp
+    mkdir -p /scratch && mount -t tmpfs scratch /scratch
+    export TMPDIR=/scratch
+    cd /scratch
     sh /run
     echo "QUARRY-EXIT $?"
     poweroff -f ;;

@@ -260,14 +260,15 @@ pub fn expand_req(id: &str, bytes: i64) -> pb::ControllerExpandVolumeRequest {
     }
 }
 
+pub fn delete_req(id: &str) -> pb::DeleteVolumeRequest {
+    pb::DeleteVolumeRequest {
+        volume_id: id.into(),
+        ..Default::default()
+    }
+}
+
 pub async fn delete_volume(s: &Server, id: &str) {
-    s.controller()
-        .delete_volume(pb::DeleteVolumeRequest {
-            volume_id: id.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    s.controller().delete_volume(delete_req(id)).await.unwrap();
 }
 
 /// GetCapacity holds back what bounded volumes may still grow into: it promises less than the

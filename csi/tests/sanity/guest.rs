@@ -64,7 +64,7 @@ fn project_quotas_are_enforced_in_a_guest_kernel() {
     payload.run(&format!(
         "export PATH=/usr/sbin:/usr/bin:/sbin:/bin {NO_SKIP_ENV}=1 RUST_BACKTRACE=1\n\
          echo \"guest kernel up for $(cut -d' ' -f1 /proc/uptime) s\"\n\
-         cd /tmp && {} --exact --nocapture --test-threads=1 {}\n",
+         {} --exact --nocapture --test-threads=1 {}\n",
         exe.display(),
         GUEST_TESTS.join(" ")
     ));

@@ -3,11 +3,15 @@
 //! generated tonic clients. Tests that need root, loop devices or XFS print why and pass; the
 //! project-quota tests also run inside a guest kernel that has quota support (`guest.rs`).
 
+mod access;
 mod btrfs;
 mod common;
 mod controller;
+mod group;
 mod guest;
 mod identity;
+mod load;
 mod node;
+mod python;
 mod race;
 mod xfs;

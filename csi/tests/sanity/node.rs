@@ -230,7 +230,9 @@ async fn read_only_publish_is_really_read_only() {
     let err = std::fs::write(ro.join("new"), b"y").unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EROFS));
     assert_eq!(std::fs::read(ro.join("file")).unwrap(), b"x");
-    // the READER_ONLY access mode alone also makes it read-only
+    n.node_unpublish_volume(unpublish("v", &ro)).await.unwrap();
+    // the READER_ONLY access mode alone also makes it read-only (and it is the only
+    // publication: SINGLE_NODE_READER_ONLY allows one, see access.rs)
     let ro2 = s.dir.path().join("ro2");
     let reader = cap(vc::access_mode::Mode::SingleNodeReaderOnly, false);
     n.node_publish_volume(publish("v", &ro2, reader, false))
@@ -244,7 +246,6 @@ async fn read_only_publish_is_really_read_only() {
     );
     // the volume itself is still writable
     std::fs::write(s.pool_path(0).join("v/other"), b"z").unwrap();
-    n.node_unpublish_volume(unpublish("v", &ro)).await.unwrap();
     n.node_unpublish_volume(unpublish("v", &ro2)).await.unwrap();
 }
 

@@ -1,6 +1,6 @@
 //! The CSI driver objects a HostPathProvisioner asks for: the per-node DaemonSet (`quarry csi`
-//! with the node-driver-registrar and csi-provisioner sidecars), the CSIDriver, one StorageClass
-//! per pool, the pool ConfigMap and RBAC. `quarry gen-deploy` writes the same objects (for a
+//! with the node-driver-registrar, csi-provisioner, csi-snapshotter and csi-resizer sidecars),
+//! the CSIDriver, one StorageClass per pool, the pool ConfigMap and RBAC. `quarry gen-deploy` writes the same objects (for a
 //! default CR) into `deploy/csi/`.
 
 use std::collections::BTreeMap;
@@ -31,6 +31,10 @@ pub struct Settings {
     pub registrar_image: String,
     /// csi-provisioner image.
     pub provisioner_image: String,
+    /// csi-snapshotter image (snapshots and group snapshots).
+    pub snapshotter_image: String,
+    /// csi-resizer image (expansion, and ModifyVolume for VolumeAttributesClasses).
+    pub resizer_image: String,
 }
 
 impl Default for Settings {
@@ -40,6 +44,8 @@ impl Default for Settings {
             image: "quay.io/quarry/quarry:latest".into(),
             registrar_image: "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.13.0".into(),
             provisioner_image: "registry.k8s.io/sig-storage/csi-provisioner:v5.2.0".into(),
+            snapshotter_image: "registry.k8s.io/sig-storage/csi-snapshotter:v8.2.1".into(),
+            resizer_image: "registry.k8s.io/sig-storage/csi-resizer:v1.13.2".into(),
         }
     }
 }
@@ -195,7 +201,7 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
 pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverObjects> {
     let pools = pools(hpp)?;
     let ns = Some(s.namespace.as_str());
-    let socket_dir = format!("/var/lib/kubelet/plugins/{}", csi::DRIVER_NAME);
+    let socket_dir = format!("/var/lib/kubelet/plugins/{}", provisioner::DRIVER_NAME);
     let pull = hpp.spec.image_pull_policy.clone();
 
     let pool_json: Vec<_> = pools
@@ -282,7 +288,7 @@ pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverO
         Container {
             name: "csi-provisioner".into(),
             image: Some(s.provisioner_image.clone()),
-            image_pull_policy: pull,
+            image_pull_policy: pull.clone(),
             args: Some(vec![
                 "--csi-address=/csi/csi.sock".into(),
                 "--node-deployment=true".into(),
@@ -296,6 +302,37 @@ pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverO
                 field_env("NODE_NAME", "spec.nodeName"),
                 field_env("NAMESPACE", "metadata.namespace"),
                 field_env("POD_NAME", "metadata.name"),
+            ]),
+            volume_mounts: Some(vec![mount("socket-dir", "/csi", false)]),
+            ..Default::default()
+        },
+        // each node's snapshotter handles the snapshots of its own volumes
+        Container {
+            name: "csi-snapshotter".into(),
+            image: Some(s.snapshotter_image.clone()),
+            image_pull_policy: pull.clone(),
+            args: Some(vec![
+                "--csi-address=/csi/csi.sock".into(),
+                "--node-deployment=true".into(),
+                "--leader-election=false".into(),
+                "--extra-create-metadata=true".into(),
+                "--feature-gates=CSIVolumeGroupSnapshot=true".into(),
+            ]),
+            env: Some(vec![field_env("NODE_NAME", "spec.nodeName")]),
+            volume_mounts: Some(vec![mount("socket-dir", "/csi", false)]),
+            ..Default::default()
+        },
+        // csi-resizer has no per-node mode yet: each node's resizer also tries other nodes'
+        // volumes, which this driver answers with NOT_FOUND, and the volume's own node does it
+        Container {
+            name: "csi-resizer".into(),
+            image: Some(s.resizer_image.clone()),
+            image_pull_policy: pull,
+            args: Some(vec![
+                "--csi-address=/csi/csi.sock".into(),
+                "--leader-election=false".into(),
+                "--handle-volume-inuse-error=false".into(),
+                "--feature-gates=VolumeAttributesClass=true".into(),
             ]),
             volume_mounts: Some(vec![mount("socket-dir", "/csi", false)]),
             ..Default::default()
@@ -332,7 +369,7 @@ pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverO
     };
 
     let csi_driver = CSIDriver {
-        metadata: meta(csi::DRIVER_NAME, None, hpp),
+        metadata: meta(provisioner::DRIVER_NAME, None, hpp),
         spec: CSIDriverSpec {
             attach_required: Some(false),
             pod_info_on_mount: Some(true),
@@ -346,9 +383,9 @@ pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverO
         .iter()
         .map(|p| StorageClass {
             metadata: meta(&storage_class_name(&p.name), None, hpp),
-            provisioner: csi::DRIVER_NAME.into(),
+            provisioner: provisioner::DRIVER_NAME.into(),
             parameters: Some(BTreeMap::from([(
-                csi::POOL_PARAMETER.to_string(),
+                provisioner::POOL_PARAMETER.to_string(),
                 p.name.clone(),
             )])),
             reclaim_policy: Some("Delete".into()),
@@ -376,6 +413,16 @@ pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverO
                 &["get", "list", "watch", "update"],
             ),
             rule(
+                &[""],
+                &["persistentvolumeclaims/status"],
+                &["update", "patch"],
+            ),
+            rule(
+                &["storage.k8s.io"],
+                &["volumeattributesclasses"],
+                &["get", "list", "watch"],
+            ),
+            rule(
                 &["storage.k8s.io"],
                 &["storageclasses", "csinodes", "volumeattachments"],
                 &["get", "list", "watch"],
@@ -388,8 +435,32 @@ pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverO
             rule(&[""], &["nodes"], &["get", "list", "watch"]),
             rule(
                 &["snapshot.storage.k8s.io"],
-                &["volumesnapshots", "volumesnapshotcontents"],
-                &["get", "list"],
+                &["volumesnapshots"],
+                &["get", "list", "watch"],
+            ),
+            rule(
+                &["snapshot.storage.k8s.io"],
+                &[
+                    "volumesnapshotclasses",
+                    "volumegroupsnapshotclasses",
+                    "volumegroupsnapshots",
+                ],
+                &["get", "list", "watch"],
+            ),
+            rule(
+                &["snapshot.storage.k8s.io"],
+                &["volumesnapshotcontents", "volumegroupsnapshotcontents"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
+            ),
+            rule(
+                &["snapshot.storage.k8s.io"],
+                &[
+                    "volumesnapshotcontents/status",
+                    "volumegroupsnapshotcontents/status",
+                ],
+                &["update", "patch"],
             ),
             rule(
                 &["storage.k8s.io"],
@@ -398,7 +469,7 @@ pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverO
                     "get", "list", "watch", "create", "update", "patch", "delete",
                 ],
             ),
-            rule(&[""], &["pods"], &["get"]),
+            rule(&[""], &["pods"], &["get", "list", "watch"]),
             rule(&["apps"], &["daemonsets", "replicasets"], &["get"]),
         ]),
         ..Default::default()
@@ -507,7 +578,7 @@ mod tests {
     }
 
     #[test]
-    fn the_daemonset_runs_quarry_csi_and_both_sidecars_with_every_pool_mounted() {
+    fn the_daemonset_runs_quarry_csi_and_its_sidecars_with_every_pool_mounted() {
         let mut h = hpp(&[("local", "/var/hpvolumes")]);
         h.spec.workload = Some(NodePlacement {
             node_selector: [("kubevirt.io/schedulable".to_string(), "true".to_string())].into(),
@@ -518,8 +589,18 @@ mod tests {
         let names: Vec<_> = pod.containers.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(
             names,
-            ["quarry-csi", "node-driver-registrar", "csi-provisioner"]
+            [
+                "quarry-csi",
+                "node-driver-registrar",
+                "csi-provisioner",
+                "csi-snapshotter",
+                "csi-resizer"
+            ]
         );
+        let args = |i: usize| pod.containers[i].args.clone().unwrap();
+        assert!(args(3).contains(&"--feature-gates=CSIVolumeGroupSnapshot=true".to_string()));
+        assert!(args(3).contains(&"--node-deployment=true".to_string()));
+        assert!(args(4).contains(&"--feature-gates=VolumeAttributesClass=true".to_string()));
         assert_eq!(pod.containers[0].args.as_ref().unwrap()[0], "csi");
         assert!(
             pod.containers

@@ -66,8 +66,12 @@ pub fn attach(file: &Path, read_only: bool) -> io::Result<PathBuf> {
         .read(true)
         .write(true)
         .open("/dev/loop-control")?;
+    // GET_FREE hands every concurrent caller the same lowest free device: this process's
+    // attaches take turns, so only other processes can still race it (and are retried)
+    static ATTACH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ATTACH.lock().unwrap_or_else(|p| p.into_inner());
     let mut last = io::Error::other("no free loop device");
-    for _ in 0..16 {
+    for _ in 0..64 {
         // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a device number.
         let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE) };
         if n < 0 {

@@ -229,7 +229,9 @@ impl Vm<'_> {
         let qmp = Arc::new(qmp);
         self.qmp = Some(qmp.clone());
         check_block_devices(&qmp, spec).await?;
-        let control = control::ControlServer::bind(&self.paths.control_socket, qmp.clone())?;
+        let spec_disks = spec.disks.iter().map(|d| d.name.clone()).collect();
+        let control =
+            control::ControlServer::bind(&self.paths.control_socket, qmp.clone(), spec_disks)?;
         self.control = Some(tokio::spawn(control.serve()));
         qmp.execute("cont", None).await?;
         reporter.report(State::Running, None)?;
@@ -583,7 +585,7 @@ mod tests {
         spec.allow_emulation = true;
         spec.run_dir = Some(dir.join("run"));
         spec.qemu = Some(qemu);
-        spec.disks = vec![crate::launcher::spec::DiskSpec {
+        spec.disks = vec![crate::spec::DiskSpec {
             name: "d".into(),
             path: disk,
             bus: Default::default(),
@@ -633,7 +635,7 @@ mod tests {
 
     #[tokio::test]
     async fn qemu_ignoring_quit_is_killed() {
-        use crate::launcher::qmp::fake;
+        use crate::qmp::fake;
         let dir = tempfile::tempdir().unwrap();
         let spec = fake_qemu_spec(dir.path(), "/bin/sleep".into());
         let paths = LaunchPaths::for_spec(&spec);

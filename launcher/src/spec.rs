@@ -172,8 +172,11 @@ impl VmSpec {
 
     /// Parses and validates a YAML spec.
     pub fn from_yaml(text: &str) -> Result<Self> {
-        let spec: VmSpec =
-            serde_saphyr::from_str(text).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+        let spec: VmSpec = serde_saphyr::from_str(text).map_err(|e| {
+            // the parser's message starts with its own "error: ", which the CLI already prints
+            let msg = e.to_string();
+            Error::InvalidSpec(msg.strip_prefix("error: ").unwrap_or(&msg).to_string())
+        })?;
         spec.validate()?;
         Ok(spec)
     }
@@ -366,5 +369,9 @@ gracePeriodSeconds: 5
         assert!(err("name: a\ndisks: [{name: d, path: /x}]\ncolour: red\n").contains("colour"));
         assert!(err("name: a\ndisks: [{name: d, path: /x, bus: ide}]\n").contains("ide"));
         assert!(err("name: [a\n").contains("invalid VM spec"));
+        // the parser's own "error: " prefix is not repeated after the CLI's
+        let yaml = err("name: a\nvcpus: [\n");
+        assert!(yaml.starts_with("invalid VM spec: "), "{yaml}");
+        assert!(!yaml.contains("error:"), "{yaml}");
     }
 }

@@ -52,11 +52,13 @@ pub struct ControlServer {
     qmp: Arc<Qmp>,
     /// Names of the disks attached through this socket (the only ones that may be detached).
     hotplugged: Arc<Mutex<HashSet<String>>>,
+    /// Names of the spec's disks (attached at boot: neither attachable again nor detachable).
+    spec_disks: Arc<HashSet<String>>,
 }
 
 impl ControlServer {
-    /// Binds the socket at `path`, owner-only.
-    pub fn bind(path: &Path, qmp: Arc<Qmp>) -> Result<Self> {
+    /// Binds the socket at `path`, owner-only, for a VM booted with the disks `spec_disks`.
+    pub fn bind(path: &Path, qmp: Arc<Qmp>, spec_disks: HashSet<String>) -> Result<Self> {
         let listener = UnixListener::bind(path)
             .map_err(|e| Error::io(format!("cannot listen on {}", path.display()), e))?;
         // Owner only, even when the run directory was not created (0700) by the launcher.
@@ -67,6 +69,7 @@ impl ControlServer {
             path: path.to_path_buf(),
             qmp,
             hotplugged: Arc::default(),
+            spec_disks: Arc::new(spec_disks),
         })
     }
 
@@ -83,8 +86,9 @@ impl ControlServer {
             };
             let qmp = self.qmp.clone();
             let hotplugged = self.hotplugged.clone();
+            let spec_disks = self.spec_disks.clone();
             tokio::spawn(async move {
-                if let Err(e) = serve_connection(sock, &qmp, &hotplugged).await {
+                if let Err(e) = serve_connection(sock, &qmp, &hotplugged, &spec_disks).await {
                     tracing::warn!(%e, "control connection failed");
                 }
             });
@@ -96,6 +100,7 @@ async fn serve_connection(
     sock: UnixStream,
     qmp: &Qmp,
     hotplugged: &Mutex<HashSet<String>>,
+    spec_disks: &HashSet<String>,
 ) -> std::io::Result<()> {
     let (r, mut w) = sock.into_split();
     let mut lines = BufReader::new(r).lines();
@@ -104,7 +109,7 @@ async fn serve_connection(
             Ok(req) => {
                 // One change at a time: a detach must not race an attach of the same name.
                 let mut set = hotplugged.lock().await;
-                apply(qmp, &mut set, req).await
+                apply(qmp, &mut set, spec_disks, req).await
             }
             Err(e) => Err(Error::InvalidSpec(format!("bad control request: {e}"))),
         };
@@ -115,7 +120,11 @@ async fn serve_connection(
             },
             Err(e) => ControlResponse {
                 ok: false,
-                error: Some(e.to_string()),
+                // the client says "the launcher refused the request" itself
+                error: Some(match e {
+                    Error::Refused(why) => why,
+                    e => e.to_string(),
+                }),
             },
         };
         let mut out = serde_json::to_string(&resp).expect("response serializes");
@@ -125,17 +134,40 @@ async fn serve_connection(
     Ok(())
 }
 
-async fn apply(qmp: &Qmp, hotplugged: &mut HashSet<String>, req: ControlRequest) -> Result<()> {
+async fn apply(
+    qmp: &Qmp,
+    hotplugged: &mut HashSet<String>,
+    spec_disks: &HashSet<String>,
+    req: ControlRequest,
+) -> Result<()> {
     match req {
         ControlRequest::Attach { disk } => {
+            // refused here, not by qemu ("Duplicate nodes with node-name=...")
+            if spec_disks.contains(&disk.name) {
+                return Err(Error::Refused(format!(
+                    "disk {:?} is a disk of the VM's spec: attach under another name",
+                    disk.name
+                )));
+            }
+            if hotplugged.contains(&disk.name) {
+                return Err(Error::Refused(format!(
+                    "disk {:?} is already hot-plugged: detach it first, or attach under another name",
+                    disk.name
+                )));
+            }
             attach(qmp, &disk).await?;
             hotplugged.insert(disk.name);
             Ok(())
         }
         ControlRequest::Detach { name } => {
             if !hotplugged.contains(&name) {
-                return Err(Error::InvalidSpec(format!(
-                    "disk {name:?} was not hot-plugged; only hot-plugged disks can be detached"
+                let what = if spec_disks.contains(&name) {
+                    "is a disk of the VM's spec, not hot-plugged"
+                } else {
+                    "is not a disk of this VM"
+                };
+                return Err(Error::Refused(format!(
+                    "disk {name:?} {what}: only hot-plugged disks can be detached"
                 )));
             }
             detach(qmp, &name).await?;
@@ -174,5 +206,54 @@ pub async fn request(socket: &Path, req: &ControlRequest) -> Result<()> {
         ControlResponse { error, .. } => Err(Error::Refused(
             error.unwrap_or_else(|| "no reason given".into()),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qmp::fake;
+    use crate::spec::DiskSpec;
+
+    /// A second attach of a name (hot-plugged or of the spec) and a detach of a disk that was
+    /// never hot-plugged are refused with what is wrong, before qemu is asked anything.
+    #[tokio::test]
+    async fn duplicate_attach_and_unknown_detach_are_refused_before_qemu() {
+        let (_d, path, l) = fake::socket();
+        tokio::spawn(fake::server(l, |cmd| {
+            panic!("qemu was asked {cmd}");
+        }));
+        let (qmp, _events) = Qmp::connect(&path).await.unwrap();
+        let mut set = HashSet::from(["extra".to_string()]);
+        let spec = HashSet::from(["boot".to_string()]);
+        let disk = |name: &str| -> DiskSpec {
+            serde_json::from_value(serde_json::json!({"name": name, "path": "/dev/null"})).unwrap()
+        };
+        let detach = |name: &str| ControlRequest::Detach { name: name.into() };
+        let refusals = [
+            (
+                ControlRequest::Attach {
+                    disk: disk("extra"),
+                },
+                r#""extra" is already hot-plugged"#,
+            ),
+            (
+                ControlRequest::Attach { disk: disk("boot") },
+                r#""boot" is a disk of the VM's spec"#,
+            ),
+            (
+                detach("boot"),
+                r#""boot" is a disk of the VM's spec, not hot-plugged"#,
+            ),
+            (detach("nope"), r#""nope" is not a disk of this VM"#),
+        ];
+        for (req, want) in refusals {
+            let e = apply(&qmp, &mut set, &spec, req).await.unwrap_err();
+            assert!(matches!(e, Error::Refused(_)), "{e:?}");
+            let msg = e.to_string();
+            assert!(msg.contains(want), "{msg}");
+            assert!(!msg.contains("invalid VM spec"), "{msg}");
+        }
+        assert_eq!(set, HashSet::from(["extra".to_string()]));
     }
 }

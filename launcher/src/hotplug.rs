@@ -97,8 +97,8 @@ async fn del_node(qmp: &Qmp, node: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launcher::qmp::fake;
-    use crate::launcher::spec::Bus;
+    use crate::qmp::fake;
+    use crate::spec::Bus;
     use serde_json::Value;
     use std::sync::{Arc, Mutex};
 

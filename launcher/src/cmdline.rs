@@ -103,8 +103,8 @@ fn opts_with_path(prefix: &str, path: &Path) -> OsString {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launcher::disk::choose_io;
-    use crate::launcher::spec::{Bus, KernelBoot, Quantity};
+    use crate::disk::choose_io;
+    use crate::spec::{Bus, KernelBoot, Quantity};
 
     fn spec() -> VmSpec {
         let mut s = VmSpec::new("vm-1");
