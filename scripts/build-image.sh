@@ -50,9 +50,10 @@ if [ -z "$binary" ]; then
 fi
 [ -x "$binary" ] || die "$binary is not an executable"
 
-revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
+# IMAGE_REVISION overrides the revision label (tests: the digest must not follow the work tree)
+revision=${IMAGE_REVISION:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)}
 # a build from uncommitted changes says so
-if [ "$revision" != unknown ] && ! git -C "$root" diff --quiet HEAD --; then
+if [ -z "${IMAGE_REVISION:-}" ] && [ "$revision" != unknown ] && ! git -C "$root" diff --quiet HEAD --; then
   revision="$revision-dirty"
 fi
 epoch=${SOURCE_DATE_EPOCH:-$(git -C "$root" log -1 --format=%ct 2>/dev/null || echo 0)}

@@ -55,12 +55,9 @@ pub enum Error {
     Qemu(String),
     #[error("the launcher refused the request: {0}")]
     Refused(String),
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: io::Error,
-    },
+    /// The OS error is part of the message (no `source()`), as in the other crates.
+    #[error("{context}: {cause}")]
+    Io { context: String, cause: io::Error },
 }
 
 impl Error {
@@ -78,7 +75,7 @@ impl Error {
     pub fn io(context: impl Into<String>, source: io::Error) -> Self {
         Error::Io {
             context: context.into(),
-            source,
+            cause: source,
         }
     }
 }

@@ -264,8 +264,11 @@ pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverO
                 "--pools=@/etc/quarry/pools.json".into(),
             ]),
             env: Some(vec![field_env("NODE_NAME", "spec.nodeName")]),
+            // The image's default user is the unprivileged 107: the driver mounts and attaches
+            // loop devices, so it runs as root, privileged.
             security_context: Some(SecurityContext {
                 privileged: Some(true),
+                run_as_user: Some(0),
                 ..Default::default()
             }),
             volume_mounts: Some(driver_mounts),
@@ -602,6 +605,12 @@ mod tests {
         assert!(args(3).contains(&"--node-deployment=true".to_string()));
         assert!(args(4).contains(&"--feature-gates=VolumeAttributesClass=true".to_string()));
         assert_eq!(pod.containers[0].args.as_ref().unwrap()[0], "csi");
+        // The image runs as 107 by default; the driver needs root.
+        let driver = pod.containers[0].security_context.clone().unwrap();
+        assert_eq!(
+            (driver.run_as_user, driver.privileged),
+            (Some(0), Some(true))
+        );
         assert!(
             pod.containers
                 .iter()
