@@ -557,3 +557,41 @@ fn an_expired_token_is_renewed_when_a_dropped_download_resumes() {
     assert_eq!(fetched, 2, "{:?}", tokens.requests());
     assert!(proxy.sent().contains("range: bytes="));
 }
+
+#[test]
+fn local_mode_reaches_a_plain_http_registry_only_when_it_is_named_insecure() {
+    if peers_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (layout, expected) = sample_image(dir.path());
+    let reg = Registry::start(RegistryConfig::default());
+    reg.push(layout.dir(), "v1", "vm/disk:v1", None, false);
+    let manifest = dir.path().join("dv.yaml");
+    fs::write(
+        &manifest,
+        format!(
+            "apiVersion: cdi.kubevirt.io/v1beta1\nkind: DataVolume\nmetadata:\n  name: golden\nspec:\n  source:\n    registry:\n      url: \"{}\"\n  storage:\n    resources:\n      requests:\n        storage: 64Mi\n",
+            reg.image("vm/disk:v1")
+        ),
+    )
+    .unwrap();
+    let (pool, state) = (dir.path().join("pool"), dir.path().join("state"));
+    let apply = |extra: &[&str]| {
+        let mut args = vec!["apply", "-f", arg(&manifest), "--pool", arg(&pool)];
+        args.extend(["--state-dir", arg(&state), "--max-restarts", "0"]);
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+    let refused = apply(&[]);
+    assert_exit(&refused, 1);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("datavolume/golden Failed"), "{err}");
+    assert!(err.contains("plain HTTP"), "{err}");
+
+    let host = format!("127.0.0.1:{}", reg.port());
+    assert_ok(&apply(&["--insecure-registry", &host]));
+    let disk = fs::read(pool.join("default-golden").join("disk.img")).unwrap();
+    assert_eq!(&disk[..expected.len()], &expected[..]);
+    assert!(disk[expected.len()..].iter().all(|&b| b == 0));
+}
