@@ -865,13 +865,16 @@ impl Transfer {
         };
         let resume_at = self.delivered;
         let mut reread = (start < resume_at && self.delivered_digest.is_some()).then(Sha256::new);
-        // The rate is measured over windows of `idle_timeout`.
-        let mut window = (tokio::time::Instant::now(), pos);
+        // The rate is measured over windows of `idle_timeout` spent waiting for the network (time
+        // blocked on a slow consumer downstream does not count against the server).
+        let mut window = (Duration::ZERO, pos);
         loop {
+            let asked = tokio::time::Instant::now();
             let next = tokio::select! {
                 _ = self.tx.closed() => return Err(Failure::Closed),
                 r = tokio::time::timeout(self.idle_timeout, resp.chunk()) => r,
             };
+            window.0 += asked.elapsed();
             let mut chunk = match next {
                 Err(_) => {
                     return Err(retry(format!(
@@ -890,16 +893,16 @@ impl Transfer {
             };
             let chunk_start = pos;
             pos += chunk.len() as u64;
-            let elapsed = window.0.elapsed();
-            if elapsed >= self.idle_timeout {
-                let got = pos - window.1;
-                if (got as f64) < self.min_rate as f64 * elapsed.as_secs_f64() {
+            let (waited, from) = window;
+            if waited >= self.idle_timeout {
+                let got = pos - from;
+                if (got as f64) < self.min_rate as f64 * waited.as_secs_f64() {
                     return Err(retry(format!(
-                        "{got} bytes in {elapsed:.1?} at byte {pos}, slower than the minimum of {} bytes/s",
+                        "{got} bytes in {waited:.1?} at byte {pos}, slower than the minimum of {} bytes/s",
                         self.min_rate
                     )));
                 }
-                window = (tokio::time::Instant::now(), pos);
+                window = (Duration::ZERO, pos);
             }
             if let Some(len) = self.length
                 && pos > len
