@@ -60,6 +60,14 @@ fn sample_image(dir: &Path) -> (OciLayout, Vec<u8>) {
     (layout, expected)
 }
 
+/// A plain-HTTP registry serving the sample image as `vm/disk:v1`, and qemu-img's conversion.
+fn plain_registry_with_sample(dir: &Path) -> (Registry, Vec<u8>) {
+    let (layout, expected) = sample_image(dir);
+    let reg = Registry::start(RegistryConfig::default());
+    reg.push(layout.dir(), "v1", "vm/disk:v1", None, false);
+    (reg, expected)
+}
+
 #[test]
 fn oci_and_docker_schema2_images_import_like_qemu_img() {
     if peers_missing() {
@@ -470,9 +478,7 @@ fn a_dropped_blob_download_resumes_with_a_range() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (layout, expected) = sample_image(dir.path());
-    let reg = Registry::start(RegistryConfig::default());
-    reg.push(layout.dir(), "v1", "vm/disk:v1", None, false);
+    let (reg, expected) = plain_registry_with_sample(dir.path());
     let proxy = CutProxy::start(SocketAddr::from(([127, 0, 0, 1], reg.port())), 1 << 20);
     let out_dir = tempfile::tempdir().unwrap();
     let target = out_dir.path().join("disk.img");
@@ -564,9 +570,7 @@ fn local_mode_reaches_a_plain_http_registry_only_when_it_is_named_insecure() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (layout, expected) = sample_image(dir.path());
-    let reg = Registry::start(RegistryConfig::default());
-    reg.push(layout.dir(), "v1", "vm/disk:v1", None, false);
+    let (reg, expected) = plain_registry_with_sample(dir.path());
     let manifest = dir.path().join("dv.yaml");
     fs::write(
         &manifest,

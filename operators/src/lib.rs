@@ -15,5 +15,6 @@ pub mod kubeops;
 pub mod metrics;
 #[cfg(test)]
 mod mockapi;
+mod tls;
 
 pub use error::{Error, ErrorKind, Result};

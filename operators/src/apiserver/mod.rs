@@ -131,11 +131,10 @@ fn tls_config(
     key: &std::path::Path,
     ca_pem: &str,
 ) -> Result<rustls::ServerConfig> {
-    use rustls::pki_types::PrivateKeyDer;
-    use rustls::pki_types::pem::PemObject;
     let bad = |what: &str, e: &dyn std::fmt::Display| Error::Config(format!("{what}: {e}"));
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = crate::tls::provider();
     let mut roots = rustls::RootCertStore::empty();
+    use rustls::pki_types::pem::PemObject;
     for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         let c = c.map_err(|e| bad("the request-header CA", &e))?;
         roots.add(c).map_err(|e| bad("the request-header CA", &e))?;
@@ -147,11 +146,7 @@ fn tls_config(
     .allow_unauthenticated()
     .build()
     .map_err(|e| bad("the request-header CA", &e))?;
-    let certs = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| bad(&cert.display().to_string(), &e))?
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| bad(&cert.display().to_string(), &e))?;
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| bad(&key.display().to_string(), &e))?;
+    let (certs, key) = crate::tls::identity(cert, key)?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .and_then(|b| {
@@ -166,9 +161,10 @@ fn tls_config(
 /// Serves the API on `addr` in a background task; returns the bound address.
 async fn serve(addr: SocketAddr, tls: rustls::ServerConfig, app: App) -> Result<SocketAddr> {
     let (tcp, bound) = crate::metrics::bind(addr, "apiserver").await?;
-    let listener = TlsListener {
+    let listener = crate::tls::TlsListener {
         tcp,
         acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(tls)),
+        what: "apiserver",
     };
     let router = router(Arc::new(app));
     tokio::spawn(async move {
@@ -362,42 +358,11 @@ fn status(code: StatusCode, message: &str) -> Response {
     (code, axum::Json(body)).into_response()
 }
 
-/// A TLS listener for axum that keeps each connection's client certificate for [`Peer`].
-struct TlsListener {
-    tcp: tokio::net::TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            let (stream, addr) = match self.tcp.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "apiserver accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            match tokio::time::timeout(Duration::from_secs(10), self.acceptor.accept(stream)).await
-            {
-                Ok(Ok(tls)) => return (tls, addr),
-                Ok(Err(e)) => tracing::debug!(%addr, error = %e, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.tcp.local_addr()
-    }
-}
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for Peer {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
+impl
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, crate::tls::TlsListener>>
+    for Peer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, crate::tls::TlsListener>) -> Self {
         let certs = stream.io().get_ref().1.peer_certificates();
         Peer {
             common_name: certs

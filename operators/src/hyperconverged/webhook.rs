@@ -214,58 +214,12 @@ pub fn router(namespace: Option<String>) -> axum::Router {
     )
 }
 
-/// A TLS listener for axum: TCP accept, then the TLS handshake (bounded in time).
-struct TlsListener {
-    tcp: tokio::net::TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            let (stream, addr) = match self.tcp.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "webhook accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let handshake = tokio::time::timeout(
-                std::time::Duration::from_secs(10),
-                self.acceptor.accept(stream),
-            );
-            match handshake.await {
-                Ok(Ok(tls)) => return (tls, addr),
-                Ok(Err(e)) => tracing::debug!(%addr, error = %e, "webhook TLS handshake failed"),
-                Err(_) => tracing::debug!(%addr, "webhook TLS handshake timed out"),
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.tcp.local_addr()
-    }
-}
-
 fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let bad = |what: &Path, e: &dyn std::fmt::Display| {
-        Error::Config(format!("webhook TLS {}: {e}", what.display()))
-    };
-    let certs = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| bad(cert, &e))?
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| bad(cert, &e))?;
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| bad(key, &e))?;
-    rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+    let (certs, key) = crate::tls::identity(cert, key)?;
+    rustls::ServerConfig::builder_with_provider(crate::tls::provider())
         .with_safe_default_protocol_versions()
         .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
-        .map_err(|e| bad(cert, &e))
+        .map_err(|e| Error::Config(format!("webhook TLS {}: {e}", cert.display())))
 }
 
 /// Serves the webhook on `addr` in a background task: HTTPS with `tls` = (cert, key) PEM files
@@ -280,7 +234,12 @@ pub async fn serve(
     match tls {
         Some((cert, key)) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_config(&cert, &key)?));
-            tokio::spawn(async move { axum::serve(TlsListener { tcp, acceptor }, app).await });
+            let listener = crate::tls::TlsListener {
+                tcp,
+                acceptor,
+                what: "webhook",
+            };
+            tokio::spawn(async move { axum::serve(listener, app).await });
         }
         None => {
             tokio::spawn(async move { axum::serve(tcp, app).await });
