@@ -1080,6 +1080,8 @@ fn loris(port: u16, max: usize, stop: &std::sync::atomic::AtomicBool) -> Vec<Tcp
 fn head_kept_alive(port: u16, token: &str) -> TcpStream {
     use std::io::{Read as _, Write as _};
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    // A HEAD left waiting must fail the test, not hang it.
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write!(
         s,
         "HEAD /v1beta1/upload-async HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\r\n"
