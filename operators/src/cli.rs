@@ -145,15 +145,12 @@ impl DataVolumeArgs {
 
 /// Runs a controller against the cluster of the kubeconfig (or the pod's service account).
 pub async fn controller(args: ControllerArgs) -> Result<()> {
-    let config = kube::Config::infer()
-        .await
-        .map_err(|e| Error::Config(e.to_string()))?;
     let controller = match &args.which {
         Which::Datavolume(_) => crate::datavolume::controller::CONTROLLER,
         Which::Hyperconverged(_) => crate::hyperconverged::controller::CONTROLLER,
         Which::Hostpath(_) => crate::hostpath::controller::CONTROLLER,
     };
-    let client = crate::kubeops::client_for(config, controller)?;
+    let client = crate::kubeops::cluster_client(controller).await?;
     let metrics = Arc::new(Metrics::default());
     let bound = crate::metrics::serve(args.metrics_addr, metrics.clone()).await?;
     tracing::info!(%bound, "serving metrics");

@@ -35,6 +35,15 @@ pub fn client_for(mut config: kube::Config, controller: &str) -> Result<kube::Cl
     kube::Client::try_from(config).map_err(|e| Error::Config(e.to_string()))
 }
 
+/// [`client_for`] the cluster of the kubeconfig (`KUBECONFIG`, `~/.kube/config`) or the pod's
+/// service account.
+pub async fn cluster_client(controller: &str) -> Result<kube::Client> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| Error::Config(e.to_string()))?;
+    client_for(config, controller)
+}
+
 fn status_code(e: &kube::Error) -> Option<u16> {
     match e {
         kube::Error::Api(s) => Some(s.code),

@@ -82,10 +82,7 @@ pub struct Peer {
 
 /// Runs the token API until SIGTERM.
 pub async fn run(args: ApiServerArgs) -> Result<()> {
-    let config = kube::Config::infer()
-        .await
-        .map_err(|e| Error::Config(e.to_string()))?;
-    let client = kube::Client::try_from(config).map_err(|e| Error::Config(e.to_string()))?;
+    let client = crate::kubeops::cluster_client("apiserver").await?;
     let (auth, ca_pem) = match &args.requestheader_client_ca {
         Some(path) => (
             RequestHeaderConfig {
