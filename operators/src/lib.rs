@@ -15,6 +15,7 @@ pub mod kubeops;
 pub mod metrics;
 #[cfg(test)]
 mod mockapi;
+pub mod names;
 mod tls;
 
 pub use error::{Error, ErrorKind, Result};
