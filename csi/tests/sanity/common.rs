@@ -148,13 +148,7 @@ impl Server {
             })
             .await
         });
-        for _ in 0..200 {
-            if sock.exists() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        let channel = connect(&sock).await;
+        let channel = connect_when_listening(&sock).await;
         Server {
             dir,
             sock,
@@ -197,8 +191,21 @@ impl Server {
     }
 }
 
-pub async fn connect(sock: &Path) -> Channel {
-    csi::connect_unix(sock).await.unwrap()
+/// Connects once the server listens. The socket file appears at bind(), before listen(), so a
+/// connect in between is refused: retry for up to 20 s.
+async fn connect_when_listening(sock: &Path) -> Channel {
+    let mut last = None;
+    for _ in 0..2000 {
+        match csi::connect_unix(sock).await {
+            Ok(channel) => return channel,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!(
+        "the CSI server never listened on {}: {last:?}",
+        sock.display()
+    )
 }
 
 pub fn mount_cap() -> pb::VolumeCapability {
