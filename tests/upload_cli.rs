@@ -1079,8 +1079,9 @@ fn loris(port: u16, max: usize, stop: &std::sync::atomic::AtomicBool) -> Vec<Tcp
 /// open (keep-alive).
 fn head_kept_alive(port: u16, token: &str) -> TcpStream {
     use std::io::{Read as _, Write as _};
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     // A HEAD left waiting must fail the test, not hang it.
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(30)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write!(
         s,
@@ -1189,11 +1190,13 @@ fn a_slow_loris_flood_neither_locks_out_an_upload_nor_keeps_descriptors_or_memor
             assert!(Instant::now() < deadline, "the flood did not reach the cap");
             std::thread::sleep(Duration::from_millis(20));
         }
-        let out = quarry()
-            .args(["upload", arg(&qcow2), "--url", &v.url(), "--token", &t])
-            .arg("--json")
-            .output()
-            .unwrap();
+        let out = common::output_within(
+            quarry()
+                .args(["upload", arg(&qcow2), "--url", &v.url(), "--token", &t])
+                .arg("--json")
+                .env("QUARRY_LOG", "uploader=debug"),
+            Duration::from_secs(120),
+        );
         let flood_ended = at_proxy.is_finished() || at_server.is_finished();
         stop.store(true, Ordering::Relaxed);
         let (proxy_loris, server_loris) = (at_proxy.join().unwrap(), at_server.join().unwrap());

@@ -15,6 +15,33 @@ pub fn run(args: &[&str]) -> Output {
     quarry().args(args).output().expect("running quarry")
 }
 
+/// Runs `cmd` to completion, or kills it after `limit` and fails naming it with what it printed
+/// (a hang becomes a failure that says where, not a stuck test).
+pub fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
+    use std::process::Stdio;
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("waiting"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            let out = rx.recv().expect("the waiter").expect("waiting");
+            panic!(
+                "{cmd:?} did not finish within {limit:?}; its stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        }
+    }
+}
+
 pub fn arg(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
