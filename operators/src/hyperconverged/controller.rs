@@ -15,7 +15,7 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::{Instrument, info_span};
 
 use super::children::{self, ChildKind};
-use super::conditions::{ChildStatus, Reconciled, aggregate};
+use super::conditions::{ChildStatus, RECONCILE_FAILED, Reconciled, aggregate, failure_event};
 use crate::api::HyperConverged;
 use crate::api::hyperconverged::HYPERCONVERGED_NAME;
 use crate::error::{Error, Result};
@@ -86,6 +86,17 @@ pub async fn reconcile(hc: Arc<HyperConverged>, ctx: Arc<Context>) -> Result<Req
                 "status": status,
             });
             kubeops::apply_status(&api, &hc.name_any(), doc, &kubeops::manager(CONTROLLER)).await?;
+        }
+        if let Some(message) = failure_event(&previous, &outcome) {
+            kubeops::publish_event(
+                &ctx.client,
+                &hc.object_ref(&()),
+                true,
+                RECONCILE_FAILED,
+                message,
+                &kubeops::manager(CONTROLLER),
+            )
+            .await;
         }
         match outcome {
             Reconciled::Complete => Ok(Requeue::requeue(RESYNC)),
@@ -361,6 +372,18 @@ mod tests {
         )
         .await;
         let (st, rc) = status_applied(&mut api, &hc(), "ReconcileComplete").await;
+        // A Warning event tells the same.
+        let (_, event) = api
+            .expect_echo(
+                Method::POST,
+                "/api/v1/namespaces/kubevirt-hyperconverged/events",
+            )
+            .await;
+        assert_eq!(
+            (&event["type"], &event["reason"], &event["message"]),
+            (&json!("Warning"), &json!("ReconcileFailed"), &rc["message"])
+        );
+        assert_eq!(event["involvedObject"]["kind"], "HyperConverged");
         assert_eq!(st["systemHealthStatus"], "error");
         assert_eq!(rc["status"], "False");
         // The missing kind is named, and Degraded says so too.

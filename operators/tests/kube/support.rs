@@ -41,7 +41,7 @@ pub async fn namespace(prefix: &str, labels: &[(&str, &str)]) -> Option<(Client,
 
 /// Applies the DataVolume, HyperConverged and HostPathProvisioner CRDs (idempotent) and waits
 /// until the server serves them.
-async fn install_crds(client: &Client) {
+pub async fn install_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in [
         DataVolume::crd(),
