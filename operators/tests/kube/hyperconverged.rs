@@ -93,7 +93,7 @@ fn stand_in(kind: &ChildKind) -> CustomResourceDefinition {
 }
 
 #[tokio::test]
-async fn node_placement_reaches_every_child() {
+async fn children_get_placement_and_cert_defaults_and_report_back() {
     let Some(server) = KubeApiServer::start(&Options::default()) else {
         return;
     };
@@ -163,5 +163,79 @@ async fn node_placement_reaches_every_child() {
     let hpp = child(children::HOSTPATH).await;
     assert_eq!(spec(hpp.clone())["workload"], workloads);
     assert_eq!(hpp.labels()["app"], "kubevirt-hyperconverged");
+
+    // Without a certConfig, the children get HCO's defaults.
+    assert_eq!(
+        cdi["certConfig"],
+        json!({"ca": {"duration": "48h0m0s", "renewBefore": "24h0m0s"},
+               "server": {"duration": "24h0m0s", "renewBefore": "12h0m0s"}})
+    );
+    assert_eq!(
+        kv["certificateRotateStrategy"]["selfSigned"]["server"]["renewBefore"],
+        "12h0m0s"
+    );
+
+    // relatedObjects name every child as HCO does.
+    let hcs: Api<HyperConverged> = Api::namespaced(client.clone(), &ns);
+    let related = wait_for("relatedObjects of every child", || async {
+        let st = hcs.get("kubevirt-hyperconverged").await.ok()?.status?;
+        (st.related_objects.len() == children::ALL.len()).then_some(st.related_objects)
+    })
+    .await;
+    let kv_obj = child(children::KUBEVIRT).await;
+    let kv_ref = related
+        .iter()
+        .find(|r| r.kind.as_deref() == Some("KubeVirt"))
+        .unwrap();
+    assert_eq!(
+        (
+            kv_ref.api_version.as_deref(),
+            kv_ref.name.as_deref(),
+            kv_ref.namespace.as_deref(),
+            kv_ref.uid.as_deref()
+        ),
+        (
+            Some("kubevirt.io/v1"),
+            Some("kubevirt-kubevirt-hyperconverged"),
+            Some(ns.as_str()),
+            kv_obj.metadata.uid.as_deref()
+        )
+    );
+    let cdi_ref = related
+        .iter()
+        .find(|r| r.kind.as_deref() == Some("CDI"))
+        .unwrap();
+    assert_eq!(
+        (cdi_ref.api_version.as_deref(), cdi_ref.namespace.as_deref()),
+        (Some("cdi.kubevirt.io/v1beta1"), None)
+    );
+
+    // A child's own condition message reaches the HyperConverged.
+    let cdis: Api<DynamicObject> = Api::all_with(client.clone(), &children::CDI.api_resource());
+    cdis.patch_status(
+        children::CDI.name,
+        &crate::support::test_writes(),
+        &kube::api::Patch::Merge(json!({"status": {"conditions": [
+            {"type": "Available", "status": "False", "message": ""},
+            {"type": "Progressing", "status": "False", "message": ""},
+            {"type": "Degraded", "status": "True",
+             "message": "cdi-deployment has 0 of 1 replicas ready"}]}})),
+    )
+    .await
+    .unwrap();
+    let degraded = wait_for("Degraded from CDI", || async {
+        let st = hcs.get("kubevirt-hyperconverged").await.ok()?.status?;
+        st.conditions
+            .into_iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True")
+    })
+    .await;
+    assert_eq!(
+        (degraded.reason.as_str(), degraded.message.as_str()),
+        (
+            "CDIDegraded",
+            "CDI is degraded: cdi-deployment has 0 of 1 replicas ready"
+        )
+    );
     ctl.abort();
 }
