@@ -464,19 +464,32 @@ mod tests {
         assert!(validate(&wrong_ns, Some("kubevirt-hyperconverged")).is_err());
     }
 
+    /// An AdmissionReview of `operation` on the singleton with `spec` (the old object of a
+    /// DELETE, the new one otherwise).
+    fn review_json(operation: &str, spec: serde_json::Value) -> serde_json::Value {
+        let hc = serde_json::json!({"apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
+            "metadata": {"name": HYPERCONVERGED_NAME, "namespace": "kubevirt-hyperconverged"}, "spec": spec});
+        let (object, old) = if operation == "DELETE" {
+            (serde_json::Value::Null, hc)
+        } else {
+            (hc, serde_json::Value::Null)
+        };
+        serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "req-1", "kind": {"group": "hco.kubevirt.io", "version": "v1beta1", "kind": "HyperConverged"},
+                "resource": {"group": "hco.kubevirt.io", "version": "v1beta1", "resource": "hyperconvergeds"},
+                "name": HYPERCONVERGED_NAME, "namespace": "kubevirt-hyperconverged", "operation": operation,
+                "userInfo": {}, "dryRun": false, "object": object, "oldObject": old}
+        })
+    }
+
     #[test]
     fn deletion_waits_for_datavolumes_unless_workloads_may_go() {
         let delete = |strategy: Option<&str>| -> AdmissionRequest<DynamicObject> {
-            let review: AdmissionReview<DynamicObject> = serde_json::from_value(serde_json::json!({
-                "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                "request": {"uid": "d1", "kind": {"group": "hco.kubevirt.io", "version": "v1beta1", "kind": "HyperConverged"},
-                    "resource": {"group": "hco.kubevirt.io", "version": "v1beta1", "resource": "hyperconvergeds"},
-                    "name": HYPERCONVERGED_NAME, "namespace": "kubevirt-hyperconverged", "operation": "DELETE",
-                    "userInfo": {}, "object": null,
-                    "oldObject": {"apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
-                        "metadata": {"name": HYPERCONVERGED_NAME, "namespace": "kubevirt-hyperconverged"},
-                        "spec": {"uninstallStrategy": strategy}}}
-            }))
+            let review: AdmissionReview<DynamicObject> = serde_json::from_value(review_json(
+                "DELETE",
+                serde_json::json!({ "uninstallStrategy": strategy }),
+            ))
             .unwrap();
             review.try_into().unwrap()
         };
@@ -498,17 +511,7 @@ mod tests {
     #[tokio::test]
     async fn the_http_handler_answers_admission_reviews() {
         use tower::ServiceExt;
-        let review = |spec: serde_json::Value| {
-            serde_json::json!({
-                "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                "request": {"uid": "req-1", "kind": {"group": "hco.kubevirt.io", "version": "v1beta1", "kind": "HyperConverged"},
-                    "resource": {"group": "hco.kubevirt.io", "version": "v1beta1", "resource": "hyperconvergeds"},
-                    "name": HYPERCONVERGED_NAME, "namespace": "kubevirt-hyperconverged", "operation": "CREATE",
-                    "userInfo": {}, "dryRun": false,
-                    "object": {"apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
-                        "metadata": {"name": HYPERCONVERGED_NAME, "namespace": "kubevirt-hyperconverged"}, "spec": spec}}
-            })
-        };
+        let review = |spec: serde_json::Value| review_json("CREATE", spec);
         for (spec, allowed) in [
             (
                 serde_json::json!({"filesystemOverhead": {"global": "0.1"}, "someOtherHcoField": {"x": 1}}),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use operators::api::HyperConverged;
@@ -14,7 +15,7 @@ use operators::hyperconverged::children::{self, ChildKind};
 use serde_json::{Value, json};
 use testkit::kube::{KubeApiServer, Options};
 
-use crate::support::{install_crds, namespace, wait_for};
+use crate::support::{established, install_crds, namespace, wait_for};
 
 fn hyperconverged(spec: Value, annotations: Value) -> HyperConverged {
     serde_json::from_value(json!({
@@ -23,6 +24,17 @@ fn hyperconverged(spec: Value, annotations: Value) -> HyperConverged {
         "spec": spec
     }))
     .unwrap()
+}
+
+/// Waits until the singleton is Degraded, and returns the condition.
+async fn degraded(api: &Api<HyperConverged>) -> Condition {
+    wait_for("Degraded", || async {
+        let st = api.get("kubevirt-hyperconverged").await.ok()?.status?;
+        st.conditions
+            .into_iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True")
+    })
+    .await
 }
 
 fn run_controller(client: &Client, ns: &str) -> tokio::task::JoinHandle<()> {
@@ -45,13 +57,7 @@ async fn a_missing_child_crd_is_named_in_degraded_and_in_an_event() {
     )
     .await
     .unwrap();
-    let degraded = wait_for("Degraded", || async {
-        let st = api.get("kubevirt-hyperconverged").await.ok()?.status?;
-        st.conditions
-            .into_iter()
-            .find(|c| c.type_ == "Degraded" && c.status == "True")
-    })
-    .await;
+    let degraded = degraded(&api).await;
     assert!(
         degraded.message.contains("CDI") && degraded.message.contains("cdis.cdi.kubevirt.io"),
         "{degraded:?}"
@@ -106,16 +112,7 @@ async fn children_get_placement_and_cert_defaults_and_report_back() {
             .unwrap();
     }
     for kind in &children::ALL[..4] {
-        let name = format!("{}.{}", kind.plural, kind.group);
-        wait_for(&format!("CRD {name} established"), || async {
-            let c = crds.get(&name).await.ok()?;
-            c.status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        })
-        .await;
+        established(&crds, &format!("{}.{}", kind.plural, kind.group)).await;
     }
     let ns = server.namespace("hco", &[]).await;
     let ctl = run_controller(&client, &ns);
@@ -223,13 +220,7 @@ async fn children_get_placement_and_cert_defaults_and_report_back() {
     )
     .await
     .unwrap();
-    let degraded = wait_for("Degraded from CDI", || async {
-        let st = hcs.get("kubevirt-hyperconverged").await.ok()?.status?;
-        st.conditions
-            .into_iter()
-            .find(|c| c.type_ == "Degraded" && c.status == "True")
-    })
-    .await;
+    let degraded = degraded(&hcs).await;
     assert_eq!(
         (degraded.reason.as_str(), degraded.message.as_str()),
         (
