@@ -161,9 +161,11 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
         Which::Hyperconverged(a) => {
             if let Some(addr) = a.webhook_addr {
                 let tls = a.webhook_tls_cert.clone().zip(a.webhook_tls_key.clone());
-                let bound =
-                    crate::hyperconverged::webhook::serve(addr, tls, Some(a.namespace.clone()))
-                        .await?;
+                let settings = crate::hyperconverged::webhook::Settings {
+                    namespace: Some(a.namespace.clone()),
+                    client: Some(client.clone()),
+                };
+                let bound = crate::hyperconverged::webhook::serve(addr, tls, settings).await?;
                 tracing::info!(%bound, "serving the HyperConverged webhook");
             }
             crate::hyperconverged::controller::run(client, a.namespace, metrics).await

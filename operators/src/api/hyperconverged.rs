@@ -5,6 +5,8 @@
 use k8s_openapi::api::core::v1::{ObjectReference, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
+
+pub use super::hostpath::NodePlacement;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -49,6 +51,23 @@ pub struct HyperConvergedSpec {
     /// `BlockUninstallIfWorkloadsExist` (default) or `RemoveWorkloads`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uninstall_strategy: Option<String>,
+    /// Where infrastructure components (operators' controllers, webhooks, APIs) run; passed to
+    /// the children as HCO does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub infra: Option<HyperConvergedConfig>,
+    /// Where workloads (VMs, importer pods, node agents such as the CSI driver) run; passed to
+    /// the children as HCO does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workloads: Option<HyperConvergedConfig>,
+}
+
+/// HCO's HyperConvergedConfig: the node placement of one class of components.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HyperConvergedConfig {
+    /// Node selector, affinity and tolerations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_placement: Option<NodePlacement>,
 }
 
 /// Import settings.

@@ -10,6 +10,10 @@
 //! as CDI's cdi-apiserver does; then the PVC must exist and be an upload target.
 //! Discovery (`/apis`, the group, each version), `/healthz`, `/readyz` and `/openapi/v2` are
 //! open to all, as the aggregator reads them.
+//!
+//! It also serves CDI's DataVolume validating webhook at
+//! [`crate::names::webhook::DATAVOLUME_PATH`] ([`crate::datavolume::admission`]), as CDI's
+//! cdi-apiserver does: the API server calls it over TLS like any webhook.
 
 pub mod auth;
 mod discovery;
@@ -37,6 +41,10 @@ use auth::RequestHeaderConfig;
 pub use discovery::{GROUP, RESOURCE, VERSIONS};
 
 use crate::datavolume::ANN_UPLOAD_TARGET as UPLOAD_TARGET_ANNOTATION;
+use crate::datavolume::{Config as DataVolumeConfig, admission};
+use crate::names::webhook::DATAVOLUME_PATH;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 
 /// `quarry apiserver`.
 #[derive(clap::Args, Debug)]
@@ -83,6 +91,14 @@ pub struct Peer {
 /// Runs the token API until SIGTERM.
 pub async fn run(args: ApiServerArgs) -> Result<()> {
     let client = crate::kubeops::cluster_client("apiserver").await?;
+    let bound = start(client, &args).await?;
+    tracing::info!(%bound, "serving {GROUP}");
+    uploader::net::terminated().await;
+    Ok(())
+}
+
+/// Starts serving with `client` in a background task; returns the bound address.
+pub async fn start(client: kube::Client, args: &ApiServerArgs) -> Result<SocketAddr> {
     let (auth, ca_pem) = match &args.requestheader_client_ca {
         Some(path) => (
             RequestHeaderConfig {
@@ -103,10 +119,7 @@ pub async fn run(args: ApiServerArgs) -> Result<()> {
         signing_key,
         token_ttl: Duration::from_secs(args.token_ttl),
     };
-    let bound = serve(args.listen, tls, app).await?;
-    tracing::info!(%bound, "serving {GROUP}");
-    uploader::net::terminated().await;
-    Ok(())
+    serve(args.listen, tls, app).await
 }
 
 /// The front-proxy settings the cluster publishes in `kube-system`.
@@ -210,7 +223,36 @@ fn router(app: Arc<App>) -> Router {
             get(|| async { axum::Json(discovery::openapi_v2()) }),
         )
         .route(&create, post(create_token))
+        .route(DATAVOLUME_PATH, post(review_datavolume))
         .with_state(app)
+}
+
+/// `POST /datavolume-validate`: CDI's DataVolume webhook ([`crate::datavolume::admission`]).
+/// A CREATE first reads the PVC of the DataVolume's name.
+async fn review_datavolume(
+    State(app): State<Arc<App>>,
+    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
+) -> axum::Json<AdmissionReview<DynamicObject>> {
+    let req: std::result::Result<AdmissionRequest<DynamicObject>, _> = review.try_into();
+    let resp = match req {
+        Err(e) => AdmissionResponse::invalid(e.to_string()),
+        Ok(req) => {
+            let pvc = match admission::target_pvc(&req) {
+                None => Ok(None),
+                Some((ns, name)) => {
+                    Api::<PersistentVolumeClaim>::namespaced(app.client.clone(), &ns)
+                        .get_opt(&name)
+                        .await
+                        .map_err(|e| format!("reading PVC {ns}/{name}: {e}"))
+                }
+            };
+            match pvc {
+                Ok(pvc) => admission::review(&req, pvc.as_ref(), &DataVolumeConfig::default()),
+                Err(e) => AdmissionResponse::from(&req).deny(e),
+            }
+        }
+    };
+    axum::Json(resp.into_review())
 }
 
 /// `POST /apis/upload.cdi.kubevirt.io/{version}/namespaces/{namespace}/uploadtokenrequests`.

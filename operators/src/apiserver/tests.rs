@@ -240,3 +240,86 @@ async fn discovery_is_open_to_every_client() {
     assert_eq!(openapi["swagger"], "2.0");
     f.cluster.silence().await;
 }
+
+/// An AdmissionReview of a DataVolume `op` (`oldObject` for updates).
+fn datavolume_review(op: &str, url: &str, old_url: Option<&str>) -> Value {
+    let dv = |url: &str| {
+        json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+               "metadata": {"name": "fedora", "namespace": "vms"},
+               "spec": {"source": {"http": {"url": url}},
+                        "storage": {"resources": {"requests": {"storage": "1Gi"}}}}})
+    };
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+           "request": {"uid": "dv-1",
+               "kind": {"group": "cdi.kubevirt.io", "version": "v1beta1", "kind": "DataVolume"},
+               "resource": {"group": "cdi.kubevirt.io", "version": "v1beta1", "resource": "datavolumes"},
+               "name": "fedora", "namespace": "vms", "operation": op, "userInfo": {},
+               "object": dv(url), "oldObject": old_url.map(dv)}})
+}
+
+#[tokio::test]
+async fn the_datavolume_webhook_answers_without_a_client_certificate() {
+    let mut f = start(&["front-proxy-client"]).await;
+    let c = client(&f.ca, None);
+    let url = format!("{}{}", f.url, crate::names::webhook::DATAVOLUME_PATH);
+    let post = |body: Value| {
+        c.post(&url)
+            .header("Content-Type", "application/json")
+            .body(body.to_string())
+            .send()
+    };
+    const PVC: &str = "/api/v1/namespaces/vms/persistentvolumeclaims/fedora";
+    const URL: &str = "https://images.example/fedora.qcow2";
+
+    // CREATE: the PVC of the same name is looked up first; none exists.
+    let (resp, _) = tokio::join!(post(datavolume_review("CREATE", URL, None)), async {
+        f.cluster.not_found(Method::GET, PVC).await;
+    });
+    let body = json(resp.unwrap()).await;
+    assert_eq!(
+        (&body["response"]["uid"], &body["response"]["allowed"]),
+        (&json!("dv-1"), &json!(true)),
+        "{body}"
+    );
+    // One that belongs to something else refuses the DataVolume.
+    let (resp, _) = tokio::join!(post(datavolume_review("CREATE", URL, None)), async {
+        f.cluster
+            .expect(
+                Method::GET,
+                PVC,
+                200,
+                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                       "metadata": {"name": "fedora", "namespace": "vms"}}),
+            )
+            .await;
+    });
+    let body = json(resp.unwrap()).await;
+    assert_eq!(
+        body["response"]["status"]["message"],
+        "Destination PVC vms/fedora already exists"
+    );
+    // UPDATE: a new URL is refused, with nothing asked of the cluster.
+    let body = json(
+        post(datavolume_review(
+            "UPDATE",
+            "https://other/x.img",
+            Some(URL),
+        ))
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (
+            &body["response"]["allowed"],
+            &body["response"]["status"]["message"],
+            &body["response"]["status"]["code"]
+        ),
+        (
+            &json!(false),
+            &json!("Cannot update DataVolume Spec"),
+            &json!(422)
+        )
+    );
+    f.cluster.silence().await;
+}

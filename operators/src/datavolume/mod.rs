@@ -7,6 +7,7 @@
 //! - [`decide`]: the state machine: observed PVC and pod in, status and actions out;
 //! - [`retry`]: terminal versus retryable failures and the back-off;
 //! - [`controller`]: the kube-runtime controller that executes the actions;
+//! - [`admission`]: CDI's validating webhook (spec edits refused, new DataVolumes checked);
 //! - [`local`]: `quarry apply` / `quarry get dv` without a cluster.
 
 use std::collections::BTreeMap;
@@ -19,6 +20,7 @@ use kube::Resource;
 
 use crate::api::DataVolume;
 
+pub mod admission;
 pub mod controller;
 pub mod decide;
 pub mod local;
@@ -111,6 +113,22 @@ impl Config {
             .and_then(|c| self.filesystem_overhead_per_class.get(c))
             .copied()
             .unwrap_or(self.filesystem_overhead)
+    }
+}
+
+/// Every reason the controller would fail `dv` before running anything, one message each: the
+/// source and the claim checks the controller itself applies ([`source::source`],
+/// [`pvc::claim`]).
+pub fn validate(dv: &DataVolume, cfg: &Config) -> Result<(), Vec<String>> {
+    let errors: Vec<String> = [source::source(&dv.spec).err(), pvc::claim(dv, cfg).err()]
+        .into_iter()
+        .flatten()
+        .map(|e| e.to_string())
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
     }
 }
 

@@ -62,8 +62,41 @@ fn requested_size(res: Option<&VolumeResourceRequirements>, field: &str) -> Resu
         .and_then(|r| r.requests.as_ref())
         .and_then(|r| r.get("storage"))
         .ok_or_else(|| Error::invalid(format!("{field}.resources.requests.storage is required")))?;
-    importer::size::parse_quantity(&q.0)
-        .map_err(|e| Error::invalid(format!("{field}.resources.requests.storage: {e}")))
+    let size = importer::size::parse_quantity(&q.0)
+        .map_err(|e| Error::invalid(format!("{field}.resources.requests.storage: {e}")))?;
+    if size == 0 {
+        // CDI's webhook refuses a zero size too.
+        return Err(Error::invalid(format!(
+            "{field}.resources.requests.storage must be greater than 0"
+        )));
+    }
+    Ok(size)
+}
+
+/// The access modes a PVC may ask for.
+const ACCESS_MODES: [&str; 4] = [
+    "ReadWriteOnce",
+    "ReadOnlyMany",
+    "ReadWriteMany",
+    "ReadWriteOncePod",
+];
+
+/// CDI's access-mode rules: `spec.pvc` is taken literally, so it needs exactly one mode;
+/// `spec.storage` may leave them to the defaults or name several. Every mode must be known.
+fn check_access_modes(modes: &[String], field: &str, exactly_one: bool) -> Result<()> {
+    if exactly_one && modes.len() != 1 {
+        return Err(Error::invalid(format!(
+            "{field}.accessModes must name exactly one access mode (got {})",
+            modes.len()
+        )));
+    }
+    match modes.iter().find(|m| !ACCESS_MODES.contains(&m.as_str())) {
+        Some(m) => Err(Error::invalid(format!(
+            "{field}.accessModes: {m:?} is not one of {}",
+            ACCESS_MODES.join(", ")
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The claim for a DataVolume, from `spec.pvc` or `spec.storage`.
@@ -74,6 +107,11 @@ pub fn claim(dv: &DataVolume, cfg: &Config) -> Result<Claim> {
         (Some(pvc), None) => {
             let mode = VolumeMode::parse(pvc.volume_mode.as_deref())?;
             let size = requested_size(pvc.resources.as_ref(), "spec.pvc")?;
+            check_access_modes(
+                pvc.access_modes.as_deref().unwrap_or_default(),
+                "spec.pvc",
+                true,
+            )?;
             let overhead = match mode {
                 VolumeMode::Filesystem => cfg.overhead(pvc.storage_class_name.as_deref()),
                 VolumeMode::Block => 0.0,
@@ -88,6 +126,7 @@ pub fn claim(dv: &DataVolume, cfg: &Config) -> Result<Claim> {
         (None, Some(st)) => {
             let mode = VolumeMode::parse(st.volume_mode.as_deref())?;
             let requested = requested_size(st.resources.as_ref(), "spec.storage")?;
+            check_access_modes(&st.access_modes, "spec.storage", false)?;
             let class = st
                 .storage_class_name
                 .clone()

@@ -2,6 +2,12 @@
 //! `CDI/cdi-kubevirt-hyperconverged` (carrying the storage settings), `KubeVirt/kubevirt-
 //! kubevirt-hyperconverged`, `SSP/ssp-kubevirt-hyperconverged`, `NetworkAddonsConfig/cluster` and,
 //! when enabled, `HostPathProvisioner/hostpath-provisioner`.
+//!
+//! Node placement goes where HCO puts it: `spec.infra.nodePlacement` to CDI's `spec.infra`,
+//! KubeVirt's `spec.infra.nodePlacement`, SSP's `spec.templateValidator.placement` and
+//! NetworkAddonsConfig's `spec.placementConfiguration.infra`; `spec.workloads.nodePlacement` to
+//! CDI's `spec.workloads`, KubeVirt's `spec.workloads.nodePlacement`,
+//! `spec.placementConfiguration.workloads` and the HostPathProvisioner's `spec.workload`.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +17,7 @@ use kube::core::ObjectMeta;
 use serde_json::{Value, json};
 
 use crate::api::HyperConverged;
-use crate::api::hostpath::StoragePool;
+use crate::api::hostpath::{NodePlacement, StoragePool};
 use crate::api::hyperconverged::{CertConfig, CertRotation};
 use crate::error::{Error, Result};
 
@@ -198,7 +204,41 @@ pub fn cert_config(hc: &HyperConverged) -> CertConfig {
     }
 }
 
-/// The CDI child: HCO's storage settings propagated into `spec.config` and `spec.certConfig`.
+/// `spec.infra.nodePlacement`: where infrastructure components run.
+pub fn infra(hc: &HyperConverged) -> Option<&NodePlacement> {
+    hc.spec.infra.as_ref()?.node_placement.as_ref()
+}
+
+/// `spec.workloads.nodePlacement`: where workloads and node agents run.
+pub fn workloads(hc: &HyperConverged) -> Option<&NodePlacement> {
+    hc.spec.workloads.as_ref()?.node_placement.as_ref()
+}
+
+/// KubeVirt's ComponentConfig for a placement: `{nodePlacement}`, absent without one
+/// (HCO's hcoConfig2KvConfig).
+pub fn kubevirt_component(placement: Option<&NodePlacement>) -> Option<Value> {
+    placement.map(|p| json!({ "nodePlacement": p }))
+}
+
+/// NetworkAddonsConfig's `placementConfiguration`: each placement only when it sets something,
+/// and none at all when neither does (HCO's hcoConfig2CnaoPlacement).
+pub fn cnao_placement(
+    infra: Option<&NodePlacement>,
+    workloads: Option<&NodePlacement>,
+) -> Option<Value> {
+    fn set(p: Option<&NodePlacement>) -> Option<&NodePlacement> {
+        p.filter(|p| {
+            p.affinity.is_some() || !p.tolerations.is_empty() || !p.node_selector.is_empty()
+        })
+    }
+    match (set(infra), set(workloads)) {
+        (None, None) => None,
+        (i, w) => Some(json!({ "infra": i, "workloads": w })),
+    }
+}
+
+/// The CDI child: HCO's storage settings propagated into `spec.config` and `spec.certConfig`,
+/// and the placements as `spec.infra` and `spec.workloads`.
 pub fn cdi(hc: &HyperConverged) -> DynamicObject {
     let s = &hc.spec;
     let cert = cert_config(hc);
@@ -216,11 +256,14 @@ pub fn cdi(hc: &HyperConverged) -> DynamicObject {
             "server": cert.and_then(|c| c.server.as_ref()),
         },
         "uninstallStrategy": "BlockUninstallIfWorkloadsExist",
+        "infra": infra(hc),
+        "workloads": workloads(hc),
     });
     object(hc, CDI, drop_nulls(spec))
 }
 
-/// The KubeVirt child: certificate rotation and the feature gates HCO maps to KubeVirt's.
+/// The KubeVirt child: certificate rotation, the feature gates HCO maps to KubeVirt's, and the
+/// placements as `spec.infra` / `spec.workloads` ComponentConfigs.
 pub fn kubevirt(hc: &HyperConverged) -> DynamicObject {
     let s = &hc.spec;
     let fg = s.feature_gates.clone().unwrap_or_default();
@@ -240,29 +283,34 @@ pub fn kubevirt(hc: &HyperConverged) -> DynamicObject {
         }},
         "configuration": {"developerConfiguration": {"featureGates": gates}},
         "uninstallStrategy": s.uninstall_strategy.as_deref().unwrap_or("BlockUninstallIfWorkloadsExist"),
+        "infra": kubevirt_component(infra(hc)),
+        "workloads": kubevirt_component(workloads(hc)),
     });
     object(hc, KUBEVIRT, drop_nulls(spec))
 }
 
-/// The SSP child.
+/// The SSP child; the template validator (infrastructure) gets the infra placement.
 pub fn ssp(hc: &HyperConverged) -> DynamicObject {
     let spec = json!({
         "commonTemplates": {"namespace": "openshift"},
-        "templateValidator": {"replicas": 2},
+        "templateValidator": {"replicas": 2, "placement": infra(hc)},
     });
-    object(hc, SSP, spec)
+    object(hc, SSP, drop_nulls(spec))
 }
 
-/// The NetworkAddonsConfig child.
+/// The NetworkAddonsConfig child, with both placements in `placementConfiguration`.
 pub fn network_addons(hc: &HyperConverged) -> DynamicObject {
-    let spec = json!({"multus": {}, "linuxBridge": {}, "kubeMacPool": {}});
-    object(hc, NETWORK_ADDONS, spec)
+    let spec = json!({"multus": {}, "linuxBridge": {}, "kubeMacPool": {},
+        "placementConfiguration": cnao_placement(infra(hc), workloads(hc))});
+    object(hc, NETWORK_ADDONS, drop_nulls(spec))
 }
 
-/// The HostPathProvisioner child for `pools`.
+/// The HostPathProvisioner child for `pools`; its CSI driver is a node agent, placed as
+/// workloads are (`spec.workload`).
 pub fn hostpath(hc: &HyperConverged, pools: &[StoragePool]) -> DynamicObject {
-    let spec = json!({"imagePullPolicy": "IfNotPresent", "storagePools": pools});
-    object(hc, HOSTPATH, spec)
+    let spec = json!({"imagePullPolicy": "IfNotPresent", "storagePools": pools,
+        "workload": workloads(hc)});
+    object(hc, HOSTPATH, drop_nulls(spec))
 }
 
 /// All children a HyperConverged asks for, in creation order.
@@ -294,6 +342,74 @@ mod tests {
         );
         hc.metadata.namespace = Some("kubevirt-hyperconverged".into());
         hc
+    }
+
+    fn placed(infra: Option<Value>, workloads: Option<Value>) -> HyperConverged {
+        let mut h = hc(None);
+        let config = |p: Option<Value>| {
+            p.map(|p| crate::api::hyperconverged::HyperConvergedConfig {
+                node_placement: Some(serde_json::from_value(p).unwrap()),
+            })
+        };
+        h.spec.infra = config(infra);
+        h.spec.workloads = config(workloads);
+        h
+    }
+
+    #[test]
+    fn node_placement_goes_where_hco_puts_it() {
+        let infra = json!({"nodeSelector": {"node-role.kubernetes.io/infra": ""},
+            "tolerations": [{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}]});
+        let workloads = json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+            {"nodeSelectorTerms": [{"matchExpressions": [{"key": "kvm", "operator": "In", "values": ["true"]}]}]}}}});
+        let h = placed(Some(infra.clone()), Some(workloads.clone()));
+        let spec = |o: DynamicObject| o.data["spec"].clone();
+        let cdi = spec(cdi(&h));
+        assert_eq!((&cdi["infra"], &cdi["workloads"]), (&infra, &workloads));
+        let kv = spec(kubevirt(&h));
+        assert_eq!(kv["infra"], json!({ "nodePlacement": infra }));
+        assert_eq!(kv["workloads"], json!({ "nodePlacement": workloads }));
+        assert_eq!(spec(ssp(&h))["templateValidator"]["placement"], infra);
+        assert_eq!(
+            spec(network_addons(&h))["placementConfiguration"],
+            json!({"infra": infra, "workloads": workloads})
+        );
+        let pools = [StoragePool {
+            name: "local".into(),
+            path: "/var/hpvolumes".into(),
+            pvc_template: None,
+        }];
+        assert_eq!(spec(hostpath(&h, &pools))["workload"], workloads);
+    }
+
+    #[test]
+    fn without_node_placement_no_placement_field_is_written() {
+        let h = placed(None, None);
+        let kids = children(&h).unwrap();
+        for (kind, obj) in &kids {
+            let text = obj.data["spec"].to_string();
+            for field in ["infra", "workloads", "placement", "\"workload\""] {
+                assert!(!text.contains(field), "{}: {text}", kind.kind);
+            }
+        }
+        // An empty placement is none for the NetworkAddonsConfig (HCO's rule), and a
+        // placement for the others.
+        let empty = placed(Some(json!({})), None);
+        assert!(
+            spec_of(network_addons(&empty))
+                .get("placementConfiguration")
+                .is_none()
+        );
+        assert_eq!(spec_of(cdi(&empty))["infra"], json!({}));
+        let only_workloads = placed(None, Some(json!({"nodeSelector": {"a": "b"}})));
+        assert_eq!(
+            spec_of(network_addons(&only_workloads))["placementConfiguration"],
+            json!({"workloads": {"nodeSelector": {"a": "b"}}})
+        );
+    }
+
+    fn spec_of(o: DynamicObject) -> Value {
+        o.data["spec"].clone()
     }
 
     #[test]

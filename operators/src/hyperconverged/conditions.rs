@@ -101,6 +101,21 @@ fn set(
     }
 }
 
+/// Reason of the Warning event of a failed reconcile (a child CRD missing, an apply refused).
+pub const RECONCILE_FAILED: &str = "ReconcileFailed";
+
+/// The message of the Warning event a reconcile calls for: a failure other than the one
+/// ReconcileComplete already reports, so a lasting failure is told once, not at every resync.
+pub fn failure_event<'a>(previous: &[Condition], reconciled: &'a Reconciled) -> Option<&'a str> {
+    let Reconciled::Failed(m) = reconciled else {
+        return None;
+    };
+    let told = previous
+        .iter()
+        .any(|c| c.type_ == "ReconcileComplete" && c.status == "False" && c.message == *m);
+    (!told).then_some(m.as_str())
+}
+
 /// The aggregated conditions and `systemHealthStatus` (`healthy`, `warning` or `error`).
 pub fn aggregate(
     previous: &[Condition],
@@ -267,6 +282,24 @@ pub fn aggregate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_is_told_by_an_event_once() {
+        let missing = Reconciled::Failed(
+            "the CustomResourceDefinition cdis.cdi.kubevirt.io is not installed".into(),
+        );
+        let (after, _) = aggregate(&[], &[], &missing, Some(1), Timestamp::now());
+        assert_eq!(
+            failure_event(&[], &missing),
+            Some("the CustomResourceDefinition cdis.cdi.kubevirt.io is not installed")
+        );
+        // The same failure at the next resync: already in ReconcileComplete.
+        assert_eq!(failure_event(&after, &missing), None);
+        // Another one is told again; success is never told.
+        let other = Reconciled::Failed("another".into());
+        assert_eq!(failure_event(&after, &other), Some("another"));
+        assert_eq!(failure_event(&after, &Reconciled::Complete), None);
+    }
 
     fn child(kind: &str, avail: &str, prog: &str, degr: &str) -> ChildStatus {
         ChildStatus {

@@ -3,6 +3,7 @@
 //! HostPathProvisioner, and applies the aggregated status.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -15,7 +16,7 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::{Instrument, info_span};
 
 use super::children::{self, ChildKind};
-use super::conditions::{ChildStatus, Reconciled, aggregate};
+use super::conditions::{ChildStatus, RECONCILE_FAILED, Reconciled, aggregate, failure_event};
 use crate::api::HyperConverged;
 use crate::api::hyperconverged::HYPERCONVERGED_NAME;
 use crate::error::{Error, Result};
@@ -33,6 +34,27 @@ pub struct Context {
     pub client: Client,
     /// Reconcile metrics.
     pub metrics: Arc<Metrics>,
+    /// Failed reconciles in a row (the singleton is the only object), for the back-off.
+    pub failures: AtomicU32,
+}
+
+impl Context {
+    /// A context with no failures yet.
+    pub fn new(client: Client, metrics: Arc<Metrics>) -> Self {
+        Context {
+            client,
+            metrics,
+            failures: AtomicU32::new(0),
+        }
+    }
+}
+
+/// The wait before retrying after `failures` failed reconciles in a row: 5 s, doubled each
+/// time up to 5 minutes, so a child CRD installed later is picked up soon, without a retry storm
+/// while it stays missing.
+pub fn retry_delay(failures: u32) -> Duration {
+    (Duration::from_secs(5) * 2u32.saturating_pow(failures.saturating_sub(1).min(6)))
+        .min(Duration::from_secs(300))
 }
 
 fn child_api(client: &Client, kind: &ChildKind, namespace: &str) -> Api<DynamicObject> {
@@ -87,8 +109,22 @@ pub async fn reconcile(hc: Arc<HyperConverged>, ctx: Arc<Context>) -> Result<Req
             });
             kubeops::apply_status(&api, &hc.name_any(), doc, &kubeops::manager(CONTROLLER)).await?;
         }
+        if let Some(message) = failure_event(&previous, &outcome) {
+            kubeops::publish_event(
+                &ctx.client,
+                &hc.object_ref(&()),
+                true,
+                RECONCILE_FAILED,
+                message,
+                &kubeops::manager(CONTROLLER),
+            )
+            .await;
+        }
         match outcome {
-            Reconciled::Complete => Ok(Requeue::requeue(RESYNC)),
+            Reconciled::Complete => {
+                ctx.failures.store(0, Ordering::Relaxed);
+                Ok(Requeue::requeue(RESYNC))
+            }
             Reconciled::Failed(m) => Err(Error::InvalidSpec(m)),
         }
     }
@@ -136,24 +172,22 @@ fn missing_kind(e: Error, kind: &ChildKind) -> Error {
     }
 }
 
-/// Retries failed reconciles.
+/// Retries failed reconciles: transient errors after 5 s, others with [`retry_delay`].
 pub fn error_policy(hc: Arc<HyperConverged>, err: &Error, ctx: Arc<Context>) -> Requeue {
+    let failures = ctx.failures.fetch_add(1, Ordering::Relaxed) + 1;
     kubeops::requeue_after(
         CONTROLLER,
         &hc.name_any(),
         err,
         &ctx.metrics,
-        Duration::from_secs(60),
+        retry_delay(failures),
     )
 }
 
 /// Runs the controller for the HyperConverged in `namespace` until the process stops.
 pub async fn run(client: Client, namespace: String, metrics: Arc<Metrics>) {
     let hcs: Api<HyperConverged> = Api::namespaced(client.clone(), &namespace);
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        metrics,
-    });
+    let ctx = Arc::new(Context::new(client.clone(), metrics));
     let labels = "app=kubevirt-hyperconverged";
     let mut controller = Controller::new(hcs, watcher::Config::default());
     for kind in children::ALL {
@@ -227,10 +261,7 @@ mod tests {
 
     fn start(hc: HyperConverged) -> (tokio::task::JoinHandle<Result<Requeue>>, mockapi::ApiServer) {
         let (client, api) = mockapi::pair();
-        let ctx = Arc::new(Context {
-            client,
-            metrics: Arc::default(),
-        });
+        let ctx = Arc::new(Context::new(client, Arc::default()));
         (tokio::spawn(reconcile(Arc::new(hc), ctx)), api)
     }
 
@@ -256,6 +287,28 @@ mod tests {
             .unwrap()
             .clone();
         (st["status"].clone(), cond)
+    }
+
+    #[tokio::test]
+    async fn failed_reconciles_back_off() {
+        let delays: Vec<u64> = (1..=9).map(|n| retry_delay(n).as_secs()).collect();
+        assert_eq!(delays, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+        // A failure after a success starts again at 5 s.
+        let (client, _api) = mockapi::pair();
+        let ctx = Arc::new(Context::new(client, Arc::default()));
+        let err = Error::InvalidSpec("the CustomResourceDefinition is not installed".into());
+        let hc = Arc::new(hc());
+        for want in [5, 10, 20] {
+            assert_eq!(
+                error_policy(hc.clone(), &err, ctx.clone()),
+                Requeue::requeue(Duration::from_secs(want))
+            );
+        }
+        ctx.failures.store(0, Ordering::Relaxed);
+        assert_eq!(
+            error_policy(hc, &err, ctx),
+            Requeue::requeue(Duration::from_secs(5))
+        );
     }
 
     #[tokio::test]
@@ -361,6 +414,18 @@ mod tests {
         )
         .await;
         let (st, rc) = status_applied(&mut api, &hc(), "ReconcileComplete").await;
+        // A Warning event tells the same.
+        let (_, event) = api
+            .expect_echo(
+                Method::POST,
+                "/api/v1/namespaces/kubevirt-hyperconverged/events",
+            )
+            .await;
+        assert_eq!(
+            (&event["type"], &event["reason"], &event["message"]),
+            (&json!("Warning"), &json!("ReconcileFailed"), &rc["message"])
+        );
+        assert_eq!(event["involvedObject"]["kind"], "HyperConverged");
         assert_eq!(st["systemHealthStatus"], "error");
         assert_eq!(rc["status"], "False");
         // The missing kind is named, and Degraded says so too.

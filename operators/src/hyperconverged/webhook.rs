@@ -1,5 +1,8 @@
 //! The validating webhook for HyperConverged (hco-webhook's checks on the storage-related
-//! fields), as a pure function plus an axum handler for `AdmissionReview`.
+//! fields), as a pure function plus an axum handler for `AdmissionReview`. A DELETE is refused
+//! while DataVolumes exist unless the uninstall strategy is `RemoveWorkloads` (what CDI's
+//! webhook answers HCO when it tries the deletion of the CDI child); the handler then lists
+//! DataVolumes in all namespaces.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -174,43 +177,106 @@ pub fn validate(hc: &HyperConverged, namespace: Option<&str>) -> Result<(), Vec<
     }
 }
 
-/// The admission decision for one review.
-pub fn review(req: &AdmissionRequest<DynamicObject>, namespace: Option<&str>) -> AdmissionResponse {
+/// CDI's refusal to uninstall while DataVolumes exist (HCO passes on what CDI's webhook says
+/// when it tries the deletion of the CDI child).
+pub const UNINSTALL_BLOCKED: &str = "Rejecting the uninstall request, since there are still DataVolumes present. Either delete all DataVolumes or change the uninstall strategy before uninstalling CDI.";
+
+/// The HyperConverged a review is about: the new object, or the old one of a DELETE.
+fn reviewed(req: &AdmissionRequest<DynamicObject>) -> Result<HyperConverged, String> {
+    let obj = match req.operation {
+        Operation::Delete => req.old_object.as_ref(),
+        _ => req.object.as_ref(),
+    }
+    .ok_or("the request carries no object")?;
+    serde_json::to_value(obj)
+        .and_then(serde_json::from_value)
+        .map_err(|e| format!("not a HyperConverged: {e}"))
+}
+
+/// Whether deleting `hc` must first ask if DataVolumes exist: unless the uninstall strategy is
+/// `RemoveWorkloads` (HCO's default is `BlockUninstallIfWorkloadsExist`).
+pub fn deletion_blocks_on_workloads(hc: &HyperConverged) -> bool {
+    hc.spec.uninstall_strategy.as_deref() != Some("RemoveWorkloads")
+}
+
+/// The admission decision for one review; `datavolumes_exist` answers a DELETE that
+/// [`deletion_blocks_on_workloads`] (None: the webhook could not tell, and refuses).
+pub fn review(
+    req: &AdmissionRequest<DynamicObject>,
+    namespace: Option<&str>,
+    datavolumes_exist: Option<Result<bool, String>>,
+) -> AdmissionResponse {
     let resp = AdmissionResponse::from(req);
-    if matches!(req.operation, Operation::Delete | Operation::Connect) {
+    if req.operation == Operation::Connect {
         return resp;
     }
-    let Some(obj) = &req.object else {
-        return resp.deny("the request carries no object");
-    };
-    let hc: HyperConverged = match serde_json::to_value(obj).and_then(serde_json::from_value) {
+    let hc = match reviewed(req) {
         Ok(hc) => hc,
-        Err(e) => return resp.deny(format!("not a HyperConverged: {e}")),
+        Err(e) => return resp.deny(e),
     };
+    if req.operation == Operation::Delete {
+        if !deletion_blocks_on_workloads(&hc) {
+            return resp;
+        }
+        return match datavolumes_exist {
+            Some(Ok(false)) => resp,
+            Some(Ok(true)) => resp.deny(UNINSTALL_BLOCKED),
+            Some(Err(e)) => resp.deny(format!("cannot tell whether DataVolumes exist: {e}")),
+            None => {
+                resp.deny("cannot tell whether DataVolumes exist: the webhook has no API client")
+            }
+        };
+    }
     match validate(&hc, namespace) {
         Ok(()) => resp,
         Err(errors) => resp.deny(errors.join("; ")),
     }
 }
 
+/// What the webhook needs besides the review.
+#[derive(Clone, Default)]
+pub struct Settings {
+    /// The namespace the HyperConverged must be in (None: any).
+    pub namespace: Option<String>,
+    /// Lists DataVolumes in all namespaces when a deletion must check for them.
+    pub client: Option<kube::Client>,
+}
+
+/// Whether any DataVolume exists, in any namespace.
+async fn any_datavolume(client: &kube::Client) -> Result<bool, String> {
+    let api: kube::Api<crate::api::DataVolume> = kube::Api::all(client.clone());
+    api.list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+        .map(|l| !l.items.is_empty())
+        .map_err(|e| e.to_string())
+}
+
 /// Axum handler: `AdmissionReview` in, `AdmissionReview` out.
 pub async fn handle(
-    namespace: Option<String>,
+    settings: Settings,
     Json(review_in): Json<AdmissionReview<DynamicObject>>,
 ) -> Json<AdmissionReview<DynamicObject>> {
     let req: Result<AdmissionRequest<DynamicObject>, _> = review_in.try_into();
     let resp = match req {
-        Ok(req) => review(&req, namespace.as_deref()),
+        Ok(req) => {
+            let ask = req.operation == Operation::Delete
+                && reviewed(&req).is_ok_and(|hc| deletion_blocks_on_workloads(&hc));
+            let exist = match (&settings.client, ask) {
+                (Some(client), true) => Some(any_datavolume(client).await),
+                _ => None,
+            };
+            review(&req, settings.namespace.as_deref(), exist)
+        }
         Err(e) => AdmissionResponse::invalid(e.to_string()),
     };
     Json(resp.into_review())
 }
 
 /// A router serving the webhook on [`PATH`].
-pub fn router(namespace: Option<String>) -> axum::Router {
+pub fn router(settings: Settings) -> axum::Router {
     axum::Router::new().route(
         PATH,
-        axum::routing::post(move |body| handle(namespace.clone(), body)),
+        axum::routing::post(move |body| handle(settings.clone(), body)),
     )
 }
 
@@ -227,10 +293,10 @@ fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig> {
 pub async fn serve(
     addr: SocketAddr,
     tls: Option<(PathBuf, PathBuf)>,
-    namespace: Option<String>,
+    settings: Settings,
 ) -> Result<SocketAddr> {
     let (tcp, bound) = crate::metrics::bind(addr, "webhook").await?;
-    let app = router(namespace);
+    let app = router(settings);
     match tls {
         Some((cert, key)) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_config(&cert, &key)?));
@@ -398,20 +464,54 @@ mod tests {
         assert!(validate(&wrong_ns, Some("kubevirt-hyperconverged")).is_err());
     }
 
+    /// An AdmissionReview of `operation` on the singleton with `spec` (the old object of a
+    /// DELETE, the new one otherwise).
+    fn review_json(operation: &str, spec: serde_json::Value) -> serde_json::Value {
+        let hc = serde_json::json!({"apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
+            "metadata": {"name": HYPERCONVERGED_NAME, "namespace": "kubevirt-hyperconverged"}, "spec": spec});
+        let (object, old) = if operation == "DELETE" {
+            (serde_json::Value::Null, hc)
+        } else {
+            (hc, serde_json::Value::Null)
+        };
+        serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "req-1", "kind": {"group": "hco.kubevirt.io", "version": "v1beta1", "kind": "HyperConverged"},
+                "resource": {"group": "hco.kubevirt.io", "version": "v1beta1", "resource": "hyperconvergeds"},
+                "name": HYPERCONVERGED_NAME, "namespace": "kubevirt-hyperconverged", "operation": operation,
+                "userInfo": {}, "dryRun": false, "object": object, "oldObject": old}
+        })
+    }
+
+    #[test]
+    fn deletion_waits_for_datavolumes_unless_workloads_may_go() {
+        let delete = |strategy: Option<&str>| -> AdmissionRequest<DynamicObject> {
+            let review: AdmissionReview<DynamicObject> = serde_json::from_value(review_json(
+                "DELETE",
+                serde_json::json!({ "uninstallStrategy": strategy }),
+            ))
+            .unwrap();
+            review.try_into().unwrap()
+        };
+        let ns = Some("kubevirt-hyperconverged");
+        // HCO's default strategy blocks, as the explicit one does.
+        for strategy in [None, Some("BlockUninstallIfWorkloadsExist")] {
+            let req = delete(strategy);
+            let refused = review(&req, ns, Some(Ok(true)));
+            assert!(!refused.allowed);
+            assert_eq!(refused.result.message, UNINSTALL_BLOCKED);
+            assert!(review(&req, ns, Some(Ok(false))).allowed);
+            // Not knowing is not a yes.
+            assert!(!review(&req, ns, Some(Err("forbidden".into()))).allowed);
+            assert!(!review(&req, ns, None).allowed);
+        }
+        assert!(review(&delete(Some("RemoveWorkloads")), ns, None).allowed);
+    }
+
     #[tokio::test]
     async fn the_http_handler_answers_admission_reviews() {
         use tower::ServiceExt;
-        let review = |spec: serde_json::Value| {
-            serde_json::json!({
-                "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                "request": {"uid": "req-1", "kind": {"group": "hco.kubevirt.io", "version": "v1beta1", "kind": "HyperConverged"},
-                    "resource": {"group": "hco.kubevirt.io", "version": "v1beta1", "resource": "hyperconvergeds"},
-                    "name": HYPERCONVERGED_NAME, "namespace": "kubevirt-hyperconverged", "operation": "CREATE",
-                    "userInfo": {}, "dryRun": false,
-                    "object": {"apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
-                        "metadata": {"name": HYPERCONVERGED_NAME, "namespace": "kubevirt-hyperconverged"}, "spec": spec}}
-            })
-        };
+        let review = |spec: serde_json::Value| review_json("CREATE", spec);
         for (spec, allowed) in [
             (
                 serde_json::json!({"filesystemOverhead": {"global": "0.1"}, "someOtherHcoField": {"x": 1}}),
@@ -426,10 +526,13 @@ mod tests {
                 .header("content-type", "application/json")
                 .body(axum::body::Body::from(review(spec).to_string()))
                 .unwrap();
-            let resp = router(Some("kubevirt-hyperconverged".into()))
-                .oneshot(req)
-                .await
-                .unwrap();
+            let resp = router(Settings {
+                namespace: Some("kubevirt-hyperconverged".into()),
+                client: None,
+            })
+            .oneshot(req)
+            .await
+            .unwrap();
             assert_eq!(resp.status(), 200);
             let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
                 .await
@@ -455,7 +558,7 @@ mod tests {
         let addr = serve(
             "127.0.0.1:0".parse().unwrap(),
             Some((ca.cert_pem(), ca.key_pem())),
-            None,
+            Settings::default(),
         )
         .await
         .unwrap();
@@ -519,7 +622,7 @@ mod tests {
         let err = serve(
             "127.0.0.1:0".parse().unwrap(),
             Some((junk.clone(), junk)),
-            None,
+            Settings::default(),
         )
         .await
         .unwrap_err();

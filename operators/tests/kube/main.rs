@@ -9,3 +9,4 @@ mod datavolume;
 mod hostpath;
 mod hyperconverged;
 mod support;
+mod webhooks;

@@ -41,7 +41,7 @@ pub async fn namespace(prefix: &str, labels: &[(&str, &str)]) -> Option<(Client,
 
 /// Applies the DataVolume, HyperConverged and HostPathProvisioner CRDs (idempotent) and waits
 /// until the server serves them.
-async fn install_crds(client: &Client) {
+pub async fn install_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in [
         DataVolume::crd(),
@@ -56,16 +56,21 @@ async fn install_crds(client: &Client) {
         )
         .await
         .unwrap_or_else(|e| panic!("applying CRD {name}: {e}"));
-        wait_for(&format!("CRD {name} established"), || async {
-            let c = api.get(&name).await.ok()?;
-            c.status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        })
-        .await;
+        established(&api, &name).await;
     }
+}
+
+/// Waits until the server serves the CRD `name`.
+pub async fn established(api: &Api<CustomResourceDefinition>, name: &str) {
+    wait_for(&format!("CRD {name} established"), || async {
+        let c = api.get(name).await.ok()?;
+        c.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+    })
+    .await;
 }
 
 /// Polls `f` until it returns Some, failing the test after [`PATIENCE`].
