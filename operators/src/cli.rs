@@ -37,6 +37,20 @@ pub enum Which {
     /// HostPathProvisioners (hostpathprovisioner.kubevirt.io/v1beta1): the CSI driver objects.
     #[command(visible_alias = "hpp")]
     Hostpath(HostPathArgs),
+    /// The install's TLS: signers, serving/client certificates, bundles, the upload token key,
+    /// and the APIServices' and webhooks' caBundle, rotated by the CDI CR's certConfig.
+    Certs(CertsArgs),
+}
+
+/// `quarry controller certs`.
+#[derive(clap::Args, Debug)]
+pub struct CertsArgs {
+    /// Namespace of the Secrets and bundle ConfigMaps (the install's).
+    #[arg(long, default_value = crate::names::NAMESPACE)]
+    pub namespace: String,
+    /// Look again at least this often, in seconds (a changed certConfig, a deleted Secret).
+    #[arg(long, default_value_t = 300)]
+    pub resync: u64,
 }
 
 /// `quarry controller datavolume`.
@@ -149,6 +163,7 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
         Which::Datavolume(_) => crate::datavolume::controller::CONTROLLER,
         Which::Hyperconverged(_) => crate::hyperconverged::controller::CONTROLLER,
         Which::Hostpath(_) => crate::hostpath::controller::CONTROLLER,
+        Which::Certs(_) => crate::certs::CONTROLLER,
     };
     let client = crate::kubeops::cluster_client(controller).await?;
     let metrics = Arc::new(Metrics::default());
@@ -175,6 +190,9 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
                 ..Settings::default()
             };
             crate::hostpath::controller::run(client, settings, metrics).await
+        }
+        Which::Certs(a) => {
+            crate::certs::run(client, a.namespace, Duration::from_secs(a.resync)).await?
         }
     }
     Ok(())

@@ -83,6 +83,15 @@ pub struct Peer {
 /// Runs the token API until SIGTERM.
 pub async fn run(args: ApiServerArgs) -> Result<()> {
     let client = crate::kubeops::cluster_client("apiserver").await?;
+    let bound = start(&args, client).await?;
+    tracing::info!(%bound, "serving {GROUP}");
+    uploader::net::terminated().await;
+    Ok(())
+}
+
+/// Serves the API in a background task with `client` (for reviews and PVCs); returns the
+/// bound address.
+pub async fn start(args: &ApiServerArgs, client: kube::Client) -> Result<SocketAddr> {
     let (auth, ca_pem) = match &args.requestheader_client_ca {
         Some(path) => (
             RequestHeaderConfig {
@@ -103,10 +112,7 @@ pub async fn run(args: ApiServerArgs) -> Result<()> {
         signing_key,
         token_ttl: Duration::from_secs(args.token_ttl),
     };
-    let bound = serve(args.listen, tls, app).await?;
-    tracing::info!(%bound, "serving {GROUP}");
-    uploader::net::terminated().await;
-    Ok(())
+    serve(args.listen, tls, app).await
 }
 
 /// The front-proxy settings the cluster publishes in `kube-system`.

@@ -367,9 +367,9 @@ pub fn plan(current: &Current, now: i64, durations: &Durations, namespace: &str)
 /// minutes, and CDI keeps its signing key too).
 fn token_key(data: Option<&Data>) -> Result<Option<SecretWrite>> {
     let sound = data.is_some_and(|d| {
-        let key = d.get(TLS_KEY).and_then(|k| {
-            uploader::token::private_key_from_pem(k, secret::UPLOAD_TOKEN_KEY).ok()
-        });
+        let key = d
+            .get(TLS_KEY)
+            .and_then(|k| uploader::token::private_key_from_pem(k, secret::UPLOAD_TOKEN_KEY).ok());
         let public = key.and_then(|k| uploader::token::public_key_pem(&k).ok());
         public.is_some() && public.as_ref() == d.get(PUBLIC_PEM)
     });

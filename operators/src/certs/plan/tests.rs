@@ -80,7 +80,10 @@ fn nothing_is_written_while_nothing_is_due_and_the_next_look_is_the_first_renewa
     assert!(p.is_empty(), "{p:?}");
     // Server certificates: 24h lifetime, renewed 12h before their end.
     assert_eq!(p.next, T0 + 12 * HOUR);
-    assert_eq!(p.api_ca_bundle, now.bundles[secret::APISERVER_SIGNER_BUNDLE]);
+    assert_eq!(
+        p.api_ca_bundle,
+        now.bundles[secret::APISERVER_SIGNER_BUNDLE]
+    );
 }
 
 #[test]
@@ -111,7 +114,10 @@ fn a_renewed_signer_joins_its_bundle_beside_the_old_one_and_its_certificates_are
     assert_ne!(new.der, old.der);
     let bundle = pki::parse_certs(&after.bundles[secret::APISERVER_SIGNER_BUNDLE]);
     assert_eq!(bundle, vec![new.clone(), old.clone()]);
-    assert_eq!(p.api_ca_bundle, after.bundles[secret::APISERVER_SIGNER_BUNDLE]);
+    assert_eq!(
+        p.api_ca_bundle,
+        after.bundles[secret::APISERVER_SIGNER_BUNDLE]
+    );
     for leaf in [secret::APISERVER_CERT, secret::HYPERCONVERGED_WEBHOOK_CERT] {
         assert!(cert(&after, leaf).issued_by(&new), "{leaf}");
     }
