@@ -149,10 +149,12 @@ fn a_certificate_whose_issuer_is_not_the_current_signer_is_reissued() {
 #[test]
 fn a_shortened_duration_renews_what_outlives_it() {
     let now = made();
-    let mut short = Durations::default();
-    short.server = Lifetime {
-        duration: Duration::from_secs(2 * 3600),
-        renew_before: Duration::from_secs(3600),
+    let short = Durations {
+        server: Lifetime {
+            duration: Duration::from_secs(2 * 3600),
+            renew_before: Duration::from_secs(3600),
+        },
+        ..Durations::default()
     };
     let p = plan(&now, T0 + 60, &short, NS).unwrap();
     assert!(p.signers.is_empty());
@@ -166,9 +168,13 @@ fn a_shortened_duration_renews_what_outlives_it() {
 
 #[test]
 fn a_certificate_never_outlives_its_signer_and_is_not_reissued_for_that_alone() {
-    let mut d = Durations::default();
-    d.server.duration = Duration::from_secs(100 * 3600);
-    d.server.renew_before = Duration::from_secs(3600);
+    let d = Durations {
+        server: Lifetime {
+            duration: Duration::from_secs(100 * 3600),
+            renew_before: Duration::from_secs(3600),
+        },
+        ..Durations::default()
+    };
     let now = apply(
         &Current::default(),
         &plan(&Current::default(), T0, &d, NS).unwrap(),
