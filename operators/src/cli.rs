@@ -89,6 +89,11 @@ pub struct DataVolumeArgs {
     /// ConfigMap with the upload proxy's client CA as ca.crt.
     #[arg(long, requires = "upload_tls_secret")]
     pub upload_client_ca_configmap: Option<String>,
+    /// Issue each upload server a certificate from the cert controller's upload server signer
+    /// in this namespace (the install's), as CDI does, and require the proxy's client
+    /// certificate.
+    #[arg(long, value_name = "NAMESPACE", conflicts_with = "upload_tls_secret")]
+    pub upload_tls_signer_namespace: Option<String>,
 }
 
 /// `quarry controller hyperconverged`.
@@ -148,10 +153,16 @@ impl DataVolumeArgs {
                 max_restarts: self.max_restarts,
             },
             honor_wait_for_first_consumer: !self.no_honor_wait_for_first_consumer,
-            upload_tls: self.upload_tls_secret.clone().map(|secret| UploadTls {
-                secret,
-                client_ca_config_map: self.upload_client_ca_configmap.clone(),
-            }),
+            upload_tls: match (&self.upload_tls_secret, &self.upload_tls_signer_namespace) {
+                (Some(secret), _) => Some(UploadTls::Shared {
+                    secret: secret.clone(),
+                    client_ca_config_map: self.upload_client_ca_configmap.clone(),
+                }),
+                (None, Some(namespace)) => Some(UploadTls::Issued {
+                    namespace: namespace.clone(),
+                }),
+                (None, None) => None,
+            },
             ..Config::default()
         }
     }

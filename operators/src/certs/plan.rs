@@ -363,6 +363,43 @@ pub fn plan(current: &Current, now: i64, durations: &Durations, namespace: &str)
     Ok(plan)
 }
 
+/// The key of the client CA bundle in an upload server's Secret.
+pub const CA_CRT: &str = "ca.crt";
+
+/// The Secret data of one upload server (CDI's per-pod certificate): a serving certificate for
+/// the upload Service `service` in `namespace` issued by `signer` (never outliving it), and the
+/// upload proxy's client CA bundle as `ca.crt`. None when `existing` already holds a
+/// certificate of that signer for those names, not due, and that bundle.
+pub fn upload_server_secret(
+    existing: Option<&Data>,
+    signer: &Pair,
+    client_bundle: &str,
+    (service, namespace): (&str, &str),
+    now: i64,
+    life: &Lifetime,
+) -> Result<Option<Data>> {
+    let signer_info = pki::parse_cert(&signer.cert).ok_or_else(|| {
+        crate::Error::Certificate("the upload server signer does not parse".into())
+    })?;
+    let names = pki::service_dns_names(service, namespace);
+    let sound = pair_of(existing).is_some_and(|(_, c)| {
+        c.issued_by(&signer_info)
+            && c.dns_names == names
+            && (c.not_after >= signer_info.not_after || due(&c, now, life).is_none())
+    }) && existing.and_then(|d| d.get(CA_CRT)).map(String::as_str)
+        == Some(client_bundle);
+    if sound {
+        return Ok(None);
+    }
+    let not_after = now
+        .saturating_add(secs(life.duration))
+        .min(signer_info.not_after);
+    let made = pki::make_signed(signer, &Usage::Server(names), now, not_after)?;
+    let mut data = tls_data(&made);
+    data.insert(CA_CRT.into(), client_bundle.into());
+    Ok(Some(data))
+}
+
 /// The upload token key pair, made when missing or damaged (never rotated: a token lives
 /// minutes, and CDI keeps its signing key too).
 fn token_key(data: Option<&Data>) -> Result<Option<SecretWrite>> {

@@ -454,3 +454,110 @@ async fn upload_through_proxy(
     );
     std::fs::read(&target).unwrap()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_pod_gets_a_certificate_of_the_upload_server_signer_in_a_secret_its_datavolume_owns()
+ {
+    use operators::api::DataVolume;
+    use operators::datavolume::controller::{self, Context};
+    use operators::datavolume::{Config, UploadTls};
+
+    let Some(server) = KubeApiServer::start(&Options::default()) else {
+        return;
+    };
+    let admin = server.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    let crd = <DataVolume as kube::CustomResourceExt>::crd();
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    let dvs_all: Api<DataVolume> = Api::all(admin.clone());
+    wait_for("the DataVolume CRD served", || async {
+        dvs_all.list(&Default::default()).await.ok().map(|_| ())
+    })
+    .await;
+    let install = server.namespace("quarry", &[]).await;
+    let ns = server
+        .namespace(
+            "vms",
+            &[
+                ("pod-security.kubernetes.io/enforce", "restricted"),
+                ("pod-security.kubernetes.io/enforce-version", "latest"),
+            ],
+        )
+        .await;
+    certs::reconcile(&admin, &install, uploader::token::now())
+        .await
+        .unwrap();
+
+    let config = Config {
+        upload_tls: Some(UploadTls::Issued {
+            namespace: install.clone(),
+        }),
+        ..Config::default()
+    };
+    let ctx = std::sync::Arc::new(Context::new(admin.clone(), config, Default::default()));
+    let scope = ns.clone();
+    let task = tokio::spawn(async move { controller::run_with(ctx, Some(&scope)).await });
+
+    let dvs: Api<DataVolume> = Api::namespaced(admin.clone(), &ns);
+    let dv: DataVolume = serde_json::from_value(json!({
+        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+        "metadata": {"name": "up"},
+        "spec": {"source": {"upload": {}},
+                 "storage": {"resources": {"requests": {"storage": "1Gi"}}}}}))
+    .unwrap();
+    let dv = dvs.create(&PostParams::default(), &dv).await.unwrap();
+    super::support::bind_pvc(&admin, &ns, "up").await;
+    // The pod is admitted under Pod Security `restricted` with its Secret volume.
+    let pod = super::support::pod(&admin, &ns, "cdi-upload-up", None).await;
+    task.abort();
+
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), &ns);
+    let s = secrets.get("cdi-upload-up").await.unwrap();
+    let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("DataVolume", dv.metadata.uid.as_deref().unwrap())
+    );
+    let data = secret_data(&admin, &ns, "cdi-upload-up").await;
+    assert_eq!(
+        data["ca.crt"],
+        bundle(&admin, &install, secret::UPLOAD_SERVER_CLIENT_SIGNER_BUNDLE).await
+    );
+    // The certificate verifies, for the upload Service's name, against the bundle the proxy
+    // trusts.
+    let mut roots = rustls::RootCertStore::empty();
+    let trusted = bundle(&admin, &install, secret::UPLOAD_SERVER_SIGNER_BUNDLE).await;
+    for c in pki::parse_certs(&trusted) {
+        roots.add(c.der.into()).unwrap();
+    }
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        std::sync::Arc::new(roots),
+        std::sync::Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .build()
+    .unwrap();
+    let leaf = pki::parse_cert(&data["tls.crt"]).unwrap();
+    let host = format!("cdi-upload-up.{ns}.svc");
+    rustls::client::danger::ServerCertVerifier::verify_server_cert(
+        verifier.as_ref(),
+        &leaf.der.into(),
+        &[],
+        &rustls::pki_types::ServerName::try_from(host.as_str()).unwrap(),
+        &[],
+        rustls::pki_types::UnixTime::now(),
+    )
+    .unwrap_or_else(|e| panic!("the upload server certificate for {host}: {e}"));
+    let spec = pod.spec.unwrap();
+    assert!(
+        spec.volumes.unwrap().iter().any(|v| v
+            .secret
+            .as_ref()
+            .and_then(|s| s.secret_name.as_deref())
+            == Some("cdi-upload-up"))
+    );
+    let args = spec.containers[0].args.clone().unwrap();
+    assert!(
+        args.windows(2).any(|w| w == ["--client-ca", "/tls/ca.crt"]),
+        "{args:?}"
+    );
+}

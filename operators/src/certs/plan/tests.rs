@@ -254,3 +254,34 @@ fn durations_come_from_cert_config_with_hco_defaults() {
         .is_err()
     );
 }
+
+#[test]
+fn an_upload_server_secret_is_issued_once_and_again_when_due_or_its_signer_changes() {
+    let now = made();
+    let signer_of = |c: &Current| {
+        let d = &c.secrets[secret::UPLOAD_SERVER_SIGNER];
+        Pair {
+            cert: d[TLS_CRT].clone(),
+            key: d[TLS_KEY].clone(),
+        }
+    };
+    let signer = signer_of(&now);
+    let bundle = &now.bundles[secret::UPLOAD_SERVER_CLIENT_SIGNER_BUNDLE];
+    let life = Durations::default().server;
+    let svc = ("cdi-upload-disk", "vms");
+    let data = upload_server_secret(None, &signer, bundle, svc, T0, &life)
+        .unwrap()
+        .unwrap();
+    let c = pki::parse_cert(&data[TLS_CRT]).unwrap();
+    assert!(c.issued_by(&pki::parse_cert(&signer.cert).unwrap()));
+    assert_eq!(c.dns_names[2], "cdi-upload-disk.vms.svc");
+    assert_eq!(&data[CA_CRT], bundle);
+    // Sound: nothing to write; due (12h before its end), a new signer, or a new bundle: anew.
+    let again = |at, signer: &Pair, bundle: &str| {
+        upload_server_secret(Some(&data), signer, bundle, svc, at, &life).unwrap()
+    };
+    assert_eq!(again(T0 + HOUR, &signer, bundle), None);
+    assert!(again(T0 + 12 * HOUR, &signer, bundle).is_some());
+    assert!(again(T0 + HOUR, &signer_of(&made()), bundle).is_some());
+    assert!(again(T0 + HOUR, &signer, "another bundle").is_some());
+}
