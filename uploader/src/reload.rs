@@ -1,4 +1,5 @@
-//! TLS material that follows its files: kubelet replaces the files of a mounted Secret when the
+//! TLS material that follows its files (servers' identities and client CAs, the upload proxy's
+//! client to upload servers): kubelet replaces the files of a mounted Secret when the
 //! cert controller rotates it, and a server must serve the new certificate (and trust the new
 //! client CA bundle) without a restart. Each handshake compares the files' metadata (device,
 //! inode, size, modification time; through the symlinks kubelet swaps) with what was loaded,
@@ -33,16 +34,26 @@ fn stamp(paths: &[&Path]) -> Option<Stamp> {
         .collect()
 }
 
+/// How a value is made from its files.
+type Load<T> = Box<dyn Fn(&[PathBuf]) -> Result<T> + Send + Sync>;
+
 /// A value loaded from files, loaded again when they change.
-#[derive(Debug)]
 struct Reloading<T> {
     paths: Vec<PathBuf>,
-    load: fn(&[PathBuf]) -> Result<T>,
+    load: Load<T>,
     current: Mutex<(Option<Stamp>, Arc<T>)>,
 }
 
+impl<T> std::fmt::Debug for Reloading<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloading")
+            .field("paths", &self.paths)
+            .finish()
+    }
+}
+
 impl<T> Reloading<T> {
-    fn new(paths: Vec<PathBuf>, load: fn(&[PathBuf]) -> Result<T>) -> Result<Self> {
+    fn new(paths: Vec<PathBuf>, load: Load<T>) -> Result<Self> {
         let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
         let before = stamp(&refs);
         let value = load(&paths)?;
@@ -94,7 +105,8 @@ pub struct ReloadingIdentity(Reloading<CertifiedKey>);
 impl ReloadingIdentity {
     /// Loads `cert` and `key` (an error when they do not make an identity now).
     pub fn new(cert: &Path, key: &Path) -> Result<Self> {
-        Reloading::new(vec![cert.into(), key.into()], load_identity).map(ReloadingIdentity)
+        Reloading::new(vec![cert.into(), key.into()], Box::new(load_identity))
+            .map(ReloadingIdentity)
     }
 }
 
@@ -128,7 +140,7 @@ pub struct ReloadingClientVerifier(Reloading<Arc<dyn ClientCertVerifier>>);
 impl ReloadingClientVerifier {
     /// Loads the CA bundle `ca` (an error when it holds no usable CA now).
     pub fn new(ca: &Path) -> Result<Self> {
-        Reloading::new(vec![ca.into()], load_verifier).map(ReloadingClientVerifier)
+        Reloading::new(vec![ca.into()], Box::new(load_verifier)).map(ReloadingClientVerifier)
     }
 }
 
@@ -168,6 +180,35 @@ impl ClientCertVerifier for ReloadingClientVerifier {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.get().supported_verify_schemes()
+    }
+}
+
+/// The upload proxy's client to the upload servers (their CA bundle, the proxy's client
+/// certificate), built again when those files change.
+#[derive(Debug)]
+pub struct ReloadingUpstream(Reloading<reqwest::Client>);
+
+impl ReloadingUpstream {
+    /// Builds the client (an error when the files do not make one now).
+    pub fn new(ca: Option<&Path>, identity: Option<(&Path, &Path)>) -> Result<Self> {
+        let ca = ca.map(Path::to_path_buf);
+        let identity = identity.map(|(c, k)| (c.to_path_buf(), k.to_path_buf()));
+        let mut paths: Vec<PathBuf> = ca.iter().cloned().collect();
+        if let Some((c, k)) = &identity {
+            paths.extend([c.clone(), k.clone()]);
+        }
+        let load = move |_: &[PathBuf]| {
+            crate::proxy::upstream_client(
+                ca.as_deref(),
+                identity.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
+            )
+        };
+        Reloading::new(paths, Box::new(load)).map(ReloadingUpstream)
+    }
+
+    /// The current client (cheap: a reference-counted handle).
+    pub fn get(&self) -> reqwest::Client {
+        (*self.0.get()).clone()
     }
 }
 

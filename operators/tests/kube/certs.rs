@@ -413,9 +413,11 @@ async fn upload_through_proxy(
         file(dir, "proxy-client.crt", &client_cert["tls.crt"]),
         file(dir, "proxy-client.key", &client_cert["tls.key"]),
     );
-    let client =
-        uploader::proxy::upstream_client(Some(&upstream_ca), Some((cc.as_path(), ck.as_path())))
-            .unwrap();
+    let client = uploader::reload::ReloadingUpstream::new(
+        Some(&upstream_ca),
+        Some((cc.as_path(), ck.as_path())),
+    )
+    .unwrap();
     let public_key = uploader::token::load_public_key(&file(dir, "token.pub", public_pem)).unwrap();
     let routes = BTreeMap::from([(
         (users.to_string(), "disk".to_string()),

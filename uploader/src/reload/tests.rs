@@ -28,6 +28,47 @@ fn publish(dir: &Path, version: &str, ca: &TestCa) {
     }
 }
 
+/// Publishes a client certificate of `ca` and `ca` itself (what the proxy trusts) as version
+/// `version` of the proxy's mounted files.
+fn publish_client(dir: &Path, version: &str, ca: &TestCa) {
+    let v = dir.join(format!("..{version}"));
+    std::fs::create_dir(&v).unwrap();
+    let (cert, key) = ca.client_cert("proxy");
+    std::fs::copy(cert, v.join("tls.crt")).unwrap();
+    std::fs::copy(key, v.join("tls.key")).unwrap();
+    std::fs::copy(ca.ca_pem(), v.join("ca.crt")).unwrap();
+    symlink(format!("..{version}"), dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    for f in ["tls.crt", "tls.key", "ca.crt"] {
+        if !dir.join(f).exists() {
+            symlink(format!("..data/{f}"), dir.join(f)).unwrap();
+        }
+    }
+}
+
+/// A mutual-TLS server on 127.0.0.1 of the files in `dir`; its port.
+async fn serve(dir: &Path) -> u16 {
+    let files = TlsFiles {
+        cert: dir.join("tls.crt"),
+        key: dir.join("tls.key"),
+        client_ca: Some(dir.join("ca.crt")),
+    };
+    let tls = crate::net::server_config(&files).unwrap();
+    let listener = crate::net::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let router = axum::Router::new().route("/healthz", axum::routing::get(|| async { "OK" }));
+    tokio::spawn(crate::net::serve(
+        listener,
+        Some(tls),
+        router,
+        Default::default(),
+        std::future::pending(),
+    ));
+    port
+}
+
 /// One HTTPS request as a client of `client_of` (trusting both CAs): the server's certificate,
 /// and whether the request was answered.
 async fn handshake(port: u16, trust: &[&TestCa], client_of: &TestCa) -> (Vec<u8>, bool) {
@@ -71,24 +112,7 @@ async fn a_new_handshake_sees_the_swapped_certificate_and_client_ca() {
     let (old, new) = (TestCa::new(), TestCa::new());
     let dir = tempfile::tempdir().unwrap();
     publish(dir.path(), "2026_01", &old);
-    let files = TlsFiles {
-        cert: dir.path().join("tls.crt"),
-        key: dir.path().join("tls.key"),
-        client_ca: Some(dir.path().join("ca.crt")),
-    };
-    let tls = crate::net::server_config(&files).unwrap();
-    let listener = crate::net::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let router = axum::Router::new().route("/healthz", axum::routing::get(|| async { "OK" }));
-    tokio::spawn(crate::net::serve(
-        listener,
-        Some(tls),
-        router,
-        Default::default(),
-        std::future::pending(),
-    ));
+    let port = serve(dir.path()).await;
     let der = |ca: &TestCa| load_certs(&ca.cert_pem()).unwrap().remove(0).to_vec();
 
     let (served, answered) = handshake(port, &[&old, &new], &old).await;
@@ -101,4 +125,42 @@ async fn a_new_handshake_sees_the_swapped_certificate_and_client_ca() {
     assert!(answered, "a client of the new CA is accepted");
     let (_, answered) = handshake(port, &[&old, &new], &old).await;
     assert!(!answered, "a client of the old CA is refused");
+}
+
+#[tokio::test]
+async fn the_proxy_client_follows_its_swapped_ca_bundle_and_client_certificate() {
+    let (old, new) = (TestCa::new(), TestCa::new());
+    let (server_dir, proxy_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    publish(server_dir.path(), "2026_01", &old);
+    publish_client(proxy_dir.path(), "2026_01", &old);
+    let port = serve(server_dir.path()).await;
+    let p = proxy_dir.path();
+    let upstream = super::ReloadingUpstream::new(
+        Some(&p.join("ca.crt")),
+        Some((&p.join("tls.crt"), &p.join("tls.key"))),
+    )
+    .unwrap();
+    let get = |client: reqwest::Client, port: u16| async move {
+        client
+            .get(format!("https://localhost:{port}/healthz"))
+            // A new connection (and handshake) each time.
+            .header("connection", "close")
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    };
+    assert_eq!(get(upstream.get(), port).await.unwrap(), 200);
+    let before = upstream.get();
+
+    // Server and proxy both rotated to the new CA. A new upload server (which cannot resume
+    // the old TLS sessions): the old client fails, the proxy's current one is built from the
+    // new files and succeeds.
+    publish(server_dir.path(), "2026_02", &new);
+    publish_client(p, "2026_02", &new);
+    let port = serve(server_dir.path()).await;
+    assert!(
+        get(before, port).await.is_err(),
+        "the client of the old files is refused"
+    );
+    assert_eq!(get(upstream.get(), port).await.unwrap(), 200);
 }
