@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube::Client;
@@ -108,8 +108,10 @@ async fn the_cert_controller_fills_an_empty_namespace_and_renews_a_due_ca_keepin
         create(&webhooks, webhook_config(name, &ns)).await;
     }
 
+    // The controller runs as its ServiceAccount with exactly the rights the report lists.
+    let ctl = controller_client(&server, &admin, &ns).await;
     let t0 = uploader::token::now();
-    let out = certs::reconcile(&admin, &ns, t0).await.unwrap();
+    let out = certs::reconcile(&ctl, &ns, t0).await.unwrap();
     assert!(out.missing.is_empty(), "{:?}", out.missing);
     assert_eq!(out.injected.len(), 4, "{:?}", out.injected);
     for name in certs::plan::secret_names() {
@@ -135,7 +137,7 @@ async fn the_cert_controller_fills_an_empty_namespace_and_renews_a_due_ca_keepin
         );
     }
     // A second pass at once writes nothing and injects nothing.
-    let again = certs::reconcile(&admin, &ns, t0 + 1).await.unwrap();
+    let again = certs::reconcile(&ctl, &ns, t0 + 1).await.unwrap();
     assert!(
         again.plan.is_empty() && again.injected.is_empty(),
         "{again:?}"
@@ -154,7 +156,7 @@ async fn the_cert_controller_fills_an_empty_namespace_and_renews_a_due_ca_keepin
     cdis.create(&PostParams::default(), &cdi).await.unwrap();
     let old = pki::parse_cert(&secret_data(&admin, &ns, secret::APISERVER_SIGNER).await["tls.crt"])
         .unwrap();
-    let renewed = certs::reconcile(&admin, &ns, t0 + 2).await.unwrap();
+    let renewed = certs::reconcile(&ctl, &ns, t0 + 2).await.unwrap();
     assert_eq!(renewed.plan.signers.len(), 4, "every CA was due");
     let new = pki::parse_cert(&secret_data(&admin, &ns, secret::APISERVER_SIGNER).await["tls.crt"])
         .unwrap();
@@ -174,6 +176,67 @@ async fn the_cert_controller_fills_an_empty_namespace_and_renews_a_due_ca_keepin
         svc.spec.unwrap().ca_bundle.unwrap().0,
         api_bundle.as_bytes()
     );
+}
+
+/// A client of the cert controller's ServiceAccount in `ns`, bound to the rules its calls need:
+/// Secrets and ConfigMaps get, create and patch (a server-side apply that creates an object
+/// needs `create` too) in `ns`; APIServices and
+/// ValidatingWebhookConfigurations get/patch; CDIs list.
+async fn controller_client(server: &KubeApiServer, admin: &Client, ns: &str) -> Client {
+    let sa = names::component::CERT_CONTROLLER;
+    let client = server.service_account_client(ns, sa).await;
+    let subject = json!([{"kind": "ServiceAccount", "name": sa, "namespace": ns}]);
+    create(
+        &Api::<Role>::namespaced(admin.clone(), ns),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": sa},
+               "rules": [{"apiGroups": [""], "resources": ["secrets", "configmaps"],
+                          "verbs": ["get", "create", "patch"]}]}),
+    )
+    .await;
+    create(
+        &Api::<RoleBinding>::namespaced(admin.clone(), ns),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": sa},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+               "subjects": subject}),
+    )
+    .await;
+    let cluster_name = format!("{sa}-{ns}");
+    create(
+        &Api::<ClusterRole>::all(admin.clone()),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": cluster_name},
+               "rules": [
+                 {"apiGroups": ["apiregistration.k8s.io"], "resources": ["apiservices"],
+                  "resourceNames": names::API_SERVICES, "verbs": ["get", "patch"]},
+                 {"apiGroups": ["admissionregistration.k8s.io"],
+                  "resources": ["validatingwebhookconfigurations"],
+                  "resourceNames": [names::webhook::HYPERCONVERGED_CONFIG,
+                                    names::webhook::DATAVOLUME_CONFIG],
+                  "verbs": ["get", "patch"]},
+                 {"apiGroups": ["cdi.kubevirt.io"], "resources": ["cdis"], "verbs": ["list"]}]}),
+    )
+    .await;
+    create(
+        &Api::<ClusterRoleBinding>::all(admin.clone()),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": cluster_name},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": cluster_name},
+               "subjects": subject}),
+    )
+    .await;
+    // RBAC reaches the authorizer through its informers: wait until both bindings count.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let api_services: Api<APIService> = Api::all(client.clone());
+    wait_for("the cert controller's RBAC in force", || async {
+        secrets.get_opt(secret::APISERVER_SIGNER).await.ok()?;
+        api_services.get_opt(names::API_SERVICES[0]).await.ok()?;
+        Some(())
+    })
+    .await;
+    client
 }
 
 fn cdi_resource() -> ApiResource {
