@@ -134,7 +134,8 @@ fn meta(name: &str, namespace: &str) -> ObjectMeta {
     }
 }
 
-fn text_data(s: &Secret) -> Data {
+/// A Secret's data as text (values that are not UTF-8 are left out: no PEM is lost).
+pub(crate) fn text_data(s: &Secret) -> Data {
     s.data
         .iter()
         .flatten()

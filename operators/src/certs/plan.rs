@@ -366,38 +366,69 @@ pub fn plan(current: &Current, now: i64, durations: &Durations, namespace: &str)
 /// The key of the client CA bundle in an upload server's Secret.
 pub const CA_CRT: &str = "ca.crt";
 
+/// What an upload server's Secret needs: data to write (None: it is current), and when to
+/// look again (Unix seconds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadSecret {
+    pub write: Option<Data>,
+    pub next: i64,
+}
+
+/// How soon to look again at a certificate whose renewal waits on another controller.
+const RECHECK: i64 = 60;
+
 /// The Secret data of one upload server (CDI's per-pod certificate): a serving certificate for
 /// the upload Service `service` in `namespace` issued by `signer` (never outliving it), and the
-/// upload proxy's client CA bundle as `ca.crt`. None when `existing` already holds a
-/// certificate of that signer for those names, not due, and that bundle.
+/// upload proxy's client CA bundle as `ca.crt`. Nothing is written while `existing` holds a
+/// certificate of that signer for those names, not due, and that bundle. The next look is the
+/// certificate's renewal, or its signer's when it ends with its signer (the cert controller
+/// renews the signer then, and the certificate follows).
 pub fn upload_server_secret(
     existing: Option<&Data>,
     signer: &Pair,
     client_bundle: &str,
     (service, namespace): (&str, &str),
     now: i64,
-    life: &Lifetime,
-) -> Result<Option<Data>> {
+    durations: &Durations,
+) -> Result<UploadSecret> {
     let signer_info = pki::parse_cert(&signer.cert).ok_or_else(|| {
         crate::Error::Certificate("the upload server signer does not parse".into())
     })?;
+    let life = &durations.server;
     let names = pki::service_dns_names(service, namespace);
-    let sound = pair_of(existing).is_some_and(|(_, c)| {
+    let next_for = |c: &CertInfo| {
+        let at = if c.not_after >= signer_info.not_after {
+            renew_at(&signer_info, &durations.ca)
+        } else {
+            renew_at(c, life)
+        };
+        at.max(now + RECHECK)
+    };
+    let current = pair_of(existing).map(|(_, c)| c).filter(|c| {
         c.issued_by(&signer_info)
             && c.dns_names == names
-            && (c.not_after >= signer_info.not_after || due(&c, now, life).is_none())
-    }) && existing.and_then(|d| d.get(CA_CRT)).map(String::as_str)
-        == Some(client_bundle);
-    if sound {
-        return Ok(None);
+            && (c.not_after >= signer_info.not_after || due(c, now, life).is_none())
+            && existing.and_then(|d| d.get(CA_CRT)).map(String::as_str) == Some(client_bundle)
+    });
+    if let Some(c) = current {
+        return Ok(UploadSecret {
+            write: None,
+            next: next_for(&c),
+        });
     }
     let not_after = now
         .saturating_add(secs(life.duration))
         .min(signer_info.not_after);
     let made = pki::make_signed(signer, &Usage::Server(names), now, not_after)?;
+    let info = pki::parse_cert(&made.cert).ok_or_else(|| {
+        crate::Error::Certificate("the new upload server certificate does not parse".into())
+    })?;
     let mut data = tls_data(&made);
     data.insert(CA_CRT.into(), client_bundle.into());
-    Ok(Some(data))
+    Ok(UploadSecret {
+        write: Some(data),
+        next: next_for(&info),
+    })
 }
 
 /// The upload token key pair, made when missing or damaged (never rotated: a token lives

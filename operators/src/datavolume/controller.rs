@@ -235,7 +235,9 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
                 .iter()
                 .any(|a| matches!(a, Action::CreatePod(_))))
     {
-        super::upload_secret::ensure(&ctx.client, dv, namespace, &ctx.manager).await?;
+        let renewal =
+            super::upload_secret::ensure(&ctx.client, dv, namespace, &ctx.manager).await?;
+        decision.requeue = Some(decision.requeue.map_or(renewal, |r| r.min(renewal)));
     }
 
     // Creations and events first, then the status, then deletions: a deletion triggers a

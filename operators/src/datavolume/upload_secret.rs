@@ -6,6 +6,7 @@
 //! server requires of its clients. What to write is `certs::plan::upload_server_secret`'s.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -21,13 +22,13 @@ use crate::names::secret;
 
 /// Makes sure the upload server of `dv` has its Secret, issued from the signer in
 /// `signer_namespace`, and that it is current (re-issued when due or when the signer or the
-/// client bundle changed).
+/// client bundle changed). Returns how soon to look again.
 pub async fn ensure(
     client: &kube::Client,
     dv: &DataVolume,
     signer_namespace: &str,
     manager: &str,
-) -> Result<()> {
+) -> Result<Duration> {
     let ns = dv.metadata.namespace.clone().unwrap_or_default();
     let install_secrets: Api<Secret> = Api::namespaced(client.clone(), signer_namespace);
     let install_maps: Api<ConfigMap> = Api::namespaced(client.clone(), signer_namespace);
@@ -39,11 +40,10 @@ pub async fn ensure(
     let signer = kubeops::get(&install_secrets, secret::UPLOAD_SERVER_SIGNER)
         .await?
         .and_then(|s| {
-            let mut data = s.data?;
-            let text = |b: ByteString| String::from_utf8(b.0).ok();
+            let mut data = certs::text_data(&s);
             Some(Pair {
-                cert: text(data.remove(plan::TLS_CRT)?)?,
-                key: text(data.remove(plan::TLS_KEY)?)?,
+                cert: data.remove(plan::TLS_CRT)?,
+                key: data.remove(plan::TLS_KEY)?,
             })
         })
         .ok_or_else(|| missing(secret::UPLOAD_SERVER_SIGNER))?;
@@ -51,28 +51,25 @@ pub async fn ensure(
         .await?
         .and_then(|cm| cm.data?.remove(secret::BUNDLE_KEY))
         .ok_or_else(|| missing(secret::UPLOAD_SERVER_CLIENT_SIGNER_BUNDLE))?;
-    let life = certs::durations(client).await?.server;
+    let durations = certs::durations(client).await?;
 
     let service = pod::upload_name(name(dv));
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let existing = kubeops::get(&secrets, &service).await?.map(|s| {
-        s.data
-            .into_iter()
-            .flatten()
-            .filter_map(|(k, v)| Some((k, String::from_utf8(v.0).ok()?)))
-            .collect::<plan::Data>()
-    });
+    let existing = kubeops::get(&secrets, &service)
+        .await?
+        .map(|s| certs::text_data(&s));
     let now = uploader::token::now();
-    let Some(data) = plan::upload_server_secret(
+    let plan = plan::upload_server_secret(
         existing.as_ref(),
         &signer,
         &bundle,
         (&service, &ns),
         now,
-        &life,
-    )?
-    else {
-        return Ok(());
+        &durations,
+    )?;
+    let next = Duration::from_secs(plan.next.saturating_sub(now).unsigned_abs());
+    let Some(data) = plan.write else {
+        return Ok(next);
     };
     let s = Secret {
         metadata: ObjectMeta {
@@ -92,5 +89,5 @@ pub async fn ensure(
     };
     kubeops::apply(&secrets, &service, &s, manager).await?;
     tracing::info!(secret = %format!("{ns}/{service}"), "upload server certificate issued");
-    Ok(())
+    Ok(next)
 }

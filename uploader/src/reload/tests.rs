@@ -12,38 +12,42 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::net::{TlsFiles, load_certs};
 
-/// Publishes `ca`'s server certificate, key and CA as version `version` of the mounted files.
-fn publish(dir: &Path, version: &str, ca: &TestCa) {
+/// Swaps `files` (name, source) in as version `version` of the mounted files in `dir`, as
+/// kubelet does: a new directory, then the `..data` symlink renamed over.
+fn swap_in(dir: &Path, version: &str, files: &[(&str, &Path)]) {
     let v = dir.join(format!("..{version}"));
     std::fs::create_dir(&v).unwrap();
-    std::fs::copy(ca.cert_pem(), v.join("tls.crt")).unwrap();
-    std::fs::copy(ca.key_pem(), v.join("tls.key")).unwrap();
-    std::fs::copy(ca.ca_pem(), v.join("ca.crt")).unwrap();
+    for (name, source) in files {
+        std::fs::copy(source, v.join(name)).unwrap();
+    }
     symlink(format!("..{version}"), dir.join("..data_tmp")).unwrap();
     std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
-    for f in ["tls.crt", "tls.key", "ca.crt"] {
-        if !dir.join(f).exists() {
-            symlink(format!("..data/{f}"), dir.join(f)).unwrap();
+    for (name, _) in files {
+        if !dir.join(name).exists() {
+            symlink(format!("..data/{name}"), dir.join(name)).unwrap();
         }
     }
 }
 
-/// Publishes a client certificate of `ca` and `ca` itself (what the proxy trusts) as version
-/// `version` of the proxy's mounted files.
+/// Publishes `ca`'s server certificate, key and CA (the server's files).
+fn publish(dir: &Path, version: &str, ca: &TestCa) {
+    let (cert, key, ca_pem) = (ca.cert_pem(), ca.key_pem(), ca.ca_pem());
+    swap_in(
+        dir,
+        version,
+        &[("tls.crt", &cert), ("tls.key", &key), ("ca.crt", &ca_pem)],
+    );
+}
+
+/// Publishes a client certificate of `ca` and `ca` itself (the proxy's files).
 fn publish_client(dir: &Path, version: &str, ca: &TestCa) {
-    let v = dir.join(format!("..{version}"));
-    std::fs::create_dir(&v).unwrap();
     let (cert, key) = ca.client_cert("proxy");
-    std::fs::copy(cert, v.join("tls.crt")).unwrap();
-    std::fs::copy(key, v.join("tls.key")).unwrap();
-    std::fs::copy(ca.ca_pem(), v.join("ca.crt")).unwrap();
-    symlink(format!("..{version}"), dir.join("..data_tmp")).unwrap();
-    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
-    for f in ["tls.crt", "tls.key", "ca.crt"] {
-        if !dir.join(f).exists() {
-            symlink(format!("..data/{f}"), dir.join(f)).unwrap();
-        }
-    }
+    let ca_pem = ca.ca_pem();
+    swap_in(
+        dir,
+        version,
+        &[("tls.crt", &cert), ("tls.key", &key), ("ca.crt", &ca_pem)],
+    );
 }
 
 /// A mutual-TLS server on 127.0.0.1 of the files in `dir`; its port.

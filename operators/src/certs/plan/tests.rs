@@ -267,18 +267,21 @@ fn an_upload_server_secret_is_issued_once_and_again_when_due_or_its_signer_chang
     };
     let signer = signer_of(&now);
     let bundle = &now.bundles[secret::UPLOAD_SERVER_CLIENT_SIGNER_BUNDLE];
-    let life = Durations::default().server;
+    let d = Durations::default();
     let svc = ("cdi-upload-disk", "vms");
-    let data = upload_server_secret(None, &signer, bundle, svc, T0, &life)
-        .unwrap()
-        .unwrap();
+    let first = upload_server_secret(None, &signer, bundle, svc, T0, &d).unwrap();
+    let data = first.write.unwrap();
+    // 24h certificate, renewed 12h before its end.
+    assert_eq!(first.next, T0 + 12 * HOUR);
     let c = pki::parse_cert(&data[TLS_CRT]).unwrap();
     assert!(c.issued_by(&pki::parse_cert(&signer.cert).unwrap()));
     assert_eq!(c.dns_names[2], "cdi-upload-disk.vms.svc");
     assert_eq!(&data[CA_CRT], bundle);
     // Sound: nothing to write; due (12h before its end), a new signer, or a new bundle: anew.
     let again = |at, signer: &Pair, bundle: &str| {
-        upload_server_secret(Some(&data), signer, bundle, svc, at, &life).unwrap()
+        upload_server_secret(Some(&data), signer, bundle, svc, at, &d)
+            .unwrap()
+            .write
     };
     assert_eq!(again(T0 + HOUR, &signer, bundle), None);
     assert!(again(T0 + 12 * HOUR, &signer, bundle).is_some());
