@@ -549,9 +549,29 @@ async fn an_upload_pod_gets_a_certificate_of_the_upload_server_signer_in_a_secre
             ],
         )
         .await;
-    certs::reconcile(&admin, &install, uploader::token::now())
-        .await
-        .unwrap();
+    // The controller's loop (what `quarry controller certs` runs) fills the install namespace.
+    let certs_task = tokio::spawn(certs::run(
+        admin.clone(),
+        install.clone(),
+        Duration::from_secs(300),
+    ));
+    let install_maps: Api<ConfigMap> = Api::namespaced(admin.clone(), &install);
+    wait_for("the cert controller's bundles", || async {
+        install_maps
+            .get_opt(secret::UPLOAD_SERVER_CLIENT_SIGNER_BUNDLE)
+            .await
+            .ok()?
+            .map(|_| ())
+    })
+    .await;
+    wait_for("the cert controller's last Secret", || async {
+        Api::<Secret>::namespaced(admin.clone(), &install)
+            .get_opt(secret::UPLOAD_TOKEN_KEY)
+            .await
+            .ok()?
+            .map(|_| ())
+    })
+    .await;
 
     let config = Config {
         upload_tls: Some(UploadTls::Issued {
@@ -575,6 +595,7 @@ async fn an_upload_pod_gets_a_certificate_of_the_upload_server_signer_in_a_secre
     // The pod is admitted under Pod Security `restricted` with its Secret volume.
     let pod = super::support::pod(&admin, &ns, "cdi-upload-up", None).await;
     task.abort();
+    certs_task.abort();
 
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), &ns);
     let s = secrets.get("cdi-upload-up").await.unwrap();
