@@ -37,6 +37,20 @@ pub enum Which {
     /// HostPathProvisioners (hostpathprovisioner.kubevirt.io/v1beta1): the CSI driver objects.
     #[command(visible_alias = "hpp")]
     Hostpath(HostPathArgs),
+    /// The install's TLS: signers, serving/client certificates, bundles, the upload token key,
+    /// and the APIServices' and webhooks' caBundle, rotated by the CDI CR's certConfig.
+    Certs(CertsArgs),
+}
+
+/// `quarry controller certs`.
+#[derive(clap::Args, Debug)]
+pub struct CertsArgs {
+    /// Namespace of the Secrets and bundle ConfigMaps (the install's).
+    #[arg(long, default_value = crate::names::NAMESPACE)]
+    pub namespace: String,
+    /// Look again at least this often, in seconds (a changed certConfig, a deleted Secret).
+    #[arg(long, default_value_t = 300)]
+    pub resync: u64,
 }
 
 /// `quarry controller datavolume`.
@@ -75,6 +89,11 @@ pub struct DataVolumeArgs {
     /// ConfigMap with the upload proxy's client CA as ca.crt.
     #[arg(long, requires = "upload_tls_secret")]
     pub upload_client_ca_configmap: Option<String>,
+    /// Issue each upload server a certificate from the cert controller's upload server signer
+    /// in this namespace (the install's), as CDI does, and require the proxy's client
+    /// certificate.
+    #[arg(long, value_name = "NAMESPACE", conflicts_with = "upload_tls_secret")]
+    pub upload_tls_signer_namespace: Option<String>,
 }
 
 /// `quarry controller hyperconverged`.
@@ -134,10 +153,16 @@ impl DataVolumeArgs {
                 max_restarts: self.max_restarts,
             },
             honor_wait_for_first_consumer: !self.no_honor_wait_for_first_consumer,
-            upload_tls: self.upload_tls_secret.clone().map(|secret| UploadTls {
-                secret,
-                client_ca_config_map: self.upload_client_ca_configmap.clone(),
-            }),
+            upload_tls: match (&self.upload_tls_secret, &self.upload_tls_signer_namespace) {
+                (Some(secret), _) => Some(UploadTls::Shared {
+                    secret: secret.clone(),
+                    client_ca_config_map: self.upload_client_ca_configmap.clone(),
+                }),
+                (None, Some(namespace)) => Some(UploadTls::Issued {
+                    namespace: namespace.clone(),
+                }),
+                (None, None) => None,
+            },
             ..Config::default()
         }
     }
@@ -149,6 +174,7 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
         Which::Datavolume(_) => crate::datavolume::controller::CONTROLLER,
         Which::Hyperconverged(_) => crate::hyperconverged::controller::CONTROLLER,
         Which::Hostpath(_) => crate::hostpath::controller::CONTROLLER,
+        Which::Certs(_) => crate::certs::CONTROLLER,
     };
     let client = crate::kubeops::cluster_client(controller).await?;
     let metrics = Arc::new(Metrics::default());
@@ -177,6 +203,9 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
                 ..Settings::default()
             };
             crate::hostpath::controller::run(client, settings, metrics).await
+        }
+        Which::Certs(a) => {
+            crate::certs::run(client, a.namespace, Duration::from_secs(a.resync)).await?
         }
     }
     Ok(())

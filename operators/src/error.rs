@@ -41,6 +41,9 @@ pub enum Error {
         /// Parser message.
         message: String,
     },
+    /// Making or reading a key or certificate failed (the cert controller, upload-server TLS).
+    #[error("certificate: {0}")]
+    Certificate(String),
     /// The provisioner refused or failed (local mode).
     #[error(transparent)]
     Provisioner(#[from] provisioner::Error),
@@ -51,7 +54,9 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidSpec(_) | Error::Yaml { .. } | Error::Config(_) => ErrorKind::Invalid,
-            Error::Kube(_) | Error::Finalizer(_) | Error::Io { .. } => ErrorKind::Transient,
+            Error::Kube(_) | Error::Finalizer(_) | Error::Io { .. } | Error::Certificate(_) => {
+                ErrorKind::Transient
+            }
             Error::Provisioner(e) => match e.kind() {
                 provisioner::ErrorKind::Aborted | provisioner::ErrorKind::Internal => {
                     ErrorKind::Transient

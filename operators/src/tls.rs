@@ -1,13 +1,12 @@
 //! TLS serving for the operators' HTTPS endpoints (the HyperConverged webhook, the upload token
-//! API): the serving identity from PEM files, and an axum listener that completes the handshake
+//! API): the serving identity from PEM files (followed when they change), and an axum listener that completes the handshake
 //! (bounded in time) before a connection is served.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::ResolvesServerCert;
 
 use crate::error::{Error, Result};
 
@@ -50,20 +49,16 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
-/// The certificate chain and key of a serving identity (PEM files).
-pub(crate) fn identity(
-    cert: &Path,
-    key: &Path,
-) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
-    let bad = |what: &Path, e: &dyn std::fmt::Display| {
-        Error::Config(format!("TLS {}: {e}", what.display()))
-    };
-    let certs = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| bad(cert, &e))?
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| bad(cert, &e))?;
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| bad(key, &e))?;
-    Ok((certs, key))
+/// The serving identity of PEM files, read again when kubelet swaps them (a rotated Secret).
+pub(crate) fn identity(cert: &Path, key: &Path) -> Result<Arc<dyn ResolvesServerCert>> {
+    let identity = uploader::reload::ReloadingIdentity::new(cert, key).map_err(|e| {
+        Error::Config(format!(
+            "TLS {}: {}",
+            cert.display(),
+            importer::error::chain(&e)
+        ))
+    })?;
+    Ok(Arc::new(identity))
 }
 
 /// The crypto provider of every operators TLS endpoint (ring, the project's one provider).

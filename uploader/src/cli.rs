@@ -253,7 +253,7 @@ pub fn run_proxy(args: ProxyArgs) -> Result<()> {
         (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
         _ => None,
     };
-    let client = proxy::upstream_client(args.upstream_ca.as_deref(), identity)?;
+    let client = crate::reload::ReloadingUpstream::new(args.upstream_ca.as_deref(), identity)?;
     let tls = net::tls_files(args.tls_cert, args.tls_key, None)?;
     let tls = tls.as_ref().map(net::server_config).transpose()?;
     let router = proxy::router(proxy::Proxy {

@@ -21,6 +21,7 @@ pub mod error;
 pub mod limits;
 pub mod net;
 pub mod proxy;
+pub mod reload;
 pub mod server;
 pub mod token;
 

@@ -16,8 +16,8 @@ use futures_util::Stream;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 
 use crate::error::{Error, Result, read_file};
@@ -72,36 +72,21 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
     Ok(certs)
 }
 
-/// The rustls configuration of a TLS listener (ring provider, ALPN h2 + http/1.1).
+/// The rustls configuration of a TLS listener (ring provider, ALPN h2 + http/1.1); the
+/// certificate and client CA follow their files ([`crate::reload`]).
 pub fn server_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>> {
     importer::source::http::install_tls_provider();
-    let certs = load_certs(&files.cert)?;
-    let key = PrivateKeyDer::from_pem_slice(&read_file(&files.key, "TLS key")?).map_err(|e| {
-        Error::InvalidInput(format!("no private key in {}: {e}", files.key.display()))
-    })?;
+    let identity = Arc::new(crate::reload::ReloadingIdentity::new(
+        &files.cert,
+        &files.key,
+    )?);
     let builder = rustls::ServerConfig::builder();
     let builder = match &files.client_ca {
-        Some(ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in load_certs(ca)? {
-                roots.add(cert).map_err(|e| {
-                    Error::InvalidInput(format!("bad CA certificate in {}: {e}", ca.display()))
-                })?;
-            }
-            let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
-                .build()
-                .map_err(|e| Error::InvalidInput(format!("client CA {}: {e}", ca.display())))?;
-            builder.with_client_cert_verifier(verifier)
-        }
+        Some(ca) => builder
+            .with_client_cert_verifier(Arc::new(crate::reload::ReloadingClientVerifier::new(ca)?)),
         None => builder.with_no_client_auth(),
     };
-    let mut config = builder.with_single_cert(certs, key).map_err(|e| {
-        Error::InvalidInput(format!(
-            "certificate {} and key {} do not make a TLS identity: {e}",
-            files.cert.display(),
-            files.key.display()
-        ))
-    })?;
+    let mut config = builder.with_cert_resolver(identity);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }

@@ -85,7 +85,8 @@ impl Upstreams {
 pub struct Proxy {
     pub public_key: PublicKey,
     pub upstreams: Upstreams,
-    pub client: reqwest::Client,
+    /// The client to upload servers, following rotated certificate files.
+    pub client: crate::reload::ReloadingUpstream,
 }
 
 /// The proxy's router.
@@ -162,7 +163,11 @@ async fn relay(proxy: &Proxy, req: Request) -> Response {
             headers.insert(HeaderName::from_static(name), v.clone());
         }
     }
-    let mut upstream = proxy.client.request(method.clone(), &url).headers(headers);
+    let mut upstream = proxy
+        .client
+        .get()
+        .request(method.clone(), &url)
+        .headers(headers);
     // The body is lent to the client, and taken back to be drained if it was never sent.
     let (lent, unsent) = crate::net::Reclaim::new(body);
     if method != Method::HEAD && method != Method::GET {

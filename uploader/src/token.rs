@@ -215,14 +215,19 @@ fn private_and_public_pem(key: &PrivateKey) -> Result<(String, String)> {
 pub fn load_private_key(path: &Path) -> Result<PrivateKey> {
     let pem = String::from_utf8(read_file(path, "private key")?)
         .map_err(|_| Error::InvalidInput(format!("{} is not PEM text", path.display())))?;
-    PrivateKey::from_pkcs8_pem(&pem)
-        .or_else(|_| PrivateKey::from_pkcs1_pem(&pem))
-        .map_err(|e| {
-            Error::InvalidInput(format!(
-                "{} holds no RSA private key in PEM: {e}",
-                path.display()
-            ))
-        })
+    private_key_from_pem(&pem, &path.display().to_string())
+}
+
+/// Parses a PEM private key (PKCS#8 or PKCS#1); `what` names where it came from.
+pub fn private_key_from_pem(pem: &str, what: &str) -> Result<PrivateKey> {
+    PrivateKey::from_pkcs8_pem(pem)
+        .or_else(|_| PrivateKey::from_pkcs1_pem(pem))
+        .map_err(|e| Error::InvalidInput(format!("{what} holds no RSA private key in PEM: {e}")))
+}
+
+/// The SPKI public key (PEM) of a private key.
+pub fn public_key_pem(key: &PrivateKey) -> Result<String> {
+    private_and_public_pem(key).map(|(_, public)| public)
 }
 
 /// Reads a PEM public key (SPKI `PUBLIC KEY` or PKCS#1 `RSA PUBLIC KEY`).

@@ -156,12 +156,12 @@ fn tls_config(
     .allow_unauthenticated()
     .build()
     .map_err(|e| bad("the request-header CA", &e))?;
-    let (certs, key) = crate::tls::identity(cert, key)?;
+    let identity = crate::tls::identity(cert, key)?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .and_then(|b| {
+        .map(|b| {
             b.with_client_cert_verifier(verifier)
-                .with_single_cert(certs, key)
+                .with_cert_resolver(identity)
         })
         .map_err(|e| bad("the serving certificate", &e))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];

@@ -26,7 +26,7 @@ use super::decide::{Event, pod_refused};
 use super::pod::{self, POD_PORT, SourceRefs};
 use super::source::{Source, source};
 use super::status::parse_progress;
-use super::{ANN_OWNED_BY, Action, Config, FINALIZER, Observed, decide, name};
+use super::{ANN_OWNED_BY, Action, Config, FINALIZER, Observed, UploadTls, decide, name};
 use crate::api::DataVolume;
 use crate::error::{Error, Result};
 use crate::kubeops;
@@ -222,6 +222,22 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         && fresh.metadata.resource_version != dv.metadata.resource_version
     {
         return Box::pin(apply(&fresh, ctx, false)).await;
+    }
+
+    // An upload server's certificate before its pod, which mounts it; kept current while the
+    // pod lives.
+    if let Some(UploadTls::Issued { namespace }) = &ctx.config.upload_tls
+        && upload
+        && !finished
+        && (pod.is_some()
+            || decision
+                .actions
+                .iter()
+                .any(|a| matches!(a, Action::CreatePod(_))))
+    {
+        let renewal =
+            super::upload_secret::ensure(&ctx.client, dv, namespace, &ctx.manager).await?;
+        decision.requeue = Some(decision.requeue.map_or(renewal, |r| r.min(renewal)));
     }
 
     // Creations and events first, then the status, then deletions: a deletion triggers a

@@ -53,12 +53,20 @@ pub const DEFAULT_FILESYSTEM_OVERHEAD: f64 = 0.055;
 
 /// Upload server TLS material.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UploadTls {
-    /// Secret with `tls.crt` and `tls.key`.
-    pub secret: String,
-    /// ConfigMap with the upload proxy's client CA as `ca.crt`.
-    pub client_ca_config_map: Option<String>,
+pub enum UploadTls {
+    /// One Secret with `tls.crt` and `tls.key`, in the DataVolume's namespace, for every upload
+    /// server, and optionally a ConfigMap with the upload proxy's client CA as `ca.crt`.
+    Shared {
+        secret: String,
+        client_ca_config_map: Option<String>,
+    },
+    /// As CDI does: per upload pod, a serving certificate for its Service issued from the cert
+    /// controller's upload server signer in `namespace`, kept with the proxy's client CA bundle
+    /// (`ca.crt`) in a Secret named as the pod, owned by the DataVolume ([`upload_secret`]).
+    Issued { namespace: String },
 }
+
+pub mod upload_secret;
 
 /// Settings of the DataVolume controller (CDI's CDIConfig, and the pod image).
 #[derive(Debug, Clone, PartialEq)]

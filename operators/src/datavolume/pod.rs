@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::pvc::{Claim, VolumeMode};
 use super::source::{ImportSource, SourceKind};
-use super::{Config, labels, name};
+use super::{Config, UploadTls, labels, name};
 use crate::api::DataVolume;
 
 /// Where a filesystem volume is mounted in the pod.
@@ -366,20 +366,35 @@ pub fn upload_pod(dv: &DataVolume, claim: &Claim, cfg: &Config, pvc_uid: &str) -
     args.extend(["--listen".into(), format!("0.0.0.0:{POD_PORT}")]);
     let mut mounts = Vec::new();
     let mut volumes = Vec::new();
-    if let Some(tls) = &cfg.upload_tls {
+    let tls_args = |args: &mut Vec<String>| {
         args.extend([
             "--tls-cert".into(),
             format!("{TLS_DIR}/tls.crt"),
             "--tls-key".into(),
             format!("{TLS_DIR}/tls.key"),
-        ]);
-        mounts.push(mount("cdi-upload-tls", TLS_DIR, true));
-        volumes.push(secret_volume("cdi-upload-tls", &tls.secret));
-        if let Some(ca) = &tls.client_ca_config_map {
-            args.extend(["--client-ca".into(), format!("{CLIENT_CA_DIR}/ca.crt")]);
-            mounts.push(mount("cdi-client-ca", CLIENT_CA_DIR, true));
-            volumes.push(config_map_volume("cdi-client-ca", ca));
+        ])
+    };
+    match &cfg.upload_tls {
+        Some(UploadTls::Shared {
+            secret,
+            client_ca_config_map,
+        }) => {
+            tls_args(&mut args);
+            mounts.push(mount("cdi-upload-tls", TLS_DIR, true));
+            volumes.push(secret_volume("cdi-upload-tls", secret));
+            if let Some(ca) = client_ca_config_map {
+                args.extend(["--client-ca".into(), format!("{CLIENT_CA_DIR}/ca.crt")]);
+                mounts.push(mount("cdi-client-ca", CLIENT_CA_DIR, true));
+                volumes.push(config_map_volume("cdi-client-ca", ca));
+            }
         }
+        Some(UploadTls::Issued { .. }) => {
+            tls_args(&mut args);
+            args.extend(["--client-ca".into(), format!("{TLS_DIR}/ca.crt")]);
+            mounts.push(mount("cdi-upload-tls", TLS_DIR, true));
+            volumes.push(secret_volume("cdi-upload-tls", &upload_name(name(dv))));
+        }
+        None => {}
     }
     let c = Container {
         name: "cdi-upload-server".into(),

@@ -674,9 +674,37 @@ fn importer_pod_for_registry_s3_blank_and_block_volumes() {
 }
 
 #[test]
+fn an_upload_pod_with_issued_tls_mounts_its_own_secret_and_requires_the_proxy_client_ca() {
+    let cfg = Config {
+        upload_tls: Some(UploadTls::Issued {
+            namespace: "quarry".into(),
+        }),
+        ..Config::default()
+    };
+    let dv = upload_dv();
+    let claim = pvc::claim(&dv, &cfg).unwrap();
+    let p = pod::upload_pod(&dv, &claim, &cfg, "pvc-uid");
+    assert_eq!(
+        args(&p)[9..],
+        [
+            "--tls-cert",
+            "/tls/tls.crt",
+            "--tls-key",
+            "/tls/tls.key",
+            "--client-ca",
+            "/tls/ca.crt"
+        ]
+    );
+    let vols = p.spec.as_ref().unwrap().volumes.as_ref().unwrap();
+    let secret_name = pod::upload_name(dv.metadata.name.as_deref().unwrap());
+    assert!(vols.iter().any(|v| v.name == "cdi-upload-tls"
+        && v.secret.as_ref().unwrap().secret_name.as_deref() == Some(secret_name.as_str())));
+}
+
+#[test]
 fn upload_pod_runs_the_upload_server_with_tls_and_the_service_maps_443() {
     let cfg = Config {
-        upload_tls: Some(UploadTls {
+        upload_tls: Some(UploadTls::Shared {
             secret: "upload-tls".into(),
             client_ca_config_map: Some("proxy-ca".into()),
         }),

@@ -281,10 +281,10 @@ pub fn router(settings: Settings) -> axum::Router {
 }
 
 fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig> {
-    let (certs, key) = crate::tls::identity(cert, key)?;
+    let identity = crate::tls::identity(cert, key)?;
     rustls::ServerConfig::builder_with_provider(crate::tls::provider())
         .with_safe_default_protocol_versions()
-        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+        .map(|b| b.with_no_client_auth().with_cert_resolver(identity))
         .map_err(|e| Error::Config(format!("webhook TLS {}: {e}", cert.display())))
 }
 
