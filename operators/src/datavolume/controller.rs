@@ -9,11 +9,12 @@
 //! interval whatever else triggers reconciles.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::{Action as Requeue, Controller};
@@ -24,13 +25,16 @@ use tracing::{Instrument, info_span};
 
 use super::decide::{Event, pod_refused};
 use super::pod::{self, POD_PORT, SourceRefs};
+use super::pvc::StorageDefaults;
 use super::source::{Source, source};
 use super::status::parse_progress;
 use super::{ANN_OWNED_BY, Action, Config, FINALIZER, Observed, decide, name};
-use crate::api::DataVolume;
+use crate::api::datavolume::ContentType;
+use crate::api::{DataVolume, StorageProfile};
+use crate::cdiconfig::{Overrides, settings::default_class};
 use crate::error::{Error, Result};
-use crate::kubeops;
 use crate::metrics::Metrics;
+use crate::{kubeops, names};
 
 /// Name in metrics, events, the field manager and the user agent.
 pub const CONTROLLER: &str = "datavolume";
@@ -39,8 +43,12 @@ pub const CONTROLLER: &str = "datavolume";
 pub struct Context {
     /// The API client.
     pub client: Client,
-    /// Controller settings.
+    /// The settings without a CDI CR: the flags and their defaults.
     pub config: Config,
+    /// The flags given explicitly: they win over the CDI CR.
+    pub overrides: Overrides,
+    /// The settings in force (what the CDIConfig reconciler last derived; `config` until then).
+    live: RwLock<Arc<Config>>,
     /// Reconcile metrics.
     pub metrics: Arc<Metrics>,
     /// Client for importer metrics endpoints.
@@ -65,7 +73,9 @@ impl Context {
             .unwrap_or_default();
         Context {
             client,
+            live: RwLock::new(Arc::new(config.clone())),
             config,
+            overrides: Overrides::default(),
             metrics,
             http,
             manager: kubeops::manager(CONTROLLER),
@@ -75,13 +85,27 @@ impl Context {
         }
     }
 
+    /// The settings in force.
+    pub fn settings(&self) -> Arc<Config> {
+        self.live.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the settings in force (the CDIConfig reconciler's result).
+    pub fn set_settings(&self, config: Config) {
+        let mut live = self.live.write().unwrap_or_else(|e| e.into_inner());
+        if **live != config {
+            tracing::info!(?config, "settings changed");
+            *live = Arc::new(config);
+        }
+    }
+
     /// Whether the import of `uid` is due for a progress scrape (and if so, records it).
     fn scrape_due(&self, uid: &str) -> bool {
         let mut scraped = self.scraped.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         // A timer may fire a little early; 90 % of the interval counts as due.
         let due = scraped.get(uid).is_none_or(|last| {
-            now.duration_since(*last) >= self.config.progress_interval.mul_f32(0.9)
+            now.duration_since(*last) >= self.settings().progress_interval.mul_f32(0.9)
         });
         if due {
             scraped.insert(uid.to_string(), now);
@@ -158,6 +182,7 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
     let dvs: Api<DataVolume> = Api::namespaced(ctx.client.clone(), &ns);
     let uid = dv.metadata.uid.clone().unwrap_or_default();
+    let cfg = ctx.settings();
     let finished = dv
         .status
         .as_ref()
@@ -202,7 +227,13 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         }
         _ => None,
     };
+    let storage = if finished {
+        StorageDefaults::Builtin
+    } else {
+        storage_defaults(dv, pvc.as_ref(), ctx).await?
+    };
     let observed = Observed {
+        storage,
         pvc: pvc.as_ref(),
         pod: pod.as_ref(),
         service,
@@ -211,7 +242,7 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         refs,
         now: Timestamp::now(),
     };
-    let mut decision = decide(dv, &observed, &ctx.config);
+    let mut decision = decide(dv, &observed, &cfg);
 
     if may_refresh
         && decision
@@ -222,6 +253,16 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         && fresh.metadata.resource_version != dv.metadata.resource_version
     {
         return Box::pin(apply(&fresh, ctx, false)).await;
+    }
+
+    if let Some(ca) = pod::proxy_ca(&cfg)
+        && decision
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::CreatePod(_)))
+        && !upload
+    {
+        copy_proxy_ca(dv, ctx, ca).await?;
     }
 
     // Creations and events first, then the status, then deletions: a deletion triggers a
@@ -249,7 +290,7 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
                         &p,
                         &e.message,
                         attempt,
-                        &ctx.config,
+                        &cfg,
                         observed.now,
                     );
                     if let Some(ev) = event {
@@ -285,6 +326,65 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         Some(d) => Requeue::requeue(d),
         None => Requeue::await_change(),
     })
+}
+
+/// What completes a `spec.storage` claim: the PVC's own class and modes once it exists;
+/// before, the class (the DataVolume's if it exists, else the default class) and, when a mode is
+/// missing, its StorageProfile's status.
+async fn storage_defaults(
+    dv: &DataVolume,
+    pvc: Option<&PersistentVolumeClaim>,
+    ctx: &Context,
+) -> Result<StorageDefaults> {
+    let Some(st) = &dv.spec.storage else {
+        return Ok(StorageDefaults::Builtin);
+    };
+    if let Some(spec) = pvc.and_then(|p| p.spec.as_ref()) {
+        return Ok(StorageDefaults::Existing {
+            class: spec.storage_class_name.clone(),
+            access_modes: spec.access_modes.clone().unwrap_or_default(),
+            volume_mode: spec.volume_mode.clone(),
+        });
+    }
+    let classes: Api<StorageClass> = Api::all(ctx.client.clone());
+    let class = match &st.storage_class_name {
+        Some(name) => kubeops::get(&classes, name).await?.map(|_| name.clone()),
+        None => {
+            let all = classes.list(&Default::default()).await?.items;
+            let disk_image = dv.spec.content_type != Some(ContentType::Archive);
+            default_class(&all, disk_image).and_then(|c| c.metadata.name.clone())
+        }
+    };
+    let profile = match &class {
+        Some(name) if st.access_modes.is_empty() || st.volume_mode.is_none() => {
+            let profiles: Api<StorageProfile> = Api::all(ctx.client.clone());
+            kubeops::get(&profiles, name).await?.and_then(|p| p.status)
+        }
+        _ => None,
+    };
+    Ok(StorageDefaults::Cluster { class, profile })
+}
+
+/// Copies the import proxy's trusted CA ConfigMap from Quarry's namespace next to the
+/// importer pod (CDI's `import-proxy-cm-<pvc>`), owned by the DataVolume.
+async fn copy_proxy_ca(dv: &DataVolume, ctx: &Context, ca: &str) -> Result<()> {
+    let source: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), names::NAMESPACE);
+    let found = source.get(ca).await?;
+    let ns = dv.namespace().unwrap_or_default();
+    let copy = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(pod::import_proxy_config_map(name(dv))),
+            namespace: Some(ns.clone()),
+            labels: Some(super::labels(dv)),
+            owner_references: super::owner_ref(dv).map(|o| vec![o]),
+            ..Default::default()
+        },
+        data: found.data,
+        binary_data: found.binary_data,
+        immutable: None,
+    };
+    let target: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+    kubeops::create(&target, &copy, &ctx.manager).await
 }
 
 /// API answers that refuse an object as written (admission, Pod Security, quota, validation):
@@ -359,6 +459,8 @@ async fn cleanup(dv: &DataVolume, ctx: &Context) -> Result<()> {
     kubeops::delete(&pods, &pod::importer_pod_name(name(dv))).await?;
     kubeops::delete(&pods, &pod::upload_name(name(dv))).await?;
     kubeops::delete(&services, &pod::upload_name(name(dv))).await?;
+    let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+    kubeops::delete(&config_maps, &pod::import_proxy_config_map(name(dv))).await?;
     if !super::pvc::retained(dv) {
         kubeops::delete(&pvcs, name(dv)).await?;
     }
@@ -373,9 +475,28 @@ fn owner_of(pvc: PersistentVolumeClaim) -> Option<ObjectRef<DataVolume>> {
 }
 
 /// Runs the controller until the process is stopped, over every namespace (`namespace` None)
-/// or one.
-pub async fn run(client: Client, config: Config, metrics: Arc<Metrics>, namespace: Option<&str>) {
-    run_with(Arc::new(Context::new(client, config, metrics)), namespace).await
+/// or one, with the CDIConfig and StorageProfile reconcilers beside it (as CDI's
+/// cdi-deployment runs them). `overrides`: the flags given explicitly.
+pub async fn run(
+    client: Client,
+    config: Config,
+    overrides: Overrides,
+    metrics: Arc<Metrics>,
+    namespace: Option<&str>,
+) {
+    let mut ctx = Context::new(client, config, metrics);
+    ctx.overrides = overrides;
+    run_all(Arc::new(ctx), namespace).await
+}
+
+/// [`run_with`] and the CDIConfig and StorageProfile reconcilers on the same context.
+pub async fn run_all(ctx: Arc<Context>, namespace: Option<&str>) {
+    use crate::cdiconfig::controller::{run_config, run_profiles};
+    let config = tokio::spawn(run_config(ctx.clone()));
+    let profiles = tokio::spawn(run_profiles(ctx.clone()));
+    run_with(ctx, namespace).await;
+    config.abort();
+    profiles.abort();
 }
 
 /// [`run`] with a prepared context.

@@ -12,12 +12,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 
 use crate::api::DataVolume;
+use crate::api::cdi::ImportProxy;
 
 pub mod controller;
 pub mod decide;
@@ -58,7 +59,8 @@ pub struct UploadTls {
     pub client_ca_config_map: Option<String>,
 }
 
-/// Settings of the DataVolume controller (CDI's CDIConfig, and the pod image).
+/// Settings of the DataVolume controller (CDI's CDIConfig, and the pod image): the flags, or the
+/// CDI CR's `spec.config` with explicit flags over it ([`crate::cdiconfig`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Image with the `quarry` binary, for importer and upload pods.
@@ -84,6 +86,12 @@ pub struct Config {
     pub upload_tls: Option<UploadTls>,
     /// How often a running import's progress is read (CDI: every few seconds).
     pub progress_interval: Duration,
+    /// Proxy of importer pods (CDI's importProxy; unset fields: none).
+    pub import_proxy: ImportProxy,
+    /// Preallocate DataVolumes that do not say (CDI's global preallocation).
+    pub preallocation: bool,
+    /// Pull secrets of importer and upload pods.
+    pub image_pull_secrets: Vec<LocalObjectReference>,
 }
 
 impl Default for Config {
@@ -100,6 +108,9 @@ impl Default for Config {
             honor_wait_for_first_consumer: true,
             upload_tls: None,
             progress_interval: DEFAULT_PROGRESS_INTERVAL,
+            import_proxy: ImportProxy::default(),
+            preallocation: false,
+            image_pull_secrets: Vec::new(),
         }
     }
 }

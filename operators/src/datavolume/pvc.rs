@@ -1,5 +1,6 @@
-//! The PVC a DataVolume asks for: `spec.pvc` taken literally, or `spec.storage` with CDI's
-//! defaults (ReadWriteOnce, Filesystem) and its size inflated by the filesystem overhead.
+//! The PVC a DataVolume asks for: `spec.pvc` taken literally, or `spec.storage` completed as
+//! CDI does (the class's StorageProfile gives missing access and volume modes; without a cluster,
+//! ReadWriteOnce and Filesystem) and its size inflated by the filesystem overhead.
 
 use std::collections::BTreeMap;
 
@@ -11,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::{Config, labels};
 use crate::api::DataVolume;
+use crate::api::cdi::StorageProfileStatus;
 use crate::error::{Error, Result};
 
 /// CDI aligns requested sizes to this before adding the filesystem overhead.
@@ -26,6 +28,14 @@ pub enum VolumeMode {
 }
 
 impl VolumeMode {
+    /// The API's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VolumeMode::Filesystem => "Filesystem",
+            VolumeMode::Block => "Block",
+        }
+    }
+
     fn parse(s: Option<&str>) -> Result<Self> {
         match s {
             None | Some("Filesystem") => Ok(VolumeMode::Filesystem),
@@ -57,6 +67,85 @@ pub struct Claim {
     pub overhead: f64,
 }
 
+/// What completes a `spec.storage` claim.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum StorageDefaults {
+    /// No cluster to ask (`quarry apply`): ReadWriteOnce and Filesystem.
+    #[default]
+    Builtin,
+    /// What the cluster says: the claim's StorageClass (the DataVolume's if it exists, else the
+    /// default class; None: neither exists) and that class's StorageProfile status (None: no
+    /// profile yet). Once the PVC exists, its own class and modes.
+    Cluster {
+        /// The StorageClass found.
+        class: Option<String>,
+        /// Its StorageProfile's status.
+        profile: Option<StorageProfileStatus>,
+    },
+    /// The PVC exists: its class and modes, as created.
+    Existing {
+        /// Its StorageClass.
+        class: Option<String>,
+        /// Its access modes.
+        access_modes: Vec<String>,
+        /// Its volume mode.
+        volume_mode: Option<String>,
+    },
+}
+
+/// CDI's message when a claim without access modes has no StorageClass to take them from.
+pub const NO_CLASS_FOR_ACCESS_MODES: &str =
+    "PVC spec is missing accessMode and no storageClass to choose profile";
+
+/// Access and volume modes of a `spec.storage` claim, completed from the class's profile as
+/// CDI's renderPvcSpecVolumeModeAndAccessModesAndStorageClass does: both missing take the first
+/// claim property set; missing access modes take those of the first set with the volume mode
+/// (else the first set's); a missing volume mode takes that of the first set sharing an access
+/// mode (else the first set's, else Filesystem).
+fn complete_modes(
+    access: &[String],
+    volume: Option<&str>,
+    class: &str,
+    profile: Option<&StorageProfileStatus>,
+) -> Result<(Vec<String>, Option<String>)> {
+    let sets = profile.map(|p| p.claim_property_sets.as_slice());
+    let with_access = || {
+        sets.into_iter()
+            .flatten()
+            .filter(|s| !s.access_modes.is_empty())
+    };
+    match (access.is_empty(), volume) {
+        (false, Some(v)) => Ok((access.to_vec(), Some(v.to_string()))),
+        (true, None) => with_access()
+            .next()
+            .map(|s| (s.access_modes.clone(), s.volume_mode.clone()))
+            .ok_or_else(|| {
+                Error::ClaimNotValid(format!(
+                    "Spec is missing accessMode and volumeMode, cannot get access mode from StorageProfile {class}"
+                ))
+            }),
+        (true, Some(v)) => with_access()
+            .find(|s| s.volume_mode.as_deref() == Some(v))
+            .or_else(|| with_access().next())
+            .map(|s| (s.access_modes.clone(), Some(v.to_string())))
+            .ok_or_else(|| {
+                Error::ClaimNotValid(format!(
+                    "Spec is missing accessMode and cannot get access mode from StorageProfile {class}"
+                ))
+            }),
+        (false, None) => {
+            let sets = sets.ok_or_else(|| {
+                Error::ClaimNotValid(format!("cannot get StorageProfile {class}"))
+            })?;
+            let shared = sets
+                .iter()
+                .find(|s| s.access_modes.iter().any(|m| access.contains(m)))
+                .or(sets.first());
+            Ok((access.to_vec(), shared.and_then(|s| s.volume_mode.clone())))
+        }
+    }
+}
+
 fn requested_size(res: Option<&VolumeResourceRequirements>, field: &str) -> Result<u64> {
     let q = res
         .and_then(|r| r.requests.as_ref())
@@ -66,8 +155,9 @@ fn requested_size(res: Option<&VolumeResourceRequirements>, field: &str) -> Resu
         .map_err(|e| Error::invalid(format!("{field}.resources.requests.storage: {e}")))
 }
 
-/// The claim for a DataVolume, from `spec.pvc` or `spec.storage`.
-pub fn claim(dv: &DataVolume, cfg: &Config) -> Result<Claim> {
+/// The claim for a DataVolume, from `spec.pvc` or `spec.storage` (completed by `defaults`).
+/// [`Error::ClaimNotValid`] when the cluster gives no access modes yet.
+pub fn claim(dv: &DataVolume, cfg: &Config, defaults: &StorageDefaults) -> Result<Claim> {
     match (&dv.spec.pvc, &dv.spec.storage) {
         (Some(_), Some(_)) => Err(Error::invalid("spec.pvc and spec.storage are exclusive")),
         (None, None) => Err(Error::invalid("spec.pvc or spec.storage is required")),
@@ -86,23 +176,52 @@ pub fn claim(dv: &DataVolume, cfg: &Config) -> Result<Claim> {
             })
         }
         (None, Some(st)) => {
-            let mode = VolumeMode::parse(st.volume_mode.as_deref())?;
             let requested = requested_size(st.resources.as_ref(), "spec.storage")?;
-            let class = st
-                .storage_class_name
-                .clone()
-                .or_else(|| cfg.default_storage_class.clone());
+            let (class, access_modes, volume_mode) = match defaults {
+                StorageDefaults::Builtin => {
+                    let access = if st.access_modes.is_empty() {
+                        vec!["ReadWriteOnce".to_string()]
+                    } else {
+                        st.access_modes.clone()
+                    };
+                    let class = st
+                        .storage_class_name
+                        .clone()
+                        .or_else(|| cfg.default_storage_class.clone());
+                    (class, access, st.volume_mode.clone())
+                }
+                StorageDefaults::Existing {
+                    class,
+                    access_modes,
+                    volume_mode,
+                } => (class.clone(), access_modes.clone(), volume_mode.clone()),
+                StorageDefaults::Cluster { class: None, .. } => {
+                    if st.access_modes.is_empty() {
+                        return Err(Error::ClaimNotValid(NO_CLASS_FOR_ACCESS_MODES.into()));
+                    }
+                    let class = st.storage_class_name.clone();
+                    (class, st.access_modes.clone(), st.volume_mode.clone())
+                }
+                StorageDefaults::Cluster {
+                    class: Some(class),
+                    profile,
+                } => {
+                    let (access, volume) = complete_modes(
+                        &st.access_modes,
+                        st.volume_mode.as_deref(),
+                        class,
+                        profile.as_ref(),
+                    )?;
+                    (Some(class.clone()), access, volume)
+                }
+            };
+            let mode = VolumeMode::parse(volume_mode.as_deref())?;
             let (size, overhead) = match mode {
                 VolumeMode::Filesystem => {
                     let o = cfg.overhead(class.as_deref());
                     (required_space(requested, o), o)
                 }
                 VolumeMode::Block => (requested.div_ceil(ALIGN) * ALIGN, 0.0),
-            };
-            let access_modes = if st.access_modes.is_empty() {
-                vec!["ReadWriteOnce".to_string()]
-            } else {
-                st.access_modes.clone()
             };
             let mut requests = BTreeMap::new();
             requests.insert("storage".to_string(), Quantity(size.to_string()));
@@ -116,13 +235,7 @@ pub fn claim(dv: &DataVolume, cfg: &Config) -> Result<Claim> {
                     }),
                     volume_name: st.volume_name.clone(),
                     storage_class_name: class,
-                    volume_mode: Some(
-                        match mode {
-                            VolumeMode::Filesystem => "Filesystem",
-                            VolumeMode::Block => "Block",
-                        }
-                        .into(),
-                    ),
+                    volume_mode: Some(mode.as_str().into()),
                     data_source: st.data_source.clone(),
                     data_source_ref: st.data_source_ref.clone(),
                     ..Default::default()
@@ -206,6 +319,7 @@ mod tests {
                 ..Default::default()
             }),
             &Config::default(),
+            &StorageDefaults::Builtin,
         )
         .unwrap();
         let with = |source: DataVolumeSource| {
@@ -266,7 +380,7 @@ mod tests {
             }),
             ..Default::default()
         });
-        let c = claim(&d, &cfg).unwrap();
+        let c = claim(&d, &cfg, &StorageDefaults::Builtin).unwrap();
         assert_eq!(c.mode, VolumeMode::Filesystem);
         assert_eq!(c.size, 1_136_234_735);
         assert_eq!(
@@ -295,11 +409,11 @@ mod tests {
             }),
             ..Default::default()
         });
-        let c = claim(&d, &cfg).unwrap();
+        let c = claim(&d, &cfg, &StorageDefaults::Builtin).unwrap();
         assert_eq!(c.overhead, 0.1);
         assert_eq!(c.size, ((100u64 << 20) as f64 / 0.9).ceil() as u64);
         d.spec.storage.as_mut().unwrap().volume_mode = Some("Block".into());
-        let c = claim(&d, &cfg).unwrap();
+        let c = claim(&d, &cfg, &StorageDefaults::Builtin).unwrap();
         assert_eq!(
             (c.mode, c.size, c.overhead),
             (VolumeMode::Block, 100 << 20, 0.0)
@@ -319,7 +433,7 @@ mod tests {
             pvc: Some(spec.clone()),
             ..Default::default()
         });
-        let c = claim(&d, &Config::default()).unwrap();
+        let c = claim(&d, &Config::default(), &StorageDefaults::Builtin).unwrap();
         assert_eq!(c.spec, spec);
         assert_eq!((c.size, c.mode), (10 << 30, VolumeMode::Block));
     }
@@ -367,7 +481,7 @@ mod tests {
             (DataVolumeSpec::default(), "required"),
         ];
         for (spec, needle) in cases {
-            let e = claim(&dv(spec), &cfg).unwrap_err();
+            let e = claim(&dv(spec), &cfg, &StorageDefaults::Builtin).unwrap_err();
             assert!(e.to_string().contains(needle), "{e}");
         }
     }

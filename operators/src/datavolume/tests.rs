@@ -126,6 +126,7 @@ fn obs<'a>(pvc: Option<&'a PersistentVolumeClaim>, pod: Option<&'a Pod>) -> Obse
         wait_for_first_consumer: false,
         progress: None,
         refs: SourceRefs::default(),
+        storage: Default::default(),
         now: t0(),
     }
 }
@@ -683,7 +684,7 @@ fn upload_pod_runs_the_upload_server_with_tls_and_the_service_maps_443() {
         ..Config::default()
     };
     let dv = upload_dv();
-    let claim = pvc::claim(&dv, &cfg).unwrap();
+    let claim = pvc::claim(&dv, &cfg, &Default::default()).unwrap();
     let p = pod::upload_pod(&dv, &claim, &cfg, "pvc-uid");
     assert_eq!(
         args(&p),
