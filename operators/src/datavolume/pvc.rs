@@ -485,4 +485,118 @@ mod tests {
             assert!(e.to_string().contains(needle), "{e}");
         }
     }
+
+    fn profile(sets: &[(&str, &str)]) -> StorageProfileStatus {
+        StorageProfileStatus {
+            claim_property_sets: sets
+                .iter()
+                .map(|(a, v)| crate::api::cdi::ClaimPropertySet {
+                    access_modes: vec![a.to_string()],
+                    volume_mode: Some(v.to_string()),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn modes(
+        access: &[&str],
+        volume: Option<&str>,
+        p: Option<&StorageProfileStatus>,
+    ) -> Result<(Vec<String>, Option<String>)> {
+        let access: Vec<String> = access.iter().map(|a| a.to_string()).collect();
+        complete_modes(&access, volume, "local", p)
+    }
+
+    fn ok(access: &str, volume: Option<&str>) -> (Vec<String>, Option<String>) {
+        (vec![access.to_string()], volume.map(String::from))
+    }
+
+    #[test]
+    fn both_modes_missing_take_the_profiles_first_set() {
+        let p = profile(&[("ReadWriteMany", "Block"), ("ReadWriteOnce", "Filesystem")]);
+        assert_eq!(
+            modes(&[], None, Some(&p)).unwrap(),
+            ok("ReadWriteMany", Some("Block"))
+        );
+        let e = modes(&[], None, Some(&profile(&[]))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Spec is missing accessMode and volumeMode, cannot get access mode from StorageProfile local"
+        );
+        assert!(matches!(
+            modes(&[], None, None),
+            Err(Error::ClaimNotValid(_))
+        ));
+    }
+
+    #[test]
+    fn missing_access_modes_take_those_of_the_volume_mode_else_the_first() {
+        let p = profile(&[("ReadWriteMany", "Block"), ("ReadWriteOnce", "Filesystem")]);
+        assert_eq!(
+            modes(&[], Some("Filesystem"), Some(&p)).unwrap(),
+            ok("ReadWriteOnce", Some("Filesystem"))
+        );
+        let only_block = profile(&[("ReadWriteMany", "Block")]);
+        assert_eq!(
+            modes(&[], Some("Filesystem"), Some(&only_block)).unwrap(),
+            ok("ReadWriteMany", Some("Filesystem"))
+        );
+        let e = modes(&[], Some("Block"), None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Spec is missing accessMode and cannot get access mode from StorageProfile local"
+        );
+    }
+
+    #[test]
+    fn a_missing_volume_mode_takes_that_of_a_set_sharing_an_access_mode() {
+        let p = profile(&[("ReadWriteMany", "Block"), ("ReadWriteOnce", "Filesystem")]);
+        assert_eq!(
+            modes(&["ReadWriteOnce"], None, Some(&p)).unwrap(),
+            ok("ReadWriteOnce", Some("Filesystem"))
+        );
+        assert_eq!(
+            modes(&["ReadOnlyMany"], None, Some(&p)).unwrap(),
+            ok("ReadOnlyMany", Some("Block"))
+        );
+        // An empty profile leaves it to Kubernetes (Filesystem); no profile at all waits.
+        assert_eq!(
+            modes(&["ReadWriteOnce"], None, Some(&profile(&[]))).unwrap(),
+            ok("ReadWriteOnce", None)
+        );
+        assert!(modes(&["ReadWriteOnce"], None, None).is_err());
+    }
+
+    #[test]
+    fn the_cluster_class_sets_the_claims_class_and_overhead() {
+        let mut cfg = Config::default();
+        cfg.filesystem_overhead_per_class.insert("fast".into(), 0.1);
+        let d = dv(DataVolumeSpec {
+            storage: Some(StorageSpec {
+                resources: resources("100Mi"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let defaults = StorageDefaults::Cluster {
+            class: Some("fast".into()),
+            profile: Some(profile(&[("ReadWriteOnce", "Filesystem")])),
+        };
+        let c = claim(&d, &cfg, &defaults).unwrap();
+        assert_eq!(c.spec.storage_class_name.as_deref(), Some("fast"));
+        assert_eq!(c.overhead, 0.1);
+        // Without any class, access modes given by the DataVolume are enough.
+        let mut d = d;
+        d.spec.storage.as_mut().unwrap().access_modes = vec!["ReadWriteOnce".into()];
+        let none = StorageDefaults::Cluster {
+            class: None,
+            profile: None,
+        };
+        let c = claim(&d, &cfg, &none).unwrap();
+        assert_eq!(
+            (c.spec.storage_class_name, c.mode),
+            (None, VolumeMode::Filesystem)
+        );
+    }
 }

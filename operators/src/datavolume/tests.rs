@@ -792,3 +792,145 @@ fn a_refused_pod_sets_running_with_the_apis_message_once_and_backs_off() {
     assert!(ev.is_none());
     assert_eq!(delay, cfg.retry.delay(2));
 }
+
+fn profile(sets: &[(&str, &str)]) -> crate::api::cdi::StorageProfileStatus {
+    crate::api::cdi::StorageProfileStatus {
+        claim_property_sets: sets
+            .iter()
+            .map(|(a, v)| crate::api::cdi::ClaimPropertySet {
+                access_modes: vec![a.to_string()],
+                volume_mode: Some(v.to_string()),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_claim_without_access_modes_waits_for_a_profile_with_cdis_message_once() {
+    let cfg = Config::default();
+    let mut dv = http_dv();
+    let o = Observed {
+        storage: pvc::StorageDefaults::Cluster {
+            class: Some("local".into()),
+            profile: Some(profile(&[])),
+        },
+        ..obs(None, None)
+    };
+    let d = step(&mut dv, &o, &cfg);
+    assert!(
+        d.actions.iter().all(|a| matches!(a, Action::Event(_))),
+        "{:?}",
+        d.actions
+    );
+    let msg = "Spec is missing accessMode and volumeMode, cannot get access mode from StorageProfile local";
+    assert_eq!(events(&d), [(true, "ErrClaimNotValid".to_string())]);
+    assert_eq!(d.status.phase, Some(Phase::Pending));
+    let bound = cond(&d, "Bound");
+    assert_eq!(
+        (bound.reason.as_deref(), bound.message.as_deref()),
+        (Some("ErrClaimNotValid"), Some(msg))
+    );
+    assert_eq!(d.requeue, Some(cfg.retry.delay(1)));
+    // The same message again: no second event.
+    assert!(events(&step(&mut dv, &o, &cfg)).is_empty());
+    // No StorageClass at all.
+    let o = Observed {
+        storage: pvc::StorageDefaults::Cluster {
+            class: None,
+            profile: None,
+        },
+        ..obs(None, None)
+    };
+    let d = step(&mut dv, &o, &cfg);
+    assert_eq!(
+        cond(&d, "Bound").message.as_deref(),
+        Some(pvc::NO_CLASS_FOR_ACCESS_MODES)
+    );
+    // Once the profile knows the class, the PVC is created with its first set.
+    let o = Observed {
+        storage: pvc::StorageDefaults::Cluster {
+            class: Some("local".into()),
+            profile: Some(profile(&[
+                ("ReadWriteMany", "Block"),
+                ("ReadWriteOnce", "Filesystem"),
+            ])),
+        },
+        ..obs(None, None)
+    };
+    let d = step(&mut dv, &o, &cfg);
+    let Some(Action::CreatePvc(p)) = d.actions.first() else {
+        panic!("{:?}", d.actions)
+    };
+    let spec = p.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.access_modes.as_deref(),
+        Some(&["ReadWriteMany".to_string()][..])
+    );
+    assert_eq!(spec.volume_mode.as_deref(), Some("Block"));
+    assert_eq!(spec.storage_class_name.as_deref(), Some("local"));
+}
+
+#[test]
+fn importer_pods_get_the_import_proxy_resources_pull_secrets_and_global_preallocation() {
+    let cfg = Config {
+        import_proxy: crate::api::cdi::ImportProxy {
+            http_proxy: Some("http://proxy:3128".into()),
+            https_proxy: Some("http://proxy:3129".into()),
+            no_proxy: Some(String::new()),
+            trusted_ca_proxy: Some("proxy-ca".into()),
+        },
+        resources: Some(crate::cdiconfig::settings::pod_resources(None)),
+        image_pull_secrets: vec![k8s_openapi::api::core::v1::LocalObjectReference {
+            name: "pull".into(),
+        }],
+        preallocation: true,
+        ..Config::default()
+    };
+    let bound = pvc("Bound");
+    let d = decide(&http_dv(), &obs(Some(&bound), None), &cfg);
+    let p = created_pod(&d);
+    let spec = p.spec.as_ref().unwrap();
+    let c = &spec.containers[0];
+    let env: Vec<_> = c
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        env,
+        [
+            ("HTTP_PROXY", "http://proxy:3128"),
+            ("HTTPS_PROXY", "http://proxy:3129")
+        ],
+        "an empty noProxy sets no variable"
+    );
+    let a = args(p).join(" ");
+    assert!(a.contains("--ca-cert /proxycerts/ca.pem"), "{a}");
+    assert!(a.contains("--preallocate"), "{a}");
+    let vol = spec
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == "cdi-proxy-cert-vol")
+        .unwrap();
+    assert_eq!(
+        vol.config_map.as_ref().unwrap().name,
+        "import-proxy-cm-fedora"
+    );
+    assert_eq!(c.resources, Some(default_resources()));
+    assert_eq!(spec.image_pull_secrets.as_ref().unwrap()[0].name, "pull");
+    // The DataVolume's own preallocation wins; blank disks get no proxy.
+    let mut dv = http_dv();
+    dv.spec.preallocation = Some(false);
+    let a = args(created_pod(&decide(&dv, &obs(Some(&bound), None), &cfg))).join(" ");
+    assert!(!a.contains("--preallocate"), "{a}");
+    let blank = dv_with(DataVolumeSource {
+        blank: Some(Empty {}),
+        ..Default::default()
+    });
+    let p = created_pod(&decide(&blank, &obs(Some(&bound), None), &cfg)).clone();
+    assert!(p.spec.unwrap().containers[0].env.is_none());
+}
