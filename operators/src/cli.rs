@@ -332,3 +332,48 @@ pub fn gen_deploy(args: &GenDeployArgs) -> Result<Vec<PathBuf>> {
         crate::deploy::write(&args.root)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        dv: DataVolumeArgs,
+    }
+
+    fn parse(args: &[&str]) -> DataVolumeArgs {
+        Cmd::parse_from(std::iter::once("dv").chain(args.iter().copied())).dv
+    }
+
+    #[test]
+    fn only_flags_given_explicitly_override_the_cdi_cr() {
+        let none = parse(&[]);
+        assert_eq!(none.overrides(), Overrides::default());
+        assert_eq!(
+            none.config().filesystem_overhead,
+            crate::datavolume::DEFAULT_FILESYSTEM_OVERHEAD
+        );
+        let given = parse(&[
+            "--filesystem-overhead",
+            "0.1",
+            "--storage-class-overhead",
+            "fast=0.2",
+            "--insecure-registry",
+            "registry.local:5000",
+            "--no-honor-wait-for-first-consumer",
+        ]);
+        let o = given.overrides();
+        assert_eq!(o.filesystem_overhead, Some(0.1));
+        assert_eq!(o.class_overhead["fast"], 0.2);
+        assert_eq!(
+            o.insecure_registries.as_deref(),
+            Some(&["registry.local:5000".to_string()][..])
+        );
+        assert_eq!(o.honor_wait_for_first_consumer, Some(false));
+        assert_eq!(given.config().filesystem_overhead, 0.1);
+    }
+}

@@ -317,4 +317,18 @@ mod tests {
         assert_eq!(rot["server"]["renewBefore"], "12h0m0s");
         assert_eq!(rot["ca"]["duration"], "48h0m0s");
     }
+
+    #[test]
+    fn the_cdi_child_reads_as_a_typed_cdi_whose_config_the_datavolume_controller_takes() {
+        let child = serde_json::to_value(cdi(&hc(None))).unwrap();
+        let typed: crate::api::Cdi = serde_json::from_value(child).unwrap();
+        let config = typed.spec.config.unwrap();
+        assert_eq!(config.feature_gates, ["HonorWaitForFirstConsumer"]);
+        let settings = crate::cdiconfig::settings::effective(
+            &Default::default(),
+            Some(&config),
+            &Default::default(),
+        );
+        assert!(settings.honor_wait_for_first_consumer);
+    }
 }

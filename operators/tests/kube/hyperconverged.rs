@@ -1,5 +1,5 @@
 //! The HyperConverged controller against the real API server, where only Quarry's CRDs are
-//! installed (the children's CRDs are not).
+//! installed (CDI's among them; the other children's CRDs are not).
 
 use std::sync::Arc;
 
@@ -34,7 +34,7 @@ async fn a_missing_child_crd_is_named_in_degraded() {
     .await;
     ctl.abort();
     assert!(
-        degraded.message.contains("CDI") && degraded.message.contains("cdis.cdi.kubevirt.io"),
+        degraded.message.contains("KubeVirt") && degraded.message.contains("kubevirts.kubevirt.io"),
         "{degraded:?}"
     );
 }
