@@ -289,7 +289,7 @@ pub fn retained(dv: &DataVolume) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::DataVolumeSpec;
     use crate::api::datavolume::StorageSpec;
@@ -486,7 +486,8 @@ mod tests {
         }
     }
 
-    fn profile(sets: &[(&str, &str)]) -> StorageProfileStatus {
+    /// A profile status with these (access mode, volume mode) sets.
+    pub(crate) fn profile(sets: &[(&str, &str)]) -> StorageProfileStatus {
         StorageProfileStatus {
             claim_property_sets: sets
                 .iter()

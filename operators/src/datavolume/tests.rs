@@ -793,18 +793,7 @@ fn a_refused_pod_sets_running_with_the_apis_message_once_and_backs_off() {
     assert_eq!(delay, cfg.retry.delay(2));
 }
 
-fn profile(sets: &[(&str, &str)]) -> crate::api::cdi::StorageProfileStatus {
-    crate::api::cdi::StorageProfileStatus {
-        claim_property_sets: sets
-            .iter()
-            .map(|(a, v)| crate::api::cdi::ClaimPropertySet {
-                access_modes: vec![a.to_string()],
-                volume_mode: Some(v.to_string()),
-            })
-            .collect(),
-        ..Default::default()
-    }
-}
+use super::pvc::tests::profile;
 
 #[test]
 fn a_claim_without_access_modes_waits_for_a_profile_with_cdis_message_once() {
