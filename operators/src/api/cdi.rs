@@ -249,10 +249,10 @@ pub struct CdiConfigStatus {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct StorageProfileSpec {
-    /// `copy`, `snapshot` or `csi-clone`, over what Quarry knows of the provisioner.
+    /// `copy`, `snapshot` or `csi-clone` (a spec's choice wins over what is known).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone_strategy: Option<String>,
-    /// Claim properties to use instead of the known ones, most preferred first.
+    /// Access and volume modes, most preferred first (a spec's sets replace the known ones).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub claim_property_sets: Vec<ClaimPropertySet>,
     /// `pvc` or `snapshot`.
@@ -273,18 +273,10 @@ pub struct StorageProfileStatus {
     /// Its provisioner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provisioner: Option<String>,
-    /// How clones of its volumes are made.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub clone_strategy: Option<String>,
-    /// Access and volume modes, most preferred first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub claim_property_sets: Vec<ClaimPropertySet>,
-    /// `pvc` or `snapshot`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_import_cron_source_format: Option<String>,
-    /// VolumeSnapshotClass for snapshot clones.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub snapshot_class: Option<String>,
+    /// The clone strategy, claim property sets, DataImportCron source format and snapshot
+    /// class in force (the spec's fields, computed).
+    #[serde(flatten)]
+    pub profile: StorageProfileSpec,
 }
 
 /// Access modes with a volume mode, a combination the storage supports.

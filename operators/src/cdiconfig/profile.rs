@@ -83,14 +83,16 @@ pub fn profile_status(
     Ok(StorageProfileStatus {
         storage_class: sc.metadata.name.clone(),
         provisioner: Some(sc.provisioner.clone()),
-        clone_strategy: Some(clone_strategy),
-        claim_property_sets,
-        data_import_cron_source_format: Some(
-            spec.data_import_cron_source_format
-                .clone()
-                .unwrap_or_else(|| "pvc".into()),
-        ),
-        snapshot_class: spec.snapshot_class.clone(),
+        profile: StorageProfileSpec {
+            clone_strategy: Some(clone_strategy),
+            claim_property_sets,
+            data_import_cron_source_format: Some(
+                spec.data_import_cron_source_format
+                    .clone()
+                    .unwrap_or_else(|| "pvc".into()),
+            ),
+            snapshot_class: spec.snapshot_class.clone(),
+        },
     })
 }
 
@@ -120,21 +122,24 @@ mod tests {
             Some("kubevirt.io.hostpath-provisioner")
         );
         assert_eq!(
-            st.claim_property_sets,
+            st.profile.claim_property_sets,
             [
                 set("ReadWriteOnce", "Filesystem"),
                 set("ReadWriteOnce", "Block")
             ]
         );
-        assert_eq!(st.clone_strategy.as_deref(), Some("csi-clone"));
-        assert_eq!(st.data_import_cron_source_format.as_deref(), Some("pvc"));
+        assert_eq!(st.profile.clone_strategy.as_deref(), Some("csi-clone"));
+        assert_eq!(
+            st.profile.data_import_cron_source_format.as_deref(),
+            Some("pvc")
+        );
     }
 
     #[test]
     fn unknown_provisioners_get_no_claim_properties_and_copy() {
         let st = profile_status(&sc("example.com/unknown", None), &Default::default()).unwrap();
-        assert!(st.claim_property_sets.is_empty());
-        assert_eq!(st.clone_strategy.as_deref(), Some("copy"));
+        assert!(st.profile.claim_property_sets.is_empty());
+        assert_eq!(st.profile.clone_strategy.as_deref(), Some("copy"));
     }
 
     #[test]
@@ -145,14 +150,17 @@ mod tests {
             ..Default::default()
         };
         let st = profile_status(&sc(provisioner::DRIVER_NAME, Some("copy")), &spec).unwrap();
-        assert_eq!(st.claim_property_sets, [set("ReadWriteMany", "Block")]);
-        assert_eq!(st.clone_strategy.as_deref(), Some("snapshot"));
+        assert_eq!(
+            st.profile.claim_property_sets,
+            [set("ReadWriteMany", "Block")]
+        );
+        assert_eq!(st.profile.clone_strategy.as_deref(), Some("snapshot"));
         let st = profile_status(
             &sc("example.com/unknown", Some("csi-clone")),
             &Default::default(),
         )
         .unwrap();
-        assert_eq!(st.clone_strategy.as_deref(), Some("csi-clone"));
+        assert_eq!(st.profile.clone_strategy.as_deref(), Some("csi-clone"));
     }
 
     #[test]

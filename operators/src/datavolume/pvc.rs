@@ -108,7 +108,7 @@ fn complete_modes(
     class: &str,
     profile: Option<&StorageProfileStatus>,
 ) -> Result<(Vec<String>, Option<String>)> {
-    let sets = profile.map(|p| p.claim_property_sets.as_slice());
+    let sets = profile.map(|p| p.profile.claim_property_sets.as_slice());
     let with_access = || {
         sets.into_iter()
             .flatten()
@@ -489,13 +489,16 @@ pub(crate) mod tests {
     /// A profile status with these (access mode, volume mode) sets.
     pub(crate) fn profile(sets: &[(&str, &str)]) -> StorageProfileStatus {
         StorageProfileStatus {
-            claim_property_sets: sets
-                .iter()
-                .map(|(a, v)| crate::api::cdi::ClaimPropertySet {
-                    access_modes: vec![a.to_string()],
-                    volume_mode: Some(v.to_string()),
-                })
-                .collect(),
+            profile: crate::api::cdi::StorageProfileSpec {
+                claim_property_sets: sets
+                    .iter()
+                    .map(|(a, v)| crate::api::cdi::ClaimPropertySet {
+                        access_modes: vec![a.to_string()],
+                        volume_mode: Some(v.to_string()),
+                    })
+                    .collect(),
+                ..Default::default()
+            },
             ..Default::default()
         }
     }

@@ -269,7 +269,7 @@ async fn storage_profiles_follow_storage_classes_and_complete_spec_storage() {
         let p = profiles.get_opt(&hostpath).await.ok()??;
         p.status
             .clone()
-            .filter(|s| !s.claim_property_sets.is_empty())
+            .filter(|s| !s.profile.claim_property_sets.is_empty())
     })
     .await;
     assert_eq!(profile.storage_class.as_deref(), Some(hostpath.as_str()));
@@ -277,8 +277,9 @@ async fn storage_profiles_follow_storage_classes_and_complete_spec_storage() {
         profile.provisioner.as_deref(),
         Some("kubevirt.io.hostpath-provisioner")
     );
-    assert_eq!(profile.clone_strategy.as_deref(), Some("csi-clone"));
+    assert_eq!(profile.profile.clone_strategy.as_deref(), Some("csi-clone"));
     let sets: Vec<_> = profile
+        .profile
         .claim_property_sets
         .iter()
         .map(|s| (s.access_modes.join(","), s.volume_mode.clone().unwrap()))
