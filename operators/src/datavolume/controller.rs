@@ -467,6 +467,27 @@ async fn cleanup(dv: &DataVolume, ctx: &Context) -> Result<()> {
     Ok(())
 }
 
+/// The DataVolumes that may wait for StorageProfile `profile`: those with `spec.storage` naming
+/// that class, or none, and no phase past Pending yet.
+fn waiting_for_profile(dvs: &[Arc<DataVolume>], profile: &str) -> Vec<ObjectRef<DataVolume>> {
+    dvs.iter()
+        .filter(|dv| {
+            let class = dv
+                .spec
+                .storage
+                .as_ref()
+                .map(|s| s.storage_class_name.as_deref());
+            let pending = dv
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_none_or(|p| p == crate::api::Phase::Pending);
+            pending && (class == Some(None) || class == Some(Some(profile)))
+        })
+        .map(|dv| ObjectRef::from_obj(dv.as_ref()))
+        .collect()
+}
+
 /// The DataVolume a PVC belongs to, from CDI's ownedByDataVolume annotation.
 fn owner_of(pvc: PersistentVolumeClaim) -> Option<ObjectRef<DataVolume>> {
     let key = pvc.annotations().get(ANN_OWNED_BY)?;
@@ -524,7 +545,19 @@ pub async fn run_with(ctx: Arc<Context>, namespace: Option<&str>) {
             predicates::generation.combine(predicates::finalizers),
             Default::default(),
         );
+    // A DataVolume waiting for its class's StorageProfile (no PVC yet) tries again as soon as
+    // a profile changes (as CDI's watch of StorageProfiles).
+    let waiting = reader.clone();
+    let profiles = watcher(
+        Api::<StorageProfile>::all(client.clone()),
+        Default::default(),
+    )
+    .default_backoff()
+    .touched_objects();
     let results = Controller::for_stream(trigger, reader)
+        .watches_stream(profiles, move |p: StorageProfile| {
+            waiting_for_profile(&waiting.state(), &p.name_any())
+        })
         .owns(api::<Pod>(&client, namespace), watcher::Config::default())
         .owns(
             api::<Service>(&client, namespace),
@@ -619,6 +652,40 @@ mod tests {
             fetch_progress(&ctx.http, "http://127.0.0.1:1/metrics", "uid-1").await,
             None
         );
+    }
+
+    #[test]
+    fn only_pending_storage_datavolumes_of_the_class_or_of_none_wait_for_a_profile() {
+        let with = |class: Option<&str>, phase: Option<crate::api::Phase>, name: &str| {
+            let mut d = dv();
+            d.metadata.name = Some(name.into());
+            d.spec.storage.as_mut().unwrap().storage_class_name = class.map(String::from);
+            d.status = phase.map(|p| crate::api::DataVolumeStatus {
+                phase: Some(p),
+                ..Default::default()
+            });
+            Arc::new(d)
+        };
+        let mut pvc_form = dv();
+        pvc_form.metadata.name = Some("pvc-form".into());
+        pvc_form.spec.storage = None;
+        let dvs = [
+            with(Some("local"), None, "new"),
+            with(Some("local"), Some(crate::api::Phase::Pending), "pending"),
+            with(None, None, "default-class"),
+            with(Some("other"), None, "other-class"),
+            with(
+                Some("local"),
+                Some(crate::api::Phase::ImportScheduled),
+                "started",
+            ),
+            Arc::new(pvc_form),
+        ];
+        let names: Vec<_> = waiting_for_profile(&dvs, "local")
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(names, ["new", "pending", "default-class"]);
     }
 
     #[tokio::test]

@@ -7,6 +7,7 @@
 //! own namespace.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -17,7 +18,7 @@ use operators::cdiconfig::Overrides;
 use operators::cdiconfig::controller::run_profiles;
 use operators::datavolume::controller::{self, Context};
 use operators::datavolume::pvc::required_space;
-use operators::datavolume::{Config, default_resources};
+use operators::datavolume::{Config, RetryPolicy, default_resources};
 use operators::names;
 use serde_json::json;
 use testkit::kube::{KubeApiServer, Options};
@@ -250,7 +251,16 @@ async fn storage_profiles_follow_storage_classes_and_complete_spec_storage() {
     let Some((client, ns)) = namespace("profiles", &[]).await else {
         return;
     };
-    let ctx = context(&client, Overrides::default());
+    // Retries far beyond the test's patience: only the StorageProfile watch can wake the
+    // waiting DataVolume.
+    let slow = Config {
+        retry: RetryPolicy {
+            base_delay: Duration::from_secs(600),
+            ..RetryPolicy::default()
+        },
+        ..Config::default()
+    };
+    let ctx = Arc::new(Context::new(client.clone(), slow, Arc::default()));
     let (c, n) = (ctx.clone(), ns.clone());
     let _ctl = Running(vec![
         tokio::spawn(async move { controller::run_with(c, Some(&n)).await }),
@@ -343,7 +353,7 @@ async fn storage_profiles_follow_storage_classes_and_complete_spec_storage() {
     assert_eq!(bound.message.as_deref(), Some(message.as_str()));
     assert!(pvcs.get_opt("on-unknown").await.unwrap().is_none());
 
-    // ...until the admin fills in the profile's spec.
+    // ...until the admin fills in the profile's spec (the profile's change wakes it).
     profiles
         .patch(
             &unknown,
