@@ -22,7 +22,7 @@ use super::settings::{active_cdi, config_status, effective};
 use crate::api::cdi::{CDI_CONFIG_NAME, StorageProfileSpec, cdi_labels};
 use crate::api::{Cdi, CdiConfig, StorageProfile};
 use crate::datavolume::controller::Context;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::{kubeops, names};
 
 /// Name of the CDIConfig reconciler in metrics, its field manager and logs.
@@ -45,27 +45,36 @@ where
         .boxed()
 }
 
-/// Runs `pass` on every batch of triggers (and every [`RESYNC`]) until the triggers end.
+/// Runs `pass` on every batch of triggers (and every [`RESYNC`]) until the triggers end; a pass
+/// that failed transiently runs again after [`RETRY`], one refused for what the objects say
+/// waits for them to change.
 async fn drive<F, Fut>(ctx: &Context, name: &str, triggers: Vec<BoxStream<'static, ()>>, pass: F)
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<()>>,
 {
     let mut triggers = select_all(triggers);
+    let mut again = false;
     loop {
-        tokio::select! {
-            t = triggers.next() => if t.is_none() { return },
-            _ = tokio::time::sleep(RESYNC) => {}
+        if !again {
+            tokio::select! {
+                t = triggers.next() => if t.is_none() { return },
+                _ = tokio::time::sleep(RESYNC) => {}
+            }
         }
         while let Some(Some(())) = triggers.next().now_or_never() {}
         let outcome = {
             let _measure = ctx.metrics.reconcile(name);
             pass().await
         };
+        again = false;
         if let Err(e) = outcome {
             tracing::warn!(controller = name, error = %e, "reconcile failed");
             ctx.metrics.failure(name, &e);
-            tokio::time::sleep(RETRY).await;
+            if e.kind() == ErrorKind::Transient {
+                again = true;
+                tokio::time::sleep(RETRY).await;
+            }
         }
     }
 }
@@ -226,4 +235,46 @@ pub async fn run_profiles(ctx: Arc<Context>) {
         reconcile_profiles(&client)
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::datavolume::Config;
+
+    #[tokio::test]
+    async fn a_transient_failure_runs_again_without_a_new_trigger() {
+        let ctx = Context::new(crate::mockapi::pair().0, Config::default(), Arc::default());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let outcomes = Mutex::new(vec![
+            Ok(()),
+            Err(Error::InvalidSpec("two active CDI CRs".into())),
+            Err(Error::io("listing", std::io::ErrorKind::TimedOut.into())),
+        ]);
+        // One trigger, then none: only the retry can cause the second pass.
+        let triggers = vec![
+            futures_util::stream::iter([()])
+                .chain(futures_util::stream::pending())
+                .boxed(),
+        ];
+        let run = drive(&ctx, "test", triggers, || {
+            let outcome = outcomes.lock().unwrap().pop().unwrap_or(Ok(()));
+            let failed = outcome.is_err();
+            tx.send(failed).unwrap();
+            async move { outcome }
+        });
+        let passes = async {
+            assert_eq!(rx.recv().await, Some(true), "first pass fails transiently");
+            assert_eq!(rx.recv().await, Some(true), "retried: refused as invalid");
+        };
+        tokio::select! {
+            _ = run => panic!("the driver ended"),
+            _ = passes => {}
+        }
+        let metrics = ctx.metrics.render();
+        assert!(metrics.contains("kind=\"transient\"} 1"), "{metrics}");
+        assert!(metrics.contains("kind=\"invalid\"} 1"), "{metrics}");
+    }
 }
