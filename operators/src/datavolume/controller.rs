@@ -4,7 +4,9 @@
 //! are [`decide`]'s; this module only reads the objects and carries out the actions.
 //!
 //! What triggers a reconcile: a DataVolume's spec, finalizers or deletion (never its status, so
-//! our own status writes cause no reconcile), its PVC, pod and Service, and timers. A running
+//! our own status writes cause no reconcile), its PVC, pod and Service, a StorageProfile change
+//! (for DataVolumes waiting for one), and timers. The settings come from [`Context::settings`],
+//! which the CDIConfig reconciler ([`crate::cdiconfig`]) keeps. A running
 //! import's progress is read on the timer ([`Config::progress_interval`]), at most once per
 //! interval whatever else triggers reconciles.
 
@@ -94,7 +96,8 @@ impl Context {
     pub fn set_settings(&self, config: Config) {
         let mut live = self.live.write().unwrap_or_else(|e| e.into_inner());
         if **live != config {
-            tracing::info!(?config, "settings changed");
+            // Not the settings themselves: proxy URLs may carry credentials.
+            tracing::info!("the settings in force changed");
             *live = Arc::new(config);
         }
     }
