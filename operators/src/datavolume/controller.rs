@@ -419,12 +419,18 @@ async fn source_refs(dv: &DataVolume, ctx: &Context, ns: &str) -> Result<SourceR
         return Ok(SourceRefs::default());
     };
     let mut refs = SourceRefs::default();
+    let keys = |map: ConfigMap| -> Vec<String> {
+        let data = map.data.into_iter().flat_map(|d| d.into_keys());
+        data.chain(map.binary_data.into_iter().flat_map(|d| d.into_keys()))
+            .collect()
+    };
     if let Some(cm) = &src.cert_config_map {
         let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-        let map = api.get(cm).await?;
-        refs.ca_keys = map.data.iter().flat_map(|d| d.keys().cloned()).collect();
-        refs.ca_keys
-            .extend(map.binary_data.iter().flat_map(|d| d.keys().cloned()));
+        refs.ca_keys = keys(api.get(cm).await?);
+    }
+    if let Some(ca) = pod::proxy_ca(&ctx.settings()) {
+        let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), names::NAMESPACE);
+        refs.proxy_ca_keys = keys(api.get(ca).await?);
     }
     for secret in &src.secret_extra_headers {
         let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);

@@ -36,10 +36,8 @@ const SECRET_DIR: &str = "/secret";
 const TLS_DIR: &str = "/tls";
 /// Upload proxy client CA.
 const CLIENT_CA_DIR: &str = "/client-ca";
-/// The import proxy's CA bundle (CDI's path).
+/// The import proxy's CA bundle (CDI's path), each key of the ConfigMap a file.
 const PROXY_CA_DIR: &str = "/proxycerts";
-/// Key of the CA bundle in the trusted CA ConfigMap (CDI's).
-pub const PROXY_CA_KEY: &str = "ca.pem";
 
 /// Name of the copy of the import proxy's trusted CA ConfigMap next to a PVC (CDI's).
 pub fn import_proxy_config_map(pvc: &str) -> String {
@@ -91,6 +89,8 @@ pub struct SourceRefs {
     pub ca_keys: Vec<String>,
     /// For each `secretExtraHeaders` Secret, its keys.
     pub header_secrets: Vec<(String, Vec<String>)>,
+    /// Keys of the import proxy's trusted CA ConfigMap.
+    pub proxy_ca_keys: Vec<String>,
 }
 
 /// Target path of the disk inside the pod.
@@ -370,13 +370,16 @@ fn importer_pod_via(
     if proxied {
         env.extend(proxy_env(&cfg.import_proxy));
         if proxy_ca(cfg).is_some() {
-            // Before the trailing options, with the other CA files.
+            // Every key (CDI's is `ca.pem`), before the trailing options.
             let at = args
                 .iter()
                 .position(|a| a == "--metrics-addr")
                 .unwrap_or(args.len());
-            let ca = format!("{PROXY_CA_DIR}/{PROXY_CA_KEY}");
-            args.splice(at..at, ["--ca-cert".to_string(), ca]);
+            let certs = refs
+                .proxy_ca_keys
+                .iter()
+                .flat_map(|key| ["--ca-cert".to_string(), format!("{PROXY_CA_DIR}/{key}")]);
+            args.splice(at..at, certs);
             mounts.push(mount("cdi-proxy-cert-vol", PROXY_CA_DIR, true));
             volumes.push(config_map_volume(
                 "cdi-proxy-cert-vol",

@@ -511,6 +511,7 @@ fn importer_pod_for_http_with_credentials_ca_headers_and_checksum() {
     let refs = SourceRefs {
         ca_keys: vec!["ca.pem".into()],
         header_secrets: vec![("hdrs".into(), vec!["h1".into()])],
+        ..SourceRefs::default()
     };
     let bound = pvc("Bound");
     let o = Observed {
@@ -877,7 +878,14 @@ fn importer_pods_get_the_import_proxy_resources_pull_secrets_and_global_prealloc
         ..Config::default()
     };
     let bound = pvc("Bound");
-    let d = decide(&http_dv(), &obs(Some(&bound), None), &cfg);
+    let o = Observed {
+        refs: SourceRefs {
+            proxy_ca_keys: vec!["ca.pem".into()],
+            ..SourceRefs::default()
+        },
+        ..obs(Some(&bound), None)
+    };
+    let d = decide(&http_dv(), &o, &cfg);
     let p = created_pod(&d);
     let spec = p.spec.as_ref().unwrap();
     let c = &spec.containers[0];
