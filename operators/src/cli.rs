@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
+use crate::cdiconfig::Overrides;
 use crate::datavolume::local::{self, ApplyOptions, Store};
 use crate::datavolume::{Config, RetryPolicy, UploadTls};
 use crate::error::{Error, Result};
@@ -62,9 +63,10 @@ pub struct DataVolumeArgs {
     /// Pull policy of that image.
     #[arg(long)]
     pub pull_policy: Option<String>,
-    /// Global filesystem overhead (CDI's default 0.055).
-    #[arg(long, default_value_t = crate::datavolume::DEFAULT_FILESYSTEM_OVERHEAD)]
-    pub filesystem_overhead: f64,
+    /// Global filesystem overhead [default: the CDI CR's, else 0.055]. The flags below that
+    /// CDI's CR also sets win over the CR when given.
+    #[arg(long)]
+    pub filesystem_overhead: Option<f64>,
     /// Per-StorageClass overhead, CLASS=FRACTION; repeatable.
     #[arg(long = "storage-class-overhead", value_name = "CLASS=F", value_parser = parse_class_overhead)]
     pub class_overhead: Vec<(String, f64)>,
@@ -80,7 +82,8 @@ pub struct DataVolumeArgs {
     /// Longest retry delay in seconds.
     #[arg(long, default_value_t = RetryPolicy::default().max_delay.as_secs())]
     pub retry_max_delay: u64,
-    /// Let the importer pod bind WaitForFirstConsumer PVCs instead of waiting for a consumer.
+    /// Let the importer pod bind WaitForFirstConsumer PVCs instead of waiting for a consumer
+    /// [default: the CDI CR's HonorWaitForFirstConsumer gate, else waiting].
     #[arg(long)]
     pub no_honor_wait_for_first_consumer: bool,
     /// Secret (tls.crt, tls.key) for upload servers; without it they listen in plain HTTP.
@@ -142,7 +145,9 @@ impl DataVolumeArgs {
         Config {
             image: self.image.clone(),
             pull_policy: self.pull_policy.clone(),
-            filesystem_overhead: self.filesystem_overhead,
+            filesystem_overhead: self
+                .filesystem_overhead
+                .unwrap_or(crate::datavolume::DEFAULT_FILESYSTEM_OVERHEAD),
             filesystem_overhead_per_class: self.class_overhead.iter().cloned().collect(),
             default_storage_class: None,
             insecure_registries: self.insecure_registries.clone(),
@@ -166,6 +171,17 @@ impl DataVolumeArgs {
             ..Config::default()
         }
     }
+
+    /// The settings given explicitly, which win over the CDI CR.
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            filesystem_overhead: self.filesystem_overhead,
+            class_overhead: self.class_overhead.iter().cloned().collect(),
+            insecure_registries: (!self.insecure_registries.is_empty())
+                .then(|| self.insecure_registries.clone()),
+            honor_wait_for_first_consumer: self.no_honor_wait_for_first_consumer.then_some(false),
+        }
+    }
 }
 
 /// Runs a controller against the cluster of the kubeconfig (or the pod's service account).
@@ -182,7 +198,8 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
     tracing::info!(%bound, "serving metrics");
     match args.which {
         Which::Datavolume(a) => {
-            crate::datavolume::controller::run(client, a.config(), metrics, None).await
+            let (config, overrides) = (a.config(), a.overrides());
+            crate::datavolume::controller::run(client, config, overrides, metrics, None).await
         }
         Which::Hyperconverged(a) => {
             if let Some(addr) = a.webhook_addr {
@@ -344,5 +361,50 @@ pub fn gen_deploy(args: &GenDeployArgs) -> Result<Vec<PathBuf>> {
         crate::deploy::stale(&args.root)
     } else {
         crate::deploy::write(&args.root)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        dv: DataVolumeArgs,
+    }
+
+    fn parse(args: &[&str]) -> DataVolumeArgs {
+        Cmd::parse_from(std::iter::once("dv").chain(args.iter().copied())).dv
+    }
+
+    #[test]
+    fn only_flags_given_explicitly_override_the_cdi_cr() {
+        let none = parse(&[]);
+        assert_eq!(none.overrides(), Overrides::default());
+        assert_eq!(
+            none.config().filesystem_overhead,
+            crate::datavolume::DEFAULT_FILESYSTEM_OVERHEAD
+        );
+        let given = parse(&[
+            "--filesystem-overhead",
+            "0.1",
+            "--storage-class-overhead",
+            "fast=0.2",
+            "--insecure-registry",
+            "registry.local:5000",
+            "--no-honor-wait-for-first-consumer",
+        ]);
+        let o = given.overrides();
+        assert_eq!(o.filesystem_overhead, Some(0.1));
+        assert_eq!(o.class_overhead["fast"], 0.2);
+        assert_eq!(
+            o.insecure_registries.as_deref(),
+            Some(&["registry.local:5000".to_string()][..])
+        );
+        assert_eq!(o.honor_wait_for_first_consumer, Some(false));
+        assert_eq!(given.config().filesystem_overhead, 0.1);
     }
 }

@@ -8,7 +8,10 @@ use kube::CustomResourceExt;
 use serde::Serialize;
 
 use crate::api::hostpath::StoragePool;
-use crate::api::{DataVolume, HostPathProvisioner, HostPathProvisionerSpec, HyperConverged};
+use crate::api::{
+    Cdi, CdiConfig, DataVolume, HostPathProvisioner, HostPathProvisionerSpec, HyperConverged,
+    StorageProfile,
+};
 use crate::error::{Error, Result};
 use crate::hostpath::objects::{Settings, driver_objects};
 
@@ -72,6 +75,21 @@ pub fn manifests() -> Result<Vec<(PathBuf, String)>> {
             "datavolumes.cdi.kubevirt.io",
             "CDI's DataVolume (cdi.kubevirt.io/v1beta1), served by `quarry controller datavolume`.",
             yaml(&DataVolume::crd())?,
+        ),
+        crd(
+            "cdis.cdi.kubevirt.io",
+            "CDI's CDI (cdi.kubevirt.io/v1beta1): its spec.config configures `quarry controller datavolume`.",
+            yaml(&Cdi::crd())?,
+        ),
+        crd(
+            "cdiconfigs.cdi.kubevirt.io",
+            "CDI's CDIConfig (cdi.kubevirt.io/v1beta1): the settings in force, kept by `quarry controller datavolume`.",
+            yaml(&CdiConfig::crd())?,
+        ),
+        crd(
+            "storageprofiles.cdi.kubevirt.io",
+            "CDI's StorageProfile (cdi.kubevirt.io/v1beta1): one per StorageClass, kept by `quarry controller datavolume`.",
+            yaml(&StorageProfile::crd())?,
         ),
         crd(
             "hyperconvergeds.hco.kubevirt.io",

@@ -16,6 +16,10 @@ pub enum Error {
     /// The custom resource cannot be acted on as written.
     #[error("{0}")]
     InvalidSpec(String),
+    /// A DataVolume's claim cannot be completed yet (CDI's ErrClaimNotValid: no StorageClass or
+    /// StorageProfile gives the access modes); it may once the cluster changes.
+    #[error("{0}")]
+    ClaimNotValid(String),
     /// A Kubernetes API call failed.
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
@@ -54,9 +58,11 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidSpec(_) | Error::Yaml { .. } | Error::Config(_) => ErrorKind::Invalid,
-            Error::Kube(_) | Error::Finalizer(_) | Error::Io { .. } | Error::Certificate(_) => {
-                ErrorKind::Transient
-            }
+            Error::Kube(_)
+            | Error::Finalizer(_)
+            | Error::Io { .. }
+            | Error::Certificate(_)
+            | Error::ClaimNotValid(_) => ErrorKind::Transient,
             Error::Provisioner(e) => match e.kind() {
                 provisioner::ErrorKind::Aborted | provisioner::ErrorKind::Internal => {
                     ErrorKind::Transient

@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod apiserver;
+pub mod cdiconfig;
 pub mod certs;
 pub mod cli;
 pub mod datavolume;

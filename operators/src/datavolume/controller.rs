@@ -4,16 +4,19 @@
 //! are [`decide`]'s; this module only reads the objects and carries out the actions.
 //!
 //! What triggers a reconcile: a DataVolume's spec, finalizers or deletion (never its status, so
-//! our own status writes cause no reconcile), its PVC, pod and Service, and timers. A running
+//! our own status writes cause no reconcile), its PVC, pod and Service, a StorageProfile change
+//! (for DataVolumes waiting for one), and timers. The settings come from [`Context::settings`],
+//! which the CDIConfig reconciler ([`crate::cdiconfig`]) keeps. A running
 //! import's progress is read on the timer ([`Config::progress_interval`]), at most once per
 //! interval whatever else triggers reconciles.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::{Action as Requeue, Controller};
@@ -24,13 +27,16 @@ use tracing::{Instrument, info_span};
 
 use super::decide::{Event, pod_refused};
 use super::pod::{self, POD_PORT, SourceRefs};
+use super::pvc::StorageDefaults;
 use super::source::{Source, source};
 use super::status::parse_progress;
 use super::{ANN_OWNED_BY, Action, Config, FINALIZER, Observed, UploadTls, decide, name};
-use crate::api::DataVolume;
+use crate::api::datavolume::ContentType;
+use crate::api::{DataVolume, StorageProfile};
+use crate::cdiconfig::{Overrides, settings::default_class};
 use crate::error::{Error, Result};
-use crate::kubeops;
 use crate::metrics::Metrics;
+use crate::{kubeops, names};
 
 /// Name in metrics, events, the field manager and the user agent.
 pub const CONTROLLER: &str = "datavolume";
@@ -39,8 +45,12 @@ pub const CONTROLLER: &str = "datavolume";
 pub struct Context {
     /// The API client.
     pub client: Client,
-    /// Controller settings.
+    /// The settings without a CDI CR: the flags and their defaults.
     pub config: Config,
+    /// The flags given explicitly: they win over the CDI CR.
+    pub overrides: Overrides,
+    /// The settings in force (what the CDIConfig reconciler last derived; `config` until then).
+    live: RwLock<Arc<Config>>,
     /// Reconcile metrics.
     pub metrics: Arc<Metrics>,
     /// Client for importer metrics endpoints.
@@ -65,7 +75,9 @@ impl Context {
             .unwrap_or_default();
         Context {
             client,
+            live: RwLock::new(Arc::new(config.clone())),
             config,
+            overrides: Overrides::default(),
             metrics,
             http,
             manager: kubeops::manager(CONTROLLER),
@@ -75,13 +87,28 @@ impl Context {
         }
     }
 
+    /// The settings in force.
+    pub fn settings(&self) -> Arc<Config> {
+        self.live.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the settings in force (the CDIConfig reconciler's result).
+    pub fn set_settings(&self, config: Config) {
+        let mut live = self.live.write().unwrap_or_else(|e| e.into_inner());
+        if **live != config {
+            // Not the settings themselves: proxy URLs may carry credentials.
+            tracing::info!("the settings in force changed");
+            *live = Arc::new(config);
+        }
+    }
+
     /// Whether the import of `uid` is due for a progress scrape (and if so, records it).
     fn scrape_due(&self, uid: &str) -> bool {
         let mut scraped = self.scraped.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         // A timer may fire a little early; 90 % of the interval counts as due.
         let due = scraped.get(uid).is_none_or(|last| {
-            now.duration_since(*last) >= self.config.progress_interval.mul_f32(0.9)
+            now.duration_since(*last) >= self.settings().progress_interval.mul_f32(0.9)
         });
         if due {
             scraped.insert(uid.to_string(), now);
@@ -158,6 +185,7 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
     let dvs: Api<DataVolume> = Api::namespaced(ctx.client.clone(), &ns);
     let uid = dv.metadata.uid.clone().unwrap_or_default();
+    let cfg = ctx.settings();
     let finished = dv
         .status
         .as_ref()
@@ -202,7 +230,13 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         }
         _ => None,
     };
+    let storage = if finished {
+        StorageDefaults::Builtin
+    } else {
+        storage_defaults(dv, pvc.as_ref(), ctx).await?
+    };
     let observed = Observed {
+        storage,
         pvc: pvc.as_ref(),
         pod: pod.as_ref(),
         service,
@@ -211,7 +245,7 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         refs,
         now: Timestamp::now(),
     };
-    let mut decision = decide(dv, &observed, &ctx.config);
+    let mut decision = decide(dv, &observed, &cfg);
 
     if may_refresh
         && decision
@@ -240,6 +274,16 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         decision.requeue = Some(decision.requeue.map_or(renewal, |r| r.min(renewal)));
     }
 
+    if let Some(ca) = pod::proxy_ca(&cfg)
+        && decision
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::CreatePod(_)))
+        && !upload
+    {
+        copy_proxy_ca(dv, ctx, ca).await?;
+    }
+
     // Creations and events first, then the status, then deletions: a deletion triggers a
     // reconcile, which must find the status (restart count, back-off) already written.
     let mut deletions = Vec::new();
@@ -265,7 +309,7 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
                         &p,
                         &e.message,
                         attempt,
-                        &ctx.config,
+                        &cfg,
                         observed.now,
                     );
                     if let Some(ev) = event {
@@ -303,6 +347,65 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
     })
 }
 
+/// What completes a `spec.storage` claim: the PVC's own class and modes once it exists;
+/// before, the class (the DataVolume's if it exists, else the default class) and, when a mode is
+/// missing, its StorageProfile's status.
+async fn storage_defaults(
+    dv: &DataVolume,
+    pvc: Option<&PersistentVolumeClaim>,
+    ctx: &Context,
+) -> Result<StorageDefaults> {
+    let Some(st) = &dv.spec.storage else {
+        return Ok(StorageDefaults::Builtin);
+    };
+    if let Some(spec) = pvc.and_then(|p| p.spec.as_ref()) {
+        return Ok(StorageDefaults::Existing {
+            class: spec.storage_class_name.clone(),
+            access_modes: spec.access_modes.clone().unwrap_or_default(),
+            volume_mode: spec.volume_mode.clone(),
+        });
+    }
+    let classes: Api<StorageClass> = Api::all(ctx.client.clone());
+    let class = match &st.storage_class_name {
+        Some(name) => kubeops::get(&classes, name).await?.map(|_| name.clone()),
+        None => {
+            let all = classes.list(&Default::default()).await?.items;
+            let disk_image = dv.spec.content_type != Some(ContentType::Archive);
+            default_class(&all, disk_image).and_then(|c| c.metadata.name.clone())
+        }
+    };
+    let profile = match &class {
+        Some(name) if st.access_modes.is_empty() || st.volume_mode.is_none() => {
+            let profiles: Api<StorageProfile> = Api::all(ctx.client.clone());
+            kubeops::get(&profiles, name).await?.and_then(|p| p.status)
+        }
+        _ => None,
+    };
+    Ok(StorageDefaults::Cluster { class, profile })
+}
+
+/// Copies the import proxy's trusted CA ConfigMap from Quarry's namespace next to the
+/// importer pod (CDI's `import-proxy-cm-<pvc>`), owned by the DataVolume.
+async fn copy_proxy_ca(dv: &DataVolume, ctx: &Context, ca: &str) -> Result<()> {
+    let source: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), names::NAMESPACE);
+    let found = source.get(ca).await?;
+    let ns = dv.namespace().unwrap_or_default();
+    let copy = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(pod::import_proxy_config_map(name(dv))),
+            namespace: Some(ns.clone()),
+            labels: Some(super::labels(dv)),
+            owner_references: super::owner_ref(dv).map(|o| vec![o]),
+            ..Default::default()
+        },
+        data: found.data,
+        binary_data: found.binary_data,
+        immutable: None,
+    };
+    let target: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+    kubeops::create(&target, &copy, &ctx.manager).await
+}
+
 /// API answers that refuse an object as written (admission, Pod Security, quota, validation):
 /// retrying at once cannot help.
 fn is_refusal(code: u16) -> bool {
@@ -332,12 +435,18 @@ async fn source_refs(dv: &DataVolume, ctx: &Context, ns: &str) -> Result<SourceR
         return Ok(SourceRefs::default());
     };
     let mut refs = SourceRefs::default();
+    let keys = |map: ConfigMap| -> Vec<String> {
+        let data = map.data.into_iter().flat_map(|d| d.into_keys());
+        data.chain(map.binary_data.into_iter().flat_map(|d| d.into_keys()))
+            .collect()
+    };
     if let Some(cm) = &src.cert_config_map {
         let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-        let map = api.get(cm).await?;
-        refs.ca_keys = map.data.iter().flat_map(|d| d.keys().cloned()).collect();
-        refs.ca_keys
-            .extend(map.binary_data.iter().flat_map(|d| d.keys().cloned()));
+        refs.ca_keys = keys(api.get(cm).await?);
+    }
+    if let Some(ca) = pod::proxy_ca(&ctx.settings()) {
+        let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), names::NAMESPACE);
+        refs.proxy_ca_keys = keys(api.get(ca).await?);
     }
     for secret in &src.secret_extra_headers {
         let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
@@ -375,10 +484,33 @@ async fn cleanup(dv: &DataVolume, ctx: &Context) -> Result<()> {
     kubeops::delete(&pods, &pod::importer_pod_name(name(dv))).await?;
     kubeops::delete(&pods, &pod::upload_name(name(dv))).await?;
     kubeops::delete(&services, &pod::upload_name(name(dv))).await?;
+    let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+    kubeops::delete(&config_maps, &pod::import_proxy_config_map(name(dv))).await?;
     if !super::pvc::retained(dv) {
         kubeops::delete(&pvcs, name(dv)).await?;
     }
     Ok(())
+}
+
+/// The DataVolumes that may wait for StorageProfile `profile`: those with `spec.storage` naming
+/// that class, or none, and no phase past Pending yet.
+fn waiting_for_profile(dvs: &[Arc<DataVolume>], profile: &str) -> Vec<ObjectRef<DataVolume>> {
+    dvs.iter()
+        .filter(|dv| {
+            let class = dv
+                .spec
+                .storage
+                .as_ref()
+                .map(|s| s.storage_class_name.as_deref());
+            let pending = dv
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_none_or(|p| p == crate::api::Phase::Pending);
+            pending && (class == Some(None) || class == Some(Some(profile)))
+        })
+        .map(|dv| ObjectRef::from_obj(dv.as_ref()))
+        .collect()
 }
 
 /// The DataVolume a PVC belongs to, from CDI's ownedByDataVolume annotation.
@@ -389,9 +521,28 @@ fn owner_of(pvc: PersistentVolumeClaim) -> Option<ObjectRef<DataVolume>> {
 }
 
 /// Runs the controller until the process is stopped, over every namespace (`namespace` None)
-/// or one.
-pub async fn run(client: Client, config: Config, metrics: Arc<Metrics>, namespace: Option<&str>) {
-    run_with(Arc::new(Context::new(client, config, metrics)), namespace).await
+/// or one, with the CDIConfig and StorageProfile reconcilers beside it (as CDI's
+/// cdi-deployment runs them). `overrides`: the flags given explicitly.
+pub async fn run(
+    client: Client,
+    config: Config,
+    overrides: Overrides,
+    metrics: Arc<Metrics>,
+    namespace: Option<&str>,
+) {
+    let mut ctx = Context::new(client, config, metrics);
+    ctx.overrides = overrides;
+    run_all(Arc::new(ctx), namespace).await
+}
+
+/// [`run_with`] and the CDIConfig and StorageProfile reconcilers on the same context.
+pub async fn run_all(ctx: Arc<Context>, namespace: Option<&str>) {
+    use crate::cdiconfig::controller::{run_config, run_profiles};
+    let config = tokio::spawn(run_config(ctx.clone()));
+    let profiles = tokio::spawn(run_profiles(ctx.clone()));
+    run_with(ctx, namespace).await;
+    config.abort();
+    profiles.abort();
 }
 
 /// [`run`] with a prepared context.
@@ -419,7 +570,19 @@ pub async fn run_with(ctx: Arc<Context>, namespace: Option<&str>) {
             predicates::generation.combine(predicates::finalizers),
             Default::default(),
         );
+    // A DataVolume waiting for its class's StorageProfile (no PVC yet) tries again as soon as
+    // a profile changes (as CDI's watch of StorageProfiles).
+    let waiting = reader.clone();
+    let profiles = watcher(
+        Api::<StorageProfile>::all(client.clone()),
+        Default::default(),
+    )
+    .default_backoff()
+    .touched_objects();
     let results = Controller::for_stream(trigger, reader)
+        .watches_stream(profiles, move |p: StorageProfile| {
+            waiting_for_profile(&waiting.state(), &p.name_any())
+        })
         .owns(api::<Pod>(&client, namespace), watcher::Config::default())
         .owns(
             api::<Service>(&client, namespace),
@@ -514,6 +677,40 @@ mod tests {
             fetch_progress(&ctx.http, "http://127.0.0.1:1/metrics", "uid-1").await,
             None
         );
+    }
+
+    #[test]
+    fn only_pending_storage_datavolumes_of_the_class_or_of_none_wait_for_a_profile() {
+        let with = |class: Option<&str>, phase: Option<crate::api::Phase>, name: &str| {
+            let mut d = dv();
+            d.metadata.name = Some(name.into());
+            d.spec.storage.as_mut().unwrap().storage_class_name = class.map(String::from);
+            d.status = phase.map(|p| crate::api::DataVolumeStatus {
+                phase: Some(p),
+                ..Default::default()
+            });
+            Arc::new(d)
+        };
+        let mut pvc_form = dv();
+        pvc_form.metadata.name = Some("pvc-form".into());
+        pvc_form.spec.storage = None;
+        let dvs = [
+            with(Some("local"), None, "new"),
+            with(Some("local"), Some(crate::api::Phase::Pending), "pending"),
+            with(None, None, "default-class"),
+            with(Some("other"), None, "other-class"),
+            with(
+                Some("local"),
+                Some(crate::api::Phase::ImportScheduled),
+                "started",
+            ),
+            Arc::new(pvc_form),
+        ];
+        let names: Vec<_> = waiting_for_profile(&dvs, "local")
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(names, ["new", "pending", "default-class"]);
     }
 
     #[tokio::test]

@@ -12,13 +12,14 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 
 use super::pod::{self, SourceRefs};
-use super::pvc::{self, Claim};
+use super::pvc::{self, Claim, StorageDefaults};
 use super::retry::classify;
 use super::source::{self, Source};
 use super::status::{self, PROGRESS_UNKNOWN, reason};
 use super::{Config, name};
 use crate::api::datavolume::{DataVolumeStatus, condition};
 use crate::api::{DataVolume, Phase};
+use crate::error::Error;
 
 /// What the controller saw of the DataVolume's objects.
 #[derive(Debug, Clone)]
@@ -35,6 +36,8 @@ pub struct Observed<'a> {
     pub progress: Option<f64>,
     /// Keys of the ConfigMap and Secrets the source references.
     pub refs: SourceRefs,
+    /// What completes a `spec.storage` claim (its StorageClass and StorageProfile).
+    pub storage: StorageDefaults,
     /// The current time.
     pub now: Timestamp,
 }
@@ -272,9 +275,14 @@ pub fn decide(dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) -> Decision {
         cleanup_after(&mut cx);
         return cx.finish();
     }
-    let checked = source::source(&dv.spec).and_then(|s| Ok((s, pvc::claim(dv, cfg)?)));
+    let checked =
+        source::source(&dv.spec).and_then(|s| Ok((s, pvc::claim(dv, cfg, &obs.storage)?)));
     let (src, claim) = match checked {
         Ok(v) => v,
+        Err(Error::ClaimNotValid(message)) => {
+            claim_not_valid(&mut cx, &message);
+            return cx.finish();
+        }
         Err(e) => {
             cx.fail(
                 reason::INVALID_SPEC,
@@ -306,6 +314,30 @@ pub fn decide(dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) -> Decision {
         Some(p) => follow_pod(&mut cx, p, work),
     }
     cx.finish()
+}
+
+/// The claim cannot be completed yet (CDI's ErrClaimNotValid): the DataVolume stays Pending, Bound
+/// says why, a Warning event says so when the message is new, and the claim is tried again after
+/// the first retry delay (a StorageClass or StorageProfile may appear or change meanwhile).
+fn claim_not_valid(cx: &mut Ctx<'_>, message: &str) {
+    let new = status::find(&cx.st.conditions, condition::BOUND)
+        .is_none_or(|c| c.message.as_deref() != Some(message));
+    cx.st.phase.get_or_insert(Phase::Pending);
+    for c in [condition::READY, condition::RUNNING] {
+        if status::find(&cx.st.conditions, c).is_none() {
+            cx.cond(c, false, "", "");
+        }
+    }
+    cx.cond(
+        condition::BOUND,
+        false,
+        reason::ERR_CLAIM_NOT_VALID,
+        message,
+    );
+    if new {
+        cx.event(true, reason::ERR_CLAIM_NOT_VALID, message.to_string());
+    }
+    cx.requeue = Some(cx.cfg.retry.delay(1));
 }
 
 /// Creates the PVC or follows its binding; true when a pod may use it.

@@ -21,7 +21,7 @@ use kube::ResourceExt;
 use provisioner::{CapacityRange, CreateVolume, PoolConfig, Provisioner};
 
 use super::pod::{SourceRefs, importer_pod_name, insecure_registry};
-use super::pvc::{Claim, VolumeMode, claim};
+use super::pvc::{Claim, StorageDefaults, VolumeMode, claim};
 use super::source::{ImportSource, Source, SourceKind, header, source};
 use super::{Action, Config, Observed, RetryPolicy, decide, name};
 use crate::api::{DataVolume, Phase};
@@ -417,6 +417,7 @@ pub fn apply(
             wait_for_first_consumer: false,
             progress: worker.as_ref().and_then(|_| progress.percent()),
             refs: SourceRefs::default(),
+            storage: StorageDefaults::Builtin,
             now: Timestamp::now(),
         };
         let d = decide(&dv, &observed, &cfg);
@@ -430,7 +431,7 @@ pub fn apply(
             acted = true;
             match action {
                 Action::CreatePvc(_) => {
-                    let c = claim(&dv, &cfg)?;
+                    let c = claim(&dv, &cfg, &StorageDefaults::Builtin)?;
                     prov.create_volume(&CreateVolume {
                         name: volume.clone(),
                         capacity: CapacityRange {
@@ -468,13 +469,13 @@ pub fn apply(
                 Source::Import(i) => import_request(
                     &i,
                     target,
-                    &claim(&dv, &cfg)?,
+                    &claim(&dv, &cfg, &StorageDefaults::Builtin)?,
                     dv.spec.preallocation == Some(true),
                     opts,
                 )?,
                 _ => {
                     let mut r = ImportRequest::new(SourceSpec::File("/dev/null".into()), target);
-                    let c = claim(&dv, &cfg)?;
+                    let c = claim(&dv, &cfg, &StorageDefaults::Builtin)?;
                     r.size = Some(c.size);
                     r.filesystem_overhead = Some(c.overhead);
                     r

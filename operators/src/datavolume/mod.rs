@@ -13,12 +13,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 
 use crate::api::DataVolume;
+use crate::api::cdi::ImportProxy;
 
 pub mod admission;
 pub mod controller;
@@ -68,7 +69,8 @@ pub enum UploadTls {
 
 pub mod upload_secret;
 
-/// Settings of the DataVolume controller (CDI's CDIConfig, and the pod image).
+/// Settings of the DataVolume controller (CDI's CDIConfig, and the pod image): the flags, or the
+/// CDI CR's `spec.config` with explicit flags over it ([`crate::cdiconfig`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Image with the `quarry` binary, for importer and upload pods.
@@ -94,6 +96,12 @@ pub struct Config {
     pub upload_tls: Option<UploadTls>,
     /// How often a running import's progress is read (CDI: every few seconds).
     pub progress_interval: Duration,
+    /// Proxy of importer pods (CDI's importProxy; unset fields: none).
+    pub import_proxy: ImportProxy,
+    /// Preallocate DataVolumes that do not say (CDI's global preallocation).
+    pub preallocation: bool,
+    /// Pull secrets of importer and upload pods.
+    pub image_pull_secrets: Vec<LocalObjectReference>,
 }
 
 impl Default for Config {
@@ -110,6 +118,9 @@ impl Default for Config {
             honor_wait_for_first_consumer: true,
             upload_tls: None,
             progress_interval: DEFAULT_PROGRESS_INTERVAL,
+            import_proxy: ImportProxy::default(),
+            preallocation: false,
+            image_pull_secrets: Vec::new(),
         }
     }
 }
@@ -126,9 +137,10 @@ impl Config {
 
 /// Every reason the controller would fail `dv` before running anything, one message each: the
 /// source and the claim checks the controller itself applies ([`source::source`],
-/// [`pvc::claim`]).
+/// [`pvc::claim`]). Modes a StorageProfile may still complete are not required here.
 pub fn validate(dv: &DataVolume, cfg: &Config) -> Result<(), Vec<String>> {
-    let errors: Vec<String> = [source::source(&dv.spec).err(), pvc::claim(dv, cfg).err()]
+    let claim = pvc::claim(dv, cfg, &pvc::StorageDefaults::Builtin);
+    let errors: Vec<String> = [source::source(&dv.spec).err(), claim.err()]
         .into_iter()
         .flatten()
         .map(|e| e.to_string())

@@ -36,6 +36,40 @@ const SECRET_DIR: &str = "/secret";
 const TLS_DIR: &str = "/tls";
 /// Upload proxy client CA.
 const CLIENT_CA_DIR: &str = "/client-ca";
+/// The import proxy's CA bundle (CDI's path), each key of the ConfigMap a file.
+const PROXY_CA_DIR: &str = "/proxycerts";
+
+/// Name of the copy of the import proxy's trusted CA ConfigMap next to a PVC (CDI's).
+pub fn import_proxy_config_map(pvc: &str) -> String {
+    format!("import-proxy-cm-{pvc}")
+}
+
+/// The proxy environment of an importer (CDI's variables), for the values that are set.
+fn proxy_env(p: &crate::api::cdi::ImportProxy) -> Vec<EnvVar> {
+    [
+        ("HTTP_PROXY", &p.http_proxy),
+        ("HTTPS_PROXY", &p.https_proxy),
+        ("NO_PROXY", &p.no_proxy),
+    ]
+    .into_iter()
+    .filter_map(|(name, v)| {
+        let v = v.as_deref().filter(|v| !v.is_empty())?;
+        Some(EnvVar {
+            name: name.into(),
+            value: Some(v.into()),
+            ..Default::default()
+        })
+    })
+    .collect()
+}
+
+/// The trusted CA ConfigMap of the import proxy, when one is set.
+pub fn proxy_ca(cfg: &Config) -> Option<&str> {
+    cfg.import_proxy
+        .trusted_ca_proxy
+        .as_deref()
+        .filter(|c| !c.is_empty())
+}
 
 /// Name of the importer pod of a PVC (CDI's).
 pub fn importer_pod_name(pvc: &str) -> String {
@@ -55,6 +89,8 @@ pub struct SourceRefs {
     pub ca_keys: Vec<String>,
     /// For each `secretExtraHeaders` Secret, its keys.
     pub header_secrets: Vec<(String, Vec<String>)>,
+    /// Keys of the import proxy's trusted CA ConfigMap.
+    pub proxy_ca_keys: Vec<String>,
 }
 
 /// Target path of the disk inside the pod.
@@ -129,7 +165,7 @@ pub fn import_args(
             args.push("--insecure".into());
         }
     }
-    if dv.spec.preallocation == Some(true) {
+    if dv.spec.preallocation.unwrap_or(cfg.preallocation) {
         args.push("--preallocate".into());
     }
     args.extend([
@@ -241,6 +277,8 @@ fn pod(
             volumes: Some(volumes),
             restart_policy: Some("Never".into()),
             priority_class_name: dv.spec.priority_class_name.clone(),
+            image_pull_secrets: (!cfg.image_pull_secrets.is_empty())
+                .then(|| cfg.image_pull_secrets.clone()),
             security_context: Some(restricted_pod()),
             ..Default::default()
         }),
@@ -307,7 +345,7 @@ fn secret_volume(vol: &str, secret: &str) -> Volume {
     }
 }
 
-/// The importer pod for an import source.
+/// The importer pod for an import source: with the import proxy, as CDI's.
 pub fn importer_pod(
     dv: &DataVolume,
     src: &ImportSource,
@@ -315,9 +353,40 @@ pub fn importer_pod(
     refs: &SourceRefs,
     cfg: &Config,
 ) -> Pod {
-    let (args, env) = import_args(dv, src, claim, refs, cfg);
+    importer_pod_via(dv, src, claim, refs, cfg, true)
+}
+
+fn importer_pod_via(
+    dv: &DataVolume,
+    src: &ImportSource,
+    claim: &Claim,
+    refs: &SourceRefs,
+    cfg: &Config,
+    proxied: bool,
+) -> Pod {
+    let (mut args, mut env) = import_args(dv, src, claim, refs, cfg);
     let mut mounts = Vec::new();
     let mut volumes = Vec::new();
+    if proxied {
+        env.extend(proxy_env(&cfg.import_proxy));
+        if proxy_ca(cfg).is_some() {
+            // Every key (CDI's is `ca.pem`), before the trailing options.
+            let at = args
+                .iter()
+                .position(|a| a == "--metrics-addr")
+                .unwrap_or(args.len());
+            let certs = refs
+                .proxy_ca_keys
+                .iter()
+                .flat_map(|key| ["--ca-cert".to_string(), format!("{PROXY_CA_DIR}/{key}")]);
+            args.splice(at..at, certs);
+            mounts.push(mount("cdi-proxy-cert-vol", PROXY_CA_DIR, true));
+            volumes.push(config_map_volume(
+                "cdi-proxy-cert-vol",
+                &import_proxy_config_map(name(dv)),
+            ));
+        }
+    }
     if let Some(cm) = &src.cert_config_map {
         mounts.push(mount("cdi-cert-vol", CERT_DIR, true));
         volumes.push(config_map_volume("cdi-cert-vol", cm));
@@ -346,7 +415,7 @@ pub fn blank_pod(dv: &DataVolume, claim: &Claim, cfg: &Config) -> Pod {
         url: "/dev/null".into(),
         ..Default::default()
     };
-    importer_pod(dv, &src, claim, &SourceRefs::default(), cfg)
+    importer_pod_via(dv, &src, claim, &SourceRefs::default(), cfg, false)
 }
 
 /// The upload server pod: `quarry upload-server` writing into the volume, TLS from the

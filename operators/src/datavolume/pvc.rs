@@ -1,5 +1,6 @@
-//! The PVC a DataVolume asks for: `spec.pvc` taken literally, or `spec.storage` with CDI's
-//! defaults (ReadWriteOnce, Filesystem) and its size inflated by the filesystem overhead.
+//! The PVC a DataVolume asks for: `spec.pvc` taken literally, or `spec.storage` completed as
+//! CDI does (the class's StorageProfile gives missing access and volume modes; without a cluster,
+//! ReadWriteOnce and Filesystem) and its size inflated by the filesystem overhead.
 
 use std::collections::BTreeMap;
 
@@ -11,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::{Config, labels};
 use crate::api::DataVolume;
+use crate::api::cdi::StorageProfileStatus;
 use crate::error::{Error, Result};
 
 /// CDI aligns requested sizes to this before adding the filesystem overhead.
@@ -26,6 +28,14 @@ pub enum VolumeMode {
 }
 
 impl VolumeMode {
+    /// The API's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VolumeMode::Filesystem => "Filesystem",
+            VolumeMode::Block => "Block",
+        }
+    }
+
     fn parse(s: Option<&str>) -> Result<Self> {
         match s {
             None | Some("Filesystem") => Ok(VolumeMode::Filesystem),
@@ -55,6 +65,85 @@ pub struct Claim {
     pub mode: VolumeMode,
     /// The filesystem overhead the importer must keep (0 for block volumes).
     pub overhead: f64,
+}
+
+/// What completes a `spec.storage` claim.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum StorageDefaults {
+    /// No cluster to ask (`quarry apply`): ReadWriteOnce and Filesystem.
+    #[default]
+    Builtin,
+    /// What the cluster says: the claim's StorageClass (the DataVolume's if it exists, else the
+    /// default class; None: neither exists) and that class's StorageProfile status (None: no
+    /// profile yet). Once the PVC exists, its own class and modes.
+    Cluster {
+        /// The StorageClass found.
+        class: Option<String>,
+        /// Its StorageProfile's status.
+        profile: Option<StorageProfileStatus>,
+    },
+    /// The PVC exists: its class and modes, as created.
+    Existing {
+        /// Its StorageClass.
+        class: Option<String>,
+        /// Its access modes.
+        access_modes: Vec<String>,
+        /// Its volume mode.
+        volume_mode: Option<String>,
+    },
+}
+
+/// CDI's message when a claim without access modes has no StorageClass to take them from.
+pub const NO_CLASS_FOR_ACCESS_MODES: &str =
+    "PVC spec is missing accessMode and no storageClass to choose profile";
+
+/// Access and volume modes of a `spec.storage` claim, completed from the class's profile as
+/// CDI's renderPvcSpecVolumeModeAndAccessModesAndStorageClass does: both missing take the first
+/// claim property set; missing access modes take those of the first set with the volume mode
+/// (else the first set's); a missing volume mode takes that of the first set sharing an access
+/// mode (else the first set's, else Filesystem).
+fn complete_modes(
+    access: &[String],
+    volume: Option<&str>,
+    class: &str,
+    profile: Option<&StorageProfileStatus>,
+) -> Result<(Vec<String>, Option<String>)> {
+    let sets = profile.map(|p| p.profile.claim_property_sets.as_slice());
+    let with_access = || {
+        sets.into_iter()
+            .flatten()
+            .filter(|s| !s.access_modes.is_empty())
+    };
+    match (access.is_empty(), volume) {
+        (false, Some(v)) => Ok((access.to_vec(), Some(v.to_string()))),
+        (true, None) => with_access()
+            .next()
+            .map(|s| (s.access_modes.clone(), s.volume_mode.clone()))
+            .ok_or_else(|| {
+                Error::ClaimNotValid(format!(
+                    "Spec is missing accessMode and volumeMode, cannot get access mode from StorageProfile {class}"
+                ))
+            }),
+        (true, Some(v)) => with_access()
+            .find(|s| s.volume_mode.as_deref() == Some(v))
+            .or_else(|| with_access().next())
+            .map(|s| (s.access_modes.clone(), Some(v.to_string())))
+            .ok_or_else(|| {
+                Error::ClaimNotValid(format!(
+                    "Spec is missing accessMode and cannot get access mode from StorageProfile {class}"
+                ))
+            }),
+        (false, None) => {
+            let sets = sets.ok_or_else(|| {
+                Error::ClaimNotValid(format!("cannot get StorageProfile {class}"))
+            })?;
+            let shared = sets
+                .iter()
+                .find(|s| s.access_modes.iter().any(|m| access.contains(m)))
+                .or(sets.first());
+            Ok((access.to_vec(), shared.and_then(|s| s.volume_mode.clone())))
+        }
+    }
 }
 
 fn requested_size(res: Option<&VolumeResourceRequirements>, field: &str) -> Result<u64> {
@@ -99,8 +188,9 @@ fn check_access_modes(modes: &[String], field: &str, exactly_one: bool) -> Resul
     }
 }
 
-/// The claim for a DataVolume, from `spec.pvc` or `spec.storage`.
-pub fn claim(dv: &DataVolume, cfg: &Config) -> Result<Claim> {
+/// The claim for a DataVolume, from `spec.pvc` or `spec.storage` (completed by `defaults`).
+/// [`Error::ClaimNotValid`] when the cluster gives no access modes yet.
+pub fn claim(dv: &DataVolume, cfg: &Config, defaults: &StorageDefaults) -> Result<Claim> {
     match (&dv.spec.pvc, &dv.spec.storage) {
         (Some(_), Some(_)) => Err(Error::invalid("spec.pvc and spec.storage are exclusive")),
         (None, None) => Err(Error::invalid("spec.pvc or spec.storage is required")),
@@ -124,24 +214,53 @@ pub fn claim(dv: &DataVolume, cfg: &Config) -> Result<Claim> {
             })
         }
         (None, Some(st)) => {
-            let mode = VolumeMode::parse(st.volume_mode.as_deref())?;
             let requested = requested_size(st.resources.as_ref(), "spec.storage")?;
             check_access_modes(&st.access_modes, "spec.storage", false)?;
-            let class = st
-                .storage_class_name
-                .clone()
-                .or_else(|| cfg.default_storage_class.clone());
+            let (class, access_modes, volume_mode) = match defaults {
+                StorageDefaults::Builtin => {
+                    let access = if st.access_modes.is_empty() {
+                        vec!["ReadWriteOnce".to_string()]
+                    } else {
+                        st.access_modes.clone()
+                    };
+                    let class = st
+                        .storage_class_name
+                        .clone()
+                        .or_else(|| cfg.default_storage_class.clone());
+                    (class, access, st.volume_mode.clone())
+                }
+                StorageDefaults::Existing {
+                    class,
+                    access_modes,
+                    volume_mode,
+                } => (class.clone(), access_modes.clone(), volume_mode.clone()),
+                StorageDefaults::Cluster { class: None, .. } => {
+                    if st.access_modes.is_empty() {
+                        return Err(Error::ClaimNotValid(NO_CLASS_FOR_ACCESS_MODES.into()));
+                    }
+                    let class = st.storage_class_name.clone();
+                    (class, st.access_modes.clone(), st.volume_mode.clone())
+                }
+                StorageDefaults::Cluster {
+                    class: Some(class),
+                    profile,
+                } => {
+                    let (access, volume) = complete_modes(
+                        &st.access_modes,
+                        st.volume_mode.as_deref(),
+                        class,
+                        profile.as_ref(),
+                    )?;
+                    (Some(class.clone()), access, volume)
+                }
+            };
+            let mode = VolumeMode::parse(volume_mode.as_deref())?;
             let (size, overhead) = match mode {
                 VolumeMode::Filesystem => {
                     let o = cfg.overhead(class.as_deref());
                     (required_space(requested, o), o)
                 }
                 VolumeMode::Block => (requested.div_ceil(ALIGN) * ALIGN, 0.0),
-            };
-            let access_modes = if st.access_modes.is_empty() {
-                vec!["ReadWriteOnce".to_string()]
-            } else {
-                st.access_modes.clone()
             };
             let mut requests = BTreeMap::new();
             requests.insert("storage".to_string(), Quantity(size.to_string()));
@@ -155,13 +274,7 @@ pub fn claim(dv: &DataVolume, cfg: &Config) -> Result<Claim> {
                     }),
                     volume_name: st.volume_name.clone(),
                     storage_class_name: class,
-                    volume_mode: Some(
-                        match mode {
-                            VolumeMode::Filesystem => "Filesystem",
-                            VolumeMode::Block => "Block",
-                        }
-                        .into(),
-                    ),
+                    volume_mode: Some(mode.as_str().into()),
                     data_source: st.data_source.clone(),
                     data_source_ref: st.data_source_ref.clone(),
                     ..Default::default()
@@ -215,7 +328,7 @@ pub fn retained(dv: &DataVolume) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::DataVolumeSpec;
     use crate::api::datavolume::StorageSpec;
@@ -245,6 +358,7 @@ mod tests {
                 ..Default::default()
             }),
             &Config::default(),
+            &StorageDefaults::Builtin,
         )
         .unwrap();
         let with = |source: DataVolumeSource| {
@@ -305,7 +419,7 @@ mod tests {
             }),
             ..Default::default()
         });
-        let c = claim(&d, &cfg).unwrap();
+        let c = claim(&d, &cfg, &StorageDefaults::Builtin).unwrap();
         assert_eq!(c.mode, VolumeMode::Filesystem);
         assert_eq!(c.size, 1_136_234_735);
         assert_eq!(
@@ -334,11 +448,11 @@ mod tests {
             }),
             ..Default::default()
         });
-        let c = claim(&d, &cfg).unwrap();
+        let c = claim(&d, &cfg, &StorageDefaults::Builtin).unwrap();
         assert_eq!(c.overhead, 0.1);
         assert_eq!(c.size, ((100u64 << 20) as f64 / 0.9).ceil() as u64);
         d.spec.storage.as_mut().unwrap().volume_mode = Some("Block".into());
-        let c = claim(&d, &cfg).unwrap();
+        let c = claim(&d, &cfg, &StorageDefaults::Builtin).unwrap();
         assert_eq!(
             (c.mode, c.size, c.overhead),
             (VolumeMode::Block, 100 << 20, 0.0)
@@ -358,7 +472,7 @@ mod tests {
             pvc: Some(spec.clone()),
             ..Default::default()
         });
-        let c = claim(&d, &Config::default()).unwrap();
+        let c = claim(&d, &Config::default(), &StorageDefaults::Builtin).unwrap();
         assert_eq!(c.spec, spec);
         assert_eq!((c.size, c.mode), (10 << 30, VolumeMode::Block));
     }
@@ -406,8 +520,126 @@ mod tests {
             (DataVolumeSpec::default(), "required"),
         ];
         for (spec, needle) in cases {
-            let e = claim(&dv(spec), &cfg).unwrap_err();
+            let e = claim(&dv(spec), &cfg, &StorageDefaults::Builtin).unwrap_err();
             assert!(e.to_string().contains(needle), "{e}");
         }
+    }
+
+    /// A profile status with these (access mode, volume mode) sets.
+    pub(crate) fn profile(sets: &[(&str, &str)]) -> StorageProfileStatus {
+        StorageProfileStatus {
+            profile: crate::api::cdi::StorageProfileSpec {
+                claim_property_sets: sets
+                    .iter()
+                    .map(|(a, v)| crate::api::cdi::ClaimPropertySet {
+                        access_modes: vec![a.to_string()],
+                        volume_mode: Some(v.to_string()),
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn modes(
+        access: &[&str],
+        volume: Option<&str>,
+        p: Option<&StorageProfileStatus>,
+    ) -> Result<(Vec<String>, Option<String>)> {
+        let access: Vec<String> = access.iter().map(|a| a.to_string()).collect();
+        complete_modes(&access, volume, "local", p)
+    }
+
+    fn ok(access: &str, volume: Option<&str>) -> (Vec<String>, Option<String>) {
+        (vec![access.to_string()], volume.map(String::from))
+    }
+
+    #[test]
+    fn both_modes_missing_take_the_profiles_first_set() {
+        let p = profile(&[("ReadWriteMany", "Block"), ("ReadWriteOnce", "Filesystem")]);
+        assert_eq!(
+            modes(&[], None, Some(&p)).unwrap(),
+            ok("ReadWriteMany", Some("Block"))
+        );
+        let e = modes(&[], None, Some(&profile(&[]))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Spec is missing accessMode and volumeMode, cannot get access mode from StorageProfile local"
+        );
+        assert!(matches!(
+            modes(&[], None, None),
+            Err(Error::ClaimNotValid(_))
+        ));
+    }
+
+    #[test]
+    fn missing_access_modes_take_those_of_the_volume_mode_else_the_first() {
+        let p = profile(&[("ReadWriteMany", "Block"), ("ReadWriteOnce", "Filesystem")]);
+        assert_eq!(
+            modes(&[], Some("Filesystem"), Some(&p)).unwrap(),
+            ok("ReadWriteOnce", Some("Filesystem"))
+        );
+        let only_block = profile(&[("ReadWriteMany", "Block")]);
+        assert_eq!(
+            modes(&[], Some("Filesystem"), Some(&only_block)).unwrap(),
+            ok("ReadWriteMany", Some("Filesystem"))
+        );
+        let e = modes(&[], Some("Block"), None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Spec is missing accessMode and cannot get access mode from StorageProfile local"
+        );
+    }
+
+    #[test]
+    fn a_missing_volume_mode_takes_that_of_a_set_sharing_an_access_mode() {
+        let p = profile(&[("ReadWriteMany", "Block"), ("ReadWriteOnce", "Filesystem")]);
+        assert_eq!(
+            modes(&["ReadWriteOnce"], None, Some(&p)).unwrap(),
+            ok("ReadWriteOnce", Some("Filesystem"))
+        );
+        assert_eq!(
+            modes(&["ReadOnlyMany"], None, Some(&p)).unwrap(),
+            ok("ReadOnlyMany", Some("Block"))
+        );
+        // An empty profile leaves it to Kubernetes (Filesystem); no profile at all waits.
+        assert_eq!(
+            modes(&["ReadWriteOnce"], None, Some(&profile(&[]))).unwrap(),
+            ok("ReadWriteOnce", None)
+        );
+        assert!(modes(&["ReadWriteOnce"], None, None).is_err());
+    }
+
+    #[test]
+    fn the_cluster_class_sets_the_claims_class_and_overhead() {
+        let mut cfg = Config::default();
+        cfg.filesystem_overhead_per_class.insert("fast".into(), 0.1);
+        let d = dv(DataVolumeSpec {
+            storage: Some(StorageSpec {
+                resources: resources("100Mi"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let defaults = StorageDefaults::Cluster {
+            class: Some("fast".into()),
+            profile: Some(profile(&[("ReadWriteOnce", "Filesystem")])),
+        };
+        let c = claim(&d, &cfg, &defaults).unwrap();
+        assert_eq!(c.spec.storage_class_name.as_deref(), Some("fast"));
+        assert_eq!(c.overhead, 0.1);
+        // Without any class, access modes given by the DataVolume are enough.
+        let mut d = d;
+        d.spec.storage.as_mut().unwrap().access_modes = vec!["ReadWriteOnce".into()];
+        let none = StorageDefaults::Cluster {
+            class: None,
+            profile: None,
+        };
+        let c = claim(&d, &cfg, &none).unwrap();
+        assert_eq!(
+            (c.spec.storage_class_name, c.mode),
+            (None, VolumeMode::Filesystem)
+        );
     }
 }

@@ -35,6 +35,9 @@ pub mod reason {
     pub const ERR_CLAIM_LOST: &str = "ErrClaimLost";
     /// Condition: the spec is invalid.
     pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// The claim cannot be completed yet: no StorageClass or StorageProfile gives its access
+    /// modes (CDI's event reason).
+    pub const ERR_CLAIM_NOT_VALID: &str = "ErrClaimNotValid";
     /// Ready while the transfer runs.
     pub const TRANSFER_RUNNING: &str = "TransferRunning";
     /// Bound: the PVC is bound.

@@ -126,6 +126,7 @@ fn obs<'a>(pvc: Option<&'a PersistentVolumeClaim>, pod: Option<&'a Pod>) -> Obse
         wait_for_first_consumer: false,
         progress: None,
         refs: SourceRefs::default(),
+        storage: Default::default(),
         now: t0(),
     }
 }
@@ -510,6 +511,7 @@ fn importer_pod_for_http_with_credentials_ca_headers_and_checksum() {
     let refs = SourceRefs {
         ca_keys: vec!["ca.pem".into()],
         header_secrets: vec![("hdrs".into(), vec!["h1".into()])],
+        ..SourceRefs::default()
     };
     let bound = pvc("Bound");
     let o = Observed {
@@ -682,7 +684,7 @@ fn an_upload_pod_with_issued_tls_mounts_its_own_secret_and_requires_the_proxy_cl
         ..Config::default()
     };
     let dv = upload_dv();
-    let claim = pvc::claim(&dv, &cfg).unwrap();
+    let claim = pvc::claim(&dv, &cfg, &pvc::StorageDefaults::Builtin).unwrap();
     let p = pod::upload_pod(&dv, &claim, &cfg, "pvc-uid");
     assert_eq!(
         args(&p)[9..],
@@ -711,7 +713,7 @@ fn upload_pod_runs_the_upload_server_with_tls_and_the_service_maps_443() {
         ..Config::default()
     };
     let dv = upload_dv();
-    let claim = pvc::claim(&dv, &cfg).unwrap();
+    let claim = pvc::claim(&dv, &cfg, &Default::default()).unwrap();
     let p = pod::upload_pod(&dv, &claim, &cfg, "pvc-uid");
     assert_eq!(
         args(&p),
@@ -818,4 +820,142 @@ fn a_refused_pod_sets_running_with_the_apis_message_once_and_backs_off() {
     let (ev, delay) = decide::pod_refused(&mut st, &p, msg, 2, &cfg, t0());
     assert!(ev.is_none());
     assert_eq!(delay, cfg.retry.delay(2));
+}
+
+use super::pvc::tests::profile;
+
+#[test]
+fn a_claim_without_access_modes_waits_for_a_profile_with_cdis_message_once() {
+    let cfg = Config::default();
+    let mut dv = http_dv();
+    let o = Observed {
+        storage: pvc::StorageDefaults::Cluster {
+            class: Some("local".into()),
+            profile: Some(profile(&[])),
+        },
+        ..obs(None, None)
+    };
+    let d = step(&mut dv, &o, &cfg);
+    assert!(
+        d.actions.iter().all(|a| matches!(a, Action::Event(_))),
+        "{:?}",
+        d.actions
+    );
+    let msg = "Spec is missing accessMode and volumeMode, cannot get access mode from StorageProfile local";
+    assert_eq!(events(&d), [(true, "ErrClaimNotValid".to_string())]);
+    assert_eq!(d.status.phase, Some(Phase::Pending));
+    let bound = cond(&d, "Bound");
+    assert_eq!(
+        (bound.reason.as_deref(), bound.message.as_deref()),
+        (Some("ErrClaimNotValid"), Some(msg))
+    );
+    assert_eq!(d.requeue, Some(cfg.retry.delay(1)));
+    // The same message again: no second event.
+    assert!(events(&step(&mut dv, &o, &cfg)).is_empty());
+    // No StorageClass at all.
+    let o = Observed {
+        storage: pvc::StorageDefaults::Cluster {
+            class: None,
+            profile: None,
+        },
+        ..obs(None, None)
+    };
+    let d = step(&mut dv, &o, &cfg);
+    assert_eq!(
+        cond(&d, "Bound").message.as_deref(),
+        Some(pvc::NO_CLASS_FOR_ACCESS_MODES)
+    );
+    // Once the profile knows the class, the PVC is created with its first set.
+    let o = Observed {
+        storage: pvc::StorageDefaults::Cluster {
+            class: Some("local".into()),
+            profile: Some(profile(&[
+                ("ReadWriteMany", "Block"),
+                ("ReadWriteOnce", "Filesystem"),
+            ])),
+        },
+        ..obs(None, None)
+    };
+    let d = step(&mut dv, &o, &cfg);
+    let Some(Action::CreatePvc(p)) = d.actions.first() else {
+        panic!("{:?}", d.actions)
+    };
+    let spec = p.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.access_modes.as_deref(),
+        Some(&["ReadWriteMany".to_string()][..])
+    );
+    assert_eq!(spec.volume_mode.as_deref(), Some("Block"));
+    assert_eq!(spec.storage_class_name.as_deref(), Some("local"));
+}
+
+#[test]
+fn importer_pods_get_the_import_proxy_resources_pull_secrets_and_global_preallocation() {
+    let cfg = Config {
+        import_proxy: crate::api::cdi::ImportProxy {
+            http_proxy: Some("http://proxy:3128".into()),
+            https_proxy: Some("http://proxy:3129".into()),
+            no_proxy: Some(String::new()),
+            trusted_ca_proxy: Some("proxy-ca".into()),
+        },
+        resources: Some(crate::cdiconfig::settings::pod_resources(None)),
+        image_pull_secrets: vec![k8s_openapi::api::core::v1::LocalObjectReference {
+            name: "pull".into(),
+        }],
+        preallocation: true,
+        ..Config::default()
+    };
+    let bound = pvc("Bound");
+    let o = Observed {
+        refs: SourceRefs {
+            proxy_ca_keys: vec!["ca.pem".into()],
+            ..SourceRefs::default()
+        },
+        ..obs(Some(&bound), None)
+    };
+    let d = decide(&http_dv(), &o, &cfg);
+    let p = created_pod(&d);
+    let spec = p.spec.as_ref().unwrap();
+    let c = &spec.containers[0];
+    let env: Vec<_> = c
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        env,
+        [
+            ("HTTP_PROXY", "http://proxy:3128"),
+            ("HTTPS_PROXY", "http://proxy:3129")
+        ],
+        "an empty noProxy sets no variable"
+    );
+    let a = args(p).join(" ");
+    assert!(a.contains("--ca-cert /proxycerts/ca.pem"), "{a}");
+    assert!(a.contains("--preallocate"), "{a}");
+    let vol = spec
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == "cdi-proxy-cert-vol")
+        .unwrap();
+    assert_eq!(
+        vol.config_map.as_ref().unwrap().name,
+        "import-proxy-cm-fedora"
+    );
+    assert_eq!(c.resources, Some(default_resources()));
+    assert_eq!(spec.image_pull_secrets.as_ref().unwrap()[0].name, "pull");
+    // The DataVolume's own preallocation wins; blank disks get no proxy.
+    let mut dv = http_dv();
+    dv.spec.preallocation = Some(false);
+    let a = args(created_pod(&decide(&dv, &obs(Some(&bound), None), &cfg))).join(" ");
+    assert!(!a.contains("--preallocate"), "{a}");
+    let blank = dv_with(DataVolumeSource {
+        blank: Some(Empty {}),
+        ..Default::default()
+    });
+    let p = created_pod(&decide(&blank, &obs(Some(&bound), None), &cfg)).clone();
+    assert!(p.spec.unwrap().containers[0].env.is_none());
 }

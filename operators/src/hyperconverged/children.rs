@@ -6,7 +6,7 @@
 //! Node placement goes where HCO puts it: `spec.infra.nodePlacement` to CDI's `spec.infra`,
 //! KubeVirt's `spec.infra.nodePlacement`, SSP's `spec.templateValidator.placement` and
 //! NetworkAddonsConfig's `spec.placementConfiguration.infra`; `spec.workloads.nodePlacement` to
-//! CDI's `spec.workloads`, KubeVirt's `spec.workloads.nodePlacement`,
+//! CDI's `spec.workload`, KubeVirt's `spec.workloads.nodePlacement`,
 //! `spec.placementConfiguration.workloads` and the HostPathProvisioner's `spec.workload`.
 
 use std::collections::BTreeMap;
@@ -238,7 +238,7 @@ pub fn cnao_placement(
 }
 
 /// The CDI child: HCO's storage settings propagated into `spec.config` and `spec.certConfig`,
-/// and the placements as `spec.infra` and `spec.workloads`.
+/// and the placements as `spec.infra` and `spec.workload` (CDI's name, singular).
 pub fn cdi(hc: &HyperConverged) -> DynamicObject {
     let s = &hc.spec;
     let cert = cert_config(hc);
@@ -257,7 +257,7 @@ pub fn cdi(hc: &HyperConverged) -> DynamicObject {
         },
         "uninstallStrategy": "BlockUninstallIfWorkloadsExist",
         "infra": infra(hc),
-        "workloads": workloads(hc),
+        "workload": workloads(hc),
     });
     object(hc, CDI, drop_nulls(spec))
 }
@@ -365,7 +365,7 @@ mod tests {
         let h = placed(Some(infra.clone()), Some(workloads.clone()));
         let spec = |o: DynamicObject| o.data["spec"].clone();
         let cdi = spec(cdi(&h));
-        assert_eq!((&cdi["infra"], &cdi["workloads"]), (&infra, &workloads));
+        assert_eq!((&cdi["infra"], &cdi["workload"]), (&infra, &workloads));
         let kv = spec(kubevirt(&h));
         assert_eq!(kv["infra"], json!({ "nodePlacement": infra }));
         assert_eq!(kv["workloads"], json!({ "nodePlacement": workloads }));
@@ -432,5 +432,19 @@ mod tests {
         assert_eq!(rot["server"]["duration"], "6h0m0s");
         assert_eq!(rot["server"]["renewBefore"], "12h0m0s");
         assert_eq!(rot["ca"]["duration"], "48h0m0s");
+    }
+
+    #[test]
+    fn the_cdi_child_reads_as_a_typed_cdi_whose_config_the_datavolume_controller_takes() {
+        let child = serde_json::to_value(cdi(&hc(None))).unwrap();
+        let typed: crate::api::Cdi = serde_json::from_value(child).unwrap();
+        let config = typed.spec.config.unwrap();
+        assert_eq!(config.feature_gates, ["HonorWaitForFirstConsumer"]);
+        let settings = crate::cdiconfig::settings::effective(
+            &Default::default(),
+            Some(&config),
+            &Default::default(),
+        );
+        assert!(settings.honor_wait_for_first_consumer);
     }
 }

@@ -588,7 +588,8 @@ async fn an_upload_pod_gets_a_certificate_of_the_upload_server_signer_in_a_secre
         "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
         "metadata": {"name": "up"},
         "spec": {"source": {"upload": {}},
-                 "storage": {"resources": {"requests": {"storage": "1Gi"}}}}}))
+                 "storage": {"accessModes": ["ReadWriteOnce"],
+                             "resources": {"requests": {"storage": "1Gi"}}}}}))
     .unwrap();
     let dv = dvs.create(&PostParams::default(), &dv).await.unwrap();
     super::support::bind_pvc(&admin, &ns, "up").await;

@@ -70,7 +70,9 @@ fn dv(name: &str, source: serde_json::Value) -> DataVolume {
     serde_json::from_value(json!({
         "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
         "metadata": {"name": name},
-        "spec": {"source": source, "storage": {"resources": {"requests": {"storage": "1Gi"}}}}
+        // Access modes given: the shared server has no StorageClass to take them from.
+        "spec": {"source": source, "storage": {"accessModes": ["ReadWriteOnce"],
+                 "resources": {"requests": {"storage": "1Gi"}}}}
     }))
     .unwrap()
 }

@@ -10,7 +10,9 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, CustomResourceExt};
-use operators::api::{DataVolume, HostPathProvisioner, HyperConverged};
+use operators::api::{
+    Cdi, CdiConfig, DataVolume, HostPathProvisioner, HyperConverged, StorageProfile,
+};
 use serde_json::{Value, json};
 use testkit::kube::KubeApiServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -39,12 +41,14 @@ pub async fn namespace(prefix: &str, labels: &[(&str, &str)]) -> Option<(Client,
     Some((server.client(), server.namespace(prefix, labels).await))
 }
 
-/// Applies the DataVolume, HyperConverged and HostPathProvisioner CRDs (idempotent) and waits
-/// until the server serves them.
+/// Applies the project's CRDs (idempotent) and waits until the server serves them.
 pub async fn install_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in [
         DataVolume::crd(),
+        Cdi::crd(),
+        CdiConfig::crd(),
+        StorageProfile::crd(),
         HyperConverged::crd(),
         HostPathProvisioner::crd(),
     ] {
