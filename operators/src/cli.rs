@@ -23,6 +23,48 @@ pub struct ControllerArgs {
     /// Serve Prometheus reconcile metrics on this address (`/metrics`).
     #[arg(long, global = true, default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
+    /// Reconcile only while holding the controller's Lease (`<component>-leader`), so that
+    /// several replicas are safe; the identity is $POD_NAME (else the host name).
+    #[arg(long, global = true)]
+    pub leader_elect: bool,
+    /// Namespace of the Lease [default: $POD_NAMESPACE, else `quarry`].
+    #[arg(long, global = true)]
+    pub leader_elect_namespace: Option<String>,
+}
+
+impl ControllerArgs {
+    /// The component (Deployment, ServiceAccount and Lease name) of the chosen controller.
+    pub fn component(&self) -> &'static str {
+        use crate::names::component;
+        match self.which {
+            Which::Datavolume(_) => component::DATAVOLUME_CONTROLLER,
+            Which::Hyperconverged(_) => component::HYPERCONVERGED_CONTROLLER,
+            Which::Hostpath(_) => component::HOSTPATH_CONTROLLER,
+        }
+    }
+
+    /// The leader-election candidate, when asked for.
+    fn elector(&self, client: &kube::Client) -> Option<crate::leader::Elector> {
+        if !self.leader_elect {
+            return None;
+        }
+        let namespace = self
+            .leader_elect_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .unwrap_or_else(|| crate::names::NAMESPACE.into());
+        let identity = std::env::var("POD_NAME")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| format!("{}-{}", self.component(), std::process::id()));
+        Some(crate::leader::Elector::new(
+            client.clone(),
+            &namespace,
+            &crate::names::lease(self.component()),
+            &identity,
+            crate::leader::Timing::default(),
+        ))
+    }
 }
 
 /// The controllers.
@@ -154,18 +196,31 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     let bound = crate::metrics::serve(args.metrics_addr, metrics.clone()).await?;
     tracing::info!(%bound, "serving metrics");
-    match args.which {
+    // Every replica serves the webhook (its Service reaches any of them); only the leader
+    // reconciles.
+    if let Which::Hyperconverged(a) = &args.which
+        && let Some(addr) = a.webhook_addr
+    {
+        let tls = a.webhook_tls_cert.clone().zip(a.webhook_tls_key.clone());
+        let bound =
+            crate::hyperconverged::webhook::serve(addr, tls, Some(a.namespace.clone())).await?;
+        tracing::info!(%bound, "serving the HyperConverged webhook");
+    }
+    let elector = args.elector(&client);
+    let work = run_controller(args.which, client, metrics);
+    match elector {
+        Some(elector) => elector.lead(work).await,
+        None => work.await,
+    }
+}
+
+/// Runs the chosen controller until the process is stopped.
+async fn run_controller(which: Which, client: kube::Client, metrics: Arc<Metrics>) -> Result<()> {
+    match which {
         Which::Datavolume(a) => {
             crate::datavolume::controller::run(client, a.config(), metrics, None).await
         }
         Which::Hyperconverged(a) => {
-            if let Some(addr) = a.webhook_addr {
-                let tls = a.webhook_tls_cert.clone().zip(a.webhook_tls_key.clone());
-                let bound =
-                    crate::hyperconverged::webhook::serve(addr, tls, Some(a.namespace.clone()))
-                        .await?;
-                tracing::info!(%bound, "serving the HyperConverged webhook");
-            }
             crate::hyperconverged::controller::run(client, a.namespace, metrics).await
         }
         Which::Hostpath(a) => {

@@ -41,6 +41,14 @@ pub enum Error {
         /// Parser message.
         message: String,
     },
+    /// This replica stopped leading (leader election): it must stop reconciling.
+    #[error("lost the leader election Lease {lease}: {why}")]
+    LeaseLost {
+        /// The Lease.
+        lease: String,
+        /// What happened.
+        why: String,
+    },
     /// The provisioner refused or failed (local mode).
     #[error(transparent)]
     Provisioner(#[from] provisioner::Error),
@@ -51,7 +59,9 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidSpec(_) | Error::Yaml { .. } | Error::Config(_) => ErrorKind::Invalid,
-            Error::Kube(_) | Error::Finalizer(_) | Error::Io { .. } => ErrorKind::Transient,
+            Error::Kube(_) | Error::Finalizer(_) | Error::Io { .. } | Error::LeaseLost { .. } => {
+                ErrorKind::Transient
+            }
             Error::Provisioner(e) => match e.kind() {
                 provisioner::ErrorKind::Aborted | provisioner::ErrorKind::Internal => {
                     ErrorKind::Transient

@@ -8,4 +8,5 @@
 mod datavolume;
 mod hostpath;
 mod hyperconverged;
+mod leader;
 mod support;
