@@ -360,13 +360,16 @@ pub struct GenDeployArgs {
     /// Only check that the committed files are current (exit 1 when stale).
     #[arg(long)]
     pub check: bool,
+    /// The image of every component (kustomize `images:` can override it later).
+    #[arg(long, default_value = crate::deploy::DEFAULT_IMAGE)]
+    pub image: String,
 }
 
 /// Writes (or checks) the generated manifests; returns the files written or found stale.
 pub fn gen_deploy(args: &GenDeployArgs) -> Result<Vec<PathBuf>> {
     if args.check {
-        crate::deploy::stale(&args.root)
+        crate::deploy::stale(&args.root, &args.image)
     } else {
-        crate::deploy::write(&args.root)
+        crate::deploy::write(&args.root, &args.image)
     }
 }

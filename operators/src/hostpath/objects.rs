@@ -187,7 +187,8 @@ fn field_env(name: &str, path: &str) -> EnvVar {
     }
 }
 
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+/// An RBAC rule (no resourceNames).
+pub(crate) fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
     let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     PolicyRule {
         api_groups: Some(v(groups)),
