@@ -5,6 +5,7 @@
 //!
 //! Every test skips (printing why) where `../shared/kube/kube-apiserver.xz` or etcd is absent.
 
+mod bundle;
 mod datavolume;
 mod hostpath;
 mod hyperconverged;
