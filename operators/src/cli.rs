@@ -84,9 +84,10 @@ pub enum Which {
 /// `quarry controller datavolume`.
 #[derive(clap::Args, Debug)]
 pub struct DataVolumeArgs {
-    /// Image with the quarry binary, for importer and upload pods.
-    #[arg(long, default_value = "quay.io/quarry/quarry:latest")]
-    pub image: String,
+    /// Image with the quarry binary, for importer and upload pods [default: the image of this
+    /// controller's own pod ($POD_NAME), else quay.io/quarry/quarry:latest].
+    #[arg(long)]
+    pub image: Option<String>,
     /// Pull policy of that image.
     #[arg(long)]
     pub pull_policy: Option<String>,
@@ -143,9 +144,10 @@ pub struct HostPathArgs {
     /// Namespace of the driver's DaemonSet.
     #[arg(long, default_value = "quarry")]
     pub namespace: String,
-    /// Image with the quarry binary.
-    #[arg(long, default_value = "quay.io/quarry/quarry:latest")]
-    pub image: String,
+    /// Image with the quarry binary [default: the image of this controller's own pod
+    /// ($POD_NAME), else quay.io/quarry/quarry:latest].
+    #[arg(long)]
+    pub image: Option<String>,
 }
 
 fn parse_class_overhead(s: &str) -> std::result::Result<(String, f64), String> {
@@ -163,7 +165,10 @@ impl DataVolumeArgs {
     /// The controller configuration.
     pub fn config(&self) -> Config {
         Config {
-            image: self.image.clone(),
+            image: self
+                .image
+                .clone()
+                .unwrap_or_else(|| crate::deploy::DEFAULT_IMAGE.into()),
             pull_policy: self.pull_policy.clone(),
             filesystem_overhead: self.filesystem_overhead,
             filesystem_overhead_per_class: self.class_overhead.iter().cloned().collect(),
@@ -214,19 +219,45 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
     }
 }
 
+/// The image of this process's own pod ($POD_NAMESPACE/$POD_NAME, first container), so that
+/// the pods a controller makes run the image it runs: the bundle's one image setting (kustomize
+/// `images:`) then reaches them too. None outside a pod, or when the pod cannot be read.
+async fn own_image(client: &kube::Client) -> Option<String> {
+    let (name, ns) = (
+        std::env::var("POD_NAME").ok()?,
+        std::env::var("POD_NAMESPACE").ok()?,
+    );
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(client.clone(), &ns);
+    match pods.get(&name).await {
+        Ok(p) => p.spec?.containers.into_iter().next()?.image,
+        Err(e) => {
+            tracing::warn!(error = %e, pod = %name, "reading this pod's image");
+            None
+        }
+    }
+}
+
 /// Runs the chosen controller until the process is stopped.
 async fn run_controller(which: Which, client: kube::Client, metrics: Arc<Metrics>) -> Result<()> {
     match which {
-        Which::Datavolume(a) => {
+        Which::Datavolume(mut a) => {
+            if a.image.is_none() {
+                a.image = own_image(&client).await;
+            }
             crate::datavolume::controller::run(client, a.config(), metrics, None).await
         }
         Which::Hyperconverged(a) => {
             crate::hyperconverged::controller::run(client, a.namespace, metrics).await
         }
         Which::Hostpath(a) => {
+            let image = match a.image {
+                Some(i) => Some(i),
+                None => own_image(&client).await,
+            };
             let settings = Settings {
                 namespace: a.namespace,
-                image: a.image,
+                image: image.unwrap_or_else(|| crate::deploy::DEFAULT_IMAGE.into()),
                 ..Settings::default()
             };
             crate::hostpath::controller::run(client, settings, metrics).await

@@ -288,6 +288,95 @@ mod tests {
         );
     }
 
+    /// The Kubernetes release whose schemas the bundle is validated against (k8s-openapi's).
+    const SCHEMA_VERSION: &str = "1.34.0";
+
+    /// `scripts/validate-manifests.py` on `dir`: (passed, output). None (after saying why)
+    /// where PyPI's kubernetes-validate is not installed (scripts/setup.sh installs it).
+    fn validate(dir: &Path) -> Option<(bool, String)> {
+        let probe = std::process::Command::new("python3")
+            .args(["-c", "import kubernetes_validate, jsonschema, yaml"])
+            .output();
+        if !probe.is_ok_and(|o| o.status.success()) {
+            eprintln!("skipping: PyPI kubernetes-validate is not installed (scripts/setup.sh)");
+            return None;
+        }
+        let out = std::process::Command::new("python3")
+            .arg(repo_root().join("scripts/validate-manifests.py"))
+            .arg(SCHEMA_VERSION)
+            .arg(dir)
+            .output()
+            .expect("running python3");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        Some((out.status.success(), text))
+    }
+
+    #[test]
+    fn every_manifest_meets_the_kubernetes_schemas_strictly() {
+        let Some((ok, out)) = validate(&repo_root().join("deploy")) else {
+            return;
+        };
+        assert!(ok, "{out}");
+        assert!(
+            out.contains(" documents valid against Kubernetes 1.34.0"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn custom_resources_meet_their_crds_and_unknown_fields_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        for (rel, text) in crds().unwrap() {
+            let name = rel.file_name().unwrap();
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let hpp = yaml(&default_hostpath_provisioner()).unwrap();
+        std::fs::write(dir.path().join("hpp.yaml"), &hpp).unwrap();
+        let Some((ok, out)) = validate(dir.path()) else {
+            return;
+        };
+        assert!(ok, "{out}");
+        // An unknown field fails, in a custom resource and in a Kubernetes kind.
+        let bad_cr = hpp.replace("storagePools:", "storagePool:");
+        std::fs::write(dir.path().join("hpp.yaml"), bad_cr).unwrap();
+        let (_, deployment, _) = workloads::deployments(DEFAULT_IMAGE).remove(0);
+        let bad = yaml(&deployment).unwrap().replace("replicas:", "replica:");
+        std::fs::write(dir.path().join("deployment.yaml"), bad).unwrap();
+        let (ok, out) = validate(dir.path()).unwrap();
+        assert!(!ok, "{out}");
+        assert!(
+            out.contains("HostPathProvisioner") && out.contains("'storagePool' was unexpected"),
+            "{out}"
+        );
+        assert!(
+            out.contains("Deployment") && out.contains("'replica' was unexpected"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn the_image_is_one_setting() {
+        let image = "registry.example:5000/q/quarry:v2";
+        let files = manifests(image).unwrap();
+        let all: String = files.iter().map(|(_, t)| t.as_str()).collect();
+        assert!(
+            !all.contains(DEFAULT_IMAGE),
+            "the default image left somewhere"
+        );
+        let (_, kustomization) = files.last().unwrap();
+        assert!(
+            kustomization.contains("name: registry.example:5000/q/quarry")
+                && kustomization.contains("newTag: v2"),
+            "{kustomization}"
+        );
+        assert_eq!(split_image("quarry"), ("quarry", None));
+        assert_eq!(
+            split_image("q.io/quarry@sha256:ab"),
+            ("q.io/quarry", Some("sha256:ab"))
+        );
+    }
+
     #[test]
     fn every_manifest_parses_back_as_yaml_objects() {
         for (path, text) in manifests(DEFAULT_IMAGE).unwrap() {

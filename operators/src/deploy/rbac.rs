@@ -193,7 +193,11 @@ fn hostpath() -> Access {
         provisioner::DRIVER_NAME,
         &[],
     ));
-    let mut home = vec![rule(&["apps"], &["daemonsets"], &["list", "watch"])];
+    let mut home = vec![
+        rule(&["apps"], &["daemonsets"], &["list", "watch"]),
+        // Its own pod, for the image the driver runs.
+        rule(&[""], &["pods"], &["get"]),
+    ];
     home.extend(applied("apps", "daemonsets", DRIVER_APP, &[]));
     home.extend(applied("", "serviceaccounts", DRIVER_APP, &[]));
     home.extend(applied("", "configmaps", POOLS_CONFIG_MAP, &[]));
