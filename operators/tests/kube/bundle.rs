@@ -15,14 +15,14 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, pinned_kind};
 use kube::{Client, ResourceExt};
-use operators::api::{DataVolume, HostPathProvisioner, HyperConverged};
+use operators::api::{DataVolume, HostPathProvisioner};
 use operators::deploy::{self, DEFAULT_IMAGE};
 use operators::leader::{Elector, Timing};
 use operators::names::{self, NAMESPACE, component};
 use serde_json::{Value, json};
 use testkit::kube::{FRONT_PROXY_CLIENT, KubeApiServer, Options};
 
-use crate::support::{bind_pvc, pod, wait_for};
+use crate::support::{bind_pvc, established, hyperconverged_degraded, pod, wait_for};
 
 const MANAGER: &str = "quarry-bundle-test";
 
@@ -64,19 +64,6 @@ async fn apply(client: &Client, obj: &Value) -> Result<(), String> {
     .await
     .map(|_| ())
     .map_err(|e| format!("{what}: {e}"))
-}
-
-async fn established(client: &Client, name: &str) {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    wait_for(&format!("CRD {name} established"), || async {
-        let c = api.get(name).await.ok()?;
-        c.status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
-    })
-    .await;
 }
 
 /// A Pod made from `template` (a pod template), named `name`.
@@ -285,20 +272,7 @@ async fn hyperconverged(admin: &Client, client: Client) {
         NAMESPACE.into(),
         Arc::default(),
     ));
-    let api: Api<HyperConverged> = Api::namespaced(admin.clone(), NAMESPACE);
-    let hc: HyperConverged = serde_json::from_value(json!({
-        "apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
-        "metadata": {"name": "kubevirt-hyperconverged"}, "spec": {}
-    }))
-    .unwrap();
-    api.create(&PostParams::default(), &hc).await.unwrap();
-    let degraded = wait_for("Degraded", || async {
-        let st = api.get("kubevirt-hyperconverged").await.ok()?.status?;
-        st.conditions
-            .into_iter()
-            .find(|c| c.type_ == "Degraded" && c.status == "True")
-    })
-    .await;
+    let degraded = hyperconverged_degraded(admin, NAMESPACE).await;
     ctl.abort();
     assert!(
         degraded.message.contains("kubevirts.kubevirt.io"),

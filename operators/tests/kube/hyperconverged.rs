@@ -3,11 +3,7 @@
 
 use std::sync::Arc;
 
-use kube::api::{Api, PostParams};
-use operators::api::HyperConverged;
-use serde_json::json;
-
-use crate::support::{namespace, wait_for};
+use crate::support::{hyperconverged_degraded, namespace};
 
 #[tokio::test]
 async fn a_missing_child_crd_is_named_in_degraded() {
@@ -18,20 +14,7 @@ async fn a_missing_child_crd_is_named_in_degraded() {
     let ctl = tokio::spawn(async move {
         operators::hyperconverged::controller::run(c, n, Arc::default()).await
     });
-    let api: Api<HyperConverged> = Api::namespaced(client.clone(), &ns);
-    let hc: HyperConverged = serde_json::from_value(json!({
-        "apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
-        "metadata": {"name": "kubevirt-hyperconverged"}, "spec": {}
-    }))
-    .unwrap();
-    api.create(&PostParams::default(), &hc).await.unwrap();
-    let degraded = wait_for("Degraded", || async {
-        let st = api.get("kubevirt-hyperconverged").await.ok()?.status?;
-        st.conditions
-            .into_iter()
-            .find(|c| c.type_ == "Degraded" && c.status == "True")
-    })
-    .await;
+    let degraded = hyperconverged_degraded(&client, &ns).await;
     ctl.abort();
     assert!(
         degraded.message.contains("CDI") && degraded.message.contains("cdis.cdi.kubevirt.io"),

@@ -104,11 +104,14 @@ async fn a_leader_whose_lease_is_taken_stops_its_work() {
         }
     }
     let flag = Flag(stopped.clone());
+    let (working, started) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(a.lead(async move {
         let _flag = flag;
+        let _ = working.send(());
         std::future::pending::<()>().await;
         Ok(())
     }));
+    within("the leader's work starting", started).await.unwrap();
     // Someone else writes the Lease as theirs (an admin, or a candidate with a skewed view).
     let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
     api.patch(

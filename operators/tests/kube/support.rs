@@ -56,16 +56,45 @@ async fn install_crds(client: &Client) {
         )
         .await
         .unwrap_or_else(|e| panic!("applying CRD {name}: {e}"));
-        wait_for(&format!("CRD {name} established"), || async {
-            let c = api.get(&name).await.ok()?;
-            c.status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        })
-        .await;
+        established(client, &name).await;
     }
+}
+
+/// Waits until the server serves CRD `name`.
+pub async fn established(client: &Client, name: &str) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    wait_for(&format!("CRD {name} established"), || async {
+        let c = api.get(name).await.ok()?;
+        c.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+}
+
+/// Creates HCO's singleton HyperConverged in `ns` and waits for its Degraded condition.
+pub async fn hyperconverged_degraded(
+    client: &Client,
+    ns: &str,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    let api: Api<HyperConverged> = Api::namespaced(client.clone(), ns);
+    let hc: HyperConverged = serde_json::from_value(json!({
+        "apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
+        "metadata": {"name": "kubevirt-hyperconverged"}, "spec": {}
+    }))
+    .unwrap();
+    api.create(&kube::api::PostParams::default(), &hc)
+        .await
+        .unwrap();
+    wait_for("Degraded", || async {
+        let st = api.get("kubevirt-hyperconverged").await.ok()?.status?;
+        st.conditions
+            .into_iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True")
+    })
+    .await
 }
 
 /// Polls `f` until it returns Some, failing the test after [`PATIENCE`].
