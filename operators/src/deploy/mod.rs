@@ -41,6 +41,10 @@ fn yaml<T: Serialize>(obj: &T) -> Result<String> {
     })
 }
 
+fn yamls<T: Serialize>(objs: &[T]) -> Result<Vec<String>> {
+    objs.iter().map(yaml).collect()
+}
+
 fn docs(comment: &str, parts: &[String]) -> String {
     let mut out = format!("{HEADER}# {comment}\n");
     for (i, p) in parts.iter().enumerate() {
@@ -82,10 +86,7 @@ pub fn manifests(image: &str) -> Result<Vec<(PathBuf, String)>> {
     )];
     out.extend(crds()?);
     for access in rbac::all() {
-        let mut parts: Vec<String> = rbac::objects(&access)
-            .iter()
-            .map(yaml)
-            .collect::<Result<_>>()?;
+        let mut parts = yamls(&rbac::objects(&access))?;
         let (_, deployment, service) = workloads::deployments(image)
             .into_iter()
             .find(|(c, _, _)| *c == access.component)
@@ -105,26 +106,18 @@ pub fn manifests(image: &str) -> Result<Vec<(PathBuf, String)>> {
             ),
         ));
     }
-    let api_services: Vec<String> = registration::api_services()
-        .iter()
-        .map(yaml)
-        .collect::<Result<_>>()?;
     out.push((
         "deploy/apiservices.yaml".into(),
         docs(
             "The token API (upload.cdi.kubevirt.io) behind the aggregator; the cert controller injects caBundle.",
-            &api_services,
+            &yamls(&registration::api_services())?,
         ),
     ));
-    let webhooks: Vec<String> = registration::webhooks()
-        .iter()
-        .map(yaml)
-        .collect::<Result<_>>()?;
     out.push((
         "deploy/webhooks.yaml".into(),
         docs(
             "The HyperConverged and DataVolume validating webhooks; the cert controller injects caBundle.",
-            &webhooks,
+            &yamls(&registration::webhooks())?,
         ),
     ));
     out.extend(csi(image)?);
