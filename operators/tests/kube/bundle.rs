@@ -11,9 +11,8 @@ use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
-use kube::discovery::{Scope, pinned_kind};
 use kube::{Client, ResourceExt};
 use operators::api::{DataVolume, HostPathProvisioner};
 use operators::deploy::{self, DEFAULT_IMAGE};
@@ -22,9 +21,7 @@ use operators::names::{self, NAMESPACE, component};
 use serde_json::{Value, json};
 use testkit::kube::{FRONT_PROXY_CLIENT, KubeApiServer, Options};
 
-use crate::support::{bind_pvc, established, hyperconverged_degraded, pod, wait_for};
-
-const MANAGER: &str = "quarry-bundle-test";
+use crate::support::{apply, bind_pvc, established, hyperconverged_degraded, pod, wait_for};
 
 /// The objects of one generated file, read from the checkout.
 fn objects_of(rel: &Path) -> Vec<Value> {
@@ -35,35 +32,6 @@ fn objects_of(rel: &Path) -> Vec<Value> {
             serde_saphyr::from_str(doc).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         })
         .collect()
-}
-
-/// Server-side applies `obj` as the admin; the error names the object.
-async fn apply(client: &Client, obj: &Value) -> Result<(), String> {
-    let (api_version, kind) = (
-        obj["apiVersion"].as_str().unwrap(),
-        obj["kind"].as_str().unwrap(),
-    );
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let what = format!("{kind} {}", obj["metadata"]["name"]);
-    let (ar, caps) = pinned_kind(client, &GroupVersionKind::gvk(group, version, kind))
-        .await
-        .map_err(|e| format!("{what}: discovery: {e}"))?;
-    let api: Api<DynamicObject> = match (caps.scope, obj["metadata"]["namespace"].as_str()) {
-        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &ar),
-        (Scope::Namespaced, None) => {
-            return Err(format!("{what}: namespaced, without a namespace"));
-        }
-        (Scope::Cluster, _) => Api::all_with(client.clone(), &ar),
-    };
-    let name = obj["metadata"]["name"].as_str().unwrap();
-    api.patch(
-        name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(obj),
-    )
-    .await
-    .map(|_| ())
-    .map_err(|e| format!("{what}: {e}"))
 }
 
 /// A Pod made from `template` (a pod template), named `name`.

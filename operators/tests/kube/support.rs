@@ -8,12 +8,62 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::{Scope, pinned_kind};
 use kube::{Client, CustomResourceExt};
 use operators::api::{DataVolume, HostPathProvisioner, HyperConverged};
 use serde_json::{Value, json};
 use testkit::kube::KubeApiServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A client acting as `component`'s ServiceAccount (in `quarry`) with nothing but the RBAC the
+/// bundle generates for it (applied to the shared server, idempotently), or None (skip).
+pub async fn component_client(component: &str) -> Option<Client> {
+    let server = server().await?;
+    let admin = server.client();
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {"name": operators::names::NAMESPACE}});
+    apply(&admin, &ns).await.unwrap();
+    let access = operators::deploy::rbac::of(component).expect("a component");
+    for obj in operators::deploy::rbac::objects(&access) {
+        apply(&admin, &obj).await.unwrap();
+    }
+    Some(
+        server
+            .service_account_client(operators::names::NAMESPACE, component)
+            .await,
+    )
+}
+
+/// Server-side applies `obj` (any kind the server serves) as the admin; the error names it.
+pub async fn apply(client: &Client, obj: &Value) -> Result<(), String> {
+    let (api_version, kind) = (
+        obj["apiVersion"].as_str().unwrap_or_default(),
+        obj["kind"].as_str().unwrap_or_default(),
+    );
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let what = format!("{kind} {}", obj["metadata"]["name"]);
+    let (ar, caps) = pinned_kind(client, &GroupVersionKind::gvk(group, version, kind))
+        .await
+        .map_err(|e| format!("{what}: discovery: {e}"))?;
+    let api: Api<DynamicObject> = match (caps.scope, obj["metadata"]["namespace"].as_str()) {
+        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &ar),
+        (Scope::Namespaced, None) => {
+            return Err(format!("{what}: namespaced, without a namespace"));
+        }
+        (Scope::Cluster, _) => Api::all_with(client.clone(), &ar),
+    };
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    api.patch(
+        name,
+        &PatchParams::apply("quarry-tests").force(),
+        &Patch::Apply(obj),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| format!("{what}: {e}"))
+}
 
 /// Field manager of the tests' own writes (playing binder and kubelet).
 pub fn test_writes() -> PatchParams {
