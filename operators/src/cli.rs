@@ -219,23 +219,15 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
     }
 }
 
-/// The image of this process's own pod ($POD_NAMESPACE/$POD_NAME, first container), so that
-/// the pods a controller makes run the image it runs: the bundle's one image setting (kustomize
-/// `images:`) then reaches them too. None outside a pod, or when the pod cannot be read.
+/// The image of this process's own pod ($POD_NAMESPACE/$POD_NAME, from the downward API), so
+/// that the pods a controller makes run the image it runs: the bundle's one image setting
+/// (kustomize `images:`) then reaches them too. None outside a pod.
 async fn own_image(client: &kube::Client) -> Option<String> {
     let (name, ns) = (
         std::env::var("POD_NAME").ok()?,
         std::env::var("POD_NAMESPACE").ok()?,
     );
-    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
-        kube::Api::namespaced(client.clone(), &ns);
-    match pods.get(&name).await {
-        Ok(p) => p.spec?.containers.into_iter().next()?.image,
-        Err(e) => {
-            tracing::warn!(error = %e, pod = %name, "reading this pod's image");
-            None
-        }
-    }
+    crate::kubeops::pod_image(client, &ns, &name).await
 }
 
 /// Runs the chosen controller until the process is stopped.

@@ -183,8 +183,25 @@ async fn leader_election(client: &Client, component: &str) {
     }
 }
 
-/// The HostPathProvisioner controller takes the bundle's CSI objects over for the default CR.
+/// The HostPathProvisioner controller takes the bundle's CSI objects over for the default CR,
+/// and may read its own pod (the image it gives the driver).
 async fn hostpath(admin: &Client, client: Client) {
+    let mut own: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "own"},
+        "spec": {"serviceAccountName": component::HOSTPATH_CONTROLLER,
+                 "containers": [{"name": "c", "image": "registry.example/quarry:own"}]}
+    }))
+    .unwrap();
+    own = Api::<Pod>::namespaced(admin.clone(), NAMESPACE)
+        .create(&PostParams::default(), &own)
+        .await
+        .unwrap();
+    assert_eq!(
+        operators::kubeops::pod_image(&client, NAMESPACE, &own.name_any())
+            .await
+            .as_deref(),
+        Some("registry.example/quarry:own")
+    );
     let ctl = tokio::spawn(operators::hostpath::controller::run(
         client,
         Default::default(),
