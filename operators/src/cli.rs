@@ -212,7 +212,15 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
         tracing::info!(%bound, "serving the HyperConverged webhook");
     }
     let elector = args.elector(&client);
-    let work = run_controller(args.which, client, metrics);
+    // SIGTERM ends the work at once (reconciles are level-driven and idempotent): kube-runtime's
+    // graceful shutdown can wait forever (while a watch of a missing CRD is not ready), and a
+    // leader must get to release its Lease before the kubelet's SIGKILL.
+    let work = async {
+        tokio::select! {
+            r = run_controller(args.which, client, metrics) => r,
+            () = uploader::net::terminated() => Ok(()),
+        }
+    };
     match elector {
         Some(elector) => elector.lead(work).await,
         None => work.await,
