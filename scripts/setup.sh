@@ -59,6 +59,13 @@ if ! python3 -c 'import grpc, grpc_tools' >/dev/null 2>&1; then
   python3 -m pip install -q grpcio grpcio-tools || python3 -m pip install -q --break-system-packages grpcio grpcio-tools
 fi
 
+# Offline schema validation of deploy/ (operators' deploy tests, scripts/validate-manifests.py):
+# PyPI's kubernetes-validate ships the OpenAPI schemas of Kubernetes releases.
+if ! python3 -c 'import kubernetes_validate' >/dev/null 2>&1; then
+  echo "installing: kubernetes-validate (pip)"
+  python3 -m pip install -q kubernetes-validate==1.37.0 || python3 -m pip install -q --break-system-packages kubernetes-validate==1.37.0
+fi
+
 # qemu-system-x86_64 (launcher tests) must match the installed qemu-utils. On bookworm that one
 # comes from bookworm-backports (bookworm's own QEMU 7.2 conflicts with it): add the backports
 # suite with the archive URI the machine already uses and install from it.

@@ -24,6 +24,49 @@ pub struct ControllerArgs {
     /// Serve Prometheus reconcile metrics on this address (`/metrics`).
     #[arg(long, global = true, default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
+    /// Reconcile only while holding the controller's Lease (`<component>-leader`), so that
+    /// several replicas are safe; the identity is $POD_NAME (else the host name).
+    #[arg(long, global = true)]
+    pub leader_elect: bool,
+    /// Namespace of the Lease [default: $POD_NAMESPACE, else `quarry`].
+    #[arg(long, global = true)]
+    pub leader_elect_namespace: Option<String>,
+}
+
+impl ControllerArgs {
+    /// The component (Deployment, ServiceAccount and Lease name) of the chosen controller.
+    pub fn component(&self) -> &'static str {
+        use crate::names::component;
+        match self.which {
+            Which::Datavolume(_) => component::DATAVOLUME_CONTROLLER,
+            Which::Hyperconverged(_) => component::HYPERCONVERGED_CONTROLLER,
+            Which::Hostpath(_) => component::HOSTPATH_CONTROLLER,
+            Which::Certs(_) => component::CERT_CONTROLLER,
+        }
+    }
+
+    /// The leader-election candidate, when asked for.
+    fn elector(&self, client: &kube::Client) -> Option<crate::leader::Elector> {
+        if !self.leader_elect {
+            return None;
+        }
+        let namespace = self
+            .leader_elect_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .unwrap_or_else(|| crate::names::NAMESPACE.into());
+        let identity = std::env::var("POD_NAME")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| format!("{}-{}", self.component(), std::process::id()));
+        Some(crate::leader::Elector::new(
+            client.clone(),
+            &namespace,
+            &crate::names::lease(self.component()),
+            &identity,
+            crate::leader::Timing::default(),
+        ))
+    }
 }
 
 /// The controllers.
@@ -57,9 +100,10 @@ pub struct CertsArgs {
 /// `quarry controller datavolume`.
 #[derive(clap::Args, Debug)]
 pub struct DataVolumeArgs {
-    /// Image with the quarry binary, for importer and upload pods.
-    #[arg(long, default_value = "quay.io/quarry/quarry:latest")]
-    pub image: String,
+    /// Image with the quarry binary, for importer and upload pods [default: the image of this
+    /// controller's own pod ($POD_NAME), else quay.io/quarry/quarry:latest].
+    #[arg(long)]
+    pub image: Option<String>,
     /// Pull policy of that image.
     #[arg(long)]
     pub pull_policy: Option<String>,
@@ -123,9 +167,10 @@ pub struct HostPathArgs {
     /// Namespace of the driver's DaemonSet.
     #[arg(long, default_value = "quarry")]
     pub namespace: String,
-    /// Image with the quarry binary.
-    #[arg(long, default_value = "quay.io/quarry/quarry:latest")]
-    pub image: String,
+    /// Image with the quarry binary [default: the image of this controller's own pod
+    /// ($POD_NAME), else quay.io/quarry/quarry:latest].
+    #[arg(long)]
+    pub image: Option<String>,
 }
 
 fn parse_class_overhead(s: &str) -> std::result::Result<(String, f64), String> {
@@ -143,7 +188,10 @@ impl DataVolumeArgs {
     /// The controller configuration.
     pub fn config(&self) -> Config {
         Config {
-            image: self.image.clone(),
+            image: self
+                .image
+                .clone()
+                .unwrap_or_else(|| crate::deploy::DEFAULT_IMAGE.into()),
             pull_policy: self.pull_policy.clone(),
             filesystem_overhead: self
                 .filesystem_overhead
@@ -196,33 +244,73 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     let bound = crate::metrics::serve(args.metrics_addr, metrics.clone()).await?;
     tracing::info!(%bound, "serving metrics");
-    match args.which {
-        Which::Datavolume(a) => {
+    // Every replica serves the webhook (its Service reaches any of them); only the leader
+    // reconciles.
+    if let Which::Hyperconverged(a) = &args.which
+        && let Some(addr) = a.webhook_addr
+    {
+        let tls = a.webhook_tls_cert.clone().zip(a.webhook_tls_key.clone());
+        let settings = crate::hyperconverged::webhook::Settings {
+            namespace: Some(a.namespace.clone()),
+            client: Some(client.clone()),
+        };
+        let bound = crate::hyperconverged::webhook::serve(addr, tls, settings).await?;
+        tracing::info!(%bound, "serving the HyperConverged webhook");
+    }
+    let elector = args.elector(&client);
+    // SIGTERM ends the work at once (reconciles are level-driven and idempotent): kube-runtime's
+    // graceful shutdown can wait forever (while a watch of a missing CRD is not ready), and a
+    // leader must get to release its Lease before the kubelet's SIGKILL.
+    let work = async {
+        tokio::select! {
+            r = run_controller(args.which, client, metrics) => r,
+            () = uploader::net::terminated() => Ok(()),
+        }
+    };
+    match elector {
+        Some(elector) => elector.lead(work).await,
+        None => work.await,
+    }
+}
+
+/// The image of this process's own pod ($POD_NAMESPACE/$POD_NAME, from the downward API), so
+/// that the pods a controller makes run the image it runs: the bundle's one image setting
+/// (kustomize `images:`) then reaches them too. None outside a pod.
+async fn own_image(client: &kube::Client) -> Option<String> {
+    let (name, ns) = (
+        std::env::var("POD_NAME").ok()?,
+        std::env::var("POD_NAMESPACE").ok()?,
+    );
+    crate::kubeops::pod_image(client, &ns, &name).await
+}
+
+/// Runs the chosen controller until the process is stopped.
+async fn run_controller(which: Which, client: kube::Client, metrics: Arc<Metrics>) -> Result<()> {
+    match which {
+        Which::Datavolume(mut a) => {
+            if a.image.is_none() {
+                a.image = own_image(&client).await;
+            }
             let (config, overrides) = (a.config(), a.overrides());
             crate::datavolume::controller::run(client, config, overrides, metrics, None).await
         }
         Which::Hyperconverged(a) => {
-            if let Some(addr) = a.webhook_addr {
-                let tls = a.webhook_tls_cert.clone().zip(a.webhook_tls_key.clone());
-                let settings = crate::hyperconverged::webhook::Settings {
-                    namespace: Some(a.namespace.clone()),
-                    client: Some(client.clone()),
-                };
-                let bound = crate::hyperconverged::webhook::serve(addr, tls, settings).await?;
-                tracing::info!(%bound, "serving the HyperConverged webhook");
-            }
             crate::hyperconverged::controller::run(client, a.namespace, metrics).await
         }
         Which::Hostpath(a) => {
+            let image = match a.image {
+                Some(i) => Some(i),
+                None => own_image(&client).await,
+            };
             let settings = Settings {
                 namespace: a.namespace,
-                image: a.image,
+                image: image.unwrap_or_else(|| crate::deploy::DEFAULT_IMAGE.into()),
                 ..Settings::default()
             };
             crate::hostpath::controller::run(client, settings, metrics).await
         }
         Which::Certs(a) => {
-            crate::certs::run(client, a.namespace, Duration::from_secs(a.resync)).await?
+            crate::certs::run(client, a.namespace, Duration::from_secs(a.resync)).await?;
         }
     }
     Ok(())
@@ -353,14 +441,17 @@ pub struct GenDeployArgs {
     /// Only check that the committed files are current (exit 1 when stale).
     #[arg(long)]
     pub check: bool,
+    /// The image of every component (kustomize `images:` can override it later).
+    #[arg(long, default_value = crate::deploy::DEFAULT_IMAGE)]
+    pub image: String,
 }
 
 /// Writes (or checks) the generated manifests; returns the files written or found stale.
 pub fn gen_deploy(args: &GenDeployArgs) -> Result<Vec<PathBuf>> {
     if args.check {
-        crate::deploy::stale(&args.root)
+        crate::deploy::stale(&args.root, &args.image)
     } else {
-        crate::deploy::write(&args.root)
+        crate::deploy::write(&args.root, &args.image)
     }
 }
 

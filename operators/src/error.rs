@@ -48,6 +48,14 @@ pub enum Error {
     /// Making or reading a key or certificate failed (the cert controller, upload-server TLS).
     #[error("certificate: {0}")]
     Certificate(String),
+    /// This replica stopped leading (leader election): it must stop reconciling.
+    #[error("lost the leader election Lease {lease}: {why}")]
+    LeaseLost {
+        /// The Lease.
+        lease: String,
+        /// What happened.
+        why: String,
+    },
     /// The provisioner refused or failed (local mode).
     #[error(transparent)]
     Provisioner(#[from] provisioner::Error),
@@ -62,7 +70,8 @@ impl Error {
             | Error::Finalizer(_)
             | Error::Io { .. }
             | Error::Certificate(_)
-            | Error::ClaimNotValid(_) => ErrorKind::Transient,
+            | Error::ClaimNotValid(_)
+            | Error::LeaseLost { .. } => ErrorKind::Transient,
             Error::Provisioner(e) => match e.kind() {
                 provisioner::ErrorKind::Aborted | provisioner::ErrorKind::Internal => {
                     ErrorKind::Transient

@@ -88,6 +88,18 @@ where
     Ok(api.get_opt(name).await?)
 }
 
+/// The image of pod `namespace/name`'s first container; None (logged) when it cannot be read.
+pub async fn pod_image(client: &kube::Client, namespace: &str, name: &str) -> Option<String> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
+    match pods.get(name).await {
+        Ok(p) => p.spec?.containers.into_iter().next()?.image,
+        Err(e) => {
+            tracing::warn!(error = %e, pod = %name, "reading a pod's image");
+            None
+        }
+    }
+}
+
 /// Server-side applies `obj` (the whole desired object), taking over conflicting fields: what
 /// someone else edits in the fields we own is put back.
 pub async fn apply<K>(api: &Api<K>, name: &str, obj: &K, manager: &str) -> Result<K>

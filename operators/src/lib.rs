@@ -14,6 +14,7 @@ pub mod error;
 pub mod hostpath;
 pub mod hyperconverged;
 pub mod kubeops;
+pub mod leader;
 pub mod metrics;
 #[cfg(test)]
 mod mockapi;

@@ -1,6 +1,10 @@
 //! A scripted Kubernetes API server for reconcile tests (kube-rs controller-rs style): the
 //! controller's client talks to a `tower-test` mock; each test states the exact requests it
 //! expects, in order, answers them, and checks that no further request comes.
+//!
+//! Every request is also checked against the RBAC the bundle grants the component under test
+//! (`deploy::rbac`, chosen by the source file that made the pair): a call its generated role
+//! does not allow fails the test, so the roles cannot fall behind the code.
 
 use std::time::Duration;
 
@@ -19,12 +23,40 @@ const SILENCE: Duration = Duration::from_millis(300);
 /// The server side of a mocked client.
 pub struct ApiServer {
     handle: Handle,
+    /// What the component under test may do.
+    access: crate::deploy::rbac::Access,
 }
 
-/// A client and the server that answers it.
+/// The component whose code lives in `file` (a test's source file).
+fn component_of(file: &str) -> &'static str {
+    use crate::names::component;
+    let dirs = [
+        ("/datavolume/", component::DATAVOLUME_CONTROLLER),
+        ("/hyperconverged/", component::HYPERCONVERGED_CONTROLLER),
+        ("/hostpath/", component::HOSTPATH_CONTROLLER),
+        ("/apiserver/", component::APISERVER),
+        ("/certs/", component::CERT_CONTROLLER),
+        // CDIConfig and StorageProfiles are kept by the DataVolume controller's process.
+        ("/cdiconfig/", component::DATAVOLUME_CONTROLLER),
+    ];
+    dirs.iter()
+        .find(|(dir, _)| file.contains(dir))
+        .map(|(_, c)| *c)
+        .unwrap_or_else(|| {
+            panic!("mockapi::pair() called from {file}: add its component to mockapi::component_of")
+        })
+}
+
+/// A client and the server that answers it, for the component whose source file calls this.
+#[track_caller]
 pub fn pair() -> (Client, ApiServer) {
+    let component = component_of(std::panic::Location::caller().file());
+    let access = crate::deploy::rbac::of(component).expect("every component has RBAC");
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    (Client::new(service, "default"), ApiServer { handle })
+    (
+        Client::new(service, "default"),
+        ApiServer { handle, access },
+    )
 }
 
 /// A Kubernetes `Status` error body.
@@ -57,6 +89,13 @@ impl ApiServer {
             "unexpected request"
         );
         let query = req.uri().query().unwrap_or_default().to_string();
+        if let Some(r) = crate::deploy::rbac::request(req.method(), req.uri().path(), &query) {
+            assert!(
+                crate::deploy::rbac::allows(&self.access, &r, None),
+                "{}'s generated RBAC does not grant {r}",
+                self.access.component
+            );
+        }
         let bytes = req.into_body().collect_bytes().await.expect("request body");
         let body = if bytes.is_empty() {
             Value::Null

@@ -122,8 +122,12 @@ pub async fn start(client: kube::Client, args: &ApiServerArgs) -> Result<SocketA
     serve(args.listen, tls, app).await
 }
 
-/// The front-proxy settings the cluster publishes in `kube-system`.
-async fn front_proxy_from_cluster(client: &kube::Client) -> Result<(RequestHeaderConfig, String)> {
+/// The front-proxy settings the cluster publishes in `kube-system` (ConfigMap
+/// `extension-apiserver-authentication`): what `quarry apiserver` trusts without
+/// `--requestheader-client-ca`. Returns the settings and the CA bundle (PEM).
+pub async fn front_proxy_from_cluster(
+    client: &kube::Client,
+) -> Result<(RequestHeaderConfig, String)> {
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
         Api::namespaced(client.clone(), "kube-system");
     let cm = cms.get("extension-apiserver-authentication").await?;

@@ -107,7 +107,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            image: "quay.io/quarry/quarry:latest".into(),
+            image: crate::deploy::DEFAULT_IMAGE.into(),
             pull_policy: None,
             filesystem_overhead: DEFAULT_FILESYSTEM_OVERHEAD,
             filesystem_overhead_per_class: BTreeMap::new(),

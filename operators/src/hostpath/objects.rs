@@ -41,7 +41,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             namespace: "quarry".into(),
-            image: "quay.io/quarry/quarry:latest".into(),
+            image: crate::deploy::DEFAULT_IMAGE.into(),
             registrar_image: "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.13.0".into(),
             provisioner_image: "registry.k8s.io/sig-storage/csi-provisioner:v5.2.0".into(),
             snapshotter_image: "registry.k8s.io/sig-storage/csi-snapshotter:v8.2.1".into(),
@@ -187,7 +187,8 @@ fn field_env(name: &str, path: &str) -> EnvVar {
     }
 }
 
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+/// An RBAC rule (no resourceNames).
+pub(crate) fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
     let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     PolicyRule {
         api_groups: Some(v(groups)),

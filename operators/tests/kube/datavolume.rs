@@ -17,7 +17,8 @@ use operators::datavolume::{Config, RetryPolicy};
 use serde_json::json;
 
 use crate::support::{
-    FakeImporter, bind_pvc, exited, namespace, pod, running, set_pod_status, wait_for,
+    FakeImporter, bind_pvc, component_client, exited, namespace, pod, running, set_pod_status,
+    wait_for,
 };
 
 /// The controller's field manager.
@@ -47,8 +48,13 @@ impl Drop for Running {
     }
 }
 
-fn start(client: &Client, ns: &str, config: Config, metrics_port: Option<u16>) -> Running {
-    let mut ctx = Context::new(client.clone(), config, Arc::default());
+/// The controller runs as its own ServiceAccount with only the bundle's RBAC for it, so a call
+/// the generated role does not grant fails the test.
+async fn start(ns: &str, config: Config, metrics_port: Option<u16>) -> Running {
+    let client = component_client(operators::names::component::DATAVOLUME_CONTROLLER)
+        .await
+        .expect("the server the test already uses");
+    let mut ctx = Context::new(client, config, Arc::default());
     if let Some(p) = metrics_port {
         ctx.metrics_port = p;
     }
@@ -146,7 +152,7 @@ async fn a_running_import_is_polled_on_a_timer_without_a_reconcile_storm() {
     let created = create(&client, &ns, &dv("fedora", http())).await;
     // The simulated import takes 4 s from its first scrape; its progress grows all the time.
     let importer = FakeImporter::start(created.uid().unwrap(), Duration::from_secs(4)).await;
-    let ctl = start(&client, &ns, config(), Some(importer.port));
+    let ctl = start(&ns, config(), Some(importer.port)).await;
     bind_pvc(&client, &ns, "fedora").await;
     pod(&client, &ns, "importer-fedora", None).await;
     let versions = record_versions(&client, &ns, "fedora");
@@ -186,7 +192,7 @@ async fn a_failed_import_backs_off_before_its_next_pod_and_keeps_its_reason() {
         return;
     };
     create(&client, &ns, &dv("fedora", http())).await;
-    let _ctl = start(&client, &ns, config(), None);
+    let _ctl = start(&ns, config(), None).await;
     bind_pvc(&client, &ns, "fedora").await;
     let first = pod(&client, &ns, "importer-fedora", None).await;
     set_pod_status(&client, &ns, "importer-fedora", running()).await;
@@ -238,7 +244,7 @@ async fn importer_and_upload_pods_meet_pod_security_restricted() {
     create(&client, &ns, &dv("fedora", http())).await;
     create(&client, &ns, &dv("up", json!({"upload": {}}))).await;
     create(&client, &ns, &dv("empty", json!({"blank": {}}))).await;
-    let _ctl = start(&client, &ns, config(), None);
+    let _ctl = start(&ns, config(), None).await;
     for (pvc, pod_name) in [
         ("fedora", "importer-fedora"),
         ("up", "cdi-upload-up"),
@@ -276,7 +282,7 @@ async fn a_refused_pod_is_reported_with_the_apis_message_and_retried() {
         .await
         .unwrap();
     create(&client, &ns, &dv("fedora", http())).await;
-    let _ctl = start(&client, &ns, config(), None);
+    let _ctl = start(&ns, config(), None).await;
     bind_pvc(&client, &ns, "fedora").await;
     let d = dv_until(&client, &ns, "fedora", "Running: CreatePodFailed", |d| {
         d.status.as_ref().is_some_and(|s| {
@@ -334,7 +340,7 @@ async fn every_retry_and_the_final_failure_are_visible_events() {
     create(&client, &ns, &dv("fedora", http())).await;
     let mut cfg = config();
     cfg.retry.base_delay = Duration::from_secs(1);
-    let _ctl = start(&client, &ns, cfg, None);
+    let _ctl = start(&ns, cfg, None).await;
     bind_pvc(&client, &ns, "fedora").await;
     let mut last = None;
     for _ in 0..3 {
@@ -395,7 +401,7 @@ async fn objects_name_their_field_manager_and_carry_cdis_owner_refs_resources_an
         "true".to_string(),
     )]));
     create(&client, &ns, &kept).await;
-    let _ctl = start(&client, &ns, config(), None);
+    let _ctl = start(&ns, config(), None).await;
     for name in ["fedora", "up", "kept"] {
         bind_pvc(&client, &ns, name).await;
     }
@@ -501,7 +507,7 @@ async fn deletion_cleans_up_pods_and_the_pvc_unless_retained_then_releases_the_f
         "true".to_string(),
     )]));
     create(&client, &ns, &kept).await;
-    let _ctl = start(&client, &ns, config(), None);
+    let _ctl = start(&ns, config(), None).await;
     for name in ["fedora", "kept"] {
         bind_pvc(&client, &ns, name).await;
         pod(&client, &ns, &format!("importer-{name}"), None).await;

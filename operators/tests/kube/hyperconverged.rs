@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use operators::api::HyperConverged;
@@ -15,7 +14,7 @@ use operators::hyperconverged::children::{self, ChildKind};
 use serde_json::{Value, json};
 use testkit::kube::{KubeApiServer, Options};
 
-use crate::support::{established, install_crds, namespace, wait_for};
+use crate::support::{degraded, established, install_crds, namespace, wait_for};
 
 fn hyperconverged(spec: Value, annotations: Value) -> HyperConverged {
     serde_json::from_value(json!({
@@ -24,17 +23,6 @@ fn hyperconverged(spec: Value, annotations: Value) -> HyperConverged {
         "spec": spec
     }))
     .unwrap()
-}
-
-/// Waits until the singleton is Degraded, and returns the condition.
-async fn degraded(api: &Api<HyperConverged>) -> Condition {
-    wait_for("Degraded", || async {
-        let st = api.get("kubevirt-hyperconverged").await.ok()?.status?;
-        st.conditions
-            .into_iter()
-            .find(|c| c.type_ == "Degraded" && c.status == "True")
-    })
-    .await
 }
 
 fn run_controller(client: &Client, ns: &str) -> tokio::task::JoinHandle<()> {
@@ -117,7 +105,7 @@ async fn children_get_placement_and_cert_defaults_and_report_back() {
             .unwrap();
     }
     for kind in &children::ALL[..4] {
-        established(&crds, &format!("{}.{}", kind.plural, kind.group)).await;
+        established(&client, &format!("{}.{}", kind.plural, kind.group)).await;
     }
     let ns = server.namespace("hco", &[]).await;
     let ctl = run_controller(&client, &ns);

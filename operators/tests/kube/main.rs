@@ -5,10 +5,12 @@
 //!
 //! Every test skips (printing why) where `../shared/kube/kube-apiserver.xz` or etcd is absent.
 
+mod bundle;
 mod cdiconfig;
 mod certs;
 mod datavolume;
 mod hostpath;
 mod hyperconverged;
+mod leader;
 mod support;
 mod webhooks;

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::{Scope, pinned_kind};
 use kube::{Client, CustomResourceExt};
 use operators::api::{
     Cdi, CdiConfig, DataVolume, HostPathProvisioner, HyperConverged, StorageProfile,
@@ -16,6 +18,54 @@ use operators::api::{
 use serde_json::{Value, json};
 use testkit::kube::KubeApiServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A client acting as `component`'s ServiceAccount (in `quarry`) with nothing but the RBAC the
+/// bundle generates for it (applied to the shared server, idempotently), or None (skip).
+pub async fn component_client(component: &str) -> Option<Client> {
+    let server = server().await?;
+    let admin = server.client();
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {"name": operators::names::NAMESPACE}});
+    apply(&admin, &ns).await.unwrap();
+    let access = operators::deploy::rbac::of(component).expect("a component");
+    for obj in operators::deploy::rbac::objects(&access) {
+        apply(&admin, &obj).await.unwrap();
+    }
+    Some(
+        server
+            .service_account_client(operators::names::NAMESPACE, component)
+            .await,
+    )
+}
+
+/// Server-side applies `obj` (any kind the server serves) as the admin; the error names it.
+pub async fn apply(client: &Client, obj: &Value) -> Result<(), String> {
+    let (api_version, kind) = (
+        obj["apiVersion"].as_str().unwrap_or_default(),
+        obj["kind"].as_str().unwrap_or_default(),
+    );
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let what = format!("{kind} {}", obj["metadata"]["name"]);
+    let (ar, caps) = pinned_kind(client, &GroupVersionKind::gvk(group, version, kind))
+        .await
+        .map_err(|e| format!("{what}: discovery: {e}"))?;
+    let api: Api<DynamicObject> = match (caps.scope, obj["metadata"]["namespace"].as_str()) {
+        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &ar),
+        (Scope::Namespaced, None) => {
+            return Err(format!("{what}: namespaced, without a namespace"));
+        }
+        (Scope::Cluster, _) => Api::all_with(client.clone(), &ar),
+    };
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    api.patch(
+        name,
+        &PatchParams::apply("quarry-tests").force(),
+        &Patch::Apply(obj),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| format!("{what}: {e}"))
+}
 
 /// Field manager of the tests' own writes (playing binder and kubelet).
 pub fn test_writes() -> PatchParams {
@@ -60,12 +110,13 @@ pub async fn install_crds(client: &Client) {
         )
         .await
         .unwrap_or_else(|e| panic!("applying CRD {name}: {e}"));
-        established(&api, &name).await;
+        established(client, &name).await;
     }
 }
 
-/// Waits until the server serves the CRD `name`.
-pub async fn established(api: &Api<CustomResourceDefinition>, name: &str) {
+/// Waits until the server serves CRD `name`.
+pub async fn established(client: &Client, name: &str) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     wait_for(&format!("CRD {name} established"), || async {
         let c = api.get(name).await.ok()?;
         c.status?
@@ -75,6 +126,36 @@ pub async fn established(api: &Api<CustomResourceDefinition>, name: &str) {
             .then_some(())
     })
     .await;
+}
+
+/// Creates HCO's singleton HyperConverged in `ns` and waits for its Degraded condition.
+pub async fn hyperconverged_degraded(
+    client: &Client,
+    ns: &str,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    let api: Api<HyperConverged> = Api::namespaced(client.clone(), ns);
+    let hc: HyperConverged = serde_json::from_value(json!({
+        "apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
+        "metadata": {"name": "kubevirt-hyperconverged"}, "spec": {}
+    }))
+    .unwrap();
+    api.create(&kube::api::PostParams::default(), &hc)
+        .await
+        .unwrap();
+    degraded(&api).await
+}
+
+/// Waits until the singleton HyperConverged is Degraded, and returns the condition.
+pub async fn degraded(
+    api: &Api<HyperConverged>,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    wait_for("Degraded", || async {
+        let st = api.get("kubevirt-hyperconverged").await.ok()?.status?;
+        st.conditions
+            .into_iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True")
+    })
+    .await
 }
 
 /// Polls `f` until it returns Some, failing the test after [`PATIENCE`].
