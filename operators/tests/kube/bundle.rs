@@ -51,6 +51,8 @@ async fn the_whole_bundle_applies_its_pods_are_admitted_and_each_component_needs
     };
     let admin = server.client();
 
+    let sa = |c: &'static str| server.service_account_client(NAMESPACE, c);
+
     // 1. Every file, in the generated order (namespace, CRDs, the rest), is accepted.
     let files = deploy::manifests(DEFAULT_IMAGE).unwrap();
     let mut templates = Vec::new();
@@ -123,8 +125,13 @@ async fn the_whole_bundle_applies_its_pods_are_admitted_and_each_component_needs
         .await
         .expect("the CSI pod in the privileged namespace");
 
-    // The webhooks have no server here (and no caBundle yet): with failurePolicy Fail they
-    // would refuse every HyperConverged and DataVolume below. They are not under test here.
+    // 3. The cert controller, with only its ServiceAccount's RBAC, makes every Secret and bundle
+    // and injects the caBundle of the bundle's APIServices and webhook configurations.
+    cert_controller(&admin, sa(component::CERT_CONTROLLER).await).await;
+
+    // The webhooks have no server here: with failurePolicy Fail they would refuse every
+    // HyperConverged and DataVolume below. They are not under test here.
+    // 4. Each other component with only its own ServiceAccount's RBAC.
     for name in [
         names::webhook::HYPERCONVERGED_CONFIG,
         names::webhook::DATAVOLUME_CONFIG,
@@ -134,8 +141,6 @@ async fn the_whole_bundle_applies_its_pods_are_admitted_and_each_component_needs
         api.delete(name, &DeleteParams::default()).await.unwrap();
     }
 
-    // 3. Each component with only its own ServiceAccount's RBAC.
-    let sa = |c: &'static str| server.service_account_client(NAMESPACE, c);
     leader_election(
         &sa(component::DATAVOLUME_CONTROLLER).await,
         component::DATAVOLUME_CONTROLLER,
@@ -150,7 +155,6 @@ async fn the_whole_bundle_applies_its_pods_are_admitted_and_each_component_needs
     hyperconverged(&admin, sa(component::HYPERCONVERGED_CONTROLLER).await).await;
     datavolume(&server, &admin, sa(component::DATAVOLUME_CONTROLLER).await).await;
     token_api(&server, sa(component::APISERVER).await).await;
-    cert_controller(sa(component::CERT_CONTROLLER).await).await;
 }
 
 /// The controller's own Lease, and no other.
@@ -321,18 +325,67 @@ async fn token_api(server: &KubeApiServer, client: Client) {
     }
 }
 
-/// The cert controller's Secrets in its namespace (and not elsewhere).
-async fn cert_controller(client: Client) {
-    let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": names::secret::APISERVER_SIGNER}, "type": "kubernetes.io/tls",
-        "data": {"tls.crt": "", "tls.key": ""}
-    }))
-    .unwrap();
-    Api::<Secret>::namespaced(client.clone(), NAMESPACE)
-        .create(&PostParams::default(), &secret)
+/// The cert controller's first pass over the applied bundle: every signer, certificate and
+/// bundle written, the caBundle of both APIServices and both webhook configurations set (and
+/// nothing missing), a second pass changing nothing; Secrets elsewhere are out of its reach.
+async fn cert_controller(admin: &Client, client: Client) {
+    let now = uploader::token::now();
+    let first = operators::certs::reconcile(&client, NAMESPACE, now)
         .await
         .unwrap();
+    assert!(first.missing.is_empty(), "{:?}", first.missing);
+    let mut injected = first.injected.clone();
+    injected.sort();
+    let webhooks = [
+        names::webhook::HYPERCONVERGED_CONFIG,
+        names::webhook::DATAVOLUME_CONFIG,
+    ];
+    let mut expected: Vec<String> = names::API_SERVICES
+        .iter()
+        .map(|n| format!("APIService/{n}"))
+        .chain(
+            webhooks
+                .iter()
+                .map(|n| format!("ValidatingWebhookConfiguration/{n}")),
+        )
+        .collect();
+    expected.sort();
+    assert_eq!(injected, expected);
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NAMESPACE);
+    for name in [
+        names::secret::APISERVER_CERT,
+        names::secret::HYPERCONVERGED_WEBHOOK_CERT,
+        names::secret::UPLOAD_PROXY_CERT,
+        names::secret::UPLOAD_PROXY_CLIENT_CERT,
+        names::secret::UPLOAD_TOKEN_KEY,
+    ] {
+        let s = secrets.get(name).await.unwrap();
+        assert!(
+            s.data.is_some_and(|d| d.values().all(|v| !v.0.is_empty())),
+            "{name}"
+        );
+    }
+    let apiservices = Api::<DynamicObject>::all_with(
+        admin.clone(),
+        &kube::discovery::ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("apiregistration.k8s.io", "v1", "APIService"),
+            "apiservices",
+        ),
+    );
+    for name in names::API_SERVICES {
+        let a = apiservices.get(name).await.unwrap();
+        assert!(
+            a.data["spec"]["caBundle"]
+                .as_str()
+                .is_some_and(|b| !b.is_empty()),
+            "{name}"
+        );
+    }
+    let second = operators::certs::reconcile(&client, NAMESPACE, now + 1)
+        .await
+        .unwrap();
+    assert!(second.plan.is_empty(), "{:?}", second.plan);
+    assert!(second.injected.is_empty(), "{:?}", second.injected);
     match Api::<Secret>::namespaced(client, "default")
         .list(&Default::default())
         .await
