@@ -13,7 +13,7 @@ use std::time::Instant;
 use crate::checksum::{Checksum, Hasher};
 use crate::decode::{self, Compression};
 use crate::error::{Error, Result};
-use crate::format::qcow2::{Qcow2FileReader, Qcow2Reader};
+use crate::format::qcow2::Qcow2Reader;
 use crate::format::raw::{RawReader, SparseFileReader};
 use crate::format::{self, FormatReader, ImageFormat, ReaderOptions};
 use crate::peek::Peeked;
@@ -200,7 +200,7 @@ struct Opened {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct MemoryPlan {
     /// The stage reading (and hashing) the source.
-    source: pipe::Geometry,
+    source: pipe::StageBuffers,
     /// A stage between the decoders and the format reader, so decompression and parsing run on
     /// two threads.
     decode_stage: bool,
@@ -213,7 +213,7 @@ struct MemoryPlan {
 impl MemoryPlan {
     /// Uncompressed input, or a local file read in place.
     const PLAIN: MemoryPlan = MemoryPlan {
-        source: pipe::Geometry::DEFAULT,
+        source: pipe::StageBuffers::DEFAULT,
         decode_stage: false,
         read_ahead: format::READ_AHEAD,
         bounce: Bounce::FULL,
@@ -223,7 +223,7 @@ impl MemoryPlan {
     /// behind it would only add a copy and memory), and its decoding (~250 MB/s a thread) is far
     /// slower than reading or writing, which small buffers keep up with.
     const LEAN: MemoryPlan = MemoryPlan {
-        source: pipe::Geometry::LEAN,
+        source: pipe::StageBuffers::LEAN,
         decode_stage: false,
         read_ahead: 256 << 10,
         bounce: Bounce::LEAN,
@@ -234,7 +234,7 @@ impl MemoryPlan {
     fn buffers(&self) -> usize {
         self.source.memory()
             + if self.decode_stage {
-                pipe::Geometry::DEFAULT.memory()
+                pipe::StageBuffers::DEFAULT.memory()
             } else {
                 0
             }
@@ -417,7 +417,7 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
     }
     let reader: Box<dyn FormatReader> = match format {
         ImageFormat::Raw => Box::new(SparseFileReader::new(file, length)),
-        ImageFormat::Qcow2 => Box::new(Qcow2FileReader::open(file, length)?),
+        ImageFormat::Qcow2 => Box::new(Qcow2Reader::open(file, length)?),
         _ => return Ok(None),
     };
     Ok(Some(Opened {
@@ -602,7 +602,7 @@ mod tests {
             &[Compression::Gzip, Compression::Xz],
         ] {
             let plan = MemoryPlan::for_layers(layers);
-            assert_eq!(plan.source, pipe::Geometry::LEAN, "{layers:?}");
+            assert_eq!(plan.source, pipe::StageBuffers::LEAN, "{layers:?}");
             assert_eq!(plan.bounce, Bounce::LEAN, "{layers:?}");
             assert!(!plan.decode_stage, "{layers:?}");
         }
@@ -616,7 +616,7 @@ mod tests {
         ] {
             let plan = MemoryPlan::for_layers(layers);
             assert!(plan.decode_stage, "{layers:?}");
-            assert_eq!(plan.source, pipe::Geometry::DEFAULT);
+            assert_eq!(plan.source, pipe::StageBuffers::DEFAULT);
             assert_eq!(plan.bounce, Bounce::FULL);
         }
         assert_eq!(MemoryPlan::for_layers(&[]), MemoryPlan::PLAIN);
