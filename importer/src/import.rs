@@ -409,16 +409,14 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
         return Ok(None); // a pipe or device: stream it
     };
     let head = Peeked::new(&file, decode::SNIFF_LEN).map_err(|e| Error::from_read(e, "source"))?;
-    let format = req
-        .format
-        .unwrap_or_else(|| format::detect_named(head.head(), &info.name));
     if decode::detect(head.head()).is_some() {
-        return Ok(None); // compressed: stream it through the decoders
+        return Ok(None); // compressed: stream it through the decoders, which detect its format
     }
+    let format = image_format(req, head.head(), &info.name);
     let reader: Box<dyn FormatReader> = match format {
         ImageFormat::Raw => Box::new(SparseFileReader::new(file, length)),
         ImageFormat::Qcow2 => Box::new(Qcow2Reader::open(file, length)?),
-        _ => return Ok(None),
+        other => return Err(refused(other)),
     };
     Ok(Some(Opened {
         source_length: Some(length),
@@ -495,9 +493,7 @@ fn open_layers(
 ) -> Result<OpenedLayers> {
     let source_length = info.length;
     let (decoded, layers) = decode::unwrap_layers(Box::new(raw_stream))?;
-    let format = req
-        .format
-        .unwrap_or_else(|| format::detect_named(decoded.head(), &info.name));
+    let format = image_format(req, decoded.head(), &info.name);
     let plan = MemoryPlan::for_layers(&layers);
     tracing::debug!(?plan, buffers = plan.buffers(), ?layers, "memory plan");
     let stream: Box<dyn std::io::Read + Send> = if plan.decode_stage {
@@ -562,20 +558,31 @@ fn open_reader(
             opts.read_ahead,
         )),
         ImageFormat::Qcow2 => Box::new(Qcow2Reader::new(stream, &opts)?),
-        ImageFormat::Luks => {
-            return Err(Error::Unsupported(
-                "the image is LUKS-encrypted (luks): Quarry does not decrypt images; decrypt it \
-                 with `qemu-img convert -O qcow2 --object secret,...` first"
-                    .into(),
-            ));
-        }
-        other => {
-            return Err(Error::Unsupported(format!(
-                "{} images are not supported; convert with `qemu-img convert -O qcow2` first",
-                other.as_str()
-            )));
-        }
+        other => return Err(refused(other)),
     })
+}
+
+/// The format of the (decoded) image whose first bytes are `head`: the requested one, else the
+/// one its magic (or a `.dmg` name) says. Each import names its format here, once: a local file
+/// after seeing it is not compressed, a stream after its compression layers are peeled.
+fn image_format(req: &ImportRequest, head: &[u8], name: &str) -> ImageFormat {
+    req.format
+        .unwrap_or_else(|| format::detect_named(head, name))
+}
+
+/// Why an image of a format Quarry has no reader for is refused.
+fn refused(format: ImageFormat) -> Error {
+    if format == ImageFormat::Luks {
+        return Error::Unsupported(
+            "the image is LUKS-encrypted (luks): Quarry does not decrypt images; decrypt it \
+             with `qemu-img convert -O qcow2 --object secret,...` first"
+                .into(),
+        );
+    }
+    Error::Unsupported(format!(
+        "{} images are not supported; convert with `qemu-img convert -O qcow2` first",
+        format.as_str()
+    ))
 }
 
 /// Spill files live beside a file target (on the volume being filled), or in the temp directory
