@@ -92,6 +92,21 @@ pub struct ImportReport {
     pub duration_seconds: f64,
 }
 
+impl ImportReport {
+    /// The one-line summary `quarry import` prints without `--json`.
+    pub fn summary(&self) -> String {
+        format!(
+            "imported {} ({}) into {}: {} bytes virtual, {} data bytes written in {:.2}s",
+            self.source,
+            self.format_chain.join(" > "),
+            self.target,
+            self.virtual_size,
+            self.bytes_written,
+            self.duration_seconds
+        )
+    }
+}
+
 /// Counts and hashes the source bytes as they pass.
 struct SourceObserver {
     hasher: Option<Hasher>,
