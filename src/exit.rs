@@ -118,12 +118,28 @@ pub fn fail(err: &dyn CommandError, json: bool) -> ExitCode {
     ExitCode::from(err.exit_code())
 }
 
-/// A `--json` report: one line on stdout.
-pub fn print_json(report: &impl serde::Serialize) {
-    println!(
-        "{}",
-        serde_json::to_string(report).expect("report serialises")
-    );
+/// A command that ends when it is done: exit 0, or its error's code.
+pub fn done<E: CommandError>(result: Result<(), E>) -> ExitCode {
+    exit(result.map(|()| ExitCode::SUCCESS), false)
+}
+
+/// A command that ends with a report: with `json`, one JSON line on stdout; else its one-line
+/// `summary` on stderr.
+pub fn report<R, E>(result: Result<R, E>, json: bool, summary: fn(&R) -> String) -> ExitCode
+where
+    R: serde::Serialize,
+    E: CommandError,
+{
+    let result = result.map(|report| {
+        if json {
+            let line = serde_json::to_string(&report).expect("report serialises");
+            println!("{line}");
+        } else {
+            eprintln!("{}", summary(&report));
+        }
+        ExitCode::SUCCESS
+    });
+    exit(result, json)
 }
 
 #[cfg(test)]

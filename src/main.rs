@@ -17,7 +17,7 @@ use importer::import::{ImportReport, ImportRequest, import};
 use importer::progress::{Progress, ProgressBar, serve_metrics};
 use importer::source::SourceSpec;
 
-use exit::{exit, print_json};
+use exit::{done, exit, report};
 
 #[derive(Parser)]
 #[command(
@@ -207,15 +207,7 @@ fn main() -> ExitCode {
         Command::Import(args) => {
             init_logs("warn");
             let json = args.json;
-            let result = import_command(*args).map(|report| {
-                if json {
-                    print_json(&report);
-                } else {
-                    eprintln!("{}", report.summary());
-                }
-                ExitCode::SUCCESS
-            });
-            exit(result, json)
+            report(import_command(*args), json, ImportReport::summary)
         }
         Command::Csi(args) => {
             init_logs("info");
@@ -223,51 +215,32 @@ fn main() -> ExitCode {
         }
         Command::Launch(args) => {
             init_logs("warn");
-            exit(
-                launcher::cli::run_launch(&args).map(|()| ExitCode::SUCCESS),
-                false,
-            )
+            done(launcher::cli::run_launch(&args))
         }
         Command::Vmctl(args) => {
             init_logs("warn");
-            exit(
-                launcher::cli::run_vmctl(args).map(|()| ExitCode::SUCCESS),
-                false,
-            )
+            done(launcher::cli::run_vmctl(args))
         }
         Command::UploadServer(args) => {
             init_logs("info");
-            exit(
-                uploader::cli::run_server(args).map(|()| ExitCode::SUCCESS),
-                false,
-            )
+            done(uploader::cli::run_server(args))
         }
         Command::UploadProxy(args) => {
             init_logs("info");
-            exit(
-                uploader::cli::run_proxy(args).map(|()| ExitCode::SUCCESS),
-                false,
-            )
+            done(uploader::cli::run_proxy(args))
         }
         Command::UploadToken(args) => {
             init_logs("warn");
-            exit(
-                uploader::cli::run_token(args).map(|()| ExitCode::SUCCESS),
-                false,
-            )
+            done(uploader::cli::run_token(args))
         }
         Command::Upload(args) => {
             init_logs("warn");
             let json = args.json;
-            let result = uploader::cli::run_upload(args).map(|report| {
-                if json {
-                    print_json(&report);
-                } else {
-                    eprintln!("{}", report.summary());
-                }
-                ExitCode::SUCCESS
-            });
-            exit(result, json)
+            report(
+                uploader::cli::run_upload(args),
+                json,
+                uploader::client::UploadReport::summary,
+            )
         }
         Command::Controller(args) => {
             init_logs("info");
@@ -301,8 +274,8 @@ fn serve<E: exit::CommandError>(
     service: impl std::future::Future<Output = Result<(), E>>,
 ) -> ExitCode {
     match tokio::runtime::Runtime::new() {
-        Ok(rt) => exit(rt.block_on(service).map(|()| ExitCode::SUCCESS), false),
-        Err(err) => exit(Err::<ExitCode, _>(err), false),
+        Ok(rt) => done(rt.block_on(service)),
+        Err(err) => done(Err::<(), _>(err)),
     }
 }
 
