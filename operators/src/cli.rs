@@ -400,7 +400,7 @@ pub fn gen_deploy(args: &GenDeployArgs) -> Result<bool> {
         let what = if args.check { "stale: " } else { "wrote " };
         println!("{what}{}", f.display());
     }
-    Ok(!(args.check && !files.is_empty()))
+    Ok(!args.check || files.is_empty())
 }
 
 #[cfg(test)]
