@@ -1,10 +1,12 @@
-//! `quarry`: the command-line entry point. Thin clap dispatch into the workspace crates; the only
-//! place `anyhow` is used.
+//! `quarry`: the command-line entry point. Thin clap dispatch into the workspace crates; errors
+//! end the process through [`exit`] (one exit code and JSON form per error type). The only place
+//! `anyhow` is used.
+
+mod exit;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -12,8 +14,10 @@ use clap::{Parser, Subcommand};
 use importer::checksum::Checksum;
 use importer::format::ImageFormat;
 use importer::import::{ImportReport, ImportRequest, import};
-use importer::progress::{Progress, serve_metrics};
+use importer::progress::{Progress, ProgressBar, serve_metrics};
 use importer::source::SourceSpec;
+
+use exit::{done, exit, report};
 
 #[derive(Parser)]
 #[command(
@@ -192,10 +196,18 @@ fn parse_header(s: &str) -> Result<(String, String), String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tune_allocator();
+    let success = |ok: bool| {
+        if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    };
     match cli.command {
         Command::Import(args) => {
             init_logs("warn");
-            run_import(*args)
+            let json = args.json;
+            report(import_command(*args), json, ImportReport::summary)
         }
         Command::Csi(args) => {
             init_logs("info");
@@ -203,46 +215,32 @@ fn main() -> ExitCode {
         }
         Command::Launch(args) => {
             init_logs("warn");
-            run_launch(&args)
+            done(launcher::cli::run_launch(&args))
         }
         Command::Vmctl(args) => {
             init_logs("warn");
-            report(
-                current_thread()
-                    .and_then(|rt| Ok(rt.block_on(launcher::cli::vmctl(args))?))
-                    .map(|()| ExitCode::SUCCESS),
-            )
+            done(launcher::cli::run_vmctl(args))
         }
         Command::UploadServer(args) => {
             init_logs("info");
-            uploader_exit(uploader::cli::run_server(args), false)
+            done(uploader::cli::run_server(args))
         }
         Command::UploadProxy(args) => {
             init_logs("info");
-            uploader_exit(uploader::cli::run_proxy(args), false)
+            done(uploader::cli::run_proxy(args))
         }
         Command::UploadToken(args) => {
             init_logs("warn");
-            uploader_exit(uploader::cli::run_token(args), false)
+            done(uploader::cli::run_token(args))
         }
         Command::Upload(args) => {
             init_logs("warn");
             let json = args.json;
-            let result = uploader::cli::run_upload(args).map(|report| {
-                if json {
-                    print_json(&report);
-                } else {
-                    eprintln!(
-                        "uploaded {} ({} bytes, {} sent in {} attempt(s)) in {:.2}s",
-                        report.file,
-                        report.bytes,
-                        report.bytes_sent,
-                        report.attempts,
-                        report.duration_seconds
-                    );
-                }
-            });
-            uploader_exit(result, json)
+            report(
+                uploader::cli::run_upload(args),
+                json,
+                uploader::client::UploadReport::summary,
+            )
         }
         Command::Controller(args) => {
             init_logs("info");
@@ -250,18 +248,15 @@ fn main() -> ExitCode {
         }
         Command::Apply(args) => {
             init_logs("warn");
-            report(run_apply(&args))
+            exit(operators::cli::apply(&args).map(success), false)
         }
         Command::Get(args) => {
             init_logs("warn");
-            report(
-                operators::cli::get(&args)
-                    .map(|text| {
-                        print!("{text}");
-                        ExitCode::SUCCESS
-                    })
-                    .map_err(Into::into),
-            )
+            let result = operators::cli::get(&args).map(|text| {
+                print!("{text}");
+                ExitCode::SUCCESS
+            });
+            exit(result, false)
         }
         Command::Apiserver(args) => {
             init_logs("info");
@@ -269,146 +264,18 @@ fn main() -> ExitCode {
         }
         Command::GenDeploy(args) => {
             init_logs("warn");
-            report(
-                operators::cli::gen_deploy(&args)
-                    .map(|files| {
-                        for f in &files {
-                            println!(
-                                "{}{}",
-                                if args.check { "stale: " } else { "wrote " },
-                                f.display()
-                            );
-                        }
-                        if args.check && !files.is_empty() {
-                            ExitCode::FAILURE
-                        } else {
-                            ExitCode::SUCCESS
-                        }
-                    })
-                    .map_err(Into::into),
-            )
-        }
-    }
-}
-
-/// A `--json` report: one line on stdout.
-fn print_json(report: &impl serde::Serialize) {
-    println!(
-        "{}",
-        serde_json::to_string(report).expect("report serialises")
-    );
-}
-
-/// Exit status of the uploader's subcommands: 0, or 1 with the error (as JSON too with `json`).
-fn uploader_exit(result: Result<(), uploader::Error>, json: bool) -> ExitCode {
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            if json {
-                let kind = err.kind();
-                let line = serde_json::json!({
-                    "error": importer::error::chain(&err),
-                    "kind": kind.as_str(),
-                    "retryable": kind.is_retryable(),
-                });
-                println!("{line}");
-            }
-            print_error(&err);
-            ExitCode::FAILURE
+            exit(operators::cli::gen_deploy(&args).map(success), false)
         }
     }
 }
 
 /// Runs a long-lived service on a multi-threaded runtime until it ends.
-fn serve<E>(service: impl std::future::Future<Output = Result<(), E>>) -> ExitCode
-where
-    E: std::error::Error + Send + Sync + 'static,
-{
-    let served = tokio::runtime::Runtime::new()
-        .map_err(anyhow::Error::from)
-        .and_then(|rt| Ok(rt.block_on(service)?));
-    report(served.map(|()| ExitCode::SUCCESS))
-}
-
-fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
-    result.unwrap_or_else(|err| {
-        print_error(err.as_ref());
-        ExitCode::FAILURE
-    })
-}
-
-/// Prints a command's error on stderr: the message and each cause once.
-fn print_error(err: &(dyn std::error::Error + 'static)) {
-    eprintln!("error: {}", importer::error::chain(err));
-}
-
-/// `quarry apply`: exit 0 when the DataVolume succeeded, 1 when it failed (its status says why).
-fn run_apply(args: &operators::cli::ApplyArgs) -> anyhow::Result<ExitCode> {
-    let dv = args.manifest()?;
-    let progress = Arc::new(Progress::default());
-    let bar = ProgressBar::start(progress.clone());
-    let result = operators::datavolume::local::apply(dv, &args.options(), progress);
-    bar.finish();
-    let dv = result?;
-    let status = dv.status.clone().unwrap_or_default();
-    let phase = status.phase.map(|p| p.as_str()).unwrap_or("Unknown");
-    let name = dv.metadata.name.as_deref().unwrap_or_default();
-    if status.phase == Some(operators::api::Phase::Succeeded) {
-        eprintln!("datavolume/{name} {phase}");
-        Ok(ExitCode::SUCCESS)
-    } else {
-        let why = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Ready")
-            .map(|c| {
-                format!(
-                    "{}: {}",
-                    c.reason.as_deref().unwrap_or_default(),
-                    c.message.as_deref().unwrap_or_default()
-                )
-            })
-            .unwrap_or_default();
-        eprintln!("datavolume/{name} {phase}: {why}");
-        Ok(ExitCode::FAILURE)
-    }
-}
-
-/// The launcher runs on the main thread only: qemu's PR_SET_PDEATHSIG is tied to the thread that
-/// started it, which must live as long as the process.
-fn current_thread() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?)
-}
-
-/// `quarry launch`: 0 when the guest powered off, 1 when the VM failed, 2 for a bad spec.
-fn run_launch(args: &launcher::cli::LaunchArgs) -> ExitCode {
-    let spec = match args.to_spec() {
-        Ok(spec) => spec,
-        Err(err) => {
-            print_error(&err);
-            return ExitCode::from(2);
-        }
-    };
-    match current_thread().and_then(|rt| Ok(rt.block_on(launcher::cli::launch(spec))?)) {
-        Ok(outcome) if outcome.state == launcher::State::Succeeded => ExitCode::SUCCESS,
-        Ok(outcome) => {
-            eprintln!(
-                "error: VM failed: {}: {}",
-                outcome.reason.code, outcome.reason.message
-            );
-            // a spec error found only on the host (a missing disk) is still a spec error
-            if outcome.reason.code == "InvalidSpec" {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-        Err(err) => {
-            print_error(err.as_ref());
-            ExitCode::FAILURE
-        }
+fn serve<E: exit::CommandError>(
+    service: impl std::future::Future<Output = Result<(), E>>,
+) -> ExitCode {
+    match tokio::runtime::Runtime::new() {
+        Ok(rt) => done(rt.block_on(service)),
+        Err(err) => done(Err::<(), _>(err)),
     }
 }
 
@@ -441,44 +308,6 @@ fn init_logs(default: &str) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal() && !no_color)
         .init();
-}
-
-fn run_import(args: ImportArgs) -> ExitCode {
-    let json = args.json;
-    match import_command(args) {
-        Ok(report) => {
-            if json {
-                print_json(&report);
-            } else {
-                eprintln!(
-                    "imported {} ({}) into {}: {} bytes virtual, {} data bytes written in {:.2}s",
-                    report.source,
-                    report.format_chain.join(" > "),
-                    report.target,
-                    report.virtual_size,
-                    report.bytes_written,
-                    report.duration_seconds
-                );
-            }
-            ExitCode::SUCCESS
-        }
-        Err(err) => {
-            let (code, kind) = match err.downcast_ref::<importer::Error>() {
-                Some(e) => (e.kind().exit_code(), Some(e.kind())),
-                None => (1, None),
-            };
-            if json {
-                let line = serde_json::json!({
-                    "error": importer::error::chain(err.as_ref()),
-                    "kind": kind.map(|k| k.as_str()),
-                    "retryable": kind.map(|k| k.is_retryable()),
-                });
-                println!("{line}");
-            }
-            print_error(err.as_ref());
-            ExitCode::from(code as u8)
-        }
-    }
 }
 
 /// Fills the registry and S3 options of `spec` from the arguments; an http(s) URL becomes an S3
@@ -574,51 +403,4 @@ fn basic_auth(args: &ImportArgs) -> anyhow::Result<Option<(String, String)>> {
         (None, None) => String::new(),
     };
     Ok(Some((user, password)))
-}
-
-/// A terminal progress bar fed from the import's counters (hidden when stderr is not a terminal).
-struct ProgressBar {
-    /// Dropped to stop the bar: its thread wakes at once instead of finishing a 100 ms tick,
-    /// which small imports would otherwise wait for.
-    stop: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl ProgressBar {
-    fn start(progress: Arc<Progress>) -> Self {
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let bar = indicatif::ProgressBar::with_draw_target(
-                Some(10_000),
-                indicatif::ProgressDrawTarget::stderr(),
-            );
-            bar.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{spinner} [{elapsed_precise}] {wide_bar} {percent:>3}% {msg}",
-                )
-                .expect("valid template"),
-            );
-            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                stopped.recv_timeout(Duration::from_millis(100))
-            {
-                if let Some(p) = progress.percent() {
-                    bar.set_position((p * 100.0) as u64);
-                }
-                let written = progress.data_written.load(Ordering::Relaxed);
-                bar.set_message(format!("{} MiB written", written >> 20));
-            }
-            bar.finish_and_clear();
-        });
-        ProgressBar {
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-
-    fn finish(mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
 }

@@ -13,7 +13,7 @@ use std::time::Instant;
 use crate::checksum::{Checksum, Hasher};
 use crate::decode::{self, Compression};
 use crate::error::{Error, Result};
-use crate::format::qcow2::{Qcow2FileReader, Qcow2Reader};
+use crate::format::qcow2::Qcow2Reader;
 use crate::format::raw::{RawReader, SparseFileReader};
 use crate::format::{self, FormatReader, ImageFormat, ReaderOptions};
 use crate::peek::Peeked;
@@ -90,6 +90,21 @@ pub struct ImportReport {
     /// Checksum of the source bytes, `ALG:HEX`, when one was requested.
     pub source_checksum: Option<String>,
     pub duration_seconds: f64,
+}
+
+impl ImportReport {
+    /// The one-line summary `quarry import` prints without `--json`.
+    pub fn summary(&self) -> String {
+        format!(
+            "imported {} ({}) into {}: {} bytes virtual, {} data bytes written in {:.2}s",
+            self.source,
+            self.format_chain.join(" > "),
+            self.target,
+            self.virtual_size,
+            self.bytes_written,
+            self.duration_seconds
+        )
+    }
 }
 
 /// Counts and hashes the source bytes as they pass.
@@ -200,7 +215,7 @@ struct Opened {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct MemoryPlan {
     /// The stage reading (and hashing) the source.
-    source: pipe::Geometry,
+    source: pipe::StageBuffers,
     /// A stage between the decoders and the format reader, so decompression and parsing run on
     /// two threads.
     decode_stage: bool,
@@ -213,7 +228,7 @@ struct MemoryPlan {
 impl MemoryPlan {
     /// Uncompressed input, or a local file read in place.
     const PLAIN: MemoryPlan = MemoryPlan {
-        source: pipe::Geometry::DEFAULT,
+        source: pipe::StageBuffers::DEFAULT,
         decode_stage: false,
         read_ahead: format::READ_AHEAD,
         bounce: Bounce::FULL,
@@ -223,7 +238,7 @@ impl MemoryPlan {
     /// behind it would only add a copy and memory), and its decoding (~250 MB/s a thread) is far
     /// slower than reading or writing, which small buffers keep up with.
     const LEAN: MemoryPlan = MemoryPlan {
-        source: pipe::Geometry::LEAN,
+        source: pipe::StageBuffers::LEAN,
         decode_stage: false,
         read_ahead: 256 << 10,
         bounce: Bounce::LEAN,
@@ -234,7 +249,7 @@ impl MemoryPlan {
     fn buffers(&self) -> usize {
         self.source.memory()
             + if self.decode_stage {
-                pipe::Geometry::DEFAULT.memory()
+                pipe::StageBuffers::DEFAULT.memory()
             } else {
                 0
             }
@@ -409,16 +424,14 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
         return Ok(None); // a pipe or device: stream it
     };
     let head = Peeked::new(&file, decode::SNIFF_LEN).map_err(|e| Error::from_read(e, "source"))?;
-    let format = req
-        .format
-        .unwrap_or_else(|| format::detect_named(head.head(), &info.name));
     if decode::detect(head.head()).is_some() {
-        return Ok(None); // compressed: stream it through the decoders
+        return Ok(None); // compressed: stream it through the decoders, which detect its format
     }
+    let format = image_format(req, head.head(), &info.name);
     let reader: Box<dyn FormatReader> = match format {
         ImageFormat::Raw => Box::new(SparseFileReader::new(file, length)),
-        ImageFormat::Qcow2 => Box::new(Qcow2FileReader::open(file, length)?),
-        _ => return Ok(None),
+        ImageFormat::Qcow2 => Box::new(Qcow2Reader::open(file, length)?),
+        other => return Err(refused(other)),
     };
     Ok(Some(Opened {
         source_length: Some(length),
@@ -495,9 +508,7 @@ fn open_layers(
 ) -> Result<OpenedLayers> {
     let source_length = info.length;
     let (decoded, layers) = decode::unwrap_layers(Box::new(raw_stream))?;
-    let format = req
-        .format
-        .unwrap_or_else(|| format::detect_named(decoded.head(), &info.name));
+    let format = image_format(req, decoded.head(), &info.name);
     let plan = MemoryPlan::for_layers(&layers);
     tracing::debug!(?plan, buffers = plan.buffers(), ?layers, "memory plan");
     let stream: Box<dyn std::io::Read + Send> = if plan.decode_stage {
@@ -562,20 +573,31 @@ fn open_reader(
             opts.read_ahead,
         )),
         ImageFormat::Qcow2 => Box::new(Qcow2Reader::new(stream, &opts)?),
-        ImageFormat::Luks => {
-            return Err(Error::Unsupported(
-                "the image is LUKS-encrypted (luks): Quarry does not decrypt images; decrypt it \
-                 with `qemu-img convert -O qcow2 --object secret,...` first"
-                    .into(),
-            ));
-        }
-        other => {
-            return Err(Error::Unsupported(format!(
-                "{} images are not supported; convert with `qemu-img convert -O qcow2` first",
-                other.as_str()
-            )));
-        }
+        other => return Err(refused(other)),
     })
+}
+
+/// The format of the (decoded) image whose first bytes are `head`: the requested one, else the
+/// one its magic (or a `.dmg` name) says. Each import names its format here, once: a local file
+/// after seeing it is not compressed, a stream after its compression layers are peeled.
+fn image_format(req: &ImportRequest, head: &[u8], name: &str) -> ImageFormat {
+    req.format
+        .unwrap_or_else(|| format::detect_named(head, name))
+}
+
+/// Why an image of a format Quarry has no reader for is refused.
+fn refused(format: ImageFormat) -> Error {
+    if format == ImageFormat::Luks {
+        return Error::Unsupported(
+            "the image is LUKS-encrypted (luks): Quarry does not decrypt images; decrypt it \
+             with `qemu-img convert -O qcow2 --object secret,...` first"
+                .into(),
+        );
+    }
+    Error::Unsupported(format!(
+        "{} images are not supported; convert with `qemu-img convert -O qcow2` first",
+        format.as_str()
+    ))
 }
 
 /// Spill files live beside a file target (on the volume being filled), or in the temp directory
@@ -602,7 +624,7 @@ mod tests {
             &[Compression::Gzip, Compression::Xz],
         ] {
             let plan = MemoryPlan::for_layers(layers);
-            assert_eq!(plan.source, pipe::Geometry::LEAN, "{layers:?}");
+            assert_eq!(plan.source, pipe::StageBuffers::LEAN, "{layers:?}");
             assert_eq!(plan.bounce, Bounce::LEAN, "{layers:?}");
             assert!(!plan.decode_stage, "{layers:?}");
         }
@@ -616,7 +638,7 @@ mod tests {
         ] {
             let plan = MemoryPlan::for_layers(layers);
             assert!(plan.decode_stage, "{layers:?}");
-            assert_eq!(plan.source, pipe::Geometry::DEFAULT);
+            assert_eq!(plan.source, pipe::StageBuffers::DEFAULT);
             assert_eq!(plan.bounce, Bounce::FULL);
         }
         assert_eq!(MemoryPlan::for_layers(&[]), MemoryPlan::PLAIN);

@@ -1,6 +1,6 @@
 //! Pipeline stages: a thread that reads one stream and hands its bytes, in bounded chunks, to the
 //! next stage through a bounded channel. Memory between two stages is at most
-//! [`Geometry::memory`], whatever the image size: the reader hands each emptied chunk back to the
+//! [`StageBuffers::memory`], whatever the image size: the reader hands each emptied chunk back to the
 //! stage for reuse, so a long import does not churn the allocator.
 
 use std::io::{self, Read};
@@ -16,20 +16,20 @@ pub const DEPTH: usize = 8;
 
 /// How much one stage holds: chunks in flight and their size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Geometry {
+pub struct StageBuffers {
     pub depth: usize,
     pub chunk: usize,
 }
 
-impl Geometry {
+impl StageBuffers {
     /// Decouples a reader from a consumer of about the same speed.
-    pub const DEFAULT: Geometry = Geometry {
+    pub const DEFAULT: StageBuffers = StageBuffers {
         depth: DEPTH,
         chunk: CHUNK_SIZE,
     };
     /// For a consumer that buffers its input itself and is far slower than the reader (liblzma
     /// copies whole compressed blocks into its threads' buffers): a few small chunks suffice.
-    pub const LEAN: Geometry = Geometry {
+    pub const LEAN: StageBuffers = StageBuffers {
         depth: 2,
         chunk: 64 << 10,
     };
@@ -122,7 +122,7 @@ where
     R: Read + Send + 'static,
     O: ChunkObserver,
 {
-    spawn_with(name, input, observer, Geometry::DEFAULT)
+    spawn_with(name, input, observer, StageBuffers::DEFAULT)
 }
 
 /// [`spawn`] with the given chunk size and depth.
@@ -130,13 +130,13 @@ pub fn spawn_with<R, O>(
     name: &str,
     mut input: R,
     mut observer: O,
-    geometry: Geometry,
+    buffers: StageBuffers,
 ) -> (ChannelReader, Stage<O>)
 where
     R: Read + Send + 'static,
     O: ChunkObserver,
 {
-    let Geometry { depth, chunk: size } = geometry;
+    let StageBuffers { depth, chunk: size } = buffers;
     let (tx, rx) = sync_channel::<Chunk>(depth.max(1));
     // Every chunk the stage ever allocates fits in the recycling channel, so the consumer never
     // has to drop one, and the stage waits for one to come back instead of allocating anew
@@ -243,11 +243,15 @@ mod tests {
 
     #[test]
     fn a_lean_stage_passes_every_byte_in_order() {
-        let data: Vec<u8> = (0..5 * Geometry::LEAN.chunk + 3)
+        let data: Vec<u8> = (0..5 * StageBuffers::LEAN.chunk + 3)
             .map(|i| (i % 253) as u8)
             .collect();
-        let (mut rx, stage) =
-            spawn_with("t", io::Cursor::new(data.clone()), Count(0), Geometry::LEAN);
+        let (mut rx, stage) = spawn_with(
+            "t",
+            io::Cursor::new(data.clone()),
+            Count(0),
+            StageBuffers::LEAN,
+        );
         let mut out = Vec::new();
         rx.read_to_end(&mut out).unwrap();
         assert_eq!(out, data);
@@ -272,7 +276,7 @@ mod tests {
                 self.0.insert(chunk.as_ptr() as usize);
             }
         }
-        let geometry = Geometry {
+        let geometry = StageBuffers {
             depth: 2,
             chunk: 4096,
         };

@@ -1,5 +1,6 @@
-//! Import progress: counters updated by the pipeline, read by the progress bar and by the
-//! Prometheus endpoint (`kubevirt_cdi_import_progress_total{ownerUID}`, as CDI's importer serves).
+//! Import progress: counters updated by the pipeline, read by the terminal progress bar
+//! ([`ProgressBar`]) and by the Prometheus endpoint (`kubevirt_cdi_import_progress_total{ownerUID}`,
+//! as CDI's importer serves).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -104,6 +105,53 @@ pub fn render_metrics(owner_uid: &str, progress: &Progress) -> String {
     let mut out = String::new();
     encode(&mut out, &registry).expect("encoding metrics into a String");
     out
+}
+
+/// A terminal progress bar fed from an import's counters (hidden when stderr is not a terminal).
+pub struct ProgressBar {
+    /// Dropped to stop the bar: its thread wakes at once instead of finishing a 100 ms tick,
+    /// which small imports would otherwise wait for.
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ProgressBar {
+    pub fn start(progress: Arc<Progress>) -> Self {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let bar = indicatif::ProgressBar::with_draw_target(
+                Some(10_000),
+                indicatif::ProgressDrawTarget::stderr(),
+            );
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {wide_bar} {percent:>3}% {msg}",
+                )
+                .expect("valid template"),
+            );
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(std::time::Duration::from_millis(100))
+            {
+                if let Some(p) = progress.percent() {
+                    bar.set_position((p * 100.0) as u64);
+                }
+                let written = progress.data_written.load(Ordering::Relaxed);
+                bar.set_message(format!("{} MiB written", written >> 20));
+            }
+            bar.finish_and_clear();
+        });
+        ProgressBar {
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    pub fn finish(mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 #[cfg(test)]

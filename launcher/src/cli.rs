@@ -205,6 +205,63 @@ pub async fn vmctl(args: VmctlArgs) -> Result<()> {
     control::request(&args.control, &req).await
 }
 
+/// Why `quarry launch` did not end with the guest powered off; [`LaunchFailure::exit_code`] is
+/// the documented exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchFailure {
+    /// The spec (or the flags) are wrong.
+    #[error(transparent)]
+    Spec(Error),
+    /// The launcher itself failed.
+    #[error(transparent)]
+    Launcher(Error),
+    /// The VM ran and failed; `code` is its status reason.
+    #[error("VM failed: {code}: {message}")]
+    Vm { code: &'static str, message: String },
+}
+
+impl LaunchFailure {
+    /// 2 for a bad spec, 1 for a failed VM or launcher.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            LaunchFailure::Spec(_) => 2,
+            // a spec error found only on the host (a missing disk) is still a spec error
+            LaunchFailure::Vm { code, .. } if *code == "InvalidSpec" => 2,
+            LaunchFailure::Launcher(_) | LaunchFailure::Vm { .. } => 1,
+        }
+    }
+}
+
+/// The launcher runs on the main thread only: qemu's PR_SET_PDEATHSIG is tied to the thread that
+/// started it, which must live as long as the process.
+fn current_thread() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("starting the async runtime", e))
+}
+
+/// `quarry launch`, on the calling thread: Ok once the guest powered off.
+pub fn run_launch(args: &LaunchArgs) -> std::result::Result<(), LaunchFailure> {
+    let spec = args.to_spec().map_err(LaunchFailure::Spec)?;
+    let outcome = current_thread()
+        .and_then(|rt| rt.block_on(launch(spec)))
+        .map_err(LaunchFailure::Launcher)?;
+    if outcome.state == crate::State::Succeeded {
+        Ok(())
+    } else {
+        Err(LaunchFailure::Vm {
+            code: outcome.reason.code,
+            message: outcome.reason.message,
+        })
+    }
+}
+
+/// `quarry vmctl`, on the calling thread.
+pub fn run_vmctl(args: VmctlArgs) -> Result<()> {
+    current_thread()?.block_on(vmctl(args))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -369,6 +369,39 @@ impl ApplyArgs {
     }
 }
 
+/// `quarry apply`: runs the DataVolume with a terminal progress bar and prints its final phase
+/// (and, when it failed, its Ready condition's reason and message) on stderr. True when it
+/// succeeded.
+pub fn apply(args: &ApplyArgs) -> Result<bool> {
+    let dv = args.manifest()?;
+    let progress = Arc::new(importer::progress::Progress::default());
+    let bar = importer::progress::ProgressBar::start(progress.clone());
+    let result = local::apply(dv, &args.options(), progress);
+    bar.finish();
+    let dv = result?;
+    let status = dv.status.clone().unwrap_or_default();
+    let phase = status.phase.map(|p| p.as_str()).unwrap_or("Unknown");
+    let name = dv.metadata.name.as_deref().unwrap_or_default();
+    if status.phase == Some(crate::api::Phase::Succeeded) {
+        eprintln!("datavolume/{name} {phase}");
+        return Ok(true);
+    }
+    let why = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c.reason.as_deref().unwrap_or_default(),
+                c.message.as_deref().unwrap_or_default()
+            )
+        })
+        .unwrap_or_default();
+    eprintln!("datavolume/{name} {phase}: {why}");
+    Ok(false)
+}
+
 /// Output formats of `quarry get`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Output {
@@ -446,13 +479,19 @@ pub struct GenDeployArgs {
     pub image: String,
 }
 
-/// Writes (or checks) the generated manifests; returns the files written or found stale.
-pub fn gen_deploy(args: &GenDeployArgs) -> Result<Vec<PathBuf>> {
-    if args.check {
-        crate::deploy::stale(&args.root, &args.image)
+/// Writes (or checks) the generated manifests, naming each file written or found stale on stdout;
+/// false when `--check` found stale files.
+pub fn gen_deploy(args: &GenDeployArgs) -> Result<bool> {
+    let files = if args.check {
+        crate::deploy::stale(&args.root, &args.image)?
     } else {
-        crate::deploy::write(&args.root, &args.image)
+        crate::deploy::write(&args.root, &args.image)?
+    };
+    for f in &files {
+        let what = if args.check { "stale: " } else { "wrote " };
+        println!("{what}{}", f.display());
     }
+    Ok(!args.check || files.is_empty())
 }
 
 #[cfg(test)]

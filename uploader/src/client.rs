@@ -60,6 +60,16 @@ pub struct UploadReport {
     pub duration_seconds: f64,
 }
 
+impl UploadReport {
+    /// The one-line summary `quarry upload` prints without `--json`.
+    pub fn summary(&self) -> String {
+        format!(
+            "uploaded {} ({} bytes, {} sent in {} attempt(s)) in {:.2}s",
+            self.file, self.bytes, self.bytes_sent, self.attempts, self.duration_seconds
+        )
+    }
+}
+
 /// Counters a progress bar can follow.
 #[derive(Debug, Default)]
 pub struct Counters {

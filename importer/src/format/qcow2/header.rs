@@ -7,6 +7,7 @@
 //! [`Error::Corrupt`] for headers that contradict themselves. The checks follow qemu's
 //! `qcow2_do_open` so that what qemu opens, this opens, and the limits are qemu's.
 
+use super::{be32, be64};
 use crate::error::{Error, Result};
 
 /// The four bytes every qcow image starts with.
@@ -137,14 +138,6 @@ impl Header {
 
 fn corrupt(msg: impl std::fmt::Display) -> Error {
     Error::Corrupt(format!("qcow2 header: {msg}"))
-}
-
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn be64(b: &[u8], at: usize) -> u64 {
-    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 /// Reads the cluster_bits field if the buffer is long enough and it is in range: how many bytes

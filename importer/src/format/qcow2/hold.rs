@@ -24,7 +24,7 @@ impl Seg {
     }
 }
 
-pub(crate) struct Hold {
+pub(crate) struct HeldBytes {
     budget: usize,
     in_memory: usize,
     segs: BTreeMap<u64, Seg>,
@@ -37,9 +37,9 @@ pub(crate) struct Hold {
     pub held_bytes: u64,
 }
 
-impl Hold {
-    pub fn new(budget: usize, spill_dir: PathBuf) -> Hold {
-        Hold {
+impl HeldBytes {
+    pub fn new(budget: usize, spill_dir: PathBuf) -> HeldBytes {
+        HeldBytes {
             budget,
             in_memory: 0,
             segs: BTreeMap::new(),
@@ -211,7 +211,7 @@ mod tests {
     #[test]
     fn reads_back_across_memory_and_spilled_segments() {
         let dir = tempfile::tempdir().unwrap();
-        let mut h = Hold::new(100, dir.path().into());
+        let mut h = HeldBytes::new(100, dir.path().into());
         let a = bytes(80, 1);
         let b = bytes(80, 2);
         h.add(1000, &a).unwrap();
@@ -230,7 +230,7 @@ mod tests {
     fn release_trims_and_splits_segments() {
         let dir = tempfile::tempdir().unwrap();
         for budget in [0, 1 << 20] {
-            let mut h = Hold::new(budget, dir.path().into());
+            let mut h = HeldBytes::new(budget, dir.path().into());
             let a = bytes(100, 3);
             h.add(0, &a).unwrap();
             h.release(10, 20);
@@ -249,7 +249,7 @@ mod tests {
     #[test]
     fn memory_is_reused_after_release() {
         let dir = tempfile::tempdir().unwrap();
-        let mut h = Hold::new(100, dir.path().into());
+        let mut h = HeldBytes::new(100, dir.path().into());
         h.add(0, &bytes(100, 0)).unwrap();
         h.release(0, 100);
         h.add(100, &bytes(100, 0)).unwrap();

@@ -1,5 +1,10 @@
 //! Pure decoding of L1 entries, L2 entries (standard and extended) and compressed cluster
-//! descriptors, following qemu's `qcow2_get_cluster_type` / `qcow2_get_subcluster_type`.
+//! descriptors, following qemu's `qcow2_get_cluster_type` / `qcow2_get_subcluster_type`, and of
+//! whole L2 tables.
+
+use super::error::Qcow2Error;
+use super::geometry::ClusterGeometry;
+use crate::error::{Error, Result};
 
 /// Bits 9..=55 of an L1 entry: the L2 table's host offset.
 pub const L1E_OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
@@ -14,12 +19,12 @@ pub const SECTOR: u64 = 512;
 
 /// Decodes an L1 entry: `Ok(None)` when no L2 table is allocated, else the L2 table's offset.
 /// Reserved bits are ignored, as qemu does.
-pub fn l1_entry(raw: u64, cluster_bits: u32) -> Result<Option<u64>, String> {
+pub fn l1_entry(raw: u64, cluster_bits: u32) -> Result<Option<u64>, Qcow2Error> {
     let off = raw & L1E_OFFSET_MASK;
     if off == 0 {
         Ok(None)
     } else if off & ((1 << cluster_bits) - 1) != 0 {
-        Err(format!("L2 table offset {off:#x} is not cluster aligned"))
+        Err(Qcow2Error::MisalignedL2Table { offset: off })
     } else {
         Ok(Some(off))
     }
@@ -70,7 +75,7 @@ pub enum Mapping {
 
 /// Decodes one L2 entry. `bitmap` is the second half of an extended entry (`None` for standard
 /// entries).
-pub fn l2_entry(raw: u64, bitmap: Option<u64>, cluster_bits: u32) -> Result<Mapping, String> {
+pub fn l2_entry(raw: u64, bitmap: Option<u64>, cluster_bits: u32) -> Result<Mapping, Qcow2Error> {
     if raw & OFLAG_COMPRESSED != 0 {
         // The subcluster bitmap of a compressed cluster is ignored.
         return Ok(Mapping::Compressed(compressed(raw, cluster_bits)));
@@ -78,9 +83,7 @@ pub fn l2_entry(raw: u64, bitmap: Option<u64>, cluster_bits: u32) -> Result<Mapp
     let host = raw & L2E_OFFSET_MASK;
     let aligned = || {
         if host & ((1 << cluster_bits) - 1) != 0 {
-            Err(format!(
-                "data cluster offset {host:#x} is not cluster aligned"
-            ))
+            Err(Qcow2Error::MisalignedDataCluster { offset: host })
         } else {
             Ok(())
         }
@@ -104,17 +107,13 @@ pub fn l2_entry(raw: u64, bitmap: Option<u64>, cluster_bits: u32) -> Result<Mapp
             let zero = (bitmap >> 32) as u32;
             if host == 0 {
                 if alloc != 0 {
-                    return Err(format!(
-                        "unallocated cluster has allocated subclusters (bitmap {bitmap:#018x})"
-                    ));
+                    return Err(Qcow2Error::UnallocatedWithSubclusters { bitmap });
                 }
                 Ok(Mapping::Zero)
             } else {
                 aligned()?;
                 if alloc & zero != 0 {
-                    return Err(format!(
-                        "subclusters both allocated and zero (bitmap {bitmap:#018x})"
-                    ));
+                    return Err(Qcow2Error::SubclustersAllocatedAndZero { bitmap });
                 }
                 if alloc == 0 {
                     Ok(Mapping::Zero)
@@ -127,6 +126,33 @@ pub fn l2_entry(raw: u64, bitmap: Option<u64>, cluster_bits: u32) -> Result<Mapp
             }
         }
     }
+}
+
+/// Decodes the entries of the L2 table at host offset `table`, for L1 entry `l1_index`, that map
+/// the virtual disk, into `out` as (guest cluster, mapping).
+pub(super) fn decode_table(
+    bytes: &[u8],
+    g: &ClusterGeometry,
+    l1_index: u64,
+    table: u64,
+    out: &mut Vec<(u64, Mapping)>,
+) -> Result<()> {
+    out.clear();
+    let g0 = l1_index * g.l2_entries;
+    let n = g.l2_entries.min(g.guest_clusters - g0);
+    let esize = if g.extended { 16 } else { 8 };
+    for j in 0..n as usize {
+        let raw = super::be64(bytes, j * esize);
+        let bitmap = g.extended.then(|| super::be64(bytes, j * esize + 8));
+        let m = l2_entry(raw, bitmap, g.cluster_bits).map_err(|e| {
+            Error::Corrupt(format!(
+                "qcow2 L2 table at {table:#x}, entry {j} (guest offset {:#x}): {e}",
+                (g0 + j as u64) << g.cluster_bits
+            ))
+        })?;
+        out.push((g0 + j as u64, m));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

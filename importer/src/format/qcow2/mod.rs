@@ -3,6 +3,10 @@
 //!
 //! - [`header`]: pure parse and validation of the header and its extensions;
 //! - [`l2`]: pure decoding of L1/L2 entries and compressed cluster descriptors;
+//! - [`error`]: what the pure decoders find wrong with an entry;
+//! - `geometry`: cluster geometry and what a guest cluster reads of its host cluster;
+//! - `extent`: guest data and zero ranges handed to the sink (both converters);
+//! - `roles`: host clusters whose role the header fixes (both converters);
 //! - `stream`: the single-pass converter (see its docs for the algorithm and memory bounds);
 //! - `seek`: the random-access converter for local files (tables first, data in parallel);
 //! - `hold`: bytes that arrive before their role is known (memory, then a spill file);
@@ -20,6 +24,9 @@ use crate::error::{Error, Result};
 use crate::format::{FormatReader, ImageFormat, ReaderOptions};
 use crate::sink::ExtentSink;
 
+pub mod error;
+mod extent;
+mod geometry;
 pub mod header;
 mod hold;
 mod inflate;
@@ -31,15 +38,40 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
+pub use error::Qcow2Error;
 pub use header::{Compression, Header, MAGIC};
 pub use stream::Qcow2Stats;
 
-/// A qcow2 image whose header has been read and validated, ready to stream.
+/// A qcow2 image whose header has been read and validated, ready to convert: from a stream in one
+/// pass ([`Qcow2Reader::new`]), or from a local file by random access ([`Qcow2Reader::open`]).
 pub struct Qcow2Reader {
     header: Header,
-    head: Vec<u8>,
-    reader: Box<dyn Read + Send>,
-    opts: ReaderOptions,
+    input: Input,
+}
+
+/// The random-access reader's name: [`Qcow2Reader::open`] builds one.
+pub type Qcow2FileReader = Qcow2Reader;
+
+/// Where the image's bytes come from.
+enum Input {
+    /// A stream, of which `head` (the header cluster) has been read already.
+    Stream {
+        head: Vec<u8>,
+        reader: Box<dyn Read + Send>,
+        opts: ReaderOptions,
+    },
+    /// A local file of `length` bytes, read at random (see `seek`): tables first, then data read
+    /// and inflated on several threads.
+    File { file: std::fs::File, length: u64 },
+}
+
+/// Big-endian integers at `at` in `b`, as every qcow2 structure stores them.
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn be64(b: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 /// Reads until `buf` holds `want` bytes or the stream ends.
@@ -69,37 +101,18 @@ impl Qcow2Reader {
         read_up_to(&mut reader, &mut head, 1 << header::MIN_CLUSTER_BITS)?;
         let want = header::wanted_len(&head);
         read_up_to(&mut reader, &mut head, want)?;
-        let header = header::parse(&head)?;
         Ok(Qcow2Reader {
-            header,
-            head,
-            reader,
-            opts: opts.clone(),
+            header: header::parse(&head)?,
+            input: Input::Stream {
+                head,
+                reader,
+                opts: opts.clone(),
+            },
         })
     }
 
-    /// The validated header.
-    pub fn header(&self) -> &Header {
-        &self.header
-    }
-
-    /// Streams the guest disk into `sink` (every byte of `[0, virtual_size)` exactly once) and
-    /// tells what it took.
-    pub fn convert(self, sink: &mut dyn ExtentSink) -> Result<Qcow2Stats> {
-        stream::Stream::new(&self.header, self.head, self.reader, &self.opts, sink).run()
-    }
-}
-
-/// A qcow2 image in a local file, converted by random access (see `seek`): tables first, then
-/// data read and inflated on several threads.
-pub struct Qcow2FileReader {
-    header: Header,
-    file: std::fs::File,
-    length: u64,
-}
-
-impl Qcow2FileReader {
-    /// Reads and validates the header of the image in `file` (`length` bytes).
+    /// Reads and validates the header of the image in the local `file` (`length` bytes), to
+    /// convert it by random access.
     pub fn open(file: std::fs::File, length: u64) -> Result<Self> {
         use std::os::unix::fs::FileExt;
         let mut head = vec![0u8; (1usize << header::MIN_CLUSTER_BITS).min(length as usize)];
@@ -111,32 +124,26 @@ impl Qcow2FileReader {
             file.read_exact_at(&mut head, 0)
                 .map_err(|e| Error::from_read(e, "qcow2 image"))?;
         }
-        Ok(Qcow2FileReader {
+        Ok(Qcow2Reader {
             header: header::parse(&head)?,
-            file,
-            length,
+            input: Input::File { file, length },
         })
     }
 
-    /// Converts the guest disk into `sink` and tells what it took.
+    /// The validated header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// Converts the guest disk into `sink` (every byte of `[0, virtual_size)` exactly once) and
+    /// tells what it took.
     pub fn convert(self, sink: &mut dyn ExtentSink) -> Result<Qcow2Stats> {
-        seek::convert(&self.header, &self.file, self.length, sink)
-    }
-}
-
-impl FormatReader for Qcow2FileReader {
-    fn format(&self) -> ImageFormat {
-        ImageFormat::Qcow2
-    }
-
-    fn virtual_size(&self) -> Option<u64> {
-        Some(self.header.virtual_size)
-    }
-
-    fn copy_to(self: Box<Self>, sink: &mut dyn ExtentSink) -> Result<u64> {
-        let size = self.header.virtual_size;
-        self.convert(sink)?;
-        Ok(size)
+        match self.input {
+            Input::Stream { head, reader, opts } => {
+                stream::Stream::new(&self.header, head, reader, &opts, sink).run()
+            }
+            Input::File { file, length } => seek::convert(&self.header, &file, length, sink),
+        }
     }
 }
 

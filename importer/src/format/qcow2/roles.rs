@@ -7,23 +7,26 @@ use super::header::Header;
 /// The fixed roles of an image's host clusters, as cluster index ranges `[first, end)`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct FixedRoles {
-    cb: u32,
+    cluster_bits: u32,
     pub l1: (u64, u64),
     pub refcount_table: (u64, u64),
 }
 
 impl FixedRoles {
     pub fn of(h: &Header) -> Self {
-        let (cb, cs) = (h.cluster_bits, h.cluster_size());
+        let (cluster_bits, cs) = (h.cluster_bits, h.cluster_size());
         let l1_len = u64::from(h.l1_entries) * 8;
         let l1 = if l1_len == 0 {
             (0, 0)
         } else {
-            (h.l1_offset >> cb, (h.l1_offset + l1_len).div_ceil(cs))
+            (
+                h.l1_offset >> cluster_bits,
+                (h.l1_offset + l1_len).div_ceil(cs),
+            )
         };
-        let rt = h.refcount_table_offset >> cb;
+        let rt = h.refcount_table_offset >> cluster_bits;
         FixedRoles {
-            cb,
+            cluster_bits,
             l1,
             refcount_table: (rt, rt + u64::from(h.refcount_table_clusters)),
         }
@@ -44,8 +47,10 @@ impl FixedRoles {
 
     /// The fixed role overlapping host bytes `[start, end)` (compressed data), if any.
     pub fn overlapping(&self, start: u64, end: u64) -> Option<&'static str> {
-        let overlaps = |(a, b): (u64, u64)| a < b && start < b << self.cb && end > a << self.cb;
-        if start < 1 << self.cb {
+        let overlaps = |(a, b): (u64, u64)| {
+            a < b && start < b << self.cluster_bits && end > a << self.cluster_bits
+        };
+        if start < 1 << self.cluster_bits {
             Some("the header")
         } else if overlaps(self.l1) {
             Some("the L1 table")

@@ -17,11 +17,12 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 
 use super::Qcow2Stats;
+use super::extent::ExtentWriter;
+use super::geometry::{ClusterGeometry, Target};
 use super::header::Header;
 use super::inflate::Inflater;
 use super::l2::{self, Compressed, Mapping};
 use super::roles::FixedRoles;
-use super::stream::{Geo, Out, Target, be64, decode_l2, emit, needed_len};
 use crate::error::{Error, Result};
 use crate::sink::ExtentSink;
 
@@ -51,7 +52,7 @@ enum Piece {
 struct Shared<'a> {
     file: &'a File,
     file_len: u64,
-    g: Geo,
+    g: ClusterGeometry,
     cancel: AtomicBool,
     bytes_read: AtomicU64,
     /// Buffers the writer is done with, for the workers to reuse.
@@ -113,7 +114,7 @@ pub(super) fn convert(
     let shared = Shared {
         file,
         file_len,
-        g: Geo::of(h),
+        g: ClusterGeometry::of(h),
         cancel: AtomicBool::new(false),
         bytes_read: AtomicU64::new(0),
         spare: Mutex::new(Vec::new()),
@@ -158,7 +159,7 @@ fn write(
     pieces: Receiver<Result<Piece>>,
     sink: &mut dyn ExtentSink,
 ) -> Result<()> {
-    let mut out = Out { sink, zero: None };
+    let mut out = ExtentWriter::new(sink);
     for piece in pieces {
         match piece? {
             Piece::Zero(start, end) => out.zero(start, end)?,
@@ -167,7 +168,7 @@ fn write(
                 shared.recycle(buf);
             }
             Piece::Subclusters { target, buf } => {
-                emit(&mut out, &shared.g, target, &buf)?;
+                out.guest_cluster(&shared.g, target, &buf)?;
                 shared.recycle(buf);
             }
         }
@@ -197,7 +198,7 @@ fn work(
                 .read(host, len, "data cluster")
                 .map(|buf| Piece::Data { guest, buf }),
             Job::Subclusters { target, host } => shared
-                .read(host, needed_len(&g, target), "data cluster")
+                .read(host, g.needed_len(target), "data cluster")
                 .map(|buf| Piece::Subclusters { target, buf }),
             Job::Compressed { guest_cluster, c } => {
                 inflate(shared, &mut inflater, guest_cluster, c)
@@ -227,8 +228,8 @@ fn inflate(
     let avail = c.len.min(shared.file_len - c.offset);
     let mut src = shared.read(c.offset, avail, "compressed cluster")?;
     src.resize(c.len as usize, 0);
-    let mut dst = shared.buffer(g.cs as usize);
-    let goff = guest_cluster << g.cb;
+    let mut dst = shared.buffer(g.cluster_size as usize);
+    let goff = guest_cluster << g.cluster_bits;
     inflater.inflate(&src, &mut dst).map_err(|e| {
         shared.corrupt(format!(
             "compressed cluster at {:#x} (guest offset {goff:#x}): {e}",
@@ -236,7 +237,7 @@ fn inflate(
         ))
     })?;
     shared.recycle(src);
-    dst.truncate(g.cs.min(g.vsize - goff) as usize);
+    dst.truncate(g.cluster_size.min(g.virtual_size - goff) as usize);
     Ok(Piece::Data {
         guest: goff,
         buf: dst,
@@ -334,11 +335,11 @@ fn plan(
     let l1 = shared.read(h.l1_offset, l1_needed * 8, "L1 table")?;
     let mut tables = Vec::with_capacity(l1_needed as usize);
     for index in 0..l1_needed {
-        let raw = be64(&l1, (index * 8) as usize);
-        let table = l2::l1_entry(raw, g.cb)
+        let raw = super::be64(&l1, (index * 8) as usize);
+        let table = l2::l1_entry(raw, g.cluster_bits)
             .map_err(|e| shared.corrupt(format!("L1 entry {index}: {e}")))?;
         if let Some(off) = table
-            && let Some(role) = roles.of_cluster(off >> g.cb)
+            && let Some(role) = roles.of_cluster(off >> g.cluster_bits)
         {
             return Err(shared.corrupt(format!(
                 "L1 entry {index} puts an L2 table at {off:#x}, inside {role}"
@@ -346,10 +347,14 @@ fn plan(
         }
         tables.push(table);
     }
-    let l2_clusters: BTreeSet<u64> = tables.iter().flatten().map(|&t| t >> g.cb).collect();
+    let l2_clusters: BTreeSet<u64> = tables
+        .iter()
+        .flatten()
+        .map(|&t| t >> g.cluster_bits)
+        .collect();
     let data_role = |host: u64, table: u64| {
-        let cluster = host >> g.cb;
-        if cluster == table >> g.cb {
+        let cluster = host >> g.cluster_bits;
+        if cluster == table >> g.cluster_bits {
             Some("the L2 table that maps it")
         } else if l2_clusters.contains(&cluster) {
             Some("an L2 table")
@@ -363,21 +368,21 @@ fn plan(
             return Ok(());
         }
         let g0 = index * g.l2_entries;
-        let g_end = ((g0 + g.l2_entries) << g.cb).min(g.vsize);
+        let g_end = ((g0 + g.l2_entries) << g.cluster_bits).min(g.virtual_size);
         let Some(table) = table else {
-            p.zero(g0 << g.cb, g_end)?;
+            p.zero(g0 << g.cluster_bits, g_end)?;
             continue;
         };
-        let bytes = shared.read(table, g.cs, "L2 table")?;
-        decode_l2(&bytes, &g, index, table, &mut mappings)?;
+        let bytes = shared.read(table, g.cluster_size, "L2 table")?;
+        l2::decode_table(&bytes, &g, index, table, &mut mappings)?;
         shared.recycle(bytes);
         for &(gc, m) in &mappings {
-            let goff = gc << g.cb;
-            let glen = g.cs.min(g.vsize - goff);
+            let goff = gc << g.cluster_bits;
+            let glen = g.cluster_size.min(g.virtual_size - goff);
             let role = match m {
                 Mapping::Data { host, .. } => data_role(host, table),
                 Mapping::Compressed(c) => roles.overlapping(c.offset, c.end()).or_else(|| {
-                    (c.offset < table + g.cs && c.end() > table)
+                    (c.offset < table + g.cluster_size && c.end() > table)
                         .then_some("the L2 table that maps it")
                 }),
                 Mapping::Zero => None,

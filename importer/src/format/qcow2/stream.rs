@@ -32,8 +32,10 @@
 use std::collections::BTreeMap;
 use std::io::{self, Read};
 
+use super::extent::ExtentWriter;
+use super::geometry::{ClusterGeometry, Target};
 use super::header::Header;
-use super::hold::Hold;
+use super::hold::HeldBytes;
 use super::inflate::Inflater;
 use super::l2::{self, Mapping, SECTOR};
 use super::roles::FixedRoles;
@@ -52,39 +54,6 @@ pub struct Qcow2Stats {
     pub spilled_bytes: u64,
 }
 
-/// Cluster geometry, copied out of the header.
-#[derive(Clone, Copy)]
-pub(super) struct Geo {
-    pub(super) cb: u32,
-    pub(super) cs: u64,
-    pub(super) vsize: u64,
-    pub(super) guest_clusters: u64,
-    pub(super) l2_entries: u64,
-    pub(super) extended: bool,
-    pub(super) full_mask: u32,
-}
-
-impl Geo {
-    pub(super) fn of(h: &Header) -> Geo {
-        Geo {
-            cb: h.cluster_bits,
-            cs: h.cluster_size(),
-            vsize: h.virtual_size,
-            guest_clusters: h.guest_clusters(),
-            l2_entries: h.l2_entries(),
-            extended: h.extended_l2,
-            full_mask: if h.extended_l2 { u32::MAX } else { 1 },
-        }
-    }
-}
-
-/// A guest cluster that reads (some subclusters of) a host cluster.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Target {
-    pub(super) guest_cluster: u64,
-    pub(super) mask: u32,
-}
-
 enum Targets {
     One(Target),
     Many(Vec<Target>),
@@ -95,115 +64,8 @@ struct CompressedNeed {
     guest_cluster: u64,
 }
 
-/// The sink, with adjacent zero ranges coalesced.
-pub(super) struct Out<'s> {
-    pub(super) sink: &'s mut dyn ExtentSink,
-    pub(super) zero: Option<(u64, u64)>,
-}
-
-impl Out<'_> {
-    pub(super) fn data(&mut self, offset: u64, data: &[u8]) -> Result<()> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        self.sink.write_data(offset, data)
-    }
-
-    pub(super) fn zero(&mut self, start: u64, end: u64) -> Result<()> {
-        if start >= end {
-            return Ok(());
-        }
-        match &mut self.zero {
-            Some((_, e)) if *e == start => *e = end,
-            _ => {
-                self.flush()?;
-                self.zero = Some((start, end));
-            }
-        }
-        Ok(())
-    }
-
-    pub(super) fn flush(&mut self) -> Result<()> {
-        if let Some((s, e)) = self.zero.take() {
-            self.sink.write_zeroes(s, e - s)?;
-        }
-        Ok(())
-    }
-}
-
-/// Writes what guest cluster `t` reads, given its host cluster's bytes.
-pub(super) fn emit(out: &mut Out<'_>, g: &Geo, t: Target, bytes: &[u8]) -> Result<()> {
-    let goff = t.guest_cluster << g.cb;
-    let gend = (goff + g.cs).min(g.vsize);
-    if t.mask == g.full_mask {
-        return out.data(goff, &bytes[..(gend - goff) as usize]);
-    }
-    let scs = g.cs / 32;
-    let mut i = 0u64;
-    while i < 32 {
-        let is_data = t.mask >> i & 1 == 1;
-        let mut j = i + 1;
-        while j < 32 && (t.mask >> j & 1 == 1) == is_data {
-            j += 1;
-        }
-        let a = goff + i * scs;
-        let b = (goff + j * scs).min(gend);
-        if a < b {
-            if is_data {
-                let from = (i * scs) as usize;
-                out.data(a, &bytes[from..from + (b - a) as usize])?;
-            } else {
-                out.zero(a, b)?;
-            }
-        }
-        i = j;
-    }
-    Ok(())
-}
-
-/// How many bytes of its host cluster guest cluster `t` reads.
-pub(super) fn needed_len(g: &Geo, t: Target) -> u64 {
-    let glen = g.cs.min(g.vsize - (t.guest_cluster << g.cb));
-    if t.mask == g.full_mask {
-        glen
-    } else {
-        let last = u64::from(31 - t.mask.leading_zeros());
-        ((last + 1) * (g.cs / 32)).min(glen)
-    }
-}
-
-pub(super) fn be64(b: &[u8], at: usize) -> u64 {
-    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
-/// Decodes the entries of the L2 table for L1 entry `l1_index` that map the virtual disk.
-pub(super) fn decode_l2(
-    bytes: &[u8],
-    g: &Geo,
-    l1_index: u64,
-    table: u64,
-    out: &mut Vec<(u64, Mapping)>,
-) -> Result<()> {
-    out.clear();
-    let g0 = l1_index * g.l2_entries;
-    let n = g.l2_entries.min(g.guest_clusters - g0);
-    let esize = if g.extended { 16 } else { 8 };
-    for j in 0..n as usize {
-        let raw = be64(bytes, j * esize);
-        let bitmap = g.extended.then(|| be64(bytes, j * esize + 8));
-        let m = l2::l2_entry(raw, bitmap, g.cb).map_err(|e| {
-            Error::Corrupt(format!(
-                "qcow2 L2 table at {table:#x}, entry {j} (guest offset {:#x}): {e}",
-                (g0 + j as u64) << g.cb
-            ))
-        })?;
-        out.push((g0 + j as u64, m));
-    }
-    Ok(())
-}
-
 pub(crate) struct Stream<'s> {
-    g: Geo,
+    g: ClusterGeometry,
     l1_offset: u64,
     reader: Box<dyn Read + Send>,
     buf: Vec<u8>,
@@ -228,10 +90,10 @@ pub(crate) struct Stream<'s> {
     compressed: BTreeMap<(u64, u64), CompressedNeed>,
     seq: u64,
     holding: bool,
-    hold: Hold,
+    hold: HeldBytes,
     /// Held ranges to free once the L2 table being processed is done.
     release: Vec<(u64, u64)>,
-    out: Out<'s>,
+    out: ExtentWriter<'s>,
     /// Pending contiguous data write: guest offset, window offset, length.
     run: (u64, usize, usize),
     inflater: Inflater,
@@ -253,8 +115,8 @@ impl<'s> Stream<'s> {
         opts: &ReaderOptions,
         sink: &'s mut dyn ExtentSink,
     ) -> Stream<'s> {
-        let g = Geo::of(h);
-        let cs = g.cs;
+        let g = ClusterGeometry::of(h);
+        let cs = g.cluster_size;
         let l1_needed = h.l1_entries_needed();
         let head_len = head.len();
         Stream {
@@ -277,9 +139,9 @@ impl<'s> Stream<'s> {
             compressed: BTreeMap::new(),
             seq: 0,
             holding: l1_needed != 0,
-            hold: Hold::new(opts.memory_budget, opts.spill_dir.clone()),
+            hold: HeldBytes::new(opts.memory_budget, opts.spill_dir.clone()),
             release: Vec::new(),
-            out: Out { sink, zero: None },
+            out: ExtentWriter::new(sink),
             run: (0, 0, 0),
             inflater: Inflater::new(h.compression),
             helper: Inflater::new(h.compression),
@@ -296,7 +158,10 @@ impl<'s> Stream<'s> {
         while !self.done() {
             self.fill()?;
             let end = self.buf_end();
-            while self.pos < end && (self.pos + self.g.cs <= end || self.eof) && !self.done() {
+            while self.pos < end
+                && (self.pos + self.g.cluster_size <= end || self.eof)
+                && !self.done()
+            {
                 self.cluster()?;
             }
             self.flush_run()?;
@@ -330,7 +195,7 @@ impl<'s> Stream<'s> {
     }
 
     fn truncated(&self) -> Error {
-        let cb = self.g.cb;
+        let cb = self.g.cluster_bits;
         let what = if !self.l1_done {
             format!("the L1 table at {:#x}", self.l1_offset)
         } else if let Some((h, l1s)) = self.pending_l2.first_key_value() {
@@ -400,10 +265,10 @@ impl<'s> Stream<'s> {
     /// Dispatches the cluster at `pos` (partial only at the end of the stream).
     fn cluster(&mut self) -> Result<()> {
         let c = self.pos;
-        let ci = c >> self.g.cb;
+        let ci = c >> self.g.cluster_bits;
         let lo = (c - self.buf_start) as usize;
-        let hi = (lo + self.g.cs as usize).min(self.buf_len);
-        let full = hi - lo == self.g.cs as usize;
+        let hi = (lo + self.g.cluster_size as usize).min(self.buf_len);
+        let full = hi - lo == self.g.cluster_size as usize;
         if ci == 0 {
             // The header, parsed already.
         } else if (self.roles.l1.0..self.roles.l1.1).contains(&ci) {
@@ -426,7 +291,7 @@ impl<'s> Stream<'s> {
             }
             let l1s = l1s.clone();
             for i in l1s {
-                decode_l2(
+                l2::decode_table(
                     &self.buf[lo..hi],
                     &self.g,
                     u64::from(i),
@@ -442,8 +307,8 @@ impl<'s> Stream<'s> {
             // qemu reads past the end of the file as zeroes, and writes only the subclusters it
             // allocates: the cluster may end early, but not before the bytes the guest reads.
             let needed = match &targets {
-                Targets::One(t) => needed_len(&self.g, *t),
-                Targets::Many(v) => v.iter().map(|t| needed_len(&self.g, *t)).max().unwrap_or(0),
+                Targets::One(t) => self.g.needed_len(*t),
+                Targets::Many(v) => v.iter().map(|t| self.g.needed_len(*t)).max().unwrap_or(0),
             };
             if ((hi - lo) as u64) < needed {
                 self.data.insert(ci, targets);
@@ -451,11 +316,11 @@ impl<'s> Stream<'s> {
             }
             match targets {
                 Targets::One(t) if t.mask == self.g.full_mask => {
-                    let goff = t.guest_cluster << self.g.cb;
-                    let glen = (self.g.cs.min(self.g.vsize - goff)) as usize;
+                    let goff = t.guest_cluster << self.g.cluster_bits;
+                    let glen = (self.g.cluster_size.min(self.g.virtual_size - goff)) as usize;
                     let (rg, ro, rl) = self.run;
                     if rl > 0
-                        && (rl as u64).is_multiple_of(self.g.cs)
+                        && (rl as u64).is_multiple_of(self.g.cluster_size)
                         && rg + rl as u64 == goff
                         && ro + rl == lo
                     {
@@ -465,24 +330,24 @@ impl<'s> Stream<'s> {
                         self.run = (goff, lo, glen);
                     }
                 }
-                Targets::One(t) => emit(&mut self.out, &self.g, t, &self.buf[lo..hi])?,
+                Targets::One(t) => self.out.guest_cluster(&self.g, t, &self.buf[lo..hi])?,
                 Targets::Many(v) => {
                     for t in v {
-                        emit(&mut self.out, &self.g, t, &self.buf[lo..hi])?;
+                        self.out.guest_cluster(&self.g, t, &self.buf[lo..hi])?;
                     }
                 }
             }
         } else if self.holding {
             self.hold_cluster(c, lo, hi)?;
         }
-        self.pos = c + self.g.cs;
+        self.pos = c + self.g.cluster_size;
         Ok(())
     }
 
     /// Holds the parts of a cluster of unknown role that no registered compressed cluster owns.
     fn hold_cluster(&mut self, c: u64, lo: usize, hi: usize) -> Result<()> {
         let cend = c + (hi - lo) as u64;
-        let lower = c.saturating_sub(l2::max_compressed_len(self.g.cb));
+        let lower = c.saturating_sub(l2::max_compressed_len(self.g.cluster_bits));
         let mut covered = c;
         let mut pieces: Vec<(u64, u64)> = Vec::new();
         for (&(s, _), n) in self.compressed.range((lower, 0)..(cend, 0)) {
@@ -515,15 +380,16 @@ impl<'s> Stream<'s> {
     fn finish_l1(&mut self, ci: u64) -> Result<()> {
         self.l1_done = true;
         let l1 = std::mem::take(&mut self.l1);
-        let cb = self.g.cb;
+        let cb = self.g.cluster_bits;
         for (i, e) in l1.chunks_exact(8).enumerate() {
-            let raw = be64(e, 0);
+            let raw = super::be64(e, 0);
             match l2::l1_entry(raw, cb) {
                 Err(m) => return Err(self.corrupt(format!("L1 entry {i}: {m}"))),
                 Ok(None) => {
                     let span = self.g.l2_entries << cb;
                     let start = i as u64 * span;
-                    self.out.zero(start, (start + span).min(self.g.vsize))?;
+                    self.out
+                        .zero(start, (start + span).min(self.g.virtual_size))?;
                 }
                 Ok(Some(off)) => {
                     let h = off >> cb;
@@ -540,7 +406,7 @@ impl<'s> Stream<'s> {
         let passed: Vec<u64> = self.pending_l2.range(..ci).map(|(&h, _)| h).collect();
         for h in passed {
             let mut bytes = std::mem::take(&mut self.table_buf);
-            if !self.hold.read(h << cb, self.g.cs, &mut bytes)? {
+            if !self.hold.read(h << cb, self.g.cluster_size, &mut bytes)? {
                 let i = self.pending_l2[&h][0];
                 return Err(self.corrupt(format!(
                     "L1 entry {i} puts an L2 table at {:#x}, a cluster already used for something else",
@@ -549,7 +415,7 @@ impl<'s> Stream<'s> {
             }
             let l1s = self.pending_l2[&h].clone();
             for i in l1s {
-                decode_l2(&bytes, &self.g, u64::from(i), h << cb, &mut self.mappings)?;
+                l2::decode_table(&bytes, &self.g, u64::from(i), h << cb, &mut self.mappings)?;
                 self.register_mappings(h, ci)?;
             }
             self.table_buf = bytes;
@@ -587,11 +453,13 @@ impl<'s> Stream<'s> {
 
     fn register(&mut self, gc: u64, m: Mapping, table: u64, cur: u64) -> Result<()> {
         let g = self.g;
-        let goff = gc << g.cb;
+        let goff = gc << g.cluster_bits;
         match m {
-            Mapping::Zero => self.out.zero(goff, (goff + g.cs).min(g.vsize)),
+            Mapping::Zero => self
+                .out
+                .zero(goff, (goff + g.cluster_size).min(g.virtual_size)),
             Mapping::Data { host, data_mask } => {
-                let h = host >> g.cb;
+                let h = host >> g.cluster_bits;
                 let role = if h == table {
                     Some("the L2 table that maps it")
                 } else if self.pending_l2.contains_key(&h) {
@@ -609,11 +477,11 @@ impl<'s> Stream<'s> {
                     mask: data_mask,
                 };
                 if h < cur {
-                    if !self.hold.read(host, g.cs, &mut self.scratch)? {
+                    if !self.hold.read(host, g.cluster_size, &mut self.scratch)? {
                         return Err(self.passed(goff, host));
                     }
-                    emit(&mut self.out, &g, t, &self.scratch)?;
-                    self.release.push((host, host + g.cs));
+                    self.out.guest_cluster(&g, t, &self.scratch)?;
+                    self.release.push((host, host + g.cluster_size));
                 } else {
                     match self.data.get_mut(&h) {
                         None => {
@@ -630,8 +498,9 @@ impl<'s> Stream<'s> {
             }
             Mapping::Compressed(c) => {
                 let end = c.end();
-                let overlaps =
-                    |(a, b): (u64, u64)| a < b && c.offset < b << g.cb && end > a << g.cb;
+                let overlaps = |(a, b): (u64, u64)| {
+                    a < b && c.offset < b << g.cluster_bits && end > a << g.cluster_bits
+                };
                 let role = self.roles.overlapping(c.offset, end).or_else(|| {
                     (overlaps((table, table + 1)) || overlaps((cur, cur + 1)))
                         .then_some("the L2 table that maps it")
@@ -642,7 +511,7 @@ impl<'s> Stream<'s> {
                         c.offset
                     )));
                 }
-                if end <= cur << g.cb {
+                if end <= cur << g.cluster_bits {
                     if !self.hold.read(c.offset, c.len, &mut self.scratch)? {
                         return Err(self.passed(goff, c.offset));
                     }
@@ -658,7 +527,7 @@ impl<'s> Stream<'s> {
                         guest_cluster: gc,
                         mask: g.full_mask,
                     };
-                    emit(&mut self.out, &g, t, &self.cluster_buf)?;
+                    self.out.guest_cluster(&g, t, &self.cluster_buf)?;
                     let owned_end = if c.len > SECTOR {
                         end - SECTOR
                     } else {
@@ -702,7 +571,7 @@ impl<'s> Stream<'s> {
             return Ok(());
         }
         let g = self.g;
-        let cs = g.cs as usize;
+        let cs = g.cluster_size as usize;
         let jobs: Vec<Job> = self
             .ready
             .iter()
@@ -742,7 +611,7 @@ impl<'s> Stream<'s> {
                 return Err(Error::Corrupt(format!(
                     "qcow2: compressed cluster at {:#x} (guest offset {:#x}): {e}",
                     j.start,
-                    j.guest_cluster << g.cb
+                    j.guest_cluster << g.cluster_bits
                 )));
             }
             for (i, j) in round.iter().enumerate() {
@@ -750,7 +619,8 @@ impl<'s> Stream<'s> {
                     guest_cluster: j.guest_cluster,
                     mask: g.full_mask,
                 };
-                emit(&mut self.out, &g, t, &self.outbuf[i * cs..(i + 1) * cs])?;
+                self.out
+                    .guest_cluster(&g, t, &self.outbuf[i * cs..(i + 1) * cs])?;
             }
         }
         Ok(())
