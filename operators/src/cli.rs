@@ -41,6 +41,9 @@ pub enum Which {
     /// The install's TLS: signers, serving/client certificates, bundles, the upload token key,
     /// and the APIServices' and webhooks' caBundle, rotated by the CDI CR's certConfig.
     Certs(CertsArgs),
+    /// DataSources (cdi.kubevirt.io/v1beta1): the Ready condition follows the source.
+    #[command(visible_alias = "das")]
+    Datasource,
 }
 
 /// `quarry controller certs`.
@@ -191,6 +194,7 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
         Which::Hyperconverged(_) => crate::hyperconverged::controller::CONTROLLER,
         Which::Hostpath(_) => crate::hostpath::controller::CONTROLLER,
         Which::Certs(_) => crate::certs::CONTROLLER,
+        Which::Datasource => crate::golden::controller::CONTROLLER,
     };
     let client = crate::kubeops::cluster_client(controller).await?;
     let metrics = Arc::new(Metrics::default());
@@ -224,6 +228,7 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
         Which::Certs(a) => {
             crate::certs::run(client, a.namespace, Duration::from_secs(a.resync)).await?
         }
+        Which::Datasource => crate::golden::controller::run(client, metrics, None).await,
     }
     Ok(())
 }

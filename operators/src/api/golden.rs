@@ -65,14 +65,10 @@ pub struct DataSourceStatus {
 pub struct DataVolumeTemplate {
     /// Labels and annotations given to each import DataVolume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "preserved")]
+    #[schemars(schema_with = "super::cdi::preserved")]
     pub metadata: Option<ObjectMeta>,
     /// The import DataVolume's spec (its source is what is polled).
     pub spec: DataVolumeSpec,
-}
-
-fn preserved(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})
 }
 
 /// Whether old imports are deleted once a newer one succeeded.

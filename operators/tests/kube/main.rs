@@ -7,6 +7,7 @@
 
 mod cdiconfig;
 mod certs;
+mod datasource;
 mod datavolume;
 mod hostpath;
 mod hyperconverged;

@@ -11,7 +11,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, CustomResourceExt};
 use operators::api::{
-    Cdi, CdiConfig, DataVolume, HostPathProvisioner, HyperConverged, StorageProfile,
+    Cdi, CdiConfig, DataImportCron, DataSource, DataVolume, HostPathProvisioner, HyperConverged,
+    StorageProfile,
 };
 use serde_json::{Value, json};
 use testkit::kube::KubeApiServer;
@@ -46,6 +47,8 @@ pub async fn install_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in [
         DataVolume::crd(),
+        DataSource::crd(),
+        DataImportCron::crd(),
         Cdi::crd(),
         CdiConfig::crd(),
         StorageProfile::crd(),
