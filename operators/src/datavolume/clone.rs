@@ -1,7 +1,7 @@
-//! The pure decisions of a clone, as CDI makes them (no controller acts on them yet):
-//! resolving `spec.sourceRef` through its DataSource, choosing the clone strategy (CDI's
-//! planner, plus the node-locality rule of hostpath volumes) and the SubjectAccessReviews that
-//! authorize cloning from another namespace.
+//! The pure decisions of a clone, as CDI makes them: resolving `spec.sourceRef` through its
+//! DataSource (which the DataVolume controller does), and, not acted on yet, choosing the clone
+//! strategy (CDI's planner, plus the node-locality rule of hostpath volumes) and the
+//! SubjectAccessReviews that authorize cloning from another namespace.
 
 use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::authorization::v1::{

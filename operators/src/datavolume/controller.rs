@@ -25,13 +25,15 @@ use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{Instrument, info_span};
 
+use super::clone::{SourceRef, resolve_source_ref};
 use super::decide::{Event, pod_refused};
 use super::pod::{self, POD_PORT, SourceRefs};
 use super::pvc::StorageDefaults;
 use super::source::{Source, source};
 use super::status::parse_progress;
 use super::{ANN_OWNED_BY, Action, Config, FINALIZER, Observed, UploadTls, decide, name};
-use crate::api::datavolume::ContentType;
+use crate::api::datavolume::{ContentType, DataVolumeSourceRef};
+use crate::api::golden::DataSource;
 use crate::api::{DataVolume, StorageProfile};
 use crate::cdiconfig::{Overrides, settings::default_class};
 use crate::error::{Error, Result};
@@ -175,6 +177,33 @@ fn pod_name(dv: &DataVolume) -> (String, bool) {
     }
 }
 
+/// Resolves `spec.sourceRef`: reads its DataSource (and the one it refers to, a chain being
+/// at most one deep) and decides with [`resolve_source_ref`].
+async fn source_ref(client: &Client, ns: &str, r: &DataVolumeSourceRef) -> Result<SourceRef> {
+    let get = |ns: String, name: String| {
+        let api: Api<DataSource> = Api::namespaced(client.clone(), &ns);
+        async move { kubeops::get(&api, &name).await }
+    };
+    let first_ns = r.namespace.clone().unwrap_or_else(|| ns.to_string());
+    let mut found = Vec::new();
+    if let Some(first) = get(first_ns.clone(), r.name.clone()).await? {
+        if let Some(next) = &first.spec.source.data_source {
+            let next_ns = if next.namespace.is_empty() {
+                first_ns
+            } else {
+                next.namespace.clone()
+            };
+            found.extend(get(next_ns, next.name.clone()).await?);
+        }
+        found.push(first);
+    }
+    Ok(resolve_source_ref(ns, r, |ns, name| {
+        found.iter().find(|d| {
+            d.metadata.namespace.as_deref() == Some(ns) && d.metadata.name.as_deref() == Some(name)
+        })
+    }))
+}
+
 /// Observes, decides and acts. `may_refresh`: before creating a pod, the DataVolume is read
 /// again from the API server (the cached copy may predate our last status write, whose
 /// restart count and back-off the decision must see) and decided on afresh if it changed.
@@ -235,7 +264,12 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
     } else {
         storage_defaults(dv, pvc.as_ref(), ctx).await?
     };
+    let source_ref = match (&dv.spec.source, &dv.spec.source_ref) {
+        (None, Some(r)) if !finished => Some(source_ref(&ctx.client, &ns, r).await?),
+        _ => None,
+    };
     let observed = Observed {
+        source_ref,
         storage,
         pvc: pvc.as_ref(),
         pod: pod.as_ref(),
@@ -547,16 +581,7 @@ pub async fn run_all(ctx: Arc<Context>, namespace: Option<&str>) {
 
 /// [`run`] with a prepared context.
 pub async fn run_with(ctx: Arc<Context>, namespace: Option<&str>) {
-    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-        K::DynamicType: Default,
-    {
-        match namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
-    }
+    use kubeops::scoped as api;
     let client = ctx.client.clone();
     let dvs: Api<DataVolume> = api(&client, namespace);
     let (reader, writer) = reflector::store();

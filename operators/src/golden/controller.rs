@@ -123,20 +123,8 @@ fn pointing_at(
 
 /// Runs the controller (DataSources of `namespace`, or all) until the process stops.
 pub async fn run(client: Client, metrics: Arc<Metrics>, namespace: Option<&str>) {
-    fn api<K: Resource<Scope = k8s_openapi::NamespaceResourceScope>>(
-        client: &Client,
-        ns: Option<&str>,
-    ) -> Api<K>
-    where
-        K::DynamicType: Default,
-    {
-        match ns {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
-    }
     let controller = Controller::new(
-        api::<DataSource>(&client, namespace),
+        kubeops::scoped::<DataSource>(&client, namespace),
         watcher::Config::default(),
     );
     let by_dv = controller.store();
