@@ -547,6 +547,23 @@ fn waiting_for_profile(dvs: &[Arc<DataVolume>], profile: &str) -> Vec<ObjectRef<
         .collect()
 }
 
+/// The DataVolumes whose `spec.sourceRef` names the DataSource `ds` (they wait for it).
+fn referring_to(dvs: &[Arc<DataVolume>], ds: &DataSource) -> Vec<ObjectRef<DataVolume>> {
+    let ds_ns = ds.namespace().unwrap_or_default();
+    dvs.iter()
+        .filter(|dv| {
+            dv.spec.source.is_none()
+                && dv.spec.source_ref.as_ref().is_some_and(|r| {
+                    let ns = r.namespace.clone().or_else(|| dv.namespace());
+                    r.kind == "DataSource"
+                        && r.name == ds.name_any()
+                        && ns.as_deref() == Some(&ds_ns)
+                })
+        })
+        .map(|dv| ObjectRef::from_obj(dv.as_ref()))
+        .collect()
+}
+
 /// The DataVolume a PVC belongs to, from CDI's ownedByDataVolume annotation.
 fn owner_of(pvc: PersistentVolumeClaim) -> Option<ObjectRef<DataVolume>> {
     let key = pvc.annotations().get(ANN_OWNED_BY)?;
@@ -604,10 +621,18 @@ pub async fn run_with(ctx: Arc<Context>, namespace: Option<&str>) {
     )
     .default_backoff()
     .touched_objects();
+    // A DataVolume whose sourceRef waits is looked at again when its DataSource changes (in any
+    // namespace: a golden-image namespace usually).
+    let referring = reader.clone();
     let results = Controller::for_stream(trigger, reader)
         .watches_stream(profiles, move |p: StorageProfile| {
             waiting_for_profile(&waiting.state(), &p.name_any())
         })
+        .watches(
+            Api::<DataSource>::all(client.clone()),
+            watcher::Config::default(),
+            move |ds| referring_to(&referring.state(), &ds),
+        )
         .owns(api::<Pod>(&client, namespace), watcher::Config::default())
         .owns(
             api::<Service>(&client, namespace),

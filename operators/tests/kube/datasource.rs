@@ -115,10 +115,12 @@ async fn a_data_volume_with_a_source_ref_waits_for_its_data_source_then_resolves
     let Some((client, ns)) = namespace("sourceref", &[]).await else {
         return;
     };
+    // Retries far beyond the test's patience: only the watch of DataSources can wake the
+    // waiting DataVolume.
     let config = Config {
         retry: RetryPolicy {
-            base_delay: Duration::from_secs(1),
-            max_delay: Duration::from_secs(5),
+            base_delay: Duration::from_secs(600),
+            max_delay: Duration::from_secs(600),
             max_restarts: 2,
         },
         ..Config::default()
