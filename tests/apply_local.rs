@@ -295,7 +295,7 @@ fn unknown_names_and_bad_manifests_are_refused_clearly() {
 #[test]
 fn controllers_without_a_cluster_fail_with_a_clear_error() {
     let home = tempfile::tempdir().unwrap();
-    for which in ["datavolume", "hyperconverged", "hostpath"] {
+    for which in ["datavolume", "hyperconverged", "hostpath", "datasource"] {
         let out = quarry()
             .args(["controller", which, "--metrics-addr", "127.0.0.1:0"])
             .env("HOME", home.path())

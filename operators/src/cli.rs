@@ -42,6 +42,7 @@ impl ControllerArgs {
             Which::Hyperconverged(_) => component::HYPERCONVERGED_CONTROLLER,
             Which::Hostpath(_) => component::HOSTPATH_CONTROLLER,
             Which::Certs(_) => component::CERT_CONTROLLER,
+            Which::Datasource => component::DATASOURCE_CONTROLLER,
         }
     }
 
@@ -84,6 +85,9 @@ pub enum Which {
     /// The install's TLS: signers, serving/client certificates, bundles, the upload token key,
     /// and the APIServices' and webhooks' caBundle, rotated by the CDI CR's certConfig.
     Certs(CertsArgs),
+    /// DataSources (cdi.kubevirt.io/v1beta1): the Ready condition follows the source.
+    #[command(visible_alias = "das")]
+    Datasource,
 }
 
 /// `quarry controller certs`.
@@ -239,6 +243,7 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
         Which::Hyperconverged(_) => crate::hyperconverged::controller::CONTROLLER,
         Which::Hostpath(_) => crate::hostpath::controller::CONTROLLER,
         Which::Certs(_) => crate::certs::CONTROLLER,
+        Which::Datasource => crate::golden::controller::CONTROLLER,
     };
     let client = crate::kubeops::cluster_client(controller).await?;
     let metrics = Arc::new(Metrics::default());
@@ -312,6 +317,7 @@ async fn run_controller(which: Which, client: kube::Client, metrics: Arc<Metrics
         Which::Certs(a) => {
             crate::certs::run(client, a.namespace, Duration::from_secs(a.resync)).await?;
         }
+        Which::Datasource => crate::golden::controller::run(client, metrics, None).await,
     }
     Ok(())
 }

@@ -80,6 +80,18 @@ where
     }
 }
 
+/// The objects of kind `K` in `namespace`, or in every namespace.
+pub fn scoped<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
 /// Reads `name`, None when it does not exist.
 pub async fn get<K>(api: &Api<K>, name: &str) -> Result<Option<K>>
 where

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod datavolume;
 pub mod deploy;
 pub mod error;
+pub mod golden;
 pub mod hostpath;
 pub mod hyperconverged;
 pub mod kubeops;

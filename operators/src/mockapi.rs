@@ -38,6 +38,7 @@ fn component_of(file: &str) -> &'static str {
         ("/certs/", component::CERT_CONTROLLER),
         // CDIConfig and StorageProfiles are kept by the DataVolume controller's process.
         ("/cdiconfig/", component::DATAVOLUME_CONTROLLER),
+        ("/golden/", component::DATAVOLUME_CONTROLLER),
     ];
     dirs.iter()
         .find(|(dir, _)| file.contains(dir))

@@ -13,6 +13,9 @@ pub mod component {
     pub const CERT_CONTROLLER: &str = "quarry-cert-controller";
     pub const UPLOAD_PROXY: &str = "quarry-uploadproxy";
     pub const APISERVER: &str = "quarry-apiserver";
+    /// `quarry controller datasource` run on its own (the bundle runs DataSources inside the
+    /// DataVolume controller's process, under its ServiceAccount); its Lease name.
+    pub const DATASOURCE_CONTROLLER: &str = "quarry-datasource-controller";
 }
 
 /// Services, in [`NAMESPACE`]; each serves HTTPS on port 443.

@@ -17,7 +17,7 @@ use super::hyperconverged::{CertRotation, FilesystemOverhead};
 pub const CDI_CONFIG_NAME: &str = "config";
 
 /// An object whose contents are kept as written (scheduling, patches, TLS profiles).
-fn preserved(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+pub(crate) fn preserved(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})
 }
 

@@ -25,13 +25,15 @@ use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{Instrument, info_span};
 
+use super::clone::{SourceRef, resolve_source_ref};
 use super::decide::{Event, pod_refused};
 use super::pod::{self, POD_PORT, SourceRefs};
 use super::pvc::StorageDefaults;
 use super::source::{Source, source};
 use super::status::parse_progress;
 use super::{ANN_OWNED_BY, Action, Config, FINALIZER, Observed, UploadTls, decide, name};
-use crate::api::datavolume::ContentType;
+use crate::api::datavolume::{ContentType, DataVolumeSourceRef};
+use crate::api::golden::DataSource;
 use crate::api::{DataVolume, StorageProfile};
 use crate::cdiconfig::{Overrides, settings::default_class};
 use crate::error::{Error, Result};
@@ -175,6 +177,33 @@ fn pod_name(dv: &DataVolume) -> (String, bool) {
     }
 }
 
+/// Resolves `spec.sourceRef`: reads its DataSource (and the one it refers to, a chain being
+/// at most one deep) and decides with [`resolve_source_ref`].
+async fn source_ref(client: &Client, ns: &str, r: &DataVolumeSourceRef) -> Result<SourceRef> {
+    let get = |ns: String, name: String| {
+        let api: Api<DataSource> = Api::namespaced(client.clone(), &ns);
+        async move { kubeops::get(&api, &name).await }
+    };
+    let first_ns = r.namespace.clone().unwrap_or_else(|| ns.to_string());
+    let mut found = Vec::new();
+    if let Some(first) = get(first_ns.clone(), r.name.clone()).await? {
+        if let Some(next) = &first.spec.source.data_source {
+            let next_ns = if next.namespace.is_empty() {
+                first_ns
+            } else {
+                next.namespace.clone()
+            };
+            found.extend(get(next_ns, next.name.clone()).await?);
+        }
+        found.push(first);
+    }
+    Ok(resolve_source_ref(ns, r, |ns, name| {
+        found.iter().find(|d| {
+            d.metadata.namespace.as_deref() == Some(ns) && d.metadata.name.as_deref() == Some(name)
+        })
+    }))
+}
+
 /// Observes, decides and acts. `may_refresh`: before creating a pod, the DataVolume is read
 /// again from the API server (the cached copy may predate our last status write, whose
 /// restart count and back-off the decision must see) and decided on afresh if it changed.
@@ -235,7 +264,12 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
     } else {
         storage_defaults(dv, pvc.as_ref(), ctx).await?
     };
+    let source_ref = match (&dv.spec.source, &dv.spec.source_ref) {
+        (None, Some(r)) if !finished => Some(source_ref(&ctx.client, &ns, r).await?),
+        _ => None,
+    };
     let observed = Observed {
+        source_ref,
         storage,
         pvc: pvc.as_ref(),
         pod: pod.as_ref(),
@@ -513,6 +547,23 @@ fn waiting_for_profile(dvs: &[Arc<DataVolume>], profile: &str) -> Vec<ObjectRef<
         .collect()
 }
 
+/// The DataVolumes whose `spec.sourceRef` names the DataSource `ds` (they wait for it).
+fn referring_to(dvs: &[Arc<DataVolume>], ds: &DataSource) -> Vec<ObjectRef<DataVolume>> {
+    let ds_ns = ds.namespace().unwrap_or_default();
+    dvs.iter()
+        .filter(|dv| {
+            dv.spec.source.is_none()
+                && dv.spec.source_ref.as_ref().is_some_and(|r| {
+                    let ns = r.namespace.clone().or_else(|| dv.namespace());
+                    r.kind == "DataSource"
+                        && r.name == ds.name_any()
+                        && ns.as_deref() == Some(&ds_ns)
+                })
+        })
+        .map(|dv| ObjectRef::from_obj(dv.as_ref()))
+        .collect()
+}
+
 /// The DataVolume a PVC belongs to, from CDI's ownedByDataVolume annotation.
 fn owner_of(pvc: PersistentVolumeClaim) -> Option<ObjectRef<DataVolume>> {
     let key = pvc.annotations().get(ANN_OWNED_BY)?;
@@ -540,23 +591,22 @@ pub async fn run_all(ctx: Arc<Context>, namespace: Option<&str>) {
     use crate::cdiconfig::controller::{run_config, run_profiles};
     let config = tokio::spawn(run_config(ctx.clone()));
     let profiles = tokio::spawn(run_profiles(ctx.clone()));
+    // DataSources too, as CDI's controller process keeps them (their Ready condition is what a
+    // DataVolume's sourceRef waits for).
+    let scope = namespace.map(str::to_string);
+    let (client, metrics) = (ctx.client.clone(), ctx.metrics.clone());
+    let data_sources = tokio::spawn(async move {
+        crate::golden::controller::run(client, metrics, scope.as_deref()).await
+    });
     run_with(ctx, namespace).await;
     config.abort();
     profiles.abort();
+    data_sources.abort();
 }
 
-/// [`run`] with a prepared context.
+/// [`run`] with a prepared context: the DataVolume reconciler alone.
 pub async fn run_with(ctx: Arc<Context>, namespace: Option<&str>) {
-    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-        K::DynamicType: Default,
-    {
-        match namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
-    }
+    use kubeops::scoped as api;
     let client = ctx.client.clone();
     let dvs: Api<DataVolume> = api(&client, namespace);
     let (reader, writer) = reflector::store();
@@ -579,10 +629,18 @@ pub async fn run_with(ctx: Arc<Context>, namespace: Option<&str>) {
     )
     .default_backoff()
     .touched_objects();
+    // A DataVolume whose sourceRef waits is looked at again when its DataSource changes (in any
+    // namespace: a golden-image namespace usually).
+    let referring = reader.clone();
     let results = Controller::for_stream(trigger, reader)
         .watches_stream(profiles, move |p: StorageProfile| {
             waiting_for_profile(&waiting.state(), &p.name_any())
         })
+        .watches(
+            Api::<DataSource>::all(client.clone()),
+            watcher::Config::default(),
+            move |ds| referring_to(&referring.state(), &ds),
+        )
         .owns(api::<Pod>(&client, namespace), watcher::Config::default())
         .owns(
             api::<Service>(&client, namespace),

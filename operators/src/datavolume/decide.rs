@@ -11,13 +11,14 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 
+use super::clone::SourceRef;
 use super::pod::{self, SourceRefs};
 use super::pvc::{self, Claim, StorageDefaults};
 use super::retry::classify;
 use super::source::{self, Source};
 use super::status::{self, PROGRESS_UNKNOWN, reason};
 use super::{Config, name};
-use crate::api::datavolume::{DataVolumeStatus, condition};
+use crate::api::datavolume::{DataVolumeSource, DataVolumeSpec, DataVolumeStatus, condition};
 use crate::api::{DataVolume, Phase};
 use crate::error::Error;
 
@@ -38,6 +39,8 @@ pub struct Observed<'a> {
     pub refs: SourceRefs,
     /// What completes a `spec.storage` claim (its StorageClass and StorageProfile).
     pub storage: StorageDefaults,
+    /// What `spec.sourceRef` resolved to (None: no sourceRef, or not looked up).
+    pub source_ref: Option<SourceRef>,
     /// The current time.
     pub now: Timestamp,
 }
@@ -275,8 +278,32 @@ pub fn decide(dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) -> Decision {
         cleanup_after(&mut cx);
         return cx.finish();
     }
-    let checked =
-        source::source(&dv.spec).and_then(|s| Ok((s, pvc::claim(dv, cfg, &obs.storage)?)));
+    // A sourceRef stands for the DataSource's source once it is Ready.
+    let resolved;
+    let spec = match (&dv.spec.source, &dv.spec.source_ref, &obs.source_ref) {
+        (None, Some(_), Some(SourceRef::Wait { reason, message })) => {
+            wait_for_source(&mut cx, reason, message);
+            return cx.finish();
+        }
+        (None, Some(_), Some(SourceRef::Invalid(message))) => {
+            cx.fail(reason::INVALID_SPEC, message, reason::DATA_VOLUME_FAILED);
+            return cx.finish();
+        }
+        (None, Some(_), Some(SourceRef::Pvc(p) | SourceRef::Snapshot(p))) => {
+            let pvc = matches!(obs.source_ref, Some(SourceRef::Pvc(_)));
+            resolved = DataVolumeSpec {
+                source: Some(DataVolumeSource {
+                    pvc: pvc.then(|| p.clone()),
+                    snapshot: (!pvc).then(|| p.clone()),
+                    ..Default::default()
+                }),
+                ..dv.spec.clone()
+            };
+            &resolved
+        }
+        _ => &dv.spec,
+    };
+    let checked = source::source(spec).and_then(|s| Ok((s, pvc::claim(dv, cfg, &obs.storage)?)));
     let (src, claim) = match checked {
         Ok(v) => v,
         Err(Error::ClaimNotValid(message)) => {
@@ -314,6 +341,24 @@ pub fn decide(dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) -> Decision {
         Some(p) => follow_pod(&mut cx, p, work),
     }
     cx.finish()
+}
+
+/// The sourceRef's DataSource is missing or not Ready (CDI's CloneWithoutSource): the DataVolume
+/// stays Pending with the reason in Bound and Ready, a Warning event when the message is new, and
+/// looks again after the first retry delay.
+fn wait_for_source(cx: &mut Ctx<'_>, why: &str, message: &str) {
+    let new = status::find(&cx.st.conditions, condition::BOUND)
+        .is_none_or(|c| c.message.as_deref() != Some(message));
+    cx.st.phase.get_or_insert(Phase::Pending);
+    cx.cond(condition::BOUND, false, why, message);
+    cx.cond(condition::READY, false, why, "");
+    if status::find(&cx.st.conditions, condition::RUNNING).is_none() {
+        cx.cond(condition::RUNNING, false, "", "");
+    }
+    if new {
+        cx.event(true, why, message.to_string());
+    }
+    cx.requeue = Some(cx.cfg.retry.delay(1));
 }
 
 /// The claim cannot be completed yet (CDI's ErrClaimNotValid): the DataVolume stays Pending, Bound

@@ -418,6 +418,7 @@ pub fn apply(
             progress: worker.as_ref().and_then(|_| progress.percent()),
             refs: SourceRefs::default(),
             storage: StorageDefaults::Builtin,
+            source_ref: None,
             now: Timestamp::now(),
         };
         let d = decide(&dv, &observed, &cfg);

@@ -22,6 +22,7 @@ use crate::api::DataVolume;
 use crate::api::cdi::ImportProxy;
 
 pub mod admission;
+pub mod clone;
 pub mod controller;
 pub mod decide;
 pub mod local;

@@ -59,7 +59,9 @@ pub fn source(spec: &DataVolumeSpec) -> Result<Source> {
     }
     let Some(src) = &spec.source else {
         return Err(if spec.source_ref.is_some() {
-            Error::invalid("spec.sourceRef (DataSource) is not supported; give spec.source")
+            Error::invalid(
+                "spec.sourceRef (DataSource): clones are not supported yet; give an import, upload or blank spec.source",
+            )
         } else {
             Error::invalid("spec.source is required")
         });

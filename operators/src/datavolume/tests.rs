@@ -11,8 +11,10 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
+use super::clone;
 use super::pod::SourceRefs;
 use super::*;
+use crate::api::datavolume::condition;
 use crate::api::datavolume::{
     DataVolumeSource, Empty, SourceHttp, SourceRegistry, SourceS3, StorageSpec,
 };
@@ -127,6 +129,7 @@ fn obs<'a>(pvc: Option<&'a PersistentVolumeClaim>, pod: Option<&'a Pod>) -> Obse
         progress: None,
         refs: SourceRefs::default(),
         storage: Default::default(),
+        source_ref: None,
         now: t0(),
     }
 }
@@ -958,4 +961,78 @@ fn importer_pods_get_the_import_proxy_resources_pull_secrets_and_global_prealloc
     });
     let p = created_pod(&decide(&blank, &obs(Some(&bound), None), &cfg)).clone();
     assert!(p.spec.unwrap().containers[0].env.is_none());
+}
+
+fn source_ref_dv() -> DataVolume {
+    let mut dv = http_dv();
+    dv.spec.source = None;
+    dv.spec.source_ref = Some(crate::api::datavolume::DataVolumeSourceRef {
+        kind: "DataSource".into(),
+        namespace: Some("golden".into()),
+        name: "fedora".into(),
+    });
+    dv
+}
+
+#[test]
+fn a_source_ref_waits_pending_with_cdis_reason_while_its_data_source_is_not_ready() {
+    let cfg = Config::default();
+    let mut dv = source_ref_dv();
+    let waiting = Observed {
+        source_ref: Some(clone::SourceRef::Wait {
+            reason: clone::reason::CLONE_WITHOUT_SOURCE,
+            message: "The source datasource golden/fedora doesn't exist".into(),
+        }),
+        ..obs(None, None)
+    };
+    let d = step(&mut dv, &waiting, &cfg);
+    assert_eq!(d.status.phase, Some(Phase::Pending));
+    assert!(d.actions.iter().all(|a| matches!(a, Action::Event(_))));
+    assert_eq!(events(&d), [(true, "CloneWithoutSource".to_string())]);
+    let bound = cond(&d, condition::BOUND);
+    assert_eq!(
+        (bound.status.as_str(), bound.reason.as_deref()),
+        ("False", Some("CloneWithoutSource"))
+    );
+    assert_eq!(
+        bound.message.as_deref(),
+        Some("The source datasource golden/fedora doesn't exist")
+    );
+    assert_eq!(
+        cond(&d, condition::READY).reason.as_deref(),
+        Some("CloneWithoutSource")
+    );
+    assert_eq!(d.requeue, Some(cfg.retry.delay(1)));
+    // The same wait again: no second event.
+    let d = step(&mut dv, &waiting, &cfg);
+    assert!(events(&d).is_empty());
+}
+
+#[test]
+fn a_resolved_source_ref_is_the_data_sources_clone_source() {
+    // Clones are not executed yet: the resolved PVC source fails as a pvc clone, not as a
+    // sourceRef.
+    let mut dv = source_ref_dv();
+    let resolved = Observed {
+        source_ref: Some(clone::SourceRef::Pvc(crate::api::datavolume::SourcePvc {
+            namespace: "golden".into(),
+            name: "fedora-3d8e5b5ff4b1".into(),
+        })),
+        ..obs(None, None)
+    };
+    let d = step(&mut dv, &resolved, &Config::default());
+    assert_eq!(d.status.phase, Some(Phase::Failed));
+    let ready = cond(&d, condition::READY);
+    assert_eq!(ready.reason.as_deref(), Some("InvalidSpec"));
+    assert!(ready.message.as_deref().unwrap().contains("pvc (clone)"));
+    // Without a lookup (local mode, admission) the sourceRef itself is refused.
+    let mut dv = source_ref_dv();
+    let d = step(&mut dv, &obs(None, None), &Config::default());
+    assert!(
+        cond(&d, condition::READY)
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("sourceRef")
+    );
 }

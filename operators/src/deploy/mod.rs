@@ -17,8 +17,8 @@ use serde::Serialize;
 
 use crate::api::hostpath::StoragePool;
 use crate::api::{
-    Cdi, CdiConfig, DataVolume, HostPathProvisioner, HostPathProvisionerSpec, HyperConverged,
-    StorageProfile,
+    Cdi, CdiConfig, DataImportCron, DataSource, DataVolume, HostPathProvisioner,
+    HostPathProvisionerSpec, HyperConverged, StorageProfile,
 };
 use crate::error::{Error, Result};
 use crate::hostpath::objects::{Settings, driver_objects};
@@ -181,6 +181,16 @@ fn crds() -> Result<Vec<(PathBuf, String)>> {
             "datavolumes.cdi.kubevirt.io",
             "CDI's DataVolume (cdi.kubevirt.io/v1beta1), served by `quarry controller datavolume`.",
             yaml(&DataVolume::crd())?,
+        ),
+        crd(
+            "datasources.cdi.kubevirt.io",
+            "CDI's DataSource (cdi.kubevirt.io/v1beta1): a named clone source for DataVolumes' spec.sourceRef.",
+            yaml(&DataSource::crd())?,
+        ),
+        crd(
+            "dataimportcrons.cdi.kubevirt.io",
+            "CDI's DataImportCron (cdi.kubevirt.io/v1beta1): polls a source on a schedule and keeps a DataSource on the newest import.",
+            yaml(&DataImportCron::crd())?,
         ),
         crd(
             "cdis.cdi.kubevirt.io",

@@ -140,6 +140,10 @@ fn datavolume() -> Access {
             ],
         ),
         rule(&[CDI], &["storageprofiles/status"], &["patch", "update"]),
+        // DataSources: Ready follows their source; a DataVolume's sourceRef reads them.
+        rule(&[CDI], &["datasources"], &["get", "list", "watch"]),
+        rule(&[CDI], &["datasources/status"], &["patch", "update"]),
+        rule(&["snapshot.storage.k8s.io"], &["volumesnapshots"], &["get"]),
     ];
     let mut home = leader_rules(component::DATAVOLUME_CONTROLLER);
     // CDIConfig's uploadProxyURL: an Ingress routing to the upload proxy.

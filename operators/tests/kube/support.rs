@@ -13,7 +13,8 @@ use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, pinned_kind};
 use kube::{Client, CustomResourceExt};
 use operators::api::{
-    Cdi, CdiConfig, DataVolume, HostPathProvisioner, HyperConverged, StorageProfile,
+    Cdi, CdiConfig, DataImportCron, DataSource, DataVolume, HostPathProvisioner, HyperConverged,
+    StorageProfile,
 };
 use serde_json::{Value, json};
 use testkit::kube::KubeApiServer;
@@ -96,6 +97,8 @@ pub async fn install_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in [
         DataVolume::crd(),
+        DataSource::crd(),
+        DataImportCron::crd(),
         Cdi::crd(),
         CdiConfig::crd(),
         StorageProfile::crd(),
