@@ -13,7 +13,8 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use kube::{Client, ResourceExt};
-use operators::api::{DataVolume, HostPathProvisioner};
+use operators::api::cdi::CDI_CONFIG_NAME;
+use operators::api::{CdiConfig, DataVolume, HostPathProvisioner, StorageProfile};
 use operators::deploy::{self, DEFAULT_IMAGE};
 use operators::leader::{Elector, Timing};
 use operators::names::{self, NAMESPACE, component};
@@ -260,7 +261,9 @@ async fn hyperconverged(admin: &Client, client: Client) {
     cdis.get("cdi-kubevirt-hyperconverged").await.unwrap();
 }
 
-/// The DataVolume controller makes a PVC and an importer pod in a user's namespace.
+/// The DataVolume controller's process (with its CDIConfig, StorageProfile and DataSource
+/// reconcilers) makes a PVC and an importer pod in a user's namespace, the CDIConfig with its
+/// status, and the StorageProfile of the bundle's StorageClass.
 async fn datavolume(server: &KubeApiServer, admin: &Client, client: Client) {
     let ns = server.namespace("user", &[]).await;
     let ctx = Arc::new(operators::datavolume::controller::Context::new(
@@ -269,7 +272,7 @@ async fn datavolume(server: &KubeApiServer, admin: &Client, client: Client) {
         Arc::default(),
     ));
     let ctl =
-        tokio::spawn(async move { operators::datavolume::controller::run_with(ctx, None).await });
+        tokio::spawn(async move { operators::datavolume::controller::run_all(ctx, None).await });
     let dv: DataVolume = serde_json::from_value(json!({
         "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
         "metadata": {"name": "fedora"},
@@ -288,6 +291,16 @@ async fn datavolume(server: &KubeApiServer, admin: &Client, client: Client) {
     wait_for("an event of the DataVolume controller", || async {
         let list = events.list(&Default::default()).await.ok()?;
         (!list.items.is_empty()).then_some(())
+    })
+    .await;
+    let configs: Api<CdiConfig> = Api::all(admin.clone());
+    wait_for("the CDIConfig's status", || async {
+        configs.get(CDI_CONFIG_NAME).await.ok()?.status
+    })
+    .await;
+    let profiles: Api<StorageProfile> = Api::all(admin.clone());
+    wait_for("the StorageProfile of the bundle's class", || async {
+        profiles.get("hostpath-csi-local").await.ok()?.status
     })
     .await;
     ctl.abort();
