@@ -408,17 +408,20 @@ async fn cert_controller(admin: &Client, client: Client) {
     }
 }
 
-/// `kubectl` (with its built-in kustomize), or why it cannot run here.
-fn kubectl() -> Option<std::process::Command> {
+/// Whether `kubectl` (with its built-in kustomize) runs here; says why not.
+fn kubectl_present() -> bool {
     let found = std::process::Command::new("kubectl")
         .args(["version", "--client"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !found {
         eprintln!("skipping: kubectl is not installed (scripts/setup.sh installs it)");
-        return None;
     }
-    Some(std::process::Command::new("kubectl"))
+    found
+}
+
+fn kubectl() -> std::process::Command {
+    std::process::Command::new("kubectl")
 }
 
 /// What the README tells an admin to run: `kubectl apply -k` of `deploy/`, here through an
@@ -426,9 +429,9 @@ fn kubectl() -> Option<std::process::Command> {
 /// container gets the new image, and the real API server accepts the whole install.
 #[tokio::test]
 async fn kubectl_apply_k_of_an_overlay_installs_the_bundle_with_its_image() {
-    let Some(mut build) = kubectl() else {
+    if !kubectl_present() {
         return;
-    };
+    }
     let Some(server) = tokio::task::spawn_blocking(|| KubeApiServer::start(&Options::default()))
         .await
         .unwrap()
@@ -453,7 +456,7 @@ async fn kubectl_apply_k_of_an_overlay_installs_the_bundle_with_its_image() {
     )
     .unwrap();
 
-    let out = build.arg("kustomize").arg(&overlay).output().unwrap();
+    let out = kubectl().arg("kustomize").arg(&overlay).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -476,7 +479,6 @@ async fn kubectl_apply_k_of_an_overlay_installs_the_bundle_with_its_image() {
     );
 
     let out = kubectl()
-        .unwrap()
         .arg("--kubeconfig")
         .arg(server.kubeconfig())
         .args(["apply", "--server-side", "-k"])

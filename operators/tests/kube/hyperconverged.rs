@@ -11,19 +11,13 @@ use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use operators::api::HyperConverged;
 use operators::hyperconverged::children::{self, ChildKind};
-use serde_json::{Value, json};
+use serde_json::json;
 use testkit::kube::{KubeApiServer, Options};
 
-use crate::support::{degraded, established, install_crds, namespace, wait_for};
-
-fn hyperconverged(spec: Value, annotations: Value) -> HyperConverged {
-    serde_json::from_value(json!({
-        "apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
-        "metadata": {"name": "kubevirt-hyperconverged", "annotations": annotations},
-        "spec": spec
-    }))
-    .unwrap()
-}
+use crate::support::{
+    degraded, established, hyperconverged, hyperconverged_degraded, install_crds, namespace,
+    wait_for,
+};
 
 fn run_controller(client: &Client, ns: &str) -> tokio::task::JoinHandle<()> {
     let (c, n) = (client.clone(), ns.to_string());
@@ -38,14 +32,7 @@ async fn a_missing_child_crd_is_named_in_degraded_and_in_an_event() {
         return;
     };
     let ctl = run_controller(&client, &ns);
-    let api: Api<HyperConverged> = Api::namespaced(client.clone(), &ns);
-    api.create(
-        &PostParams::default(),
-        &hyperconverged(json!({}), json!({})),
-    )
-    .await
-    .unwrap();
-    let degraded = degraded(&api).await;
+    let degraded = hyperconverged_degraded(&client, &ns).await;
     assert!(
         degraded.message.contains("KubeVirt") && degraded.message.contains("kubevirts.kubevirt.io"),
         "{degraded:?}"
@@ -115,9 +102,16 @@ async fn children_get_placement_and_cert_defaults_and_report_back() {
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
             {"nodeSelectorTerms": [{"matchExpressions":
                 [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}});
-    let hc = hyperconverged(
+    let mut hc = hyperconverged(
+        "kubevirt-hyperconverged",
         json!({"infra": {"nodePlacement": infra}, "workloads": {"nodePlacement": workloads}}),
-        json!({children::ANN_HOSTPATH_POOLS: r#"[{"name":"local","path":"/var/hpvolumes"}]"#}),
+    );
+    hc.metadata.annotations = Some(
+        [(
+            children::ANN_HOSTPATH_POOLS.to_string(),
+            r#"[{"name":"local","path":"/var/hpvolumes"}]"#.to_string(),
+        )]
+        .into(),
     );
     Api::<HyperConverged>::namespaced(client.clone(), &ns)
         .create(&PostParams::default(), &hc)

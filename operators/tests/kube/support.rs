@@ -131,17 +131,22 @@ pub async fn established(client: &Client, name: &str) {
     .await;
 }
 
+/// A HyperConverged named `name` with `spec`.
+pub fn hyperconverged(name: &str, spec: Value) -> HyperConverged {
+    serde_json::from_value(json!({
+        "apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
+        "metadata": {"name": name}, "spec": spec
+    }))
+    .unwrap()
+}
+
 /// Creates HCO's singleton HyperConverged in `ns` and waits for its Degraded condition.
 pub async fn hyperconverged_degraded(
     client: &Client,
     ns: &str,
 ) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
     let api: Api<HyperConverged> = Api::namespaced(client.clone(), ns);
-    let hc: HyperConverged = serde_json::from_value(json!({
-        "apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
-        "metadata": {"name": "kubevirt-hyperconverged"}, "spec": {}
-    }))
-    .unwrap();
+    let hc = hyperconverged("kubevirt-hyperconverged", json!({}));
     api.create(&kube::api::PostParams::default(), &hc)
         .await
         .unwrap();

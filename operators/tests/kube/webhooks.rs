@@ -14,10 +14,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 use operators::api::{DataVolume, HyperConverged};
-use serde_json::{Value, json};
+use serde_json::json;
 use testkit::tls::TestCa;
 
-use crate::support::{namespace, test_writes, wait_for};
+use crate::support::{hyperconverged, namespace, test_writes, wait_for};
 
 /// A ValidatingWebhookConfiguration for `resource` of `group`, calling `url` (trusted with
 /// `ca`) for `operations` in namespace `ns` only; removed by [`Registered::remove`].
@@ -218,14 +218,6 @@ async fn datavolume_spec_edits_are_refused_and_metadata_edits_pass() {
     assert_eq!(edited.metadata.labels.unwrap()["team"], "storage");
     assert_eq!(edited.spec.source.unwrap().http.unwrap().url, url);
     registered.remove().await;
-}
-
-fn hyperconverged(name: &str, spec: Value) -> HyperConverged {
-    serde_json::from_value(json!({
-        "apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
-        "metadata": {"name": name}, "spec": spec
-    }))
-    .unwrap()
 }
 
 #[tokio::test]
