@@ -80,6 +80,27 @@ exits_1!(
 );
 
 /// `quarry import`'s own option errors exit 1 without a kind; the import's errors keep theirs.
+impl CommandError for importer::cli::ArgsError {
+    fn error(&self) -> &(dyn std::error::Error + 'static) {
+        self
+    }
+
+    fn exit_code(&self) -> u8 {
+        match self {
+            importer::cli::ArgsError::Import(err) => err.exit_code(),
+            _ => 1,
+        }
+    }
+
+    fn json_kind(&self) -> Option<(&'static str, bool)> {
+        match self {
+            importer::cli::ArgsError::Import(err) => err.json_kind(),
+            _ => None,
+        }
+    }
+}
+
+/// Any other error exits 1 without a kind, unless it wraps an import error, which keeps its own.
 impl CommandError for anyhow::Error {
     fn error(&self) -> &(dyn std::error::Error + 'static) {
         self.as_ref()
@@ -153,6 +174,29 @@ mod tests {
         assert_eq!(err.json_kind(), Some(("corrupt-image", false)));
         let option = anyhow::anyhow!("--user does not apply to S3 sources");
         assert_eq!((option.exit_code(), option.json_kind()), (1, None));
+    }
+
+    #[test]
+    fn import_argument_errors_exit_1_and_import_errors_keep_their_code_and_kind() {
+        use importer::cli::{ArgsError, ImportArgs};
+        let err = ArgsError::from(importer::Error::Corrupt("bad L2".into()));
+        assert_eq!(
+            (err.exit_code(), err.json_kind()),
+            (12, Some(("corrupt-image", false)))
+        );
+        let mut args = ImportArgs::new("s3://bucket/disk.img", "disk.img");
+        args.user = Some("alice".into());
+        let option = args.to_request().unwrap_err();
+        assert!(matches!(option, ArgsError::Options(_)), "{option}");
+        assert_eq!((option.exit_code(), option.json_kind()), (1, None));
+        args.password_file = Some("/nonexistent/password".into());
+        let read = args.to_request().unwrap_err();
+        assert_eq!((read.exit_code(), read.json_kind()), (1, None));
+        assert!(
+            importer::error::chain(&read)
+                .starts_with("reading the password file /nonexistent/password: "),
+            "{read}"
+        );
     }
 
     #[test]

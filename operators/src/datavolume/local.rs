@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use importer::cli::ArgsError;
 use importer::import::{ImportReport, ImportRequest, import};
 use importer::progress::Progress;
 use importer::source::SourceSpec;
@@ -20,7 +21,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use provisioner::{CapacityRange, CreateVolume, PoolConfig, Provisioner};
 
-use super::pod::{SourceRefs, importer_pod_name, insecure_registry};
+use super::pod::{SourceRefs, importer_pod_name};
 use super::pvc::{Claim, StorageDefaults, VolumeMode, claim};
 use super::source::{ImportSource, Source, SourceKind, header, source};
 use super::{Action, Config, Observed, RetryPolicy, decide, name};
@@ -277,75 +278,63 @@ pub fn import_request(
     preallocate: bool,
     opts: &ApplyOptions,
 ) -> Result<ImportRequest> {
-    let bad = |e: importer::Error| Error::invalid(format!("source {}: {e}", src.url));
-    let mut spec = match src.kind {
-        SourceKind::Http => SourceSpec::Http(src.url.clone()),
-        SourceKind::Registry => SourceSpec::parse(&src.url).map_err(bad)?,
-        SourceKind::S3 if src.url.to_ascii_lowercase().starts_with("s3://") => {
-            SourceSpec::parse(&src.url).map_err(bad)?
-        }
-        SourceKind::S3 => SourceSpec::S3 {
-            url: src.url.clone(),
-            options: Default::default(),
-        },
-    };
-    let mut req_auth = None;
+    let mut args = src.import_args(target, claim, &opts.insecure_registries);
+    // The target is always a file here, whatever the volume mode.
+    args.filesystem_overhead = Some(claim.overhead);
+    args.preallocate = preallocate;
     if let Some(secret) = &src.secret_ref {
         let dir = object_dir(opts, "Secret", secret)?;
-        match &mut spec {
-            SourceSpec::S3 { options, .. } => {
-                options.credentials =
-                    Some(importer::source::s3::Credentials::from_file(&dir).map_err(bad)?)
+        match src.kind {
+            SourceKind::S3 => args.s3_credentials = Some(dir),
+            SourceKind::Http | SourceKind::Registry => {
+                args.user = Some(read_key(&dir, "accessKeyId")?);
+                args.password_file = Some(dir.join("secretKey"));
             }
-            SourceSpec::Registry { options, .. } => {
-                options.credentials =
-                    Some((read_key(&dir, "accessKeyId")?, read_key(&dir, "secretKey")?))
-            }
-            _ => req_auth = Some((read_key(&dir, "accessKeyId")?, read_key(&dir, "secretKey")?)),
         }
-    }
-    if let (SourceSpec::Registry { options, .. }, Some(p)) = (&mut spec, &src.platform) {
-        options.platform =
-            Some(importer::source::registry::manifest::Platform::parse(p).map_err(bad)?);
-    }
-    let insecure = matches!(spec, SourceSpec::Registry { .. })
-        && insecure_registry(&src.url, &opts.insecure_registries);
-    let mut req = ImportRequest::new(spec, target);
-    req.http.insecure = insecure;
-    req.size = Some(claim.size);
-    req.filesystem_overhead = Some(claim.overhead);
-    req.preallocate = preallocate;
-    req.http.basic_auth = req_auth;
-    if let Some(c) = &src.checksum {
-        req.checksum = Some(c.parse().map_err(bad)?);
-    }
-    for h in &src.extra_headers {
-        req.http.headers.push(header(h)?);
     }
     for secret in &src.secret_extra_headers {
         let dir = object_dir(opts, "Secret", secret)?;
-        for entry in std::fs::read_dir(&dir)
-            .map_err(|e| Error::io(format!("listing {}", dir.display()), e))?
-        {
-            let entry = entry.map_err(|e| Error::io(format!("listing {}", dir.display()), e))?;
-            if entry.path().is_file() && !entry.file_name().to_string_lossy().starts_with('.') {
-                let line = read_key(&dir, &entry.file_name().to_string_lossy())?;
-                req.http.headers.push(header(&line)?);
-            }
+        for file in files(&dir)? {
+            let key = file.file_name().unwrap_or_default().to_string_lossy();
+            let line = read_key(&dir, &key)?;
+            header(&line)?;
+            args.headers.push(line);
         }
     }
     if let Some(cm) = &src.cert_config_map {
-        let dir = object_dir(opts, "ConfigMap", cm)?;
-        for entry in std::fs::read_dir(&dir)
-            .map_err(|e| Error::io(format!("listing {}", dir.display()), e))?
-        {
-            let entry = entry.map_err(|e| Error::io(format!("listing {}", dir.display()), e))?;
-            if entry.path().is_file() && !entry.file_name().to_string_lossy().starts_with('.') {
-                req.http.ca_certs.push(entry.path());
-            }
+        args.ca_certs = files(&object_dir(opts, "ConfigMap", cm)?)?;
+    }
+    let mut req = args.to_request().map_err(|e| match e {
+        ArgsError::PasswordFile { path, source } => {
+            Error::io(format!("reading {}", path.display()), source)
         }
+        e => Error::invalid(format!(
+            "source {}: {}",
+            src.url,
+            importer::error::chain(&e)
+        )),
+    })?;
+    // As in the importer pod, an S3 source without a Secret is read unsigned: the AWS_*
+    // variables of this process are not the DataVolume's.
+    if let SourceSpec::S3 { options, .. } = &mut req.source
+        && src.secret_ref.is_none()
+    {
+        options.credentials = None;
     }
     Ok(req)
+}
+
+/// The files of a mounted Secret or ConfigMap directory (dot-files, Kubernetes' own, skipped).
+fn files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let listing = |e| Error::io(format!("listing {}", dir.display()), e);
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(listing)? {
+        let entry = entry.map_err(listing)?;
+        if entry.path().is_file() && !entry.file_name().to_string_lossy().starts_with('.') {
+            files.push(entry.path());
+        }
+    }
+    Ok(files)
 }
 
 type Worker = JoinHandle<importer::Result<ImportReport>>;

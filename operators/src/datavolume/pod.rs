@@ -3,6 +3,9 @@
 //! PVC is ever needed: the import streams straight onto the target volume.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use importer::cli::ImportArgs;
 
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
@@ -101,80 +104,47 @@ pub fn target(mode: VolumeMode) -> &'static str {
     }
 }
 
-/// `quarry import` arguments (after the subcommand), with the files the pod mounts.
-pub fn import_args(
+/// The import the pod runs, with the files it mounts and the environment its `$(VAR)`
+/// references read.
+fn import_args(
     dv: &DataVolume,
     src: &ImportSource,
     claim: &Claim,
     refs: &SourceRefs,
     cfg: &Config,
-) -> (Vec<String>, Vec<EnvVar>) {
-    let mut args = vec![
-        "import".to_string(),
-        src.url.clone(),
-        target(claim.mode).to_string(),
-        "--size".into(),
-        claim.size.to_string(),
-    ];
+) -> (ImportArgs, Vec<EnvVar>) {
+    let mut args = src.import_args(target(claim.mode), claim, &cfg.insecure_registries);
     let mut env = Vec::new();
-    if claim.mode == VolumeMode::Filesystem {
-        args.extend(["--filesystem-overhead".into(), claim.overhead.to_string()]);
-    }
-    if let Some(c) = &src.checksum {
-        args.extend(["--checksum".into(), c.clone()]);
-    }
-    for key in &refs.ca_keys {
-        args.extend(["--ca-cert".into(), format!("{CERT_DIR}/{key}")]);
-    }
+    args.ca_certs = refs
+        .ca_keys
+        .iter()
+        .map(|key| format!("{CERT_DIR}/{key}").into())
+        .collect();
     if let Some(secret) = &src.secret_ref {
         match src.kind {
-            SourceKind::S3 => args.extend(["--s3-credentials".into(), SECRET_DIR.into()]),
+            SourceKind::S3 => args.s3_credentials = Some(SECRET_DIR.into()),
             SourceKind::Http | SourceKind::Registry => {
                 // The user goes through the environment (kubelet expands `$(VAR)` in args); the
                 // password stays in the mounted file, never on a command line.
                 env.push(secret_env("IMPORTER_ACCESS_KEY_ID", secret, "accessKeyId"));
-                args.extend([
-                    "--user".into(),
-                    "$(IMPORTER_ACCESS_KEY_ID)".into(),
-                    "--password-file".into(),
-                    format!("{SECRET_DIR}/secretKey"),
-                ]);
+                args.user = Some("$(IMPORTER_ACCESS_KEY_ID)".into());
+                args.password_file = Some(format!("{SECRET_DIR}/secretKey").into());
             }
         }
-    }
-    if src.kind == SourceKind::S3 && !src.url.to_ascii_lowercase().starts_with("s3://") {
-        args.push("--s3".into());
-    }
-    for h in &src.extra_headers {
-        args.extend(["--header".into(), h.clone()]);
     }
     let mut n = 0;
     for (secret, keys) in &refs.header_secrets {
         for key in keys {
             let var = format!("IMPORTER_SECRET_HEADER_{n}");
             env.push(secret_env(&var, secret, key));
-            args.extend(["--header".into(), format!("$({var})")]);
+            args.headers.push(format!("$({var})"));
             n += 1;
         }
     }
-    if src.kind == SourceKind::Registry {
-        if let Some(p) = &src.platform {
-            args.extend(["--platform".into(), p.clone()]);
-        }
-        if insecure_registry(&src.url, &cfg.insecure_registries) {
-            args.push("--insecure".into());
-        }
-    }
-    if dv.spec.preallocation.unwrap_or(cfg.preallocation) {
-        args.push("--preallocate".into());
-    }
-    args.extend([
-        "--metrics-addr".into(),
-        format!("0.0.0.0:{POD_PORT}"),
-        "--owner-uid".into(),
-        dv.metadata.uid.clone().unwrap_or_default(),
-        "--json".into(),
-    ]);
+    args.preallocate = dv.spec.preallocation.unwrap_or(cfg.preallocation);
+    args.metrics_addr = Some(SocketAddr::from(([0, 0, 0, 0], POD_PORT as u16)));
+    args.owner_uid = Some(dv.metadata.uid.clone().unwrap_or_default());
+    args.json = true;
     (args, env)
 }
 
@@ -370,16 +340,10 @@ fn importer_pod_via(
     if proxied {
         env.extend(proxy_env(&cfg.import_proxy));
         if proxy_ca(cfg).is_some() {
-            // Every key (CDI's is `ca.pem`), before the trailing options.
-            let at = args
-                .iter()
-                .position(|a| a == "--metrics-addr")
-                .unwrap_or(args.len());
-            let certs = refs
-                .proxy_ca_keys
-                .iter()
-                .flat_map(|key| ["--ca-cert".to_string(), format!("{PROXY_CA_DIR}/{key}")]);
-            args.splice(at..at, certs);
+            // Every key (CDI's is `ca.pem`), after the source's own CAs.
+            let certs = refs.proxy_ca_keys.iter();
+            args.ca_certs
+                .extend(certs.map(|key| format!("{PROXY_CA_DIR}/{key}").into()));
             mounts.push(mount("cdi-proxy-cert-vol", PROXY_CA_DIR, true));
             volumes.push(config_map_volume(
                 "cdi-proxy-cert-vol",
@@ -397,7 +361,11 @@ fn importer_pod_via(
     }
     let c = Container {
         name: "importer".into(),
-        args: Some(args),
+        args: Some(
+            std::iter::once("import".into())
+                .chain(args.to_args())
+                .collect(),
+        ),
         env: (!env.is_empty()).then_some(env),
         volume_mounts: Some(mounts),
         // Plain-HTTP Prometheus metrics.

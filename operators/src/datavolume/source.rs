@@ -1,8 +1,14 @@
-//! What a DataVolume asks to import, checked once and shared by the importer pod (as `quarry
-//! import` arguments) and the local mode (as an [`importer::import::ImportRequest`]).
+//! What a DataVolume asks to import, checked once and shared by the importer pod and the local
+//! mode as one [`ImportArgs`] (the pod writes it as `quarry import` arguments, local mode imports
+//! its request in-process).
+
+use std::path::PathBuf;
 
 use importer::checksum::Checksum;
+use importer::cli::ImportArgs;
 
+use super::pod::insecure_registry;
+use super::pvc::{Claim, VolumeMode};
 use crate::api::datavolume::{ContentType, DataVolumeSpec};
 use crate::error::{Error, Result};
 
@@ -181,17 +187,38 @@ fn check(src: &ImportSource) -> Result<()> {
     Ok(())
 }
 
-/// Splits `Name: value`, as CDI's extraHeaders are written.
-pub fn header(h: &str) -> Result<(String, String)> {
-    match h.split_once(':') {
-        Some((name, value))
-            if !name.trim().is_empty() && !name.trim().contains(char::is_whitespace) =>
-        {
-            Ok((name.trim().to_string(), value.trim().to_string()))
-        }
-        _ => Err(Error::invalid(format!(
+/// Checks a header line `Name: value`, as CDI's extraHeaders are written (with the importer's
+/// parser).
+pub fn header(h: &str) -> Result<()> {
+    importer::cli::parse_header(h).map(drop).map_err(|_| {
+        Error::invalid(format!(
             "extra header {h:?} is not of the form 'Name: value'"
-        ))),
+        ))
+    })
+}
+
+impl ImportSource {
+    /// The import of this source into `target` that the importer pod and local mode share: the
+    /// source, its size, checksum, headers and registry options. Each adds where it finds the
+    /// credentials, CA files and secret headers.
+    pub fn import_args(
+        &self,
+        target: impl Into<PathBuf>,
+        claim: &Claim,
+        insecure_registries: &[String],
+    ) -> ImportArgs {
+        let mut args = ImportArgs::new(&self.url, target);
+        args.size = Some(claim.size);
+        args.filesystem_overhead = (claim.mode == VolumeMode::Filesystem).then_some(claim.overhead);
+        args.checksum = self.checksum.clone();
+        args.s3 =
+            self.kind == SourceKind::S3 && !self.url.to_ascii_lowercase().starts_with("s3://");
+        args.headers = self.extra_headers.clone();
+        if self.kind == SourceKind::Registry {
+            args.platform = self.platform.clone();
+            args.insecure = insecure_registry(&self.url, insecure_registries);
+        }
+        args
     }
 }
 
