@@ -22,4 +22,5 @@ pub mod import;
 pub mod peek;
 pub mod pipe;
 pub mod progress;
+pub mod resize;
 pub mod size;

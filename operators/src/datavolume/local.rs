@@ -348,6 +348,20 @@ pub fn import_request(
     Ok(req)
 }
 
+/// The local pool's provisioner; a missing pool directory is made, as the CSI driver makes its
+/// pools' directories.
+pub fn open_pool(pool: &Path) -> Result<Provisioner> {
+    std::fs::create_dir_all(pool)
+        .map_err(|e| Error::io(format!("creating the pool directory {}", pool.display()), e))?;
+    let pools = [PoolConfig {
+        name: "local".into(),
+        path: std::fs::canonicalize(pool)
+            .map_err(|e| Error::io(format!("pool directory {}", pool.display()), e))?,
+        quota: Default::default(),
+    }];
+    Ok(Provisioner::open(&pools)?)
+}
+
 type Worker = JoinHandle<importer::Result<ImportReport>>;
 
 /// Runs a DataVolume to Succeeded or Failed against the local pool, writing its status as it
@@ -378,21 +392,11 @@ pub fn apply(
     if matches!(source(&dv.spec), Ok(Source::Upload)) {
         return refuse_upload(dv, &store);
     }
-    // A missing pool directory is made, as the CSI driver makes its pools' directories.
-    std::fs::create_dir_all(&opts.pool).map_err(|e| {
-        Error::io(
-            format!("creating the pool directory {}", opts.pool.display()),
-            e,
-        )
-    })?;
-    let pools = [PoolConfig {
-        name: "local".into(),
-        path: std::fs::canonicalize(&opts.pool)
-            .map_err(|e| Error::io(format!("pool directory {}", opts.pool.display()), e))?,
-        quota: Default::default(),
-    }];
-    let prov = Provisioner::open(&pools)?;
+    let prov = open_pool(&opts.pool)?;
     let volume = format!("{ns}-{}", name(&dv));
+    if super::local_clone::is_clone(&dv) {
+        return super::local_clone::apply(dv, opts, &store, &prov, &volume, &cfg);
+    }
 
     let mut pvc: Option<PersistentVolumeClaim> = None;
     let mut pod: Option<Pod> = None;
