@@ -1364,14 +1364,19 @@ fn tls_server(dir: &Path, target: &Path, ca: &TestCa) -> Proc {
     )
 }
 
+/// A sparse source, a test CA, and where the target upload server writes.
+fn clone_fixture() -> (tempfile::TempDir, PathBuf, Vec<u8>, TestCa, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, bytes) = sparse_source(dir.path());
+    fs::create_dir_all(dir.path().join("target")).unwrap();
+    let target = dir.path().join("target/disk.img");
+    (dir, source, bytes, TestCa::new(), target)
+}
+
 #[test]
 fn a_filesystem_clone_arrives_equal_and_sparse_without_sending_holes() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, source, bytes, ca, target) = clone_fixture();
     let d = dir.path();
-    let (source, bytes) = sparse_source(d);
-    let ca = TestCa::new();
-    fs::create_dir_all(d.join("target")).unwrap();
-    let target = d.join("target/disk.img");
     let mut srv = tls_server(d, &target, &ca);
     let url = format!("https://127.0.0.1:{}/v1beta1/upload", srv.port);
     let out = clone_source(&source, &url, "filesystem-clone", &ca, &[]);
@@ -1427,12 +1432,8 @@ fn a_gnu_tar_stream_as_cdis_cloner_sends_is_accepted() {
 
 #[test]
 fn a_clone_cut_mid_way_is_sent_again_and_completes() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, source, bytes, ca, target) = clone_fixture();
     let d = dir.path();
-    let (source, bytes) = sparse_source(d);
-    let ca = TestCa::new();
-    fs::create_dir_all(d.join("target")).unwrap();
-    let target = d.join("target/disk.img");
     let srv = tls_server(d, &target, &ca);
     let cut = CutProxy::start_upload(SocketAddr::from(([127, 0, 0, 1], srv.port)), 3 << 20);
     let url = format!("https://127.0.0.1:{}/v1beta1/upload", cut.port());
@@ -1521,4 +1522,40 @@ fn a_block_device_clone_arrives_equal_and_sparse() {
             "{kind}: zero runs were written"
         );
     }
+}
+
+#[test]
+fn resize_disk_grows_a_file_never_shrinks_and_refuses_a_small_block_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let img = d.join("disk.img");
+    fs::write(&img, vec![7u8; 1 << 20]).unwrap();
+    let resize = |target: &Path, size: &str| {
+        quarry()
+            .args([
+                "resize-disk",
+                "--target",
+                arg(target),
+                "--size",
+                size,
+                "--json",
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = resize(&img, "100Mi");
+    common::assert_ok(&out);
+    // 100 MiB less CDI's default 6% overhead, down to a whole MiB.
+    assert_eq!(common::json(&out)["after"], 94 << 20);
+    assert_eq!(fs::metadata(&img).unwrap().len(), 94 << 20);
+    assert!(allocated(&img) < 4 << 20, "the growth is a hole");
+    common::assert_ok(&resize(&img, "10Mi"));
+    assert_eq!(fs::metadata(&img).unwrap().len(), 94 << 20, "never shrinks");
+    let Some(dev) = common::LoopDevice::new(&d.join("backing"), 8 << 20) else {
+        return;
+    };
+    common::assert_ok(&resize(&dev.device, "8Mi"));
+    let out = resize(&dev.device, "16Mi");
+    common::assert_exit(&out, 13);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot grow"));
 }

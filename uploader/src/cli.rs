@@ -420,22 +420,6 @@ pub fn run_upload(args: UploadArgs) -> Result<UploadReport> {
     result
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("300").unwrap(), Duration::from_secs(300));
-        assert_eq!(parse_duration("45s").unwrap(), Duration::from_secs(45));
-        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
-        assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
-        for bad in ["", "m", "5d", "-1s", "1.5m"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
-}
-
 /// A PEM file given by flag, else the PEM text of CDI's environment variable `var`.
 fn pem_input(file: Option<&std::path::Path>, var: &str, what: &str) -> Result<Option<Vec<u8>>> {
     match file {
@@ -482,10 +466,23 @@ pub fn run_clone_source(args: CloneSourceArgs) -> Result<crate::clone::source::C
     runtime()?.block_on(crate::clone::source::clone_source(&req))
 }
 
-pub fn run_resize_disk(args: ResizeDiskArgs) -> Result<importer::resize::ResizeReport> {
-    Ok(importer::resize::resize_disk(
-        &args.target,
-        args.size,
-        args.filesystem_overhead,
-    )?)
+/// `quarry resize-disk`; its errors are the importer's, with their exit codes.
+pub fn run_resize_disk(args: ResizeDiskArgs) -> importer::Result<importer::resize::ResizeReport> {
+    importer::resize::resize_disk(&args.target, args.size, args.filesystem_overhead)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("300").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("45s").unwrap(), Duration::from_secs(45));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
+        for bad in ["", "m", "5d", "-1s", "1.5m"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -16,7 +16,7 @@ use provisioner::{CapacityRange, CreateVolume, Provisioner};
 use super::Config;
 use super::clone::{SourceRef, reason as clone_reason, resolve_source_ref};
 use super::local::{ApplyOptions, Store};
-use super::pvc::{StorageDefaults, VolumeMode, claim};
+use super::pvc::{Claim, StorageDefaults, VolumeMode, claim};
 use super::status::{PROGRESS_UNKNOWN, format_progress, reason, set_condition};
 use crate::api::datavolume::{SourcePvc, condition};
 use crate::api::{DataVolume, Phase};
@@ -129,6 +129,106 @@ fn set_status(dv: &mut DataVolume, phase: Phase, why: (&str, &str), store: &Stor
     store.save(dv)
 }
 
+/// Why a clone does not start: the phase to record, its reason and message.
+type Stop = (Phase, &'static str, String);
+
+/// A clone ready to run: what it copies and the target's claim.
+struct Plan {
+    origin: Origin,
+    kind: &'static str,
+    src: SourcePvc,
+    src_id: String,
+    src_size: u64,
+    claim: Claim,
+}
+
+/// Resolves the source, finds it in the pool and checks the target's claim against it.
+fn plan(
+    dv: &DataVolume,
+    opts: &ApplyOptions,
+    prov: &Provisioner,
+    cfg: &Config,
+) -> Result<std::result::Result<Plan, Stop>> {
+    let ns = dv.metadata.namespace.as_deref().unwrap_or("default");
+    let origin = match origin(dv, ns, opts, prov) {
+        Ok(Ok(o)) => o,
+        Ok(Err((r, message))) => return Ok(Err((Phase::Pending, r, message))),
+        Err(e) => return Ok(Err((Phase::Failed, reason::INVALID_SPEC, e.to_string()))),
+    };
+    let (kind, src) = match &origin {
+        Origin::Volume(p) => ("pvc", p.clone()),
+        Origin::Snapshot(s) => ("snapshot", s.clone()),
+    };
+    let src_id = volume_id(&src.namespace, &src.name);
+    let src_size = match &origin {
+        Origin::Volume(_) => prov.find_volume(&src_id)?.map(|(_, m)| m.capacity_bytes),
+        Origin::Snapshot(_) => prov.snapshot(&src_id).ok().map(|(_, m)| m.size_bytes),
+    };
+    let Some(src_size) = src_size else {
+        // CDI's event and condition when the source is missing.
+        let message = format!("The source {kind} {} doesn't exist", src.name);
+        return Ok(Err((
+            Phase::Pending,
+            clone_reason::CLONE_WITHOUT_SOURCE,
+            message,
+        )));
+    };
+    let claim = match claim(dv, cfg, &StorageDefaults::Builtin) {
+        Ok(c) if c.size < src_size => {
+            let message = format!(
+                "target resources requests storage size is smaller than the source: {} < {src_size}",
+                c.size
+            );
+            return Ok(Err((Phase::Failed, reason::INVALID_SPEC, message)));
+        }
+        Ok(c) => c,
+        Err(e) => return Ok(Err((Phase::Failed, reason::INVALID_SPEC, e.to_string()))),
+    };
+    Ok(Ok(Plan {
+        origin,
+        kind,
+        src,
+        src_id,
+        src_size,
+        claim,
+    }))
+}
+
+/// Makes the target volume from the source at the source's size (as a CSI clone), then expands
+/// it like any PVC: the volume, then a filesystem volume's image.
+fn make(prov: &Provisioner, volume: &str, p: &Plan) -> std::result::Result<(), String> {
+    let c = &p.claim;
+    let mode = match c.mode {
+        VolumeMode::Filesystem => PoolMode::Filesystem,
+        VolumeMode::Block => PoolMode::Block,
+    };
+    let at_least = |required| CapacityRange { required, limit: 0 };
+    prov.create_volume(&CreateVolume {
+        name: volume.to_string(),
+        capacity: at_least(p.src_size),
+        mode,
+        pool: None,
+        source: Some(match p.origin {
+            Origin::Volume(_) => ContentSource::Volume(p.src_id.clone()),
+            Origin::Snapshot(_) => ContentSource::Snapshot(p.src_id.clone()),
+        }),
+        parameters: Default::default(),
+        ephemeral: false,
+    })
+    .map_err(|e| e.to_string())?;
+    if c.size > p.src_size {
+        prov.expand_volume(volume, at_least(c.size))
+            .map_err(|e| e.to_string())?;
+        if c.mode == VolumeMode::Filesystem {
+            let (_, dir, _) = prov.volume_paths(volume).map_err(|e| e.to_string())?;
+            let image = dir.join(provisioner::pool::BLOCK_FILE);
+            importer::resize::resize_disk(&image, c.size, Some(c.overhead))
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs a clone DataVolume to Succeeded (or Pending/Failed, saying why) in the local pool.
 /// `volume` is the target's pool volume.
 pub fn apply(
@@ -139,139 +239,35 @@ pub fn apply(
     volume: &str,
     cfg: &Config,
 ) -> Result<DataVolume> {
-    let ns = dv
-        .metadata
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".into());
-    let origin = match origin(&dv, &ns, opts, prov) {
-        Ok(Ok(o)) => o,
-        Ok(Err((r, message))) => {
-            set_status(&mut dv, Phase::Pending, (r, &message), store)?;
-            return Ok(dv);
-        }
-        Err(e) => {
-            set_status(
-                &mut dv,
-                Phase::Failed,
-                (reason::INVALID_SPEC, &e.to_string()),
-                store,
-            )?;
+    let p = match plan(&dv, opts, prov, cfg)? {
+        Ok(p) => p,
+        Err((phase, r, message)) => {
+            set_status(&mut dv, phase, (r, &message), store)?;
             return Ok(dv);
         }
     };
-    let (kind, src) = match &origin {
-        Origin::Volume(p) => ("pvc", p),
-        Origin::Snapshot(s) => ("snapshot", s),
-    };
-    let src_id = volume_id(&src.namespace, &src.name);
-    let src_size = match &origin {
-        Origin::Volume(_) => prov.find_volume(&src_id)?.map(|(_, m)| m.capacity_bytes),
-        Origin::Snapshot(_) => prov.snapshot(&src_id).ok().map(|(_, m)| m.size_bytes),
-    };
-    let Some(src_size) = src_size else {
-        // CDI's event and condition when the source is missing.
-        let message = format!("The source {kind} {} doesn't exist", src.name);
-        set_status(
-            &mut dv,
-            Phase::Pending,
-            (clone_reason::CLONE_WITHOUT_SOURCE, &message),
-            store,
-        )?;
-        return Ok(dv);
-    };
-    let c = match claim(&dv, cfg, &StorageDefaults::Builtin) {
-        Ok(c) => c,
-        Err(e) => {
-            set_status(
-                &mut dv,
-                Phase::Failed,
-                (reason::INVALID_SPEC, &e.to_string()),
-                store,
-            )?;
-            return Ok(dv);
-        }
-    };
-    if c.size < src_size {
-        let message = format!(
-            "target resources requests storage size is smaller than the source: {} < {src_size}",
-            c.size
-        );
-        set_status(
-            &mut dv,
-            Phase::Failed,
-            (reason::INVALID_SPEC, &message),
-            store,
-        )?;
-        return Ok(dv);
-    }
+    let from = format!("{} {}/{}", p.kind, p.src.namespace, p.src.name);
     set_status(
         &mut dv,
         Phase::CloneScheduled,
         ("CloneScheduled", "Cloning scheduled"),
         store,
     )?;
+    let cloning = format!("Cloning from {from}");
     set_status(
         &mut dv,
         Phase::CloneInProgress,
-        (
-            "CloneInProgress",
-            &format!("Cloning from {kind} {}/{}", src.namespace, src.name),
-        ),
+        ("CloneInProgress", &cloning),
         store,
     )?;
-    let made = (|| -> std::result::Result<(), String> {
-        let mode = match c.mode {
-            VolumeMode::Filesystem => PoolMode::Filesystem,
-            VolumeMode::Block => PoolMode::Block,
-        };
-        // At the source's size, as a CSI clone; then expanded like any PVC.
-        prov.create_volume(&CreateVolume {
-            name: volume.to_string(),
-            capacity: CapacityRange {
-                required: src_size,
-                limit: 0,
-            },
-            mode,
-            pool: None,
-            source: Some(match origin {
-                Origin::Volume(_) => ContentSource::Volume(src_id.clone()),
-                Origin::Snapshot(_) => ContentSource::Snapshot(src_id.clone()),
-            }),
-            parameters: Default::default(),
-            ephemeral: false,
-        })
-        .map_err(|e| e.to_string())?;
-        if c.size > src_size {
-            prov.expand_volume(
-                volume,
-                CapacityRange {
-                    required: c.size,
-                    limit: 0,
-                },
-            )
-            .map_err(|e| e.to_string())?;
-            if c.mode == VolumeMode::Filesystem {
-                let (_, dir, _) = prov.volume_paths(volume).map_err(|e| e.to_string())?;
-                let image = dir.join(provisioner::pool::BLOCK_FILE);
-                importer::resize::resize_disk(&image, c.size, Some(c.overhead))
-                    .map_err(|e| e.to_string())?;
-            }
-        }
-        Ok(())
-    })();
-    match made {
+    match make(prov, volume, &p) {
         Ok(()) => {
-            tracing::info!(source = %src_id, target = %volume, "clone succeeded");
-            set_status(
-                &mut dv,
-                Phase::Succeeded,
-                (reason::COMPLETED, "Successfully cloned"),
-                store,
-            )?;
+            tracing::info!(source = %p.src_id, target = %volume, "clone succeeded");
+            let done = (reason::COMPLETED, "Successfully cloned");
+            set_status(&mut dv, Phase::Succeeded, done, store)?;
         }
         Err(e) => {
-            let message = format!("cloning {kind} {}/{}: {e}", src.namespace, src.name);
+            let message = format!("cloning {from}: {e}");
             set_status(&mut dv, Phase::Failed, ("CloneFailed", &message), store)?;
         }
     }
