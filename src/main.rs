@@ -40,6 +40,10 @@ enum Command {
     UploadToken(uploader::cli::TokenArgs),
     /// Upload a local image through the upload proxy, resuming after a dropped connection.
     Upload(uploader::cli::UploadArgs),
+    /// Stream a volume to a target upload server, as CDI's host-assisted clone source.
+    CloneSource(uploader::cli::CloneSourceArgs),
+    /// Grow a volume's raw disk image to a larger volume size (never shrinks).
+    ResizeDisk(uploader::cli::ResizeDiskArgs),
     /// Run the DataVolume, HyperConverged or HostPathProvisioner controller against a cluster.
     Controller(operators::cli::ControllerArgs),
     /// Run a DataVolume manifest without a cluster: a volume in a local pool, imported in-process.
@@ -99,6 +103,24 @@ fn main() -> ExitCode {
                 uploader::cli::run_upload(args),
                 json,
                 uploader::client::UploadReport::summary,
+            )
+        }
+        Command::CloneSource(args) => {
+            init_logs("info");
+            let json = args.json;
+            report(
+                uploader::cli::run_clone_source(args),
+                json,
+                uploader::clone::source::CloneReport::summary,
+            )
+        }
+        Command::ResizeDisk(args) => {
+            init_logs("warn");
+            let json = args.json;
+            report(
+                uploader::cli::run_resize_disk(args),
+                json,
+                importer::resize::ResizeReport::summary,
             )
         }
         Command::Controller(args) => {

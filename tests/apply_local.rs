@@ -316,3 +316,180 @@ fn committed_deploy_manifests_are_current() {
     let out = run(&["gen-deploy", "--check", "--root", arg(root)]);
     assert_ok(&out);
 }
+
+// ---- Local clones: `spec.source.pvc|snapshot` and `spec.sourceRef` between pool volumes ----
+
+/// A DataVolume manifest with any `spec` body.
+fn dv_manifest(dir: &Path, name: &str, spec: &str) -> std::path::PathBuf {
+    let path = dir.join(format!("{name}.yaml"));
+    let text = format!(
+        "apiVersion: cdi.kubevirt.io/v1beta1\nkind: DataVolume\nmetadata:\n  name: {name}\nspec:\n{spec}"
+    );
+    fs::write(&path, text).unwrap();
+    path
+}
+
+fn storage(size: &str, mode: &str) -> String {
+    format!(
+        "  storage:\n    volumeMode: {mode}\n    resources:\n      requests:\n        storage: {size}\n"
+    )
+}
+
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).unwrap().blocks() * 512
+}
+
+/// A blank source volume `name` of `size`, with data written at 1 MiB and 9 MiB (the rest holes).
+fn source_volume(l: &Local, name: &str, size: &str, mode: &str) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let out = l.apply(&dv_manifest(
+        &l.dir,
+        name,
+        &format!("  source:\n    blank: {{}}\n{}", storage(size, mode)),
+    ));
+    assert_ok(&out);
+    let disk = l.pool.join(format!("default-{name}")).join("disk.img");
+    let (_, data) = sample_disk(&l.dir);
+    let f = fs::OpenOptions::new().write(true).open(&disk).unwrap();
+    f.write_all_at(&data[..2 * MIB as usize], MIB).unwrap();
+    f.write_all_at(&data[4 * MIB as usize..5 * MIB as usize], 9 * MIB)
+        .unwrap();
+    drop(f);
+    fs::read(&disk).unwrap()
+}
+
+#[test]
+fn a_pvc_clone_copies_the_pool_volume_sparse_and_a_larger_target_grows() {
+    let l = local();
+    let bytes = source_volume(&l, "golden", "64Mi", "Filesystem");
+    let clone = |name: &str, size: &str| {
+        let spec = format!(
+            "  source:\n    pvc:\n      namespace: default\n      name: golden\n{}",
+            storage(size, "Filesystem")
+        );
+        l.apply(&dv_manifest(&l.dir, name, &spec))
+    };
+    assert_ok(&clone("same", "64Mi"));
+    assert_eq!(l.status("same")["phase"], "Succeeded");
+    let same = l.pool.join("default-same/disk.img");
+    assert!(
+        fs::read(&same).unwrap() == bytes,
+        "the clone's bytes differ"
+    );
+    assert!(
+        allocated(&same) < 8 * MIB,
+        "the clone is not sparse: {}",
+        allocated(&same)
+    );
+
+    assert_ok(&clone("bigger", "128Mi"));
+    let status = l.status("bigger");
+    assert_eq!(status["phase"], "Succeeded");
+    assert_eq!(condition(&status, "Ready")["status"], "True");
+    let big = l.pool.join("default-bigger/disk.img");
+    let grown = fs::read(&big).unwrap();
+    // CDI's arithmetic: `spec.storage` asks for a PVC the overhead larger, and the image grows
+    // to the PVC less that overhead, down to a whole MiB: the 128 MiB asked for.
+    assert_eq!(grown.len() as u64, 128 * MIB);
+    assert!(
+        grown[..bytes.len()] == bytes[..],
+        "the grown clone's data differs"
+    );
+    assert!(grown[bytes.len()..].iter().all(|&b| b == 0));
+    assert!(allocated(&big) < 8 * MIB, "the growth was allocated");
+    let table = String::from_utf8(l.get(&["bigger"]).stdout).unwrap();
+    assert!(table.contains("Succeeded"), "{table}");
+}
+
+#[test]
+fn a_block_volume_clone_copies_and_grows_the_block_file() {
+    let l = local();
+    let bytes = source_volume(&l, "golden", "16Mi", "Block");
+    let spec = format!(
+        "  source:\n    pvc:\n      namespace: default\n      name: golden\n{}",
+        storage("32Mi", "Block")
+    );
+    assert_ok(&l.apply(&dv_manifest(&l.dir, "copy", &spec)));
+    assert_eq!(l.status("copy")["phase"], "Succeeded");
+    let copy = fs::read(l.pool.join("default-copy/disk.img")).unwrap();
+    assert_eq!(
+        copy.len() as u64,
+        32 * MIB,
+        "block volumes are grown to their size exactly"
+    );
+    assert!(copy[..bytes.len()] == bytes[..]);
+}
+
+#[test]
+fn a_clone_of_a_missing_source_waits_with_cdis_reason() {
+    let l = local();
+    let spec = format!(
+        "  source:\n    pvc:\n      namespace: default\n      name: nothere\n{}",
+        storage("64Mi", "Filesystem")
+    );
+    let out = l.apply(&dv_manifest(&l.dir, "orphan", &spec));
+    assert!(!out.status.success());
+    let status = l.status("orphan");
+    assert_eq!(status["phase"], "Pending");
+    let bound = condition(&status, "Bound");
+    assert_eq!(bound["reason"], "CloneWithoutSource");
+    assert_eq!(bound["message"], "The source pvc nothere doesn't exist");
+    assert!(!l.pool.join("default-orphan").exists());
+}
+
+#[test]
+fn a_source_ref_clones_through_a_local_data_source() {
+    let l = local();
+    let ds = l.dir.join("ds.yaml");
+    fs::write(
+        &ds,
+        "apiVersion: cdi.kubevirt.io/v1beta1\nkind: DataSource\nmetadata:\n  name: fedora\nspec:\n  source:\n    pvc:\n      namespace: default\n      name: golden\n",
+    )
+    .unwrap();
+    let spec = format!(
+        "  sourceRef:\n    kind: DataSource\n    name: fedora\n{}",
+        storage("64Mi", "Filesystem")
+    );
+    let vm = dv_manifest(&l.dir, "vm-disk", &spec);
+    // The DataSource's PVC does not exist yet: not ready, and the DataVolume waits.
+    let out = l.apply(&ds);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("datasource/fedora NotReady"));
+    assert!(!l.apply(&vm).status.success());
+    assert_eq!(
+        condition(&l.status("vm-disk"), "Bound")["reason"],
+        "CloneWithoutSource"
+    );
+
+    let bytes = source_volume(&l, "golden", "64Mi", "Filesystem");
+    let out = l.apply(&ds);
+    assert_ok(&out);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("datasource/fedora Ready"));
+    assert_ok(&l.apply(&vm));
+    assert_eq!(l.status("vm-disk")["phase"], "Succeeded");
+    assert!(fs::read(l.pool.join("default-vm-disk/disk.img")).unwrap() == bytes);
+}
+
+#[test]
+fn a_snapshot_source_restores_the_pool_snapshot() {
+    let l = local();
+    let bytes = source_volume(&l, "golden", "64Mi", "Filesystem");
+    // A snapshot as the CSI driver's CreateSnapshot makes it (VolumeSnapshot default/snap).
+    let prov = provisioner::Provisioner::open(&[provisioner::PoolConfig {
+        name: "local".into(),
+        path: fs::canonicalize(&l.pool).unwrap(),
+        quota: Default::default(),
+    }])
+    .unwrap();
+    prov.create_snapshot("default-snap", "default-golden")
+        .unwrap();
+    drop(prov);
+    let spec = format!(
+        "  source:\n    snapshot:\n      namespace: default\n      name: snap\n{}",
+        storage("64Mi", "Filesystem")
+    );
+    assert_ok(&l.apply(&dv_manifest(&l.dir, "restored", &spec)));
+    assert_eq!(l.status("restored")["phase"], "Succeeded");
+    assert!(fs::read(l.pool.join("default-restored/disk.img")).unwrap() == bytes);
+}

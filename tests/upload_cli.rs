@@ -1296,3 +1296,266 @@ fn a_slow_loris_flood_neither_locks_out_an_upload_nor_keeps_descriptors_or_memor
         );
     }
 }
+
+// ---- Host-assisted clone streams (`quarry clone-source` → `quarry upload-server`) ----
+
+/// A sparse 48 MiB `disk.img`: [`sample_disk`]'s 8 MiB at 4 MiB, 1 MiB of it again at 40 MiB, a
+/// hole between and after. Returns its path and bytes.
+fn sparse_source(dir: &Path) -> (PathBuf, Vec<u8>) {
+    use std::os::unix::fs::FileExt as _;
+    let (_, data) = sample_disk(dir);
+    let vol = dir.join("source");
+    fs::create_dir_all(&vol).unwrap();
+    let path = vol.join("disk.img");
+    let f = fs::File::create(&path).unwrap();
+    f.write_all_at(&data, 4 << 20).unwrap();
+    f.write_all_at(&data[..1 << 20], 40 << 20).unwrap();
+    f.set_len(48 << 20).unwrap();
+    drop(f);
+    let bytes = fs::read(&path).unwrap();
+    (path, bytes)
+}
+
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    fs::metadata(path).unwrap().blocks() * 512
+}
+
+/// `quarry clone-source` with CDI's cloner environment (PEM text, not paths).
+fn clone_source(
+    source: &Path,
+    url: &str,
+    kind: &str,
+    ca: &TestCa,
+    extra: &[&str],
+) -> std::process::Output {
+    let (cert, key) = ca.client_cert("cdi-uploadserver-client");
+    quarry()
+        .args([
+            "clone-source",
+            "--source",
+            arg(source),
+            "--content-type",
+            kind,
+            "--json",
+        ])
+        .args(extra)
+        .env("UPLOAD_URL", url)
+        .env("SERVER_CA_CERT", fs::read_to_string(ca.ca_pem()).unwrap())
+        .env("CLIENT_CERT", fs::read_to_string(cert).unwrap())
+        .env("CLIENT_KEY", fs::read_to_string(key).unwrap())
+        .output()
+        .unwrap()
+}
+
+/// An upload server with mutual TLS, as the target pod of a host-assisted clone.
+fn tls_server(dir: &Path, target: &Path, ca: &TestCa) -> Proc {
+    server(
+        dir,
+        target,
+        &[
+            "--tls-cert",
+            arg(&ca.cert_pem()),
+            "--tls-key",
+            arg(&ca.key_pem()),
+            "--client-ca",
+            arg(&ca.ca_pem()),
+        ],
+    )
+}
+
+/// A sparse source, a test CA, and where the target upload server writes.
+fn clone_fixture() -> (tempfile::TempDir, PathBuf, Vec<u8>, TestCa, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, bytes) = sparse_source(dir.path());
+    fs::create_dir_all(dir.path().join("target")).unwrap();
+    let target = dir.path().join("target/disk.img");
+    (dir, source, bytes, TestCa::new(), target)
+}
+
+#[test]
+fn a_filesystem_clone_arrives_equal_and_sparse_without_sending_holes() {
+    let (dir, source, bytes, ca, target) = clone_fixture();
+    let d = dir.path();
+    let mut srv = tls_server(d, &target, &ca);
+    let url = format!("https://127.0.0.1:{}/v1beta1/upload", srv.port);
+    let out = clone_source(&source, &url, "filesystem-clone", &ca, &[]);
+    common::assert_ok(&out);
+    let report = common::json(&out);
+    assert_eq!(report["bytes"], 48 << 20);
+    assert_eq!(report["attempts"], 1);
+    let sent = report["bytes_sent"].as_u64().unwrap();
+    assert!(
+        sent < 10 << 20,
+        "holes were sent: {sent} bytes for 9 MiB of data"
+    );
+    assert_eq!(srv.wait_exit(), 0, "the server stops after the clone");
+    assert_same(&target, &bytes);
+    assert!(
+        allocated(&target) < 12 << 20,
+        "holes were filled: {} bytes allocated",
+        allocated(&target)
+    );
+}
+
+#[test]
+fn a_gnu_tar_stream_as_cdis_cloner_sends_is_accepted() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (source, bytes) = sparse_source(d);
+    // CDI's cloner: `tar cv -S <files>` in the volume's mount, piped through snappy's framing.
+    let tar = Command::new("tar")
+        .args(["cv", "-S", "disk.img"])
+        .current_dir(source.parent().unwrap())
+        .output()
+        .expect("tar");
+    assert!(tar.status.success());
+    let mut enc = snap::write::FrameEncoder::new(Vec::new());
+    enc.write_all(&tar.stdout).unwrap();
+    let body = d.join("body.sz");
+    fs::write(&body, enc.into_inner().unwrap()).unwrap();
+    fs::create_dir_all(d.join("target")).unwrap();
+    let target = d.join("target/disk.img");
+    let srv = server(d, &target, &["--keep-serving"]);
+    let url = format!("http://127.0.0.1:{}/v1beta1/upload", srv.port);
+    let (code, msg, _) = post_with(
+        &url,
+        "x",
+        &body,
+        &["-H", "x-cdi-content-type: filesystem-clone"],
+    );
+    assert_eq!(code, 200, "{msg}");
+    assert_same(&target, &bytes);
+    assert!(allocated(&target) < 12 << 20, "holes were filled");
+}
+
+#[test]
+fn a_clone_cut_mid_way_is_sent_again_and_completes() {
+    let (dir, source, bytes, ca, target) = clone_fixture();
+    let d = dir.path();
+    let srv = tls_server(d, &target, &ca);
+    let cut = CutProxy::start_upload(SocketAddr::from(([127, 0, 0, 1], srv.port)), 3 << 20);
+    let url = format!("https://127.0.0.1:{}/v1beta1/upload", cut.port());
+    let out = clone_source(
+        &source,
+        &url,
+        "filesystem-clone",
+        &ca,
+        &["--retry-backoff", "1s"],
+    );
+    common::assert_ok(&out);
+    assert_eq!(cut.cuts(), 1);
+    let report = common::json(&out);
+    assert!(report["attempts"].as_u64().unwrap() >= 2, "{report}");
+    assert_same(&target, &bytes);
+    no_partial_left(target.parent().unwrap());
+}
+
+#[test]
+fn a_bad_clone_stream_is_refused_and_leaves_no_target() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fs::create_dir_all(d.join("target")).unwrap();
+    let target = d.join("target/disk.img");
+    let srv = server(d, &target, &["--keep-serving"]);
+    let url = format!("http://127.0.0.1:{}/v1beta1/upload", srv.port);
+    // Not snappy framing at all.
+    let (raw, _) = sample_disk(d);
+    let (code, msg, _) = post_with(
+        &url,
+        "x",
+        &raw,
+        &["-H", "x-cdi-content-type: blockdevice-clone"],
+    );
+    assert_eq!(code, 500, "{msg}");
+    assert!(msg.contains("snappy"), "{msg}");
+    // Framed, but a tar without disk.img.
+    let mut enc = snap::write::FrameEncoder::new(Vec::new());
+    enc.write_all(&[0u8; 10240]).unwrap();
+    let empty = d.join("empty.sz");
+    fs::write(&empty, enc.into_inner().unwrap()).unwrap();
+    let (code, msg, _) = post_with(
+        &url,
+        "x",
+        &empty,
+        &["-H", "x-cdi-content-type: filesystem-clone"],
+    );
+    assert_eq!(code, 500, "{msg}");
+    assert!(msg.contains("no disk.img"), "{msg}");
+    assert!(!target.exists(), "a refused clone left a target");
+    no_partial_left(target.parent().unwrap());
+}
+
+#[test]
+fn a_block_device_clone_arrives_equal_and_sparse() {
+    use std::os::unix::fs::FileExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let Some(dev) = common::LoopDevice::new(&d.join("backing"), 32 << 20) else {
+        return; // LoopDevice::new said why
+    };
+    let (_, data) = sample_disk(d);
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(&dev.device)
+        .unwrap();
+    f.write_all_at(&data, 8 << 20).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let bytes = fs::read(&dev.device).unwrap();
+    let ca = TestCa::new();
+    fs::create_dir_all(d.join("target")).unwrap();
+    let target = d.join("target/disk.img");
+    for kind in ["blockdevice-clone", "filesystem-clone"] {
+        let _ = fs::remove_file(&target);
+        let mut srv = tls_server(d, &target, &ca);
+        let url = format!("https://127.0.0.1:{}/v1beta1/upload", srv.port);
+        let out = clone_source(&dev.device, &url, kind, &ca, &[]);
+        common::assert_ok(&out);
+        assert_eq!(common::json(&out)["bytes"], 32 << 20, "{kind}");
+        assert_eq!(srv.wait_exit(), 0);
+        assert_same(&target, &bytes);
+        assert!(
+            allocated(&target) < 12 << 20,
+            "{kind}: zero runs were written"
+        );
+    }
+}
+
+#[test]
+fn resize_disk_grows_a_file_never_shrinks_and_refuses_a_small_block_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let img = d.join("disk.img");
+    fs::write(&img, vec![7u8; 1 << 20]).unwrap();
+    let resize = |target: &Path, size: &str| {
+        quarry()
+            .args([
+                "resize-disk",
+                "--target",
+                arg(target),
+                "--size",
+                size,
+                "--json",
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = resize(&img, "100Mi");
+    common::assert_ok(&out);
+    // 100 MiB less CDI's default 6% overhead, down to a whole MiB.
+    assert_eq!(common::json(&out)["after"], 94 << 20);
+    assert_eq!(fs::metadata(&img).unwrap().len(), 94 << 20);
+    assert!(allocated(&img) < 4 << 20, "the growth is a hole");
+    common::assert_ok(&resize(&img, "10Mi"));
+    assert_eq!(fs::metadata(&img).unwrap().len(), 94 << 20, "never shrinks");
+    let Some(dev) = common::LoopDevice::new(&d.join("backing"), 8 << 20) else {
+        return;
+    };
+    common::assert_ok(&resize(&dev.device, "8Mi"));
+    let out = resize(&dev.device, "16Mi");
+    common::assert_exit(&out, 13);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot grow"));
+}

@@ -23,4 +23,5 @@ pub mod import;
 pub mod peek;
 pub mod pipe;
 pub mod progress;
+pub mod resize;
 pub mod size;

@@ -379,6 +379,9 @@ impl ApplyArgs {
 /// (and, when it failed, its Ready condition's reason and message) on stderr. True when it
 /// succeeded.
 pub fn apply(args: &ApplyArgs) -> Result<bool> {
+    if let Some(ready) = crate::golden::local_store::apply_manifest(&args.file, &args.options())? {
+        return Ok(ready);
+    }
     let dv = args.manifest()?;
     let progress = Arc::new(importer::progress::Progress::default());
     let bar = importer::progress::ProgressBar::start(progress.clone());

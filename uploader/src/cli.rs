@@ -186,6 +186,60 @@ pub struct UploadArgs {
     pub json: bool,
 }
 
+/// `quarry clone-source`: stream a volume to a target upload server (CDI's cloner).
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Without the flags, the environment CDI's cloner pod gets is read: \
+UPLOAD_URL, SERVER_CA_CERT, CLIENT_CERT and CLIENT_KEY (the last three hold PEM text, not paths)."
+)]
+pub struct CloneSourceArgs {
+    /// A filesystem volume's disk.img, or a block device.
+    #[arg(long)]
+    pub source: PathBuf,
+    /// The target upload server's URL with its path, e.g. https://HOST:8443/v1beta1/upload
+    /// [env: UPLOAD_URL].
+    #[arg(long)]
+    pub upload_url: Option<String>,
+    /// filesystem-clone (a tar holding disk.img, holes not sent) or blockdevice-clone (raw bytes).
+    #[arg(long, value_enum)]
+    pub content_type: crate::clone::CloneKind,
+    /// Trust this CA (PEM file) for the upload server's certificate [env: SERVER_CA_CERT, PEM text].
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM file) for the upload server's mutual TLS [env: CLIENT_CERT, PEM text].
+    #[arg(long, value_name = "FILE", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// The client certificate's key (PEM file) [env: CLIENT_KEY, PEM text].
+    #[arg(long, value_name = "FILE", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+    /// Attempts after the first when the connection fails or the server is busy.
+    #[arg(long, default_value_t = 5)]
+    pub retries: u32,
+    /// First wait between attempts (doubles up to 30s).
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub retry_backoff: Duration,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `quarry resize-disk`: grow a raw disk image after a clone into a larger volume.
+#[derive(clap::Args, Debug)]
+pub struct ResizeDiskArgs {
+    /// The volume's disk.img (or block device, which is only checked).
+    #[arg(long)]
+    pub target: PathBuf,
+    /// The volume's size (bytes or a quantity such as 10Gi).
+    #[arg(long, value_parser = parse_size)]
+    pub size: u64,
+    /// Fraction of a filesystem volume reserved for the filesystem [default: 0.06].
+    #[arg(long)]
+    pub filesystem_overhead: Option<f64>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
 fn parse_size(s: &str) -> std::result::Result<u64, String> {
     importer::size::parse_quantity(s).map_err(|e| e.to_string())
 }
@@ -364,6 +418,57 @@ pub fn run_upload(args: UploadArgs) -> Result<UploadReport> {
     follow.abort();
     bar.finish_and_clear();
     result
+}
+
+/// A PEM file given by flag, else the PEM text of CDI's environment variable `var`.
+fn pem_input(file: Option<&std::path::Path>, var: &str, what: &str) -> Result<Option<Vec<u8>>> {
+    match file {
+        Some(path) => crate::error::read_file(path, what).map(Some),
+        None => Ok(std::env::var(var)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .map(String::into_bytes)),
+    }
+}
+
+pub fn run_clone_source(args: CloneSourceArgs) -> Result<crate::clone::source::CloneReport> {
+    let url = match args.upload_url {
+        Some(url) => url,
+        None => std::env::var("UPLOAD_URL").map_err(|_| {
+            Error::InvalidInput("no --upload-url and no UPLOAD_URL in the environment".into())
+        })?,
+    };
+    let ca_pem = pem_input(args.ca_file.as_deref(), "SERVER_CA_CERT", "server CA")?;
+    let cert = pem_input(
+        args.client_cert.as_deref(),
+        "CLIENT_CERT",
+        "client certificate",
+    )?;
+    let key = pem_input(args.client_key.as_deref(), "CLIENT_KEY", "client key")?;
+    let identity_pem = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => {
+            return Err(Error::InvalidInput(
+                "a client certificate needs its key (CLIENT_CERT with CLIENT_KEY)".into(),
+            ));
+        }
+    };
+    let req = crate::clone::source::CloneSourceRequest {
+        source: args.source,
+        url,
+        kind: args.content_type,
+        ca_pem,
+        identity_pem,
+        retries: args.retries,
+        backoff: args.retry_backoff,
+    };
+    runtime()?.block_on(crate::clone::source::clone_source(&req))
+}
+
+/// `quarry resize-disk`; its errors are the importer's, with their exit codes.
+pub fn run_resize_disk(args: ResizeDiskArgs) -> importer::Result<importer::resize::ResizeReport> {
+    importer::resize::resize_disk(&args.target, args.size, args.filesystem_overhead)
 }
 
 #[cfg(test)]

@@ -11,12 +11,15 @@
 //! - [`server`]: the per-volume upload server (CDI's endpoints and status codes, plus resume).
 //! - [`proxy`]: the token-checking streaming proxy.
 //! - [`client`]: the resumable upload client behind `quarry upload`.
+//! - [`clone`]: host-assisted clone streams (CDI's cloner wire format): `quarry clone-source`
+//!   and the upload server's decoding of `filesystem-clone` / `blockdevice-clone` bodies.
 //! - [`net`]: serving a router over TCP with optional TLS and mutual TLS, HTTP/1.1 and h2.
 //! - [`limits`]: bounding a listener's connections (idle timeouts, a cap, lingering close).
 //! - [`cli`]: the subcommands' arguments and entry points.
 
 pub mod cli;
 pub mod client;
+pub mod clone;
 pub mod error;
 pub mod limits;
 pub mod net;

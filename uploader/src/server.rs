@@ -23,6 +23,10 @@
 //! skipped). A `POST` without it, as `virtctl` sends when it retries, drops the held upload and
 //! starts over, so plain clients keep working. An upload that is not resumed in time is aborted.
 //!
+//! **Clone streams.** A `POST` with `x-cdi-content-type: filesystem-clone|blockdevice-clone` is a
+//! host-assisted clone as CDI's cloner sends it: the body is decoded by [`crate::clone::decode`]
+//! and its image goes through the same pipeline, as raw (no format sniffing).
+//!
 //! A failed or aborted upload leaves no target that looks complete (the importer writes a
 //! hidden partial file and renames it only on success), and the server accepts a new upload.
 
@@ -45,6 +49,7 @@ use importer::progress::Progress;
 use importer::source::{ByteSource, SharedSource, SourceInfo, SourceSpec};
 use tokio::sync::{mpsc, watch};
 
+use crate::clone::{CLONE_LENGTH, CONTENT_TYPE_HEADER, CloneKind};
 use crate::net::text;
 use crate::{ASYNC_FORM_PATHS, ASYNC_PATHS, SYNC_FORM_PATHS, SYNC_PATHS};
 use crate::{UPLOAD_CHECKSUM, UPLOAD_LENGTH, UPLOAD_OFFSET, UPLOAD_STATE};
@@ -186,6 +191,8 @@ struct Ask {
     body_length: Option<u64>,
     checksum: Option<Checksum>,
     form: bool,
+    /// A clone stream's kind, and its image's length when the sender told it.
+    clone: Option<(CloneKind, Option<u64>)>,
 }
 
 impl Ask {
@@ -202,7 +209,16 @@ impl Ask {
                     })?,
             ),
         };
+        let clone = headers
+            .get(CONTENT_TYPE_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(CloneKind::from_header);
+        let clone = match clone {
+            Some(kind) => Some((kind, header_u64(headers, CLONE_LENGTH)?)),
+            None => None,
+        };
         Ok(Ask {
+            clone,
             offset: header_u64(headers, UPLOAD_OFFSET)?,
             body_length: header_u64(headers, header::CONTENT_LENGTH.as_str())?,
             checksum,
@@ -425,7 +441,21 @@ fn start(app: &Arc<App>, ask: &Ask) -> Session {
         },
     };
     let cfg = &app.config;
-    let mut req = ImportRequest::new(SourceSpec::Stream(SharedSource::new(source)), &cfg.target);
+    let source = match ask.clone {
+        None => SharedSource::new(source),
+        Some((kind, length)) => SharedSource::new(CloneSource {
+            info: SourceInfo {
+                name: format!("{} stream", kind.as_str()),
+                length,
+            },
+            image: crate::clone::decode::decode(kind, source),
+        }),
+    };
+    let mut req = ImportRequest::new(SourceSpec::Stream(source), &cfg.target);
+    if ask.clone.is_some() {
+        // A clone carries a volume's raw bytes, whatever they start with.
+        req.format = Some(importer::format::ImageFormat::Raw);
+    }
     req.size = cfg.size;
     req.filesystem_overhead = cfg.filesystem_overhead;
     req.preallocate = cfg.preallocate;
@@ -657,6 +687,24 @@ impl Read for ChannelSource {
 }
 
 impl ByteSource for ChannelSource {
+    fn info(&self) -> &SourceInfo {
+        &self.info
+    }
+}
+
+/// The pipeline's view of a clone stream: the image decoded from the body.
+struct CloneSource {
+    info: SourceInfo,
+    image: Box<dyn Read + Send>,
+}
+
+impl Read for CloneSource {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.image.read(buf)
+    }
+}
+
+impl ByteSource for CloneSource {
     fn info(&self) -> &SourceInfo {
         &self.info
     }

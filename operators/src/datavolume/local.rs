@@ -86,24 +86,30 @@ impl Store {
 
     /// Every DataVolume of a namespace, by name.
     pub fn list(&self, ns: &str) -> Result<Vec<DataVolume>> {
-        let dir = self.dir.join("datavolumes").join(ns);
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(Error::io(format!("listing {}", dir.display()), e)),
-        };
-        let mut names: Vec<String> = entries
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                e.file_name()
-                    .to_str()?
-                    .strip_suffix(".yaml")
-                    .map(String::from)
-            })
-            .collect();
-        names.sort();
+        let names = state_names(&self.dir.join("datavolumes").join(ns))?;
         names.iter().map(|n| self.load(ns, n)).collect()
     }
+}
+
+/// The names of the objects kept in a state directory (`NAME.yaml`), sorted; none when the
+/// directory does not exist.
+pub fn state_names(dir: &Path) -> Result<Vec<String>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(format!("listing {}", dir.display()), e)),
+    };
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_suffix(".yaml")
+                .map(String::from)
+        })
+        .collect();
+    names.sort();
+    Ok(names)
 }
 
 fn namespace(dv: &DataVolume) -> String {
@@ -337,6 +343,20 @@ fn files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// The local pool's provisioner; a missing pool directory is made, as the CSI driver makes its
+/// pools' directories.
+pub fn open_pool(pool: &Path) -> Result<Provisioner> {
+    std::fs::create_dir_all(pool)
+        .map_err(|e| Error::io(format!("creating the pool directory {}", pool.display()), e))?;
+    let pools = [PoolConfig {
+        name: "local".into(),
+        path: std::fs::canonicalize(pool)
+            .map_err(|e| Error::io(format!("pool directory {}", pool.display()), e))?,
+        quota: Default::default(),
+    }];
+    Ok(Provisioner::open(&pools)?)
+}
+
 type Worker = JoinHandle<importer::Result<ImportReport>>;
 
 /// Runs a DataVolume to Succeeded or Failed against the local pool, writing its status as it
@@ -367,21 +387,11 @@ pub fn apply(
     if matches!(source(&dv.spec), Ok(Source::Upload)) {
         return refuse_upload(dv, &store);
     }
-    // A missing pool directory is made, as the CSI driver makes its pools' directories.
-    std::fs::create_dir_all(&opts.pool).map_err(|e| {
-        Error::io(
-            format!("creating the pool directory {}", opts.pool.display()),
-            e,
-        )
-    })?;
-    let pools = [PoolConfig {
-        name: "local".into(),
-        path: std::fs::canonicalize(&opts.pool)
-            .map_err(|e| Error::io(format!("pool directory {}", opts.pool.display()), e))?,
-        quota: Default::default(),
-    }];
-    let prov = Provisioner::open(&pools)?;
+    let prov = open_pool(&opts.pool)?;
     let volume = format!("{ns}-{}", name(&dv));
+    if super::local_clone::is_clone(&dv) {
+        return super::local_clone::apply(dv, opts, &store, &prov, &volume, &cfg);
+    }
 
     let mut pvc: Option<PersistentVolumeClaim> = None;
     let mut pod: Option<Pod> = None;

@@ -26,6 +26,7 @@ pub mod clone;
 pub mod controller;
 pub mod decide;
 pub mod local;
+pub mod local_clone;
 pub mod pod;
 pub mod pvc;
 pub mod retry;

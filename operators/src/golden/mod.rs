@@ -6,5 +6,6 @@
 pub mod controller;
 pub mod datasource;
 pub mod gc;
+pub mod local_store;
 pub mod schedule;
 pub mod version;
