@@ -378,6 +378,11 @@ pub fn apply(
     if matches!(source(&dv.spec), Ok(Source::Upload)) {
         return refuse_upload(dv, &store);
     }
+    if matches!(source(&dv.spec), Ok(Source::Clone(_))) {
+        return Err(Error::invalid(
+            "clone sources run in the cluster DataVolume controller; local mode does not clone",
+        ));
+    }
     // A missing pool directory is made, as the CSI driver makes its pools' directories.
     std::fs::create_dir_all(&opts.pool).map_err(|e| {
         Error::io(
@@ -419,6 +424,7 @@ pub fn apply(
             refs: SourceRefs::default(),
             storage: StorageDefaults::Builtin,
             source_ref: None,
+            clone: Default::default(),
             now: Timestamp::now(),
         };
         let d = decide(&dv, &observed, &cfg);
@@ -453,6 +459,12 @@ pub fn apply(
                 Action::CreatePod(_) => pod = Some(local_pod(&dv, "Pending", None)),
                 Action::DeletePod(_) => pod = None,
                 Action::CreateService(_) | Action::DeleteService(_) => {}
+                // Clones are refused above.
+                Action::CreateSnapshot(_)
+                | Action::DeleteSnapshot(_)
+                | Action::CreateSourcePod(_)
+                | Action::DeleteSourcePod { .. }
+                | Action::ExpandPvc(_) => {}
                 Action::Event(e) => {
                     tracing::info!(reason = %e.reason, warning = e.warning, "{}", e.message)
                 }
