@@ -167,7 +167,7 @@ pub struct SourcePodSpec<'a> {
     /// The target PVC's UID (names the pod).
     pub target_uid: &'a str,
     /// The Secret with the client certificate (`tls.crt`, `tls.key`) and the upload server's
-    /// CA (`ca.crt`), in the source namespace (None: plain HTTP).
+    /// CA (`ca.crt`), in the source namespace (None: none issued).
     pub tls_secret: Option<&'a str>,
 }
 
@@ -185,7 +185,7 @@ pub fn source_pod(dv: &DataVolume, s: &SourcePodSpec, cfg: &Config) -> Pod {
         "--source".into(),
         path.into(),
         "--upload-url".into(),
-        upload_url(dv, s.tls_secret.is_some()),
+        upload_url(dv, cfg.upload_tls.is_some()),
         "--content-type".into(),
         content_type.into(),
     ];
@@ -386,7 +386,13 @@ mod tests {
             target_uid: "pvc-uid",
             tls_secret: tls,
         };
-        source_pod(&dv(), &s, &Config::default())
+        let cfg = Config {
+            upload_tls: tls.map(|_| crate::datavolume::UploadTls::Issued {
+                namespace: "quarry".into(),
+            }),
+            ..Config::default()
+        };
+        source_pod(&dv(), &s, &cfg)
     }
 
     #[test]
