@@ -551,6 +551,7 @@ mod tests {
     use crate::api::snapshot::VolumeSnapshotStatus;
     use crate::datavolume::decide::{Decision, Observed, decide};
     use crate::datavolume::pod::SourceRefs;
+    use crate::datavolume::tests::events;
     use crate::datavolume::{Config, status};
 
     const GI: u64 = 1 << 30;
@@ -681,16 +682,6 @@ mod tests {
         let d = decide(dv, o, &Config::default());
         dv.status = Some(d.status.clone());
         d
-    }
-
-    fn events(d: &Decision) -> Vec<(bool, String)> {
-        d.actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Event(e) => Some((e.warning, e.reason.clone())),
-                _ => None,
-            })
-            .collect()
     }
 
     fn objects_of(d: &Decision) -> Vec<&Action> {

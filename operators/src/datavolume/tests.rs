@@ -146,7 +146,7 @@ fn cond<'a>(d: &'a Decision, t: &str) -> &'a crate::api::datavolume::DataVolumeC
     status::find(&d.status.conditions, t).unwrap_or_else(|| panic!("no {t} condition"))
 }
 
-fn events(d: &Decision) -> Vec<(bool, String)> {
+pub(super) fn events(d: &Decision) -> Vec<(bool, String)> {
     d.actions
         .iter()
         .filter_map(|a| match a {

@@ -165,22 +165,28 @@ fn request(p: &PersistentVolumeClaim) -> String {
         .clone()
 }
 
+/// The clone of `golden-disk` in `src_ns` into DataVolume `vm-disk` of `size` in `ns`, on a
+/// class whose profile says `strategy`, with the controller running for `ns`.
+async fn clone_into(
+    client: &Client,
+    (ns, src_ns): (&str, &str),
+    strategy: &str,
+    size: &str,
+) -> crate::datavolume::Running {
+    let class = class(client, ns, strategy).await;
+    source_pvc(client, src_ns, &class).await;
+    let running = start(ns, config(), None).await;
+    let source = json!({"pvc": {"namespace": src_ns, "name": "golden-disk"}});
+    create_dv(client, ns, source, &class, size).await;
+    running
+}
+
 #[tokio::test]
 async fn a_csi_clone_is_a_data_source_pvc_on_the_sources_node() {
     let Some((client, ns)) = namespace("clone-csi", &[]).await else {
         return;
     };
-    let class = class(&client, &ns, "csi-clone").await;
-    source_pvc(&client, &ns, &class).await;
-    let _running = start(&ns, config(), None).await;
-    create_dv(
-        &client,
-        &ns,
-        json!({"pvc": {"namespace": ns, "name": "golden-disk"}}),
-        &class,
-        "1Gi",
-    )
-    .await;
+    let _running = clone_into(&client, (&ns, &ns), "csi-clone", "1Gi").await;
     let t = target(&client, &ns).await;
     let ds = t.spec.as_ref().unwrap().data_source.clone().unwrap();
     assert_eq!(
@@ -202,7 +208,6 @@ async fn a_smart_clone_snapshots_restores_expands_and_deletes_its_snapshot() {
         return;
     };
     install_snapshot_crds(&client).await;
-    let class = class(&client, &ns, "snapshot").await;
     let snap_class = format!("snap-{ns}");
     apply(
         &client,
@@ -211,16 +216,7 @@ async fn a_smart_clone_snapshots_restores_expands_and_deletes_its_snapshot() {
     )
     .await
     .unwrap();
-    source_pvc(&client, &ns, &class).await;
-    let _running = start(&ns, config(), None).await;
-    create_dv(
-        &client,
-        &ns,
-        json!({"pvc": {"namespace": ns, "name": "golden-disk"}}),
-        &class,
-        "2Gi",
-    )
-    .await;
+    let _running = clone_into(&client, (&ns, &ns), "snapshot", "2Gi").await;
     let dvs: Api<DataVolume> = Api::namespaced(client.clone(), &ns);
     let uid = wait_for("the DataVolume's UID", || async {
         dvs.get("vm-disk").await.ok()?.uid()
@@ -287,17 +283,7 @@ async fn a_cross_namespace_clone_is_copied_by_a_source_pod_to_the_upload_server(
     let Some((_, golden)) = namespace("clone-golden", &[]).await else {
         return;
     };
-    let class = class(&client, &ns, "csi-clone").await;
-    source_pvc(&client, &golden, &class).await;
-    let _running = start(&ns, config(), None).await;
-    create_dv(
-        &client,
-        &ns,
-        json!({"pvc": {"namespace": golden, "name": "golden-disk"}}),
-        &class,
-        "1Gi",
-    )
-    .await;
+    let _running = clone_into(&client, (&ns, &golden), "csi-clone", "1Gi").await;
     let t = target(&client, &ns).await;
     assert_eq!(t.annotations()["cdi.kubevirt.io/cloneType"], "copy");
     assert!(t.spec.as_ref().unwrap().data_source.is_none());
