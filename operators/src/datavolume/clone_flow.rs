@@ -224,25 +224,31 @@ fn by_driver(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim, strategy: Strat
     let o = &cx.obs.clone;
     let node = o.source_pvc.as_ref().and_then(node_of).map(String::from);
     let size = source_size(src.kind, o).unwrap_or(claim.size);
+    let (data_source, phase, ev, message) = match (src.kind, strategy) {
+        (SourceKind::Snapshot, _) => (
+            objects::snapshot_source(&src.name),
+            Phase::CloneFromSnapshotSourceInProgress,
+            event::CLONE_FROM_SNAPSHOT_SOURCE_IN_PROGRESS,
+            format!("Creating PVC from snapshot source {from} is in progress"),
+        ),
+        (SourceKind::Pvc, Strategy::CsiClone) => (
+            objects::pvc_source(&src.name),
+            Phase::CsiCloneInProgress,
+            event::CSI_CLONE_IN_PROGRESS,
+            format!("CSI Volume clone in progress (for pvc {from})"),
+        ),
+        (SourceKind::Pvc, _) => (
+            objects::snapshot_source(&objects::temp_snapshot_name(cx.dv)),
+            Phase::SmartClonePvcInProgress,
+            event::SMART_CLONE_PVC_IN_PROGRESS,
+            format!("Creating PVC for smart-clone is in progress (for pvc {from})"),
+        ),
+    };
     let Some(target) = cx.obs.pvc else {
-        let (data_source, phase, ev, message) = match (src.kind, strategy) {
-            (SourceKind::Snapshot, _) => (
-                objects::snapshot_source(&src.name),
-                Phase::CloneFromSnapshotSourceInProgress,
-                event::CLONE_FROM_SNAPSHOT_SOURCE_IN_PROGRESS,
-                format!("Creating PVC from snapshot source {from} is in progress"),
-            ),
-            (SourceKind::Pvc, Strategy::CsiClone) => (
-                objects::pvc_source(&src.name),
-                Phase::CsiCloneInProgress,
-                event::CSI_CLONE_IN_PROGRESS,
-                format!("CSI Volume clone in progress (for pvc {from})"),
-            ),
-            (SourceKind::Pvc, _) => {
-                smart_clone_snapshot(cx, src, claim, from, node.as_deref(), size);
-                return;
-            }
-        };
+        if src.kind == SourceKind::Pvc && strategy == Strategy::Snapshot {
+            smart_clone_snapshot(cx, src, claim, from, node.as_deref(), size);
+            return;
+        }
         let pvc = objects::target_pvc(cx.dv, claim, data_source, size, node.as_deref(), strategy);
         cx.actions.push(Action::CreatePvc(Box::new(pvc)));
         pending_target(cx);
@@ -250,7 +256,9 @@ fn by_driver(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim, strategy: Strat
         return;
     };
     if target.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+        // Said again on every look: the DataVolume read may predate the last status write.
         pending_target(cx);
+        cx.phase(phase, Some((false, ev, message)));
         return;
     }
     let msg = format!("PVC {} Bound", name(cx.dv));
@@ -261,7 +269,7 @@ fn by_driver(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim, strategy: Strat
         cx.actions
             .push(Action::DeleteSnapshot(objects::temp_snapshot_name(cx.dv)));
     }
-    expand(cx, target, claim, from);
+    expand(cx, target, claim, size, from);
 }
 
 /// The smart clone before its PVC: the temporary snapshot, taken and awaited.
@@ -326,9 +334,9 @@ fn pending_target(cx: &mut Ctx<'_>) {
     cx.cond(condition::BOUND, false, reason::PENDING, &msg);
 }
 
-/// After a CSI clone or restore at the source's size: the PVC's request grows to the claim's,
-/// then (filesystem) `disk.img` grows to the usable space; then the clone is done.
-fn expand(cx: &mut Ctx<'_>, target: &PersistentVolumeClaim, claim: &Claim, from: &str) {
+/// After a CSI clone or restore at the source's size `base`: the PVC's request grows to the
+/// DataVolume's, then (filesystem) `disk.img` grows to the usable space; then the clone is done.
+fn expand(cx: &mut Ctx<'_>, target: &PersistentVolumeClaim, claim: &Claim, base: u64, from: &str) {
     let want = requested(cx.dv, claim);
     let asked = target
         .spec
@@ -342,8 +350,8 @@ fn expand(cx: &mut Ctx<'_>, target: &PersistentVolumeClaim, claim: &Claim, from:
         .and_then(|s| s.capacity.as_ref()?.get("storage"))
         .and_then(|q| importer::size::parse_quantity(&q.0).ok())
         .unwrap_or(asked);
-    let expanding = asked < want || cx.st.phase == Some(Phase::ExpansionInProgress);
-    if !expanding {
+    // Derived from the sizes, not the recorded phase (which may be stale).
+    if want <= base {
         return succeed(cx, from, None);
     }
     let message = format!("Expanding PVC {} to {want} bytes", name(cx.dv));
@@ -1032,5 +1040,29 @@ mod tests {
             }]
         );
         assert_eq!(events(&d), [(true, "CloneFailed".to_string())]);
+    }
+
+    #[test]
+    fn a_pending_target_shows_its_strategys_phase_even_after_a_stale_read() {
+        // The DataVolume as read before the CSICloneInProgress write: still Pending.
+        let mut dv = pvc_clone("vms");
+        let t = target(Strategy::CsiClone, "Pending", GI, None);
+        let d = step(&mut dv, &observed(Some(&t), None, with_pvc("csi-clone")));
+        assert_eq!(d.status.phase, Some(Phase::CsiCloneInProgress));
+        assert!(objects_of(&d).is_empty());
+    }
+
+    #[test]
+    fn expansion_follows_the_sizes_not_the_recorded_phase() {
+        // Expanded already, but the read predates ExpansionInProgress: disk.img still grows.
+        let mut dv = dv(
+            serde_json::json!({"pvc": {"namespace": "vms", "name": "golden-disk"}}),
+            "2Gi",
+            "Filesystem",
+        );
+        let t = target(Strategy::CsiClone, "Bound", 2 * GI, Some(2 * GI));
+        let d = step(&mut dv, &observed(Some(&t), None, with_pvc("csi-clone")));
+        assert_eq!(d.status.phase, Some(Phase::ExpansionInProgress));
+        assert!(matches!(&objects_of(&d)[..], [Action::CreatePod(_)]));
     }
 }

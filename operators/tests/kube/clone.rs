@@ -66,7 +66,8 @@ async fn install_snapshot_crds(client: &Client) {
 }
 
 /// A StorageClass of the hostpath driver (expandable), named after the test's namespace, with
-/// a StorageProfile whose `status.cloneStrategy` is `strategy`.
+/// a StorageProfile whose `status.cloneStrategy` is `strategy` (its spec says so too: a profile
+/// reconciler of another test, which rewrites the status, keeps it).
 async fn class(client: &Client, ns: &str, strategy: &str) -> String {
     let name = format!("hostpath-{ns}");
     apply(
@@ -80,7 +81,7 @@ async fn class(client: &Client, ns: &str, strategy: &str) -> String {
     apply(
         client,
         &json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "StorageProfile",
-                "metadata": {"name": name}, "spec": {}}),
+                "metadata": {"name": name}, "spec": {"cloneStrategy": strategy}}),
     )
     .await
     .unwrap();
