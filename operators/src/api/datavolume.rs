@@ -339,10 +339,28 @@ pub enum Phase {
     ImportScheduled,
     /// The importer pod is running.
     ImportInProgress,
-    /// Cloning (other controllers).
+    /// A host-assisted clone's pods are created, not yet running.
     CloneScheduled,
-    /// Cloning (other controllers).
+    /// A host-assisted clone's data moves.
     CloneInProgress,
+    /// A smart clone's VolumeSnapshot of the source is being taken.
+    SnapshotForSmartCloneInProgress,
+    /// A PVC is being restored from a `spec.source.snapshot`.
+    CloneFromSnapshotSourceInProgress,
+    /// A smart clone's PVC is being restored from its snapshot.
+    #[serde(rename = "SmartClonePVCInProgress")]
+    SmartClonePvcInProgress,
+    /// The CSI driver clones the source into the target PVC.
+    #[serde(rename = "CSICloneInProgress")]
+    CsiCloneInProgress,
+    /// The target PVC grows to the requested size after a clone.
+    ExpansionInProgress,
+    /// A cross-namespace transfer (CDI's; not used by Quarry).
+    NamespaceTransferInProgress,
+    /// A claim is being prepared (CDI's populators; not used by Quarry).
+    PrepClaimInProgress,
+    /// A PV is being rebound (CDI's populators; not used by Quarry).
+    RebindInProgress,
     /// The upload server pod is created, not yet ready.
     UploadScheduled,
     /// The upload server accepts data.
@@ -371,6 +389,14 @@ impl Phase {
             Phase::ImportInProgress => "ImportInProgress",
             Phase::CloneScheduled => "CloneScheduled",
             Phase::CloneInProgress => "CloneInProgress",
+            Phase::SnapshotForSmartCloneInProgress => "SnapshotForSmartCloneInProgress",
+            Phase::CloneFromSnapshotSourceInProgress => "CloneFromSnapshotSourceInProgress",
+            Phase::SmartClonePvcInProgress => "SmartClonePVCInProgress",
+            Phase::CsiCloneInProgress => "CSICloneInProgress",
+            Phase::ExpansionInProgress => "ExpansionInProgress",
+            Phase::NamespaceTransferInProgress => "NamespaceTransferInProgress",
+            Phase::PrepClaimInProgress => "PrepClaimInProgress",
+            Phase::RebindInProgress => "RebindInProgress",
             Phase::UploadScheduled => "UploadScheduled",
             Phase::UploadReady => "UploadReady",
             Phase::WaitForFirstConsumer => "WaitForFirstConsumer",

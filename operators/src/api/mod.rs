@@ -8,6 +8,7 @@ pub mod datavolume;
 pub mod golden;
 pub mod hostpath;
 pub mod hyperconverged;
+pub mod snapshot;
 
 pub use cdi::{Cdi, CdiConfig, CdiConfigSpec, CdiConfigStatus, StorageProfile};
 pub use datavolume::{DataVolume, DataVolumeSpec, DataVolumeStatus, Phase};

@@ -251,12 +251,63 @@ async fn review_datavolume(
                 }
             };
             match pvc {
-                Ok(pvc) => admission::review(&req, pvc.as_ref(), &DataVolumeConfig::default()),
+                Ok(pvc) => {
+                    let resp = admission::review(&req, pvc.as_ref(), &DataVolumeConfig::default());
+                    if resp.allowed {
+                        authorize_clone(&app.client, &req).await.unwrap_or(resp)
+                    } else {
+                        resp
+                    }
+                }
                 Err(e) => AdmissionResponse::from(&req).deny(e),
             }
         }
     };
     axum::Json(resp.into_review())
+}
+
+/// A CREATE cloning from another namespace: the refusal when its user may not clone the source
+/// (None: allowed, or nothing to authorize). The sourceRef's DataSource is read for it.
+async fn authorize_clone(
+    client: &kube::Client,
+    req: &AdmissionRequest<DynamicObject>,
+) -> Option<AdmissionResponse> {
+    if req.operation != kube::core::admission::Operation::Create {
+        return None;
+    }
+    let dv: crate::api::DataVolume = serde_json::to_value(req.object.as_ref()?)
+        .and_then(serde_json::from_value)
+        .ok()?;
+    let request_ns = req.namespace.clone().unwrap_or_default();
+    let mut found = Vec::new();
+    if let (None, Some(r)) = (&dv.spec.source, &dv.spec.source_ref) {
+        let ns = r.namespace.clone().unwrap_or_else(|| request_ns.clone());
+        let api: Api<crate::api::DataSource> = Api::namespaced(client.clone(), &ns);
+        if let Ok(Some(ds)) = api.get_opt(&r.name).await {
+            if let Some(next) = &ds.spec.source.data_source {
+                let next_ns = if next.namespace.is_empty() {
+                    ns.clone()
+                } else {
+                    next.namespace.clone()
+                };
+                let api: Api<crate::api::DataSource> = Api::namespaced(client.clone(), &next_ns);
+                if let Ok(Some(n)) = api.get_opt(&next.name).await {
+                    found.push(n);
+                }
+            }
+            found.push(ds);
+        }
+    }
+    let (kind, ns, name) = admission::cross_namespace_source(&dv, &request_ns, |ns, n| {
+        found.iter().find(|d| {
+            d.metadata.namespace.as_deref() == Some(ns) && d.metadata.name.as_deref() == Some(n)
+        })
+    })?;
+    match admission::authorize_clone(client, (kind, &ns, &name), &req.user_info).await {
+        Ok(Ok(())) => None,
+        Ok(Err(message)) => Some(admission::refuse_clone(req, message)),
+        Err(e) => Some(AdmissionResponse::from(req).deny(format!("authorizing the clone: {e}"))),
+    }
 }
 
 /// `POST /apis/upload.cdi.kubevirt.io/{version}/namespaces/{namespace}/uploadtokenrequests`.

@@ -323,3 +323,59 @@ async fn the_datavolume_webhook_answers_without_a_client_certificate() {
     );
     f.cluster.silence().await;
 }
+
+#[tokio::test]
+async fn the_datavolume_webhook_refuses_a_cross_namespace_clone_its_user_may_not_make() {
+    let mut f = start(&["front-proxy-client"]).await;
+    let c = client(&f.ca, None);
+    let url = format!("{}{}", f.url, crate::names::webhook::DATAVOLUME_PATH);
+    let mut review = datavolume_review("CREATE", "", None);
+    review["request"]["object"]["spec"]["source"] =
+        json!({"pvc": {"namespace": "golden", "name": "fedora-base"}});
+    review["request"]["userInfo"] = json!({"username": "bob", "groups": ["devs"]});
+    let post = c
+        .post(&url)
+        .header("Content-Type", "application/json")
+        .body(review.to_string())
+        .send();
+    const SAR: &str = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+    let denied = |sent: &Value| {
+        let mut r = sent.clone();
+        r["status"] = json!({"allowed": false});
+        r
+    };
+    let (resp, (explicit, implicit)) = tokio::join!(post, async {
+        f.cluster
+            .not_found(
+                Method::GET,
+                "/api/v1/namespaces/vms/persistentvolumeclaims/fedora",
+            )
+            .await;
+        let (_, explicit) = f.cluster.expect_with(Method::POST, SAR, 201, denied).await;
+        let (_, implicit) = f.cluster.expect_with(Method::POST, SAR, 201, denied).await;
+        (explicit, implicit)
+    });
+    // For the requesting user: datavolumes/source first, then pods, in the source namespace.
+    assert_eq!(explicit["spec"]["user"], "bob");
+    assert_eq!(explicit["spec"]["groups"], json!(["devs"]));
+    assert_eq!(
+        explicit["spec"]["resourceAttributes"],
+        json!({"namespace": "golden", "verb": "create", "group": "cdi.kubevirt.io",
+               "resource": "datavolumes", "subresource": "source", "name": "fedora-base"})
+    );
+    assert_eq!(implicit["spec"]["resourceAttributes"]["resource"], "pods");
+    let body = json(resp.unwrap()).await;
+    assert_eq!(
+        (
+            &body["response"]["allowed"],
+            &body["response"]["status"]["message"],
+            &body["response"]["status"]["code"]
+        ),
+        (
+            &json!(false),
+            &json!("User bob has insufficient permissions in clone source namespace golden"),
+            &json!(422)
+        )
+    );
+    f.cluster.silence().await;
+}

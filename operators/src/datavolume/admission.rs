@@ -5,6 +5,12 @@
 //! - CREATE: the name (at most 253 characters), a PVC of the same name that belongs to
 //!   something else, and the spec, with the controller's own checks ([`super::validate`]).
 //!
+//! - CREATE of a clone from another namespace (`spec.source.pvc|snapshot`, or a `sourceRef`
+//!   whose DataSource points there): CDI's SubjectAccessReviews for the requesting user
+//!   ([`authorize_clone`]), refused with CDI's message when denied. CDI authorizes in its
+//!   admission webhook too (and records a signed token, `cdi.kubevirt.io/storage.clone.token`,
+//!   which its controller checks); Quarry's controller trusts the webhook.
+//!
 //! Unlike CDI, an UPDATE does not check an unchanged spec again: a DataVolume created before the
 //! webhook was registered (or one Quarry cannot import) must still be able to lose its
 //! finalizer, or it could never be deleted.
@@ -14,6 +20,10 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::Value;
 
+use k8s_openapi::api::authentication::v1::UserInfo;
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+
+use super::clone::{SourceKind, SourceRef, clone_authorized, clone_reviews, resolve_source_ref};
 use super::{Config, validate};
 use crate::api::DataVolume;
 
@@ -160,6 +170,71 @@ fn quantity(q: &Value) -> Value {
     q.as_str()
         .and_then(|s| importer::size::parse_quantity(s).ok())
         .map_or_else(|| q.clone(), Value::from)
+}
+
+/// The source a new DataVolume clones from another namespace, which its creator must be
+/// authorized for (`kind`, namespace, name); None when it clones nothing, or from its own
+/// namespace. A `spec.sourceRef` counts through its DataSource (`data_source` gives the
+/// DataSources the webhook found; one the webhook could not find authorizes nothing yet and
+/// the DataVolume waits for it).
+pub fn cross_namespace_source<'a>(
+    dv: &DataVolume,
+    request_namespace: &str,
+    data_source: impl Fn(&str, &str) -> Option<&'a crate::api::DataSource>,
+) -> Option<(SourceKind, String, String)> {
+    let ns = dv
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| request_namespace.to_string());
+    let (kind, p) = match (&dv.spec.source, &dv.spec.source_ref) {
+        (Some(src), _) => match (&src.pvc, &src.snapshot) {
+            (Some(p), _) => (SourceKind::Pvc, p.clone()),
+            (None, Some(p)) => (SourceKind::Snapshot, p.clone()),
+            (None, None) => return None,
+        },
+        (None, Some(r)) => match resolve_source_ref(&ns, r, data_source) {
+            SourceRef::Pvc(p) => (SourceKind::Pvc, p),
+            SourceRef::Snapshot(p) => (SourceKind::Snapshot, p),
+            _ => return None,
+        },
+        (None, None) => return None,
+    };
+    let source_ns = if p.namespace.is_empty() {
+        ns.clone()
+    } else {
+        p.namespace
+    };
+    (source_ns != ns).then_some((kind, source_ns, p.name))
+}
+
+/// Sends CDI's clone SubjectAccessReviews ([`clone_reviews`]) for `user` and decides
+/// ([`clone_authorized`]): `Ok(Err(message))` when the user may not clone the source.
+pub async fn authorize_clone(
+    client: &kube::Client,
+    (kind, namespace, name): (SourceKind, &str, &str),
+    user: &UserInfo,
+) -> crate::error::Result<Result<(), String>> {
+    let api: kube::Api<SubjectAccessReview> = kube::Api::all(client.clone());
+    let reviews = clone_reviews(kind, namespace, name, user);
+    let allowed = |r: SubjectAccessReview| r.status.is_some_and(|s| s.allowed);
+    let pp = kube::api::PostParams::default();
+    if allowed(api.create(&pp, &reviews.explicit).await?) {
+        return Ok(Ok(()));
+    }
+    let mut implicit = Vec::new();
+    for r in &reviews.implicit {
+        implicit.push(allowed(api.create(&pp, r).await?));
+    }
+    Ok(clone_authorized(false, &implicit, user, namespace))
+}
+
+/// The refusal of an unauthorized clone (CDI's: 422 Invalid, the reason as message).
+pub fn refuse_clone(req: &AdmissionRequest<DynamicObject>, message: String) -> AdmissionResponse {
+    let mut resp = AdmissionResponse::from(req).deny(message);
+    resp.result.code = 422;
+    resp.result.reason = "Invalid".into();
+    resp
 }
 
 #[cfg(test)]
@@ -315,5 +390,63 @@ mod tests {
             target_pvc(&request("UPDATE", dv(URL, "1Gi"), Some(dv(URL, "1Gi")))),
             None
         );
+    }
+
+    fn clone_dv(source: Value) -> DataVolume {
+        serde_json::from_value(json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+            "metadata": {"name": "vm", "namespace": "vms"},
+            "spec": {"source": source, "storage": {"resources": {"requests": {"storage": "1Gi"}}}}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn pvc_and_snapshot_sources_are_admitted() {
+        for src in [
+            json!({"pvc": {"namespace": "golden", "name": "fedora"}}),
+            json!({"snapshot": {"namespace": "vms", "name": "fedora-snap"}}),
+        ] {
+            let obj = serde_json::to_value(clone_dv(src)).unwrap();
+            let r = review(&request("CREATE", obj, None), None, &Config::default());
+            assert_eq!(refusal(&r), None);
+        }
+    }
+
+    #[test]
+    fn only_a_clone_from_another_namespace_is_authorized() {
+        let none = |_: &str, _: &str| None;
+        let other = clone_dv(json!({"pvc": {"namespace": "golden", "name": "fedora"}}));
+        assert_eq!(
+            cross_namespace_source(&other, "vms", none),
+            Some((SourceKind::Pvc, "golden".into(), "fedora".into()))
+        );
+        let same = clone_dv(json!({"snapshot": {"namespace": "vms", "name": "fedora-snap"}}));
+        assert_eq!(cross_namespace_source(&same, "vms", none), None);
+        let import = clone_dv(json!({"http": {"url": URL}}));
+        assert_eq!(cross_namespace_source(&import, "vms", none), None);
+    }
+
+    #[test]
+    fn a_source_ref_is_authorized_against_its_data_sources_source() {
+        let mut dv = clone_dv(json!({"blank": {}}));
+        dv.spec.source = None;
+        dv.spec.source_ref = Some(crate::api::datavolume::DataVolumeSourceRef {
+            kind: "DataSource".into(),
+            namespace: Some("golden".into()),
+            name: "fedora".into(),
+        });
+        let ds: crate::api::DataSource = serde_json::from_value(json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataSource",
+            "metadata": {"name": "fedora", "namespace": "golden"},
+            "spec": {"source": {"snapshot": {"namespace": "golden", "name": "fedora-v1"}}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap();
+        let found = |ns: &str, n: &str| (ns == "golden" && n == "fedora").then_some(&ds);
+        assert_eq!(
+            cross_namespace_source(&dv, "vms", found),
+            Some((SourceKind::Snapshot, "golden".into(), "fedora-v1".into()))
+        );
+        // Not found: nothing to authorize yet (the DataVolume waits for it).
+        assert_eq!(cross_namespace_source(&dv, "vms", |_, _| None), None);
     }
 }

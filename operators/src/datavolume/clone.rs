@@ -1,7 +1,7 @@
 //! The pure decisions of a clone, as CDI makes them: resolving `spec.sourceRef` through its
-//! DataSource (which the DataVolume controller does), and, not acted on yet, choosing the clone
-//! strategy (CDI's planner, plus the node-locality rule of hostpath volumes) and the
-//! SubjectAccessReviews that authorize cloning from another namespace.
+//! DataSource, choosing the clone strategy (CDI's planner, plus the node-locality rule of
+//! hostpath volumes), and the SubjectAccessReviews that authorize cloning from another
+//! namespace (sent by the DataVolume webhook, [`super::admission`]).
 
 use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::authorization::v1::{
@@ -29,6 +29,10 @@ pub mod reason {
     /// Quarry's own: a node-local (hostpath) source cannot be cloned by CSI or snapshot to a
     /// target that cannot land on the source's node: host-assisted.
     pub const TARGET_NOT_ON_SOURCE_NODE: &str = "TargetNotOnSourceNode";
+    /// Quarry's own: source and target namespaces differ. A `dataSource` must be in the PVC's
+    /// namespace; CDI then clones into a temporary PVC beside the source and moves its volume
+    /// over (ObjectTransfer), Quarry copies host-assisted.
+    pub const CROSS_NAMESPACE: &str = "CrossNamespaceClone";
 }
 
 /// What `spec.sourceRef` resolves to.
@@ -175,6 +179,8 @@ pub struct CloneFacts<'a> {
     pub target_size: Option<u64>,
     /// The target StorageClass allows volume expansion.
     pub allow_expansion: bool,
+    /// Source and target are in different namespaces.
+    pub cross_namespace: bool,
     /// The source is node-local (a hostpath volume): `Some(false)` when the target cannot be
     /// placed on the source's node; `None` for storage reachable from any node.
     pub target_on_source_node: Option<bool>,
@@ -286,7 +292,12 @@ pub fn choose_strategy(kind: SourceKind, f: &CloneFacts) -> Result<Choice, Clone
 }
 
 fn node_local(strategy: Strategy, f: &CloneFacts) -> Choice {
-    if f.target_on_source_node == Some(false) {
+    if f.cross_namespace {
+        host_assisted(
+            reason::CROSS_NAMESPACE,
+            "The source is in another namespace than the target",
+        )
+    } else if f.target_on_source_node == Some(false) {
         host_assisted(
             reason::TARGET_NOT_ON_SOURCE_NODE,
             "The source volume is local to a node the target cannot be placed on",
@@ -629,6 +640,21 @@ mod tests {
             ..f
         };
         assert_eq!(chosen(SourceKind::Pvc, &f).0, Strategy::CsiClone);
+    }
+
+    #[test]
+    fn a_cross_namespace_clone_is_copied() {
+        for profile in ["csi-clone", "snapshot"] {
+            let f = CloneFacts {
+                profile_strategy: Some(profile),
+                cross_namespace: true,
+                ..facts()
+            };
+            assert_eq!(
+                chosen(SourceKind::Pvc, &f),
+                (Strategy::HostAssisted, Some("CrossNamespaceClone"))
+            );
+        }
     }
 
     #[test]

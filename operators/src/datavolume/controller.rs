@@ -25,15 +25,18 @@ use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{Instrument, info_span};
 
-use super::clone::{SourceRef, resolve_source_ref};
+use super::clone::{SourceKind as CloneKind, SourceRef, resolve_source_ref};
+use super::clone_objects::temp_snapshot_name;
 use super::decide::{Event, pod_refused};
 use super::pod::{self, POD_PORT, SourceRefs};
 use super::pvc::StorageDefaults;
+use super::source::CloneSource;
 use super::source::{Source, source};
 use super::status::parse_progress;
 use super::{ANN_OWNED_BY, Action, Config, FINALIZER, Observed, UploadTls, decide, name};
 use crate::api::datavolume::{ContentType, DataVolumeSourceRef};
 use crate::api::golden::DataSource;
+use crate::api::snapshot::VolumeSnapshot;
 use crate::api::{DataVolume, StorageProfile};
 use crate::cdiconfig::{Overrides, settings::default_class};
 use crate::error::{Error, Result};
@@ -169,12 +172,27 @@ pub fn error_policy(dv: Arc<DataVolume>, err: &Error, ctx: Arc<Context>) -> Requ
     )
 }
 
-/// The pod name a DataVolume's source uses.
-fn pod_name(dv: &DataVolume) -> (String, bool) {
-    match source(&dv.spec) {
-        Ok(Source::Upload) => (pod::upload_name(name(dv)), true),
+/// The pod name a DataVolume's (resolved) source uses, and whether it is an upload server
+/// (uploads and host-assisted clones).
+fn pod_name(dv: &DataVolume, src: Option<&Source>) -> (String, bool) {
+    match src {
+        Some(Source::Upload | Source::Clone(_)) => (pod::upload_name(name(dv)), true),
         _ => (pod::importer_pod_name(name(dv)), false),
     }
+}
+
+/// The source of `dv`, `spec.sourceRef` standing for what it resolved to.
+fn resolved_source(dv: &DataVolume, source_ref: Option<&SourceRef>) -> Option<Source> {
+    let (kind, p) = match source_ref {
+        Some(SourceRef::Pvc(p)) => (CloneKind::Pvc, p),
+        Some(SourceRef::Snapshot(p)) => (CloneKind::Snapshot, p),
+        _ => return source(&dv.spec).ok(),
+    };
+    Some(Source::Clone(CloneSource {
+        kind,
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+    }))
 }
 
 /// Resolves `spec.sourceRef`: reads its DataSource (and the one it refers to, a chain being
@@ -222,7 +240,12 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         .is_some_and(|p| p.is_final());
 
     let pvc = kubeops::get(&pvcs, name(dv)).await?;
-    let (pod_name, upload) = pod_name(dv);
+    let source_ref = match (&dv.spec.source, &dv.spec.source_ref) {
+        (None, Some(r)) if !finished => Some(source_ref(&ctx.client, &ns, r).await?),
+        _ => None,
+    };
+    let resolved = resolved_source(dv, source_ref.as_ref());
+    let (pod_name, upload) = pod_name(dv, resolved.as_ref());
     let pod = kubeops::get(&pods, &pod_name).await?;
     let service = if upload {
         kubeops::get(&services, &pod_name).await?.is_some()
@@ -264,11 +287,14 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
     } else {
         storage_defaults(dv, pvc.as_ref(), ctx).await?
     };
-    let source_ref = match (&dv.spec.source, &dv.spec.source_ref) {
-        (None, Some(r)) if !finished => Some(source_ref(&ctx.client, &ns, r).await?),
-        _ => None,
+    let clone = match &resolved {
+        Some(Source::Clone(c)) if !finished => {
+            observe_clone(dv, ctx, c, pvc.as_ref(), pod.as_ref(), &storage).await?
+        }
+        _ => Default::default(),
     };
     let observed = Observed {
+        clone,
         source_ref,
         storage,
         pvc: pvc.as_ref(),
@@ -356,8 +382,31 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
                 Err(e) => return Err(e),
             },
             Action::CreateService(s) => kubeops::create(&services, &s, &ctx.manager).await?,
-            Action::DeletePod(_) | Action::DeleteService(_) => deletions.push(action),
+            Action::DeletePod(_)
+            | Action::DeleteService(_)
+            | Action::DeleteSnapshot(_)
+            | Action::DeleteSourcePod { .. } => deletions.push(action),
             Action::Event(e) => publish(ctx, dv, e).await,
+            Action::CreateSnapshot(s) => {
+                let api: Api<VolumeSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
+                kubeops::create(&api, &s, &ctx.manager).await?
+            }
+            Action::CreateSourcePod(p) => {
+                let src_ns = p.metadata.namespace.clone().unwrap_or_default();
+                let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &src_ns);
+                kubeops::create(&api, &p, &ctx.manager).await?
+            }
+            Action::ExpandPvc(size) => {
+                let patch = serde_json::json!({
+                    "spec": {"resources": {"requests": {"storage": size}}}
+                });
+                let params = kube::api::PatchParams {
+                    field_manager: Some(ctx.manager.clone()),
+                    ..Default::default()
+                };
+                pvcs.patch(name(dv), &params, &kube::api::Patch::Merge(&patch))
+                    .await?;
+            }
         }
     }
     if dv.status.as_ref() != Some(&decision.status) {
@@ -372,6 +421,17 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         match action {
             Action::DeletePod(n) => kubeops::delete(&pods, &n).await?,
             Action::DeleteService(n) => kubeops::delete(&services, &n).await?,
+            Action::DeleteSnapshot(n) => {
+                let api: Api<VolumeSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
+                kubeops::delete(&api, &n).await?
+            }
+            Action::DeleteSourcePod { namespace, name } => {
+                let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+                kubeops::delete(&api, &name).await?;
+                // Its client certificate is named as the pod.
+                let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+                kubeops::delete(&api, &name).await?
+            }
             _ => {}
         }
     }
@@ -379,6 +439,47 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         Some(d) => Requeue::requeue(d),
         None => Requeue::await_change(),
     })
+}
+
+/// Reads a clone's objects and facts; issues the clone source pod's client certificate once
+/// the target's upload server runs (when upload servers take issued certificates).
+async fn observe_clone(
+    dv: &DataVolume,
+    ctx: &Context,
+    c: &CloneSource,
+    target: Option<&PersistentVolumeClaim>,
+    upload_pod: Option<&Pod>,
+    storage: &StorageDefaults,
+) -> Result<super::clone_flow::CloneObserved> {
+    let class = match storage {
+        StorageDefaults::Cluster { class, .. } => class.clone(),
+        _ => target.and_then(|t| t.spec.as_ref()?.storage_class_name.clone()),
+    }
+    .or_else(|| {
+        dv.spec
+            .pvc
+            .as_ref()
+            .and_then(|p| p.storage_class_name.clone())
+    });
+    let mut o = super::clone_observe::observe(&ctx.client, dv, c, target, class.as_deref()).await?;
+    if let Some(UploadTls::Issued { namespace }) = &ctx.config.upload_tls
+        && upload_pod.is_some()
+        && let Some(uid) = target.and_then(|t| t.metadata.uid.as_deref())
+    {
+        let dv_ns = dv.namespace().unwrap_or_default();
+        let src_ns = c.namespace_or(&dv_ns);
+        o.client_secret = Some(
+            super::clone_observe::ensure_client_secret(
+                &ctx.client,
+                dv,
+                namespace,
+                (src_ns, uid),
+                &ctx.manager,
+            )
+            .await?,
+        );
+    }
+    Ok(o)
 }
 
 /// What completes a `spec.storage` claim: the PVC's own class and modes once it exists;
@@ -517,7 +618,15 @@ async fn cleanup(dv: &DataVolume, ctx: &Context) -> Result<()> {
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
     kubeops::delete(&pods, &pod::importer_pod_name(name(dv))).await?;
     kubeops::delete(&pods, &pod::upload_name(name(dv))).await?;
+    kubeops::delete(&pods, &super::clone_objects::resize_pod_name(dv)).await?;
     kubeops::delete(&services, &pod::upload_name(name(dv))).await?;
+    if matches!(resolved_source(dv, None), Some(Source::Clone(_))) {
+        let snapshots: Api<VolumeSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
+        // The snapshot API may not be served: nothing to delete then.
+        if let Err(e) = kubeops::delete(&snapshots, &temp_snapshot_name(dv)).await {
+            tracing::debug!("temporary snapshot: {e}");
+        }
+    }
     let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
     kubeops::delete(&config_maps, &pod::import_proxy_config_map(name(dv))).await?;
     if !super::pvc::retained(dv) {

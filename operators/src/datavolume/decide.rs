@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 
 use super::clone::SourceRef;
+use super::clone_flow::CloneObserved;
 use super::pod::{self, SourceRefs};
 use super::pvc::{self, Claim, StorageDefaults};
 use super::retry::classify;
@@ -41,6 +42,8 @@ pub struct Observed<'a> {
     pub storage: StorageDefaults,
     /// What `spec.sourceRef` resolved to (None: no sourceRef, or not looked up).
     pub source_ref: Option<SourceRef>,
+    /// A clone's source, temporary snapshot, source pod and strategy facts.
+    pub clone: CloneObserved,
     /// The current time.
     pub now: Timestamp,
 }
@@ -71,6 +74,21 @@ pub enum Action {
     DeleteService(String),
     /// Record an event.
     Event(Event),
+    /// Create a VolumeSnapshot (a smart clone's, in the DataVolume's namespace).
+    CreateSnapshot(Box<crate::api::snapshot::VolumeSnapshot>),
+    /// Delete a VolumeSnapshot of the DataVolume's namespace by name.
+    DeleteSnapshot(String),
+    /// Create a clone source pod (in its own namespace, the source's).
+    CreateSourcePod(Box<Pod>),
+    /// Delete a clone source pod.
+    DeleteSourcePod {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+    /// Grow the PVC's storage request to this.
+    ExpandPvc(k8s_openapi::apimachinery::pkg::api::resource::Quantity),
 }
 
 /// The outcome of one decision.
@@ -86,19 +104,19 @@ pub struct Decision {
 
 /// The kind of pod a source needs.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Work {
+pub(super) enum Work {
     Import,
     Upload,
 }
 
-fn pod_phase(p: &Pod) -> &str {
+pub(super) fn pod_phase(p: &Pod) -> &str {
     p.status
         .as_ref()
         .and_then(|s| s.phase.as_deref())
         .unwrap_or("Pending")
 }
 
-fn pod_ready(p: &Pod) -> bool {
+pub(super) fn pod_ready(p: &Pod) -> bool {
     p.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -106,7 +124,7 @@ fn pod_ready(p: &Pod) -> bool {
 }
 
 /// Exit code and termination message of the pod's container, when it has terminated.
-fn terminated(p: &Pod) -> Option<(i32, String)> {
+pub(super) fn terminated(p: &Pod) -> Option<(i32, String)> {
     let st = p.status.as_ref()?.container_statuses.as_ref()?.first()?;
     let t = st.state.as_ref()?.terminated.as_ref()?;
     let msg = t.message.clone().unwrap_or_default();
@@ -143,7 +161,7 @@ fn waiting_reason(p: &Pod) -> Option<String> {
 
 /// Running while the pod is pending: the kubelet's waiting reason; without one, a retry keeps
 /// the previous attempt's failure (its reason, message and back-off time) instead of "Pending".
-fn pending_reason(cx: &mut Ctx<'_>, p: &Pod) {
+pub(super) fn pending_reason(cx: &mut Ctx<'_>, p: &Pod) {
     let retrying = cx.st.restart_count.unwrap_or(0) > 0
         && status::find(&cx.st.conditions, condition::RUNNING)
             .is_some_and(|c| c.status == "False" && c.reason.is_some());
@@ -186,27 +204,27 @@ pub fn pod_refused(
     (event, cfg.retry.delay(attempt))
 }
 
-struct Ctx<'a> {
-    dv: &'a DataVolume,
-    obs: &'a Observed<'a>,
-    cfg: &'a Config,
-    st: DataVolumeStatus,
-    actions: Vec<Action>,
-    requeue: Option<Duration>,
+pub(super) struct Ctx<'a> {
+    pub(super) dv: &'a DataVolume,
+    pub(super) obs: &'a Observed<'a>,
+    pub(super) cfg: &'a Config,
+    pub(super) st: DataVolumeStatus,
+    pub(super) actions: Vec<Action>,
+    pub(super) requeue: Option<Duration>,
 }
 
 impl Ctx<'_> {
-    fn now(&self) -> Timestamp {
+    pub(super) fn now(&self) -> Timestamp {
         self.obs.now
     }
 
-    fn cond(&mut self, type_: &str, status: bool, reason: &str, message: &str) {
+    pub(super) fn cond(&mut self, type_: &str, status: bool, reason: &str, message: &str) {
         let now = self.now();
         status::set_condition(&mut self.st.conditions, type_, status, reason, message, now);
     }
 
     /// Running, with Ready false while the data moves.
-    fn transfer_running(&mut self) {
+    pub(super) fn transfer_running(&mut self) {
         self.cond(condition::RUNNING, true, reason::POD_RUNNING, "");
         self.cond(condition::READY, false, reason::TRANSFER_RUNNING, "");
     }
@@ -223,7 +241,7 @@ impl Ctx<'_> {
         );
     }
 
-    fn event(&mut self, warning: bool, reason: &str, message: String) {
+    pub(super) fn event(&mut self, warning: bool, reason: &str, message: String) {
         self.actions.push(Action::Event(Event {
             warning,
             reason: reason.into(),
@@ -232,7 +250,7 @@ impl Ctx<'_> {
     }
 
     /// Moves to `phase`, with its event when the phase changes.
-    fn phase(&mut self, phase: Phase, event: Option<(bool, &str, String)>) {
+    pub(super) fn phase(&mut self, phase: Phase, event: Option<(bool, &str, String)>) {
         if self.st.phase != Some(phase)
             && let Some((w, r, m)) = event
         {
@@ -241,7 +259,7 @@ impl Ctx<'_> {
         self.st.phase = Some(phase);
     }
 
-    fn fail(&mut self, why: &str, message: &str, event_reason: &str) {
+    pub(super) fn fail(&mut self, why: &str, message: &str, event_reason: &str) {
         self.cond(condition::READY, false, why, message);
         self.cond(condition::RUNNING, false, why, message);
         self.phase(
@@ -328,11 +346,15 @@ pub fn decide(dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) -> Decision {
             cx.cond(c, false, "", "");
         }
     }
+    if let Source::Clone(c) = &src {
+        super::clone_flow::decide_clone(&mut cx, c, &claim);
+        return cx.finish();
+    }
     if !claim_ready(&mut cx, &claim) {
         return cx.finish();
     }
-    let work = match src {
-        Source::Upload => Work::Upload,
+    let work = match &src {
+        Source::Upload | Source::Clone(_) => Work::Upload,
         Source::Import(_) | Source::Blank => Work::Import,
     };
     match obs.pod {
@@ -346,7 +368,7 @@ pub fn decide(dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) -> Decision {
 /// The sourceRef's DataSource is missing or not Ready (CDI's CloneWithoutSource): the DataVolume
 /// stays Pending with the reason in Bound and Ready, a Warning event when the message is new, and
 /// looks again after the first retry delay.
-fn wait_for_source(cx: &mut Ctx<'_>, why: &str, message: &str) {
+pub(super) fn wait_for_source(cx: &mut Ctx<'_>, why: &str, message: &str) {
     let new = status::find(&cx.st.conditions, condition::BOUND)
         .is_none_or(|c| c.message.as_deref() != Some(message));
     cx.st.phase.get_or_insert(Phase::Pending);
@@ -386,7 +408,7 @@ fn claim_not_valid(cx: &mut Ctx<'_>, message: &str) {
 }
 
 /// Creates the PVC or follows its binding; true when a pod may use it.
-fn claim_ready(cx: &mut Ctx<'_>, claim: &Claim) -> bool {
+pub(super) fn claim_ready(cx: &mut Ctx<'_>, claim: &Claim) -> bool {
     let pvc_name = name(cx.dv).to_string();
     let Some(pvc) = cx.obs.pvc else {
         cx.actions
@@ -438,14 +460,14 @@ fn claim_ready(cx: &mut Ctx<'_>, claim: &Claim) -> bool {
 }
 
 /// The UID of the observed PVC (upload pods and Services are keyed on it).
-fn pvc_uid(cx: &Ctx<'_>) -> String {
+pub(super) fn pvc_uid(cx: &Ctx<'_>) -> String {
     cx.obs
         .pvc
         .and_then(|p| p.metadata.uid.clone())
         .unwrap_or_default()
 }
 
-fn start_pod(cx: &mut Ctx<'_>, src: &Source, claim: &Claim, work: Work) {
+pub(super) fn start_pod(cx: &mut Ctx<'_>, src: &Source, claim: &Claim, work: Work) {
     let restarts = cx.st.restart_count.unwrap_or(0).max(0) as u32;
     if restarts > 0 {
         // A retry: wait out the back-off since the failure was recorded.
@@ -464,7 +486,7 @@ fn start_pod(cx: &mut Ctx<'_>, src: &Source, claim: &Claim, work: Work) {
     let p = match src {
         Source::Import(i) => pod::importer_pod(cx.dv, i, claim, &cx.obs.refs, cx.cfg),
         Source::Blank => pod::blank_pod(cx.dv, claim, cx.cfg),
-        Source::Upload => pod::upload_pod(cx.dv, claim, cx.cfg, &pvc_uid(cx)),
+        Source::Upload | Source::Clone(_) => pod::upload_pod(cx.dv, claim, cx.cfg, &pvc_uid(cx)),
     };
     cx.actions.push(Action::CreatePod(Box::new(p)));
     if work == Work::Upload && !cx.obs.service {
@@ -573,7 +595,7 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
 
 /// Deletes the pod; the upload Service goes only once the DataVolume is finished (a restarted
 /// upload server keeps its address).
-fn remove_pod(cx: &mut Ctx<'_>, pod_name: String, work: Work) {
+pub(super) fn remove_pod(cx: &mut Ctx<'_>, pod_name: String, work: Work) {
     cx.actions.push(Action::DeletePod(pod_name));
     if work == Work::Upload && cx.obs.service && cx.st.phase.is_some_and(Phase::is_final) {
         cx.actions
@@ -581,7 +603,7 @@ fn remove_pod(cx: &mut Ctx<'_>, pod_name: String, work: Work) {
     }
 }
 
-fn pod_failed(cx: &mut Ctx<'_>, p: &Pod, pod_name: String, work: Work) {
+pub(super) fn pod_failed(cx: &mut Ctx<'_>, p: &Pod, pod_name: String, work: Work) {
     let pvc = name(cx.dv).to_string();
     let (code, msg) = terminated(p).unwrap_or((-1, "the pod failed".into()));
     let failure = classify(code);

@@ -418,6 +418,7 @@ pub fn apply(
             refs: SourceRefs::default(),
             storage: StorageDefaults::Builtin,
             source_ref: None,
+            clone: Default::default(),
             now: Timestamp::now(),
         };
         let d = decide(&dv, &observed, &cfg);
@@ -452,6 +453,12 @@ pub fn apply(
                 Action::CreatePod(_) => pod = Some(local_pod(&dv, "Pending", None)),
                 Action::DeletePod(_) => pod = None,
                 Action::CreateService(_) | Action::DeleteService(_) => {}
+                // Clones are refused above.
+                Action::CreateSnapshot(_)
+                | Action::DeleteSnapshot(_)
+                | Action::CreateSourcePod(_)
+                | Action::DeleteSourcePod { .. }
+                | Action::ExpandPvc(_) => {}
                 Action::Event(e) => {
                     tracing::info!(reason = %e.reason, warning = e.warning, "{}", e.message)
                 }

@@ -4,6 +4,7 @@
 //! - [`pvc`]: the PVC to create (CDI's size inflation and defaults);
 //! - [`pod`]: the importer pod (`quarry import`), the upload server pod and Service;
 //! - [`status`]: conditions, progress, CDI's phases and event reasons;
+//! - [`clone`], [`clone_flow`], [`clone_objects`]: clones (strategy, phases, objects);
 //! - [`decide`]: the state machine: observed PVC and pod in, status and actions out;
 //! - [`retry`]: terminal versus retryable failures and the back-off;
 //! - [`controller`]: the kube-runtime controller that executes the actions;
@@ -23,6 +24,9 @@ use crate::api::cdi::ImportProxy;
 
 pub mod admission;
 pub mod clone;
+pub mod clone_flow;
+pub mod clone_objects;
+pub mod clone_observe;
 pub mod controller;
 pub mod decide;
 pub mod local;
@@ -142,7 +146,10 @@ impl Config {
 /// [`pvc::claim`]). Modes a StorageProfile may still complete are not required here.
 pub fn validate(dv: &DataVolume, cfg: &Config) -> Result<(), Vec<String>> {
     let claim = pvc::claim(dv, cfg, &pvc::StorageDefaults::Builtin);
-    let errors: Vec<String> = [source::source(&dv.spec).err(), claim.err()]
+    // A sourceRef is checked once resolved (its DataSource may not exist yet).
+    let by_ref = dv.spec.source.is_none() && dv.spec.source_ref.is_some();
+    let source = (!by_ref).then(|| source::source(&dv.spec).err()).flatten();
+    let errors: Vec<String> = [source, claim.err()]
         .into_iter()
         .flatten()
         .map(|e| e.to_string())

@@ -36,7 +36,7 @@ const CERT_DIR: &str = "/certs";
 /// The `secretRef` Secret.
 const SECRET_DIR: &str = "/secret";
 /// Upload server TLS key pair.
-const TLS_DIR: &str = "/tls";
+pub(super) const TLS_DIR: &str = "/tls";
 /// Upload proxy client CA.
 const CLIENT_CA_DIR: &str = "/client-ca";
 /// The import proxy's CA bundle (CDI's path), each key of the ConfigMap a file.
@@ -180,7 +180,7 @@ fn volume(name: &str) -> Volume {
     }
 }
 
-fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+pub(super) fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount {
         name: name.into(),
         mount_path: path.into(),
@@ -192,7 +192,7 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
 /// The pod skeleton both kinds share: one container, the PVC attached (plus `extra` volumes),
 /// owned by the DataVolume, never restarted in place (the controller decides about retries),
 /// meeting Pod Security's `restricted` profile.
-fn pod(
+pub(super) fn pod(
     dv: &DataVolume,
     pod_name: String,
     claim: &Claim,
@@ -305,7 +305,7 @@ fn config_map_volume(vol: &str, config_map: &str) -> Volume {
     }
 }
 
-fn secret_volume(vol: &str, secret: &str) -> Volume {
+pub(super) fn secret_volume(vol: &str, secret: &str) -> Volume {
     Volume {
         secret: Some(SecretVolumeSource {
             secret_name: Some(secret.into()),

@@ -21,6 +21,30 @@ pub enum Source {
     Upload,
     /// A blank disk of the requested size.
     Blank,
+    /// Cloned from a PVC or a VolumeSnapshot ([`super::clone_flow`]).
+    Clone(CloneSource),
+}
+
+/// The checked contents of `spec.source.pvc|snapshot`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloneSource {
+    /// A PVC or a VolumeSnapshot.
+    pub kind: super::clone::SourceKind,
+    /// Its namespace (empty: the DataVolume's).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl CloneSource {
+    /// The source's namespace, the DataVolume's (`dv_namespace`) when not given.
+    pub fn namespace_or<'a>(&'a self, dv_namespace: &'a str) -> &'a str {
+        if self.namespace.is_empty() {
+            dv_namespace
+        } else {
+            &self.namespace
+        }
+    }
 }
 
 /// The checked contents of `spec.source.http|registry|s3`.
@@ -65,9 +89,7 @@ pub fn source(spec: &DataVolumeSpec) -> Result<Source> {
     }
     let Some(src) = &spec.source else {
         return Err(if spec.source_ref.is_some() {
-            Error::invalid(
-                "spec.sourceRef (DataSource): clones are not supported yet; give an import, upload or blank spec.source",
-            )
+            Error::invalid("spec.sourceRef must be resolved to its DataSource's source first")
         } else {
             Error::invalid("spec.source is required")
         });
@@ -128,10 +150,23 @@ pub fn source(spec: &DataVolumeSpec) -> Result<Source> {
     if src.blank.is_some() {
         found.push(Source::Blank);
     }
+    for (p, kind) in [
+        (&src.pvc, super::clone::SourceKind::Pvc),
+        (&src.snapshot, super::clone::SourceKind::Snapshot),
+    ] {
+        if let Some(p) = p {
+            if p.name.is_empty() {
+                return Err(Error::invalid("the clone source's name is required"));
+            }
+            found.push(Source::Clone(CloneSource {
+                kind,
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+            }));
+        }
+    }
     for (set, name) in [
         (src.gcs.is_some(), "gcs"),
-        (src.pvc.is_some(), "pvc (clone)"),
-        (src.snapshot.is_some(), "snapshot (clone)"),
         (src.imageio.is_some(), "imageio"),
         (src.vddk.is_some(), "vddk"),
     ] {
@@ -143,7 +178,7 @@ pub fn source(spec: &DataVolumeSpec) -> Result<Source> {
     }
     if found.len() != 1 {
         return Err(Error::invalid(format!(
-            "spec.source must have exactly one of http, registry, s3, upload, blank (found {})",
+            "spec.source must have exactly one of http, registry, s3, upload, blank, pvc, snapshot (found {})",
             found.len()
         )));
     }
@@ -306,11 +341,13 @@ mod tests {
             }),
             ..Default::default()
         });
-        assert!(
-            source(&clone)
-                .unwrap_err()
-                .to_string()
-                .contains("not supported")
+        assert_eq!(
+            source(&clone).unwrap(),
+            Source::Clone(CloneSource {
+                kind: crate::datavolume::clone::SourceKind::Pvc,
+                namespace: "a".into(),
+                name: "b".into()
+            })
         );
         let upload = spec(DataVolumeSource {
             upload: Some(Empty {}),

@@ -130,6 +130,7 @@ fn obs<'a>(pvc: Option<&'a PersistentVolumeClaim>, pod: Option<&'a Pod>) -> Obse
         refs: SourceRefs::default(),
         storage: Default::default(),
         source_ref: None,
+        clone: Default::default(),
         now: t0(),
     }
 }
@@ -145,7 +146,7 @@ fn cond<'a>(d: &'a Decision, t: &str) -> &'a crate::api::datavolume::DataVolumeC
     status::find(&d.status.conditions, t).unwrap_or_else(|| panic!("no {t} condition"))
 }
 
-fn events(d: &Decision) -> Vec<(bool, String)> {
+pub(super) fn events(d: &Decision) -> Vec<(bool, String)> {
     d.actions
         .iter()
         .filter_map(|a| match a {
@@ -1010,8 +1011,7 @@ fn a_source_ref_waits_pending_with_cdis_reason_while_its_data_source_is_not_read
 
 #[test]
 fn a_resolved_source_ref_is_the_data_sources_clone_source() {
-    // Clones are not executed yet: the resolved PVC source fails as a pvc clone, not as a
-    // sourceRef.
+    // The resolved PVC is cloned: without the source PVC observed, the clone waits for it.
     let mut dv = source_ref_dv();
     let resolved = Observed {
         source_ref: Some(clone::SourceRef::Pvc(crate::api::datavolume::SourcePvc {
@@ -1021,11 +1021,12 @@ fn a_resolved_source_ref_is_the_data_sources_clone_source() {
         ..obs(None, None)
     };
     let d = step(&mut dv, &resolved, &Config::default());
-    assert_eq!(d.status.phase, Some(Phase::Failed));
-    let ready = cond(&d, condition::READY);
-    assert_eq!(ready.reason.as_deref(), Some("InvalidSpec"));
-    assert!(ready.message.as_deref().unwrap().contains("pvc (clone)"));
-    // Without a lookup (local mode, admission) the sourceRef itself is refused.
+    assert_eq!(d.status.phase, Some(Phase::Pending));
+    assert_eq!(
+        cond(&d, condition::BOUND).message.as_deref(),
+        Some("The source pvc golden/fedora-3d8e5b5ff4b1 doesn't exist")
+    );
+    // Without a lookup (local mode) the sourceRef itself is refused.
     let mut dv = source_ref_dv();
     let d = step(&mut dv, &obs(None, None), &Config::default());
     assert!(

@@ -113,6 +113,8 @@ fn datavolume() -> Access {
             &["persistentvolumeclaims", "pods", "services"],
             &["get", "list", "watch", "create", "delete"],
         ),
+        // A clone's target grows to the requested size after a CSI clone or restore.
+        rule(&[""], &["persistentvolumeclaims"], &["patch"]),
         // The source's CA ConfigMap and header Secrets; per-upload-pod certificates (issued
         // from the upload server signer in its own namespace); the import proxy's CA, copied
         // next to the importer pod.
@@ -143,7 +145,17 @@ fn datavolume() -> Access {
         // DataSources: Ready follows their source; a DataVolume's sourceRef reads them.
         rule(&[CDI], &["datasources"], &["get", "list", "watch"]),
         rule(&[CDI], &["datasources/status"], &["patch", "update"]),
-        rule(&["snapshot.storage.k8s.io"], &["volumesnapshots"], &["get"]),
+        // Smart clones: a temporary snapshot of the source, of the class of its driver.
+        rule(
+            &["snapshot.storage.k8s.io"],
+            &["volumesnapshots"],
+            &["get", "create", "delete"],
+        ),
+        rule(
+            &["snapshot.storage.k8s.io"],
+            &["volumesnapshotclasses"],
+            &["list"],
+        ),
     ];
     let mut home = leader_rules(component::DATAVOLUME_CONTROLLER);
     // CDIConfig's uploadProxyURL: an Ingress routing to the upload proxy.
@@ -297,6 +309,8 @@ fn apiserver() -> Access {
                     &["create"],
                 ),
                 rule(&[""], &["persistentvolumeclaims"], &["get"]),
+                // A clone's sourceRef: its DataSource names the source to authorize.
+                rule(&["cdi.kubevirt.io"], &["datasources"], &["get"]),
             ],
         )],
         // What every aggregated API server is given (CDI's cdi-apiserver too).

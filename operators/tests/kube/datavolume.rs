@@ -24,7 +24,7 @@ use crate::support::{
 /// The controller's field manager.
 const MANAGER: &str = "quarry-datavolume";
 
-fn config() -> Config {
+pub(crate) fn config() -> Config {
     Config {
         retry: RetryPolicy {
             base_delay: Duration::from_secs(2),
@@ -37,7 +37,7 @@ fn config() -> Config {
 }
 
 /// A controller scoped to one namespace, stopped when dropped.
-struct Running {
+pub(crate) struct Running {
     ctx: Arc<Context>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -50,7 +50,7 @@ impl Drop for Running {
 
 /// The controller runs as its own ServiceAccount with only the bundle's RBAC for it, so a call
 /// the generated role does not grant fails the test.
-async fn start(ns: &str, config: Config, metrics_port: Option<u16>) -> Running {
+pub(crate) async fn start(ns: &str, config: Config, metrics_port: Option<u16>) -> Running {
     let client = component_client(operators::names::component::DATAVOLUME_CONTROLLER)
         .await
         .expect("the server the test already uses");

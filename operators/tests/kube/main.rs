@@ -8,6 +8,7 @@
 mod bundle;
 mod cdiconfig;
 mod certs;
+mod clone;
 mod datasource;
 mod datavolume;
 mod hostpath;

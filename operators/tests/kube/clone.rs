@@ -1,0 +1,389 @@
+//! Clones by the DataVolume controller against the real API server, each strategy's object
+//! sequence with the test playing scheduler, kubelet, CSI snapshotter and resizer (writing PVC,
+//! Pod and VolumeSnapshot status); and CDI's SubjectAccessReviews answered by the server's RBAC.
+//!
+//! The snapshot API's CRDs are not Kubernetes' own: minimal ones are installed here (test
+//! support only; CDI and HCO do not ship them either, the cluster's CSI snapshotter does).
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PostParams};
+use kube::{Client, CustomResourceExt, ResourceExt};
+use operators::api::snapshot::VolumeSnapshot;
+use operators::api::{DataVolume, Phase, StorageProfile};
+use operators::datavolume::clone::SourceKind;
+use operators::datavolume::clone_objects::ANN_SELECTED_NODE;
+use serde_json::{Value, json};
+
+use crate::datavolume::{config, start};
+use crate::support::{
+    apply, component_client, established, exited, namespace, pod, running, set_pod_status,
+    test_writes, wait_for,
+};
+
+const DRIVER: &str = "kubevirt.io.hostpath-provisioner";
+const GI: u64 = 1 << 30;
+
+/// Minimal VolumeSnapshotClass and VolumeSnapshotContent CRDs (any fields kept), and the
+/// VolumeSnapshot schema of the fields Quarry uses.
+async fn install_snapshot_crds(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let open = |kind: &str, plural: &str, scope: &str| -> CustomResourceDefinition {
+        serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.snapshot.storage.k8s.io")},
+            "spec": {"group": "snapshot.storage.k8s.io", "scope": scope,
+                "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(),
+                          "listKind": format!("{kind}List")},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object",
+                        "x-kubernetes-preserve-unknown-fields": true}}}]}
+        }))
+        .unwrap()
+    };
+    for crd in [
+        VolumeSnapshot::crd(),
+        open("VolumeSnapshotClass", "volumesnapshotclasses", "Cluster"),
+        open("VolumeSnapshotContent", "volumesnapshotcontents", "Cluster"),
+    ] {
+        let mut crd = crd;
+        // A k8s.io group: the server wants the API review's link, as the snapshotter's carry.
+        crd.metadata.annotations.get_or_insert_default().insert(
+            "api-approved.kubernetes.io".into(),
+            "https://github.com/kubernetes-csi/external-snapshotter/pull/419".into(),
+        );
+        let name = crd.metadata.name.clone().unwrap();
+        api.patch(
+            &name,
+            &kube::api::PatchParams::apply("quarry-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying CRD {name}: {e}"));
+        established(client, &name).await;
+    }
+}
+
+/// A StorageClass of the hostpath driver (expandable), named after the test's namespace, with
+/// a StorageProfile whose `status.cloneStrategy` is `strategy` (its spec says so too: a profile
+/// reconciler of another test, which rewrites the status, keeps it).
+async fn class(client: &Client, ns: &str, strategy: &str) -> String {
+    let name = format!("hostpath-{ns}");
+    apply(
+        client,
+        &json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": name}, "provisioner": DRIVER,
+                "allowVolumeExpansion": true}),
+    )
+    .await
+    .unwrap();
+    apply(
+        client,
+        &json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "StorageProfile",
+                "metadata": {"name": name}, "spec": {"cloneStrategy": strategy}}),
+    )
+    .await
+    .unwrap();
+    let profiles: Api<StorageProfile> = Api::all(client.clone());
+    profiles
+        .patch_status(
+            &name,
+            &test_writes(),
+            &Patch::Merge(json!({"status": {"cloneStrategy": strategy, "storageClass": name}})),
+        )
+        .await
+        .unwrap();
+    name
+}
+
+/// A bound source PVC `golden-disk` of `class` in `ns`, 1 GiB, on node-a.
+async fn source_pvc(client: &Client, ns: &str, class: &str) {
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let p: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "golden-disk", "annotations": {ANN_SELECTED_NODE: "node-a"}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class,
+                 "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .unwrap();
+    pvcs.create(&PostParams::default(), &p).await.unwrap();
+    set_pvc_status(client, ns, "golden-disk", GI).await;
+}
+
+/// Plays binder and resizer: Bound with `capacity` bytes.
+async fn set_pvc_status(client: &Client, ns: &str, name: &str, capacity: u64) {
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    pvcs.patch_status(
+        name,
+        &test_writes(),
+        &Patch::Merge(json!({"status": {"phase": "Bound",
+            "capacity": {"storage": capacity.to_string()}}})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("PVC {name} status: {e}"));
+}
+
+async fn create_dv(client: &Client, ns: &str, source: Value, class: &str, size: &str) {
+    let dv: DataVolume = serde_json::from_value(json!({
+        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+        "metadata": {"name": "vm-disk"},
+        "spec": {"source": source, "storage": {"accessModes": ["ReadWriteOnce"],
+            "storageClassName": class, "resources": {"requests": {"storage": size}}}}
+    }))
+    .unwrap();
+    let api: Api<DataVolume> = Api::namespaced(client.clone(), ns);
+    api.create(&PostParams::default(), &dv).await.unwrap();
+}
+
+async fn phase(client: &Client, ns: &str, want: Phase) -> DataVolume {
+    let api: Api<DataVolume> = Api::namespaced(client.clone(), ns);
+    wait_for(&format!("DataVolume phase {}", want.as_str()), || async {
+        let dv = api.get("vm-disk").await.ok()?;
+        (dv.status.as_ref()?.phase == Some(want)).then_some(dv)
+    })
+    .await
+}
+
+async fn target(client: &Client, ns: &str) -> PersistentVolumeClaim {
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    wait_for("the target PVC", || async {
+        pvcs.get_opt("vm-disk").await.ok()?
+    })
+    .await
+}
+
+fn request(p: &PersistentVolumeClaim) -> String {
+    p.spec
+        .as_ref()
+        .unwrap()
+        .resources
+        .as_ref()
+        .unwrap()
+        .requests
+        .as_ref()
+        .unwrap()["storage"]
+        .0
+        .clone()
+}
+
+/// The clone of `golden-disk` in `src_ns` into DataVolume `vm-disk` of `size` in `ns`, on a
+/// class whose profile says `strategy`, with the controller running for `ns`.
+async fn clone_into(
+    client: &Client,
+    (ns, src_ns): (&str, &str),
+    strategy: &str,
+    size: &str,
+) -> crate::datavolume::Running {
+    let class = class(client, ns, strategy).await;
+    source_pvc(client, src_ns, &class).await;
+    let running = start(ns, config(), None).await;
+    let source = json!({"pvc": {"namespace": src_ns, "name": "golden-disk"}});
+    create_dv(client, ns, source, &class, size).await;
+    running
+}
+
+#[tokio::test]
+async fn a_csi_clone_is_a_data_source_pvc_on_the_sources_node() {
+    let Some((client, ns)) = namespace("clone-csi", &[]).await else {
+        return;
+    };
+    let _running = clone_into(&client, (&ns, &ns), "csi-clone", "1Gi").await;
+    let t = target(&client, &ns).await;
+    let ds = t.spec.as_ref().unwrap().data_source.clone().unwrap();
+    assert_eq!(
+        (ds.kind.as_str(), ds.name.as_str()),
+        ("PersistentVolumeClaim", "golden-disk")
+    );
+    assert_eq!(t.annotations()[ANN_SELECTED_NODE], "node-a");
+    assert_eq!(request(&t), GI.to_string());
+    phase(&client, &ns, Phase::CsiCloneInProgress).await;
+    // The CSI driver cloned: bound at the source's size.
+    set_pvc_status(&client, &ns, "vm-disk", GI).await;
+    let dv = phase(&client, &ns, Phase::Succeeded).await;
+    assert_eq!(dv.status.unwrap().progress.as_deref(), Some("100.00%"));
+}
+
+#[tokio::test]
+async fn a_smart_clone_snapshots_restores_expands_and_deletes_its_snapshot() {
+    let Some((client, ns)) = namespace("clone-snap", &[]).await else {
+        return;
+    };
+    install_snapshot_crds(&client).await;
+    let snap_class = format!("snap-{ns}");
+    apply(
+        &client,
+        &json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
+                "metadata": {"name": snap_class}, "driver": DRIVER, "deletionPolicy": "Delete"}),
+    )
+    .await
+    .unwrap();
+    let _running = clone_into(&client, (&ns, &ns), "snapshot", "2Gi").await;
+    let dvs: Api<DataVolume> = Api::namespaced(client.clone(), &ns);
+    let uid = wait_for("the DataVolume's UID", || async {
+        dvs.get("vm-disk").await.ok()?.uid()
+    })
+    .await;
+    let snapshots: Api<VolumeSnapshot> = Api::namespaced(client.clone(), &ns);
+    let temp = format!("cdi-tmp-{uid}");
+    let s = wait_for("the temporary snapshot", || async {
+        snapshots.get_opt(&temp).await.ok()?
+    })
+    .await;
+    assert_eq!(
+        s.spec.volume_snapshot_class_name.as_deref(),
+        Some(snap_class.as_str())
+    );
+    assert_eq!(
+        s.spec.source.persistent_volume_claim_name.as_deref(),
+        Some("golden-disk")
+    );
+    phase(&client, &ns, Phase::SnapshotForSmartCloneInProgress).await;
+    // The snapshotter: ready, restorable at 1 GiB.
+    snapshots
+        .patch_status(
+            &temp,
+            &test_writes(),
+            &Patch::Merge(json!({"status": {"readyToUse": true, "restoreSize": "1Gi"}})),
+        )
+        .await
+        .unwrap();
+    let t = target(&client, &ns).await;
+    let ds = t.spec.as_ref().unwrap().data_source.clone().unwrap();
+    assert_eq!(
+        (ds.kind.as_str(), ds.name.as_str()),
+        ("VolumeSnapshot", temp.as_str())
+    );
+    assert_eq!(request(&t), GI.to_string());
+    phase(&client, &ns, Phase::SmartClonePvcInProgress).await;
+    // Restored at 1 GiB: the request grows to 2 GiB, the snapshot goes.
+    set_pvc_status(&client, &ns, "vm-disk", GI).await;
+    phase(&client, &ns, Phase::ExpansionInProgress).await;
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    wait_for("the expanded request", || async {
+        (request(&pvcs.get("vm-disk").await.ok()?) == (2 * GI).to_string()).then_some(())
+    })
+    .await;
+    wait_for("the temporary snapshot deleted", || async {
+        snapshots.get_opt(&temp).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    // The resizer grew it: disk.img grows in a pod.
+    set_pvc_status(&client, &ns, "vm-disk", 2 * GI).await;
+    let p = pod(&client, &ns, "cdi-expand-vm-disk", None).await;
+    let args = p.spec.unwrap().containers[0].args.clone().unwrap();
+    assert_eq!(&args[..3], ["resize-disk", "--target", "/data/disk.img"]);
+    set_pod_status(&client, &ns, "cdi-expand-vm-disk", exited(0, "")).await;
+    phase(&client, &ns, Phase::Succeeded).await;
+}
+
+#[tokio::test]
+async fn a_cross_namespace_clone_is_copied_by_a_source_pod_to_the_upload_server() {
+    let Some((client, ns)) = namespace("clone-copy", &[]).await else {
+        return;
+    };
+    let Some((_, golden)) = namespace("clone-golden", &[]).await else {
+        return;
+    };
+    let _running = clone_into(&client, (&ns, &golden), "csi-clone", "1Gi").await;
+    let t = target(&client, &ns).await;
+    assert_eq!(t.annotations()["cdi.kubevirt.io/cloneType"], "copy");
+    assert!(t.spec.as_ref().unwrap().data_source.is_none());
+    phase(&client, &ns, Phase::CloneScheduled).await;
+    set_pvc_status(&client, &ns, "vm-disk", GI).await;
+    // The upload server runs and is ready: the source pod starts beside the source.
+    pod(&client, &ns, "cdi-upload-vm-disk", None).await;
+    let mut ready = running();
+    ready["conditions"] = json!([{"type": "Ready", "status": "True"}]);
+    set_pod_status(&client, &ns, "cdi-upload-vm-disk", ready).await;
+    let source_pod = format!("{}-source-pod", t.uid().unwrap());
+    let sp = pod(&client, &golden, &source_pod, None).await;
+    let spec = sp.spec.unwrap();
+    let c = &spec.containers[0];
+    assert_eq!(
+        c.args.clone().unwrap().join(" "),
+        format!(
+            "clone-source --source /data/disk.img --upload-url http://cdi-upload-vm-disk.{ns}.svc/v1beta1/upload --content-type filesystem-clone"
+        )
+    );
+    let claim = spec.volumes.unwrap()[0]
+        .persistent_volume_claim
+        .clone()
+        .unwrap();
+    assert_eq!(
+        (claim.claim_name.as_str(), claim.read_only),
+        ("golden-disk", Some(true))
+    );
+    set_pod_status(&client, &golden, &source_pod, running()).await;
+    phase(&client, &ns, Phase::CloneInProgress).await;
+    // The upload server received it all and exits.
+    set_pod_status(&client, &ns, "cdi-upload-vm-disk", exited(0, "")).await;
+    phase(&client, &ns, Phase::Succeeded).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &golden);
+    wait_for("the source pod deleted", || async {
+        let p = pods.get_opt(&source_pod).await.ok()?;
+        p.is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn cross_namespace_clones_are_authorized_by_the_servers_rbac() {
+    let Some((admin, golden)) = namespace("clone-auth", &[]).await else {
+        return;
+    };
+    // The webhook's identity: what it may do is the bundle's RBAC for quarry-apiserver.
+    let webhook = component_client(operators::names::component::APISERVER)
+        .await
+        .expect("the server the test already uses");
+    apply(
+        &admin,
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "clone-source", "namespace": golden},
+                "rules": [{"apiGroups": ["cdi.kubevirt.io"],
+                           "resources": ["datavolumes/source"], "verbs": ["create"]}]}),
+    )
+    .await
+    .unwrap();
+    apply(
+        &admin,
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "clone-source", "namespace": golden},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                            "name": "clone-source"},
+                "subjects": [
+                    {"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "alice"},
+                    {"kind": "ServiceAccount", "name": "cloner", "namespace": "vms"}]}),
+    )
+    .await
+    .unwrap();
+    let user = |name: &str, groups: &[&str]| k8s_openapi::api::authentication::v1::UserInfo {
+        username: Some(name.into()),
+        groups: Some(groups.iter().map(|g| g.to_string()).collect()),
+        ..Default::default()
+    };
+    let ask = |u| {
+        let (webhook, golden) = (webhook.clone(), golden.clone());
+        async move {
+            operators::datavolume::admission::authorize_clone(
+                &webhook,
+                (SourceKind::Pvc, &golden, "golden-disk"),
+                &u,
+            )
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(ask(user("alice", &["system:authenticated"])).await, Ok(()));
+    let sa = user(
+        "system:serviceaccount:vms:cloner",
+        &["system:serviceaccounts", "system:authenticated"],
+    );
+    assert_eq!(ask(sa).await, Ok(()));
+    assert_eq!(
+        ask(user("bob", &["system:authenticated"])).await,
+        Err(format!(
+            "User bob has insufficient permissions in clone source namespace {golden}"
+        ))
+    );
+}
