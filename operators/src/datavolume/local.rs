@@ -348,6 +348,24 @@ pub fn import_request(
     Ok(req)
 }
 
+/// The local pool's provisioner (a missing pool directory is made, as the CSI driver makes its
+/// pools' directories).
+pub fn pool(opts: &ApplyOptions) -> Result<Provisioner> {
+    std::fs::create_dir_all(&opts.pool).map_err(|e| {
+        Error::io(
+            format!("creating the pool directory {}", opts.pool.display()),
+            e,
+        )
+    })?;
+    let pools = [PoolConfig {
+        name: "local".into(),
+        path: std::fs::canonicalize(&opts.pool)
+            .map_err(|e| Error::io(format!("pool directory {}", opts.pool.display()), e))?,
+        quota: Default::default(),
+    }];
+    Ok(Provisioner::open(&pools)?)
+}
+
 type Worker = JoinHandle<importer::Result<ImportReport>>;
 
 /// Runs a DataVolume to Succeeded or Failed against the local pool, writing its status as it
@@ -378,20 +396,7 @@ pub fn apply(
     if matches!(source(&dv.spec), Ok(Source::Upload)) {
         return refuse_upload(dv, &store);
     }
-    // A missing pool directory is made, as the CSI driver makes its pools' directories.
-    std::fs::create_dir_all(&opts.pool).map_err(|e| {
-        Error::io(
-            format!("creating the pool directory {}", opts.pool.display()),
-            e,
-        )
-    })?;
-    let pools = [PoolConfig {
-        name: "local".into(),
-        path: std::fs::canonicalize(&opts.pool)
-            .map_err(|e| Error::io(format!("pool directory {}", opts.pool.display()), e))?,
-        quota: Default::default(),
-    }];
-    let prov = Provisioner::open(&pools)?;
+    let prov = pool(opts)?;
     let volume = format!("{ns}-{}", name(&dv));
 
     let mut pvc: Option<PersistentVolumeClaim> = None;
