@@ -238,3 +238,96 @@ async fn read_head(
     out.truncate(HEAD_BYTES as usize);
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use testkit::faults::{FaultConfig, FaultServer, Step};
+
+    use super::*;
+
+    fn poll_http(server: &FaultServer) -> SourceVersion {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(http_version(
+            &server.url("/disk.img"),
+            &HttpOptions::default(),
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_etag_from_head_is_the_version_without_a_get() {
+        let server = FaultServer::start(FaultConfig::new(vec![1u8; 4096]).etag(Some("\"v7\"")));
+        assert_eq!(poll_http(&server), SourceVersion::HttpEtag("\"v7\"".into()));
+        let methods: Vec<String> = server.requests().iter().map(|r| r.method.clone()).collect();
+        assert_eq!(methods, ["HEAD"]);
+    }
+
+    #[test]
+    fn last_modified_is_the_version_without_an_etag() {
+        let date = "Wed, 01 May 2024 10:00:00 GMT";
+        let server = FaultServer::start(
+            FaultConfig::new(vec![1u8; 4096])
+                .etag(None)
+                .last_modified(Some(date)),
+        );
+        assert_eq!(
+            poll_http(&server),
+            SourceVersion::HttpLastModified(date.into())
+        );
+    }
+
+    #[test]
+    fn without_either_header_the_first_bytes_are_hashed_from_a_ranged_get() {
+        let body: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        let cfg = |b: Vec<u8>| FaultConfig::new(b).etag(None).last_modified(None);
+        let server = FaultServer::start(cfg(body.clone()));
+        let v = poll_http(&server);
+        let reqs = server.requests();
+        assert_eq!(reqs[1].method, "GET");
+        assert_eq!(reqs[1].header("range"), Some("bytes=0-65535"));
+        assert_eq!(
+            v,
+            SourceVersion::from_http(None, None, Some(&body[..HEAD_BYTES as usize])).unwrap()
+        );
+        // A change within the head is a new version; the same bytes are the same version.
+        let mut changed = body.clone();
+        changed[10] ^= 1;
+        assert_ne!(poll_http(&FaultServer::start(cfg(changed))), v);
+        assert_eq!(poll_http(&FaultServer::start(cfg(body))), v);
+    }
+
+    #[test]
+    fn a_refused_head_falls_back_to_the_get() {
+        let server = FaultServer::start(
+            FaultConfig::new(vec![1u8; 4096])
+                .etag(Some("\"g1\""))
+                .script([Step::status(405)]),
+        );
+        assert_eq!(poll_http(&server), SourceVersion::HttpEtag("\"g1\"".into()));
+    }
+
+    #[test]
+    fn an_error_status_fails_naming_the_source() {
+        let server = FaultServer::start(
+            FaultConfig::new(vec![1u8; 16]).script([Step::status(404), Step::status(404)]),
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let err = rt
+            .block_on(http_version(
+                &server.url("/disk.img"),
+                &HttpOptions::default(),
+            ))
+            .unwrap_err();
+        assert!(
+            matches!(err, PollError::Status { status, .. } if status == 404),
+            "{err}"
+        );
+        assert!(err.to_string().contains("/disk.img"), "{err}");
+    }
+}
