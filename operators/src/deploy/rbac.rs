@@ -100,10 +100,13 @@ pub fn all() -> Vec<Access> {
 fn datavolume() -> Access {
     const CDI: &str = "cdi.kubevirt.io";
     let cluster = vec![
+        // DataImportCrons create their import DataVolumes and delete old ones.
         rule(
             &[CDI],
             &["datavolumes"],
-            &["get", "list", "watch", "patch", "update"],
+            &[
+                "get", "list", "watch", "create", "delete", "patch", "update",
+            ],
         ),
         rule(&[CDI], &["datavolumes/status"], &["patch", "update"]),
         // Pods and PVCs name their DataVolume as owner with blockOwnerDeletion.
@@ -113,6 +116,8 @@ fn datavolume() -> Access {
             &["persistentvolumeclaims", "pods", "services"],
             &["get", "list", "watch", "create", "delete"],
         ),
+        // A DataImportCron stamps its last import's PVC (labels, last use time).
+        rule(&[""], &["persistentvolumeclaims"], &["patch"]),
         // The source's CA ConfigMap and header Secrets; per-upload-pod certificates (issued
         // from the upload server signer in its own namespace); the import proxy's CA, copied
         // next to the importer pod.
@@ -140,9 +145,24 @@ fn datavolume() -> Access {
             ],
         ),
         rule(&[CDI], &["storageprofiles/status"], &["patch", "update"]),
-        // DataSources: Ready follows their source; a DataVolume's sourceRef reads them.
-        rule(&[CDI], &["datasources"], &["get", "list", "watch"]),
+        // DataSources: Ready follows their source; a DataVolume's sourceRef reads them; a
+        // DataImportCron creates its managed one, points it at the newest import, and deletes it
+        // with the cron under retentionPolicy None.
+        rule(
+            &[CDI],
+            &["datasources"],
+            &["get", "list", "watch", "create", "update", "delete"],
+        ),
         rule(&[CDI], &["datasources/status"], &["patch", "update"]),
+        // DataImportCrons: annotations (the polled digest, the next run) and the finalizer;
+        // their DataSources name them as owner with blockOwnerDeletion.
+        rule(
+            &[CDI],
+            &["dataimportcrons"],
+            &["get", "list", "watch", "patch", "update"],
+        ),
+        rule(&[CDI], &["dataimportcrons/status"], &["patch", "update"]),
+        rule(&[CDI], &["dataimportcrons/finalizers"], &["update"]),
         rule(&["snapshot.storage.k8s.io"], &["volumesnapshots"], &["get"]),
     ];
     let mut home = leader_rules(component::DATAVOLUME_CONTROLLER);

@@ -8,6 +8,7 @@
 mod bundle;
 mod cdiconfig;
 mod certs;
+mod dataimportcron;
 mod datasource;
 mod datavolume;
 mod hostpath;
