@@ -188,7 +188,17 @@ fn hyperconverged() -> Access {
         rule(&[""], &["events"], &["create"]),
     ];
     // The webhook refuses an uninstall while DataVolumes exist anywhere.
-    let mut cluster = vec![rule(&["cdi.kubevirt.io"], &["datavolumes"], &["list"])];
+    let mut cluster = vec![
+        rule(&["cdi.kubevirt.io"], &["datavolumes"], &["list"]),
+        // Golden images: DataImportCrons in the boot image namespace (any namespace the CR
+        // names), made when missing.
+        rule(
+            &["cdi.kubevirt.io"],
+            &["dataimportcrons"],
+            &["get", "list", "create", "patch", "delete"],
+        ),
+        rule(&[""], &["namespaces"], &["get", "create"]),
+    ];
     for kind in children::ALL {
         let to = if kind.namespaced {
             &mut home
