@@ -85,23 +85,11 @@ impl Store {
 
     /// Every DataVolume of a namespace, by name.
     pub fn list(&self, ns: &str) -> Result<Vec<DataVolume>> {
-        let dir = self.dir.join("datavolumes").join(ns);
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(Error::io(format!("listing {}", dir.display()), e)),
-        };
-        let mut names: Vec<String> = entries
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                e.file_name()
-                    .to_str()?
-                    .strip_suffix(".yaml")
-                    .map(String::from)
-            })
-            .collect();
-        names.sort();
-        names.iter().map(|n| self.load(ns, n)).collect()
+        crate::golden::local_store::ObjectStore::<DataVolume>::new(&self.dir)
+            .names(ns)?
+            .iter()
+            .map(|n| self.load(ns, n))
+            .collect()
     }
 }
 

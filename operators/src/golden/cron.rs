@@ -290,6 +290,15 @@ pub fn managed_data_source(
     Some(ds)
 }
 
+/// The name of the cron's last imported PVC, if any.
+pub fn last_import(cron: &DataImportCron) -> Option<&str> {
+    cron.status
+        .as_ref()?
+        .last_imported_pvc
+        .as_ref()
+        .map(|p| p.name.as_str())
+}
+
 /// An owner reference to the cron.
 fn owner(cron: &DataImportCron, controller: bool) -> OwnerReference {
     OwnerReference {

@@ -236,11 +236,7 @@ async fn import_state(client: &Client, cron: &DataImportCron, ns: &str) -> Resul
 
 /// Stamps the last import's PVC with its use time and the cron's labels (CDI's `updateSource`).
 async fn mark_used(client: &Client, cron: &DataImportCron, ns: &str, manager: &str) -> Result<()> {
-    let Some(pvc) = cron
-        .status
-        .as_ref()
-        .and_then(|s| s.last_imported_pvc.as_ref())
-    else {
+    let Some(pvc) = super::cron::last_import(cron) else {
         return Ok(());
     };
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
@@ -252,7 +248,7 @@ async fn mark_used(client: &Client, cron: &DataImportCron, ns: &str, manager: &s
         field_manager: Some(manager.into()),
         ..Default::default()
     };
-    match pvcs.patch(&pvc.name, &params, &Patch::Merge(patch)).await {
+    match pvcs.patch(pvc, &params, &Patch::Merge(patch)).await {
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         other => other.map(|_| ()).map_err(Into::into),
     }

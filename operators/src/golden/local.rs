@@ -149,14 +149,10 @@ fn import_state(cron: &DataImportCron, dvs: &local::Store, ns: &str) -> ImportSt
 
 /// Stamps the last import's use time (garbage collection keeps the most recently used).
 fn mark_used(cron: &DataImportCron, dvs: &local::Store, ns: &str) -> Result<()> {
-    let Some(pvc) = cron
-        .status
-        .as_ref()
-        .and_then(|s| s.last_imported_pvc.as_ref())
-    else {
+    let Some(pvc) = super::cron::last_import(cron) else {
         return Ok(());
     };
-    if let Ok(mut dv) = dvs.load(ns, &pvc.name) {
+    if let Ok(mut dv) = dvs.load(ns, pvc) {
         dv.annotations_mut().insert(
             super::gc::LAST_USE_ANNOTATION.into(),
             Timestamp::now().to_string(),

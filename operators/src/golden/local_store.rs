@@ -69,8 +69,8 @@ where
         }
     }
 
-    /// Every object of a namespace, by name.
-    pub fn list(&self, ns: &str) -> Result<Vec<K>> {
+    /// The names of a namespace's objects, sorted.
+    pub fn names(&self, ns: &str) -> Result<Vec<String>> {
         let dir = self.dir.join(ns);
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,
@@ -87,13 +87,16 @@ where
             })
             .collect();
         names.sort();
-        Ok(names
-            .iter()
-            .map(|n| self.get(ns, n))
-            .collect::<Result<Vec<_>>>()?
-            .into_iter()
-            .flatten()
-            .collect())
+        Ok(names)
+    }
+
+    /// Every object of a namespace, by name.
+    pub fn list(&self, ns: &str) -> Result<Vec<K>> {
+        let mut out = Vec::new();
+        for n in self.names(ns)? {
+            out.extend(self.get(ns, &n)?);
+        }
+        Ok(out)
     }
 
     /// Removes one object; a missing one counts as removed.

@@ -33,6 +33,18 @@ fn publish(root: &std::path::Path, version: u64) {
         .unwrap();
 }
 
+/// nginx serving version 1 of the file from a directory of its own.
+fn serve_version_1() -> (tempfile::TempDir, Nginx) {
+    let www = tempfile::tempdir().unwrap();
+    publish(www.path(), 1);
+    let nginx = Nginx::start(NginxConfig {
+        root: www.path().to_path_buf(),
+        ranges: true,
+        ..Default::default()
+    });
+    (www, nginx)
+}
+
 fn cron(url: &str, keep: u32, retention: &str) -> DataImportCron {
     serde_json::from_value(json!({
         "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataImportCron",
@@ -123,13 +135,7 @@ async fn each_new_version_is_imported_pointed_at_and_old_imports_collected() {
     let Some((client, ns)) = namespace("cron", &[]).await else {
         return;
     };
-    let www = tempfile::tempdir().unwrap();
-    publish(www.path(), 1);
-    let nginx = Nginx::start(NginxConfig {
-        root: www.path().to_path_buf(),
-        ranges: true,
-        ..Default::default()
-    });
+    let (www, nginx) = serve_version_1();
     let task = controller(&ns).await.unwrap();
     let crons: Api<DataImportCron> = Api::namespaced(client.clone(), &ns);
     crons
@@ -199,13 +205,7 @@ async fn a_labelled_data_source_is_taken_and_retention_none_deletes_with_the_cro
     let Some((client, ns)) = namespace("cron-take", &[]).await else {
         return;
     };
-    let www = tempfile::tempdir().unwrap();
-    publish(www.path(), 1);
-    let nginx = Nginx::start(NginxConfig {
-        root: www.path().to_path_buf(),
-        ranges: true,
-        ..Default::default()
-    });
+    let (_www, nginx) = serve_version_1();
     let sources: Api<DataSource> = Api::namespaced(client.clone(), &ns);
     let ds: DataSource = serde_json::from_value(json!({
         "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataSource",
