@@ -379,8 +379,12 @@ impl ApplyArgs {
 /// (and, when it failed, its Ready condition's reason and message) on stderr. True when it
 /// succeeded.
 pub fn apply(args: &ApplyArgs) -> Result<bool> {
-    if let Some(ready) = crate::golden::local_store::apply_manifest(&args.file, &args.options())? {
-        return Ok(ready);
+    match manifest_kind(&args.file)?.as_deref() {
+        Some("DataImportCron") => return apply_cron(args),
+        Some("DataSource") => {
+            return crate::golden::local_datasource::apply_manifest(&args.file, &args.options());
+        }
+        _ => {}
     }
     let dv = args.manifest()?;
     let progress = Arc::new(importer::progress::Progress::default());
@@ -411,6 +415,53 @@ pub fn apply(args: &ApplyArgs) -> Result<bool> {
     Ok(false)
 }
 
+/// The `kind` a manifest file names, if it can be read.
+fn manifest_kind(file: &std::path::Path) -> Result<Option<String>> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
+    let v: serde_json::Value = serde_saphyr::from_str(&text).unwrap_or_default();
+    Ok(v["kind"].as_str().map(str::to_string))
+}
+
+/// `quarry apply -f cron.yaml`: one poll-and-import cycle of a DataImportCron; prints what it
+/// did on stderr. True when the cron is up to date.
+fn apply_cron(args: &ApplyArgs) -> Result<bool> {
+    let text = std::fs::read_to_string(&args.file)
+        .map_err(|e| Error::io(format!("reading {}", args.file.display()), e))?;
+    let cron = crate::golden::local::parse(&text, &args.file.display().to_string())?;
+    let progress = Arc::new(importer::progress::Progress::default());
+    let bar = importer::progress::ProgressBar::start(progress.clone());
+    let result = crate::golden::local::apply(cron, &args.options(), progress);
+    bar.finish();
+    let report = result?;
+    let name = report.cron.metadata.name.clone().unwrap_or_default();
+    match &report.imported {
+        Some(dv) => {
+            let phase = dv
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .map(|p| p.as_str())
+                .unwrap_or("Unknown");
+            eprintln!(
+                "dataimportcron/{name}: version {} imported into datavolume/{} {phase}",
+                report.digest,
+                dv.metadata.name.as_deref().unwrap_or_default()
+            );
+        }
+        None => eprintln!("dataimportcron/{name}: version {} unchanged", report.digest),
+    }
+    for d in &report.deleted {
+        eprintln!("datavolume/{d} deleted (beyond importsToKeep)");
+    }
+    let up_to_date = report.cron.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == crate::api::golden::condition::UP_TO_DATE && c.status == "True")
+    });
+    Ok(up_to_date)
+}
+
 /// Output formats of `quarry get`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Output {
@@ -423,10 +474,11 @@ pub enum Output {
 /// `quarry get dv [NAME]`.
 #[derive(clap::Args, Debug)]
 pub struct GetArgs {
-    /// The kind: dv, dvs, datavolume or datavolumes.
-    #[arg(value_parser = ["dv", "dvs", "datavolume", "datavolumes"])]
+    /// The kind: dv, dvs, datavolume(s); dic, dics, dataimportcron(s); das, datasource(s).
+    #[arg(value_parser = ["dv", "dvs", "datavolume", "datavolumes", "dic", "dics",
+        "dataimportcron", "dataimportcrons", "das", "datasource", "datasources"])]
     pub kind: String,
-    /// One DataVolume (all of the namespace when omitted).
+    /// One object (all of the namespace when omitted).
     pub name: Option<String>,
     /// Namespace.
     #[arg(short = 'n', long, default_value = "default")]
@@ -441,11 +493,20 @@ pub struct GetArgs {
 
 /// What `quarry get` prints.
 pub fn get(args: &GetArgs) -> Result<String> {
-    let store = Store::new(
-        args.state_dir
-            .clone()
-            .unwrap_or_else(local::default_state_dir),
-    );
+    let dir = args
+        .state_dir
+        .clone()
+        .unwrap_or_else(local::default_state_dir);
+    match args.kind.as_str() {
+        "dic" | "dics" | "dataimportcron" | "dataimportcrons" => {
+            return get_golden(args, dir, crate::golden::local::cron_table);
+        }
+        "das" | "datasource" | "datasources" => {
+            return get_golden(args, dir, crate::golden::local::data_source_table);
+        }
+        _ => {}
+    }
+    let store = Store::new(dir);
     let dvs = match &args.name {
         Some(n) => vec![store.load(&args.namespace, n)?],
         None => store.list(&args.namespace)?,
@@ -470,6 +531,52 @@ pub fn get(args: &GetArgs) -> Result<String> {
             })?)
             .expect("a Value serialises")
                 + "\n"
+        }
+    })
+}
+
+/// `quarry get` of local DataImportCrons or DataSources: the table, or the objects.
+fn get_golden<K>(args: &GetArgs, dir: PathBuf, table: fn(&[K]) -> String) -> Result<String>
+where
+    K: kube::Resource<DynamicType = ()> + serde::Serialize + serde::de::DeserializeOwned,
+{
+    let store = crate::golden::local_store::ObjectStore::<K>::new(dir);
+    let objs = match &args.name {
+        Some(n) => vec![store.get(&args.namespace, n)?.ok_or_else(|| {
+            Error::invalid(format!(
+                "{} {}/{n} not found",
+                K::kind(&()).to_lowercase(),
+                args.namespace
+            ))
+        })?],
+        None => store.list(&args.namespace)?,
+    };
+    let json = |v: serde_json::Result<serde_json::Value>| -> Result<serde_json::Value> {
+        v.map_err(|e| Error::Yaml {
+            context: "JSON".into(),
+            message: e.to_string(),
+        })
+    };
+    Ok(match args.output {
+        None => table(&objs),
+        Some(Output::Yaml) => {
+            let mut docs = Vec::new();
+            for o in &objs {
+                let v = json(serde_json::to_value(o))?;
+                docs.push(serde_saphyr::to_string(&v).map_err(|e| Error::Yaml {
+                    context: "writing YAML".into(),
+                    message: e.to_string(),
+                })?);
+            }
+            docs.join("---\n")
+        }
+        Some(Output::Json) => {
+            let v = if objs.len() == 1 && args.name.is_some() {
+                json(serde_json::to_value(&objs[0]))?
+            } else {
+                serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objs})
+            };
+            serde_json::to_string_pretty(&v).expect("a Value serialises") + "\n"
         }
     })
 }

@@ -59,6 +59,9 @@ pub enum Error {
     /// The provisioner refused or failed (local mode).
     #[error(transparent)]
     Provisioner(#[from] provisioner::Error),
+    /// A DataImportCron's source could not be polled.
+    #[error(transparent)]
+    Poll(Box<crate::golden::poll::PollError>),
 }
 
 impl Error {
@@ -71,7 +74,8 @@ impl Error {
             | Error::Io { .. }
             | Error::Certificate(_)
             | Error::ClaimNotValid(_)
-            | Error::LeaseLost { .. } => ErrorKind::Transient,
+            | Error::LeaseLost { .. }
+            | Error::Poll(_) => ErrorKind::Transient,
             Error::Provisioner(e) => match e.kind() {
                 provisioner::ErrorKind::Aborted | provisioner::ErrorKind::Internal => {
                     ErrorKind::Transient

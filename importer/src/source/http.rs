@@ -234,12 +234,10 @@ impl HttpRequest {
             expected_length: None,
         }
     }
-}
 
-impl HttpSource {
-    /// Starts the transfer and waits for the first response's headers.
-    pub fn open(url: &str, opts: &HttpOptions) -> Result<Self> {
-        install_tls_provider();
+    /// A request for an `http(s)://` URL as given by a user: credentials in the URL become basic
+    /// authentication (else `opts.basic_auth`), and `opts.headers` are sent.
+    pub fn from_url(url: &str, opts: &HttpOptions) -> Result<Self> {
         let mut url = Url::parse(url)
             .map_err(|e| Error::InvalidInput(format!("invalid URL {url:?}: {e}")))?;
         if !matches!(url.scheme(), "http" | "https") {
@@ -259,7 +257,14 @@ impl HttpSource {
         let mut req = HttpRequest::new(url);
         req.headers = extra_headers(opts)?;
         req.basic_auth = auth;
-        Self::open_request(req, opts)
+        Ok(req)
+    }
+}
+
+impl HttpSource {
+    /// Starts the transfer and waits for the first response's headers.
+    pub fn open(url: &str, opts: &HttpOptions) -> Result<Self> {
+        Self::open_request(HttpRequest::from_url(url, opts)?, opts)
     }
 
     /// Starts a prepared transfer and waits for the first response's headers.

@@ -236,14 +236,17 @@ pub fn open(spec: &str, s3: &S3Options, http: &HttpOptions) -> Result<HttpSource
     let object = S3Object::parse(spec, s3)?;
     let mut req = HttpRequest::new(object.url());
     req.name = object.name();
-    if let Some(creds) = &s3.credentials {
-        req.signer = Some(Arc::new(SigV4 {
-            credentials: creds.clone(),
-            region: region_for(Some(&object.endpoint), s3),
-            service: "s3".into(),
-        }));
-    }
+    req.signer = signer(&object, s3).map(|s| Arc::new(s) as Arc<dyn RequestSigner>);
     HttpSource::open_request(req, http)
+}
+
+/// The SigV4 signer of `object`'s requests; None for unsigned (public) access.
+pub fn signer(object: &S3Object, s3: &S3Options) -> Option<SigV4> {
+    s3.credentials.as_ref().map(|creds| SigV4 {
+        credentials: creds.clone(),
+        region: region_for(Some(&object.endpoint), s3),
+        service: "s3".into(),
+    })
 }
 
 /// AWS Signature Version 4 for one service and region.

@@ -59,6 +59,28 @@ pub struct HyperConvergedSpec {
     /// the children as HCO does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workloads: Option<HyperConvergedConfig>,
+    /// Golden images: each template becomes a DataImportCron in the boot image namespace (HCO
+    /// hands them to SSP, which creates them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_import_cron_templates: Option<Vec<DataImportCronTemplate>>,
+    /// HCO's common golden images on (HCO's default) or off; Quarry ships no built-in list, so
+    /// only `dataImportCronTemplates` create crons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_common_boot_image_import: Option<bool>,
+    /// Where the golden-image crons live (default `openshift-virtualization-os-images`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub common_boot_image_namespace: Option<String>,
+}
+
+/// HCO's DataImportCronTemplate: a DataImportCron's metadata (its name) and spec.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct DataImportCronTemplate {
+    /// Name, labels and annotations of the cron.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::cdi::preserved")]
+    pub metadata: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+    /// The cron's spec.
+    pub spec: super::golden::DataImportCronSpec,
 }
 
 /// HCO's HyperConvergedConfig: the node placement of one class of components.

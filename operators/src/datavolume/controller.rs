@@ -707,10 +707,21 @@ pub async fn run_all(ctx: Arc<Context>, namespace: Option<&str>) {
     let data_sources = tokio::spawn(async move {
         crate::golden::controller::run(client, metrics, scope.as_deref()).await
     });
+    // DataImportCrons too, as CDI's controller process runs them.
+    let cron_ctx = Arc::new(crate::golden::cron_controller::Context {
+        client: ctx.client.clone(),
+        metrics: ctx.metrics.clone(),
+        insecure_registries: ctx.settings().insecure_registries.clone(),
+    });
+    let scope = namespace.map(str::to_string);
+    let crons = tokio::spawn(async move {
+        crate::golden::cron_controller::run(cron_ctx, scope.as_deref()).await
+    });
     run_with(ctx, namespace).await;
     config.abort();
     profiles.abort();
     data_sources.abort();
+    crons.abort();
 }
 
 /// [`run`] with a prepared context: the DataVolume reconciler alone.

@@ -86,30 +86,12 @@ impl Store {
 
     /// Every DataVolume of a namespace, by name.
     pub fn list(&self, ns: &str) -> Result<Vec<DataVolume>> {
-        let names = state_names(&self.dir.join("datavolumes").join(ns))?;
-        names.iter().map(|n| self.load(ns, n)).collect()
+        crate::golden::local_store::ObjectStore::<DataVolume>::new(&self.dir)
+            .names(ns)?
+            .iter()
+            .map(|n| self.load(ns, n))
+            .collect()
     }
-}
-
-/// The names of the objects kept in a state directory (`NAME.yaml`), sorted; none when the
-/// directory does not exist.
-pub fn state_names(dir: &Path) -> Result<Vec<String>> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io(format!("listing {}", dir.display()), e)),
-    };
-    let mut names: Vec<String> = entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            e.file_name()
-                .to_str()?
-                .strip_suffix(".yaml")
-                .map(String::from)
-        })
-        .collect();
-    names.sort();
-    Ok(names)
 }
 
 fn namespace(dv: &DataVolume) -> String {

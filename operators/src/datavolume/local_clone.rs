@@ -21,7 +21,9 @@ use super::status::{PROGRESS_UNKNOWN, format_progress, reason, set_condition};
 use crate::api::datavolume::{SourcePvc, condition};
 use crate::api::{DataVolume, Phase};
 use crate::error::{Error, Result};
-use crate::golden::local_store::{DataSourceStore, refresh, volume_id};
+use crate::api::golden::DataSource;
+use crate::golden::local_datasource::{refresh, volume_id};
+use crate::golden::local_store::ObjectStore;
 
 /// True when the DataVolume clones (a PVC or snapshot source, or a sourceRef).
 pub fn is_clone(dv: &DataVolume) -> bool {
@@ -53,14 +55,14 @@ fn origin(
     };
     if let Some(r) = &dv.spec.source_ref {
         // The DataSources the reference may pass through (one deep), their Ready refreshed.
-        let store = DataSourceStore::new(&opts.state_dir);
+        let store = ObjectStore::<DataSource>::new(&opts.state_dir);
         let mut found = Vec::new();
         let mut at = (
             r.namespace.clone().unwrap_or_else(|| ns.into()),
             r.name.clone(),
         );
         for _ in 0..2 {
-            let Some(ds) = store.load(&at.0, &at.1)? else {
+            let Some(ds) = store.get(&at.0, &at.1)? else {
                 break;
             };
             let ds = refresh(ds, &opts.state_dir, prov)?;

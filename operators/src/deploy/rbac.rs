@@ -100,10 +100,13 @@ pub fn all() -> Vec<Access> {
 fn datavolume() -> Access {
     const CDI: &str = "cdi.kubevirt.io";
     let cluster = vec![
+        // DataImportCrons create their import DataVolumes and delete old ones.
         rule(
             &[CDI],
             &["datavolumes"],
-            &["get", "list", "watch", "patch", "update"],
+            &[
+                "get", "list", "watch", "create", "delete", "patch", "update",
+            ],
         ),
         rule(&[CDI], &["datavolumes/status"], &["patch", "update"]),
         // Pods and PVCs name their DataVolume as owner with blockOwnerDeletion.
@@ -113,7 +116,8 @@ fn datavolume() -> Access {
             &["persistentvolumeclaims", "pods", "services"],
             &["get", "list", "watch", "create", "delete"],
         ),
-        // A clone's target grows to the requested size after a CSI clone or restore.
+        // A clone's target grows to the requested size after a CSI clone or restore; a
+        // DataImportCron stamps its last import's PVC (labels, last use time).
         rule(&[""], &["persistentvolumeclaims"], &["patch"]),
         // The source's CA ConfigMap and header Secrets; per-upload-pod certificates (issued
         // from the upload server signer in its own namespace); the import proxy's CA, copied
@@ -142,8 +146,14 @@ fn datavolume() -> Access {
             ],
         ),
         rule(&[CDI], &["storageprofiles/status"], &["patch", "update"]),
-        // DataSources: Ready follows their source; a DataVolume's sourceRef reads them.
-        rule(&[CDI], &["datasources"], &["get", "list", "watch"]),
+        // DataSources: Ready follows their source; a DataVolume's sourceRef reads them; a
+        // DataImportCron creates its managed one, points it at the newest import, and deletes it
+        // with the cron under retentionPolicy None.
+        rule(
+            &[CDI],
+            &["datasources"],
+            &["get", "list", "watch", "create", "update", "delete"],
+        ),
         rule(&[CDI], &["datasources/status"], &["patch", "update"]),
         // Smart clones: a temporary snapshot of the source, of the class of its driver.
         rule(
@@ -156,6 +166,15 @@ fn datavolume() -> Access {
             &["volumesnapshotclasses"],
             &["list"],
         ),
+        // DataImportCrons: annotations (the polled digest, the next run) and the finalizer;
+        // their DataSources name them as owner with blockOwnerDeletion.
+        rule(
+            &[CDI],
+            &["dataimportcrons"],
+            &["get", "list", "watch", "patch", "update"],
+        ),
+        rule(&[CDI], &["dataimportcrons/status"], &["patch", "update"]),
+        rule(&[CDI], &["dataimportcrons/finalizers"], &["update"]),
     ];
     let mut home = leader_rules(component::DATAVOLUME_CONTROLLER);
     // CDIConfig's uploadProxyURL: an Ingress routing to the upload proxy.
@@ -180,7 +199,17 @@ fn hyperconverged() -> Access {
         rule(&[""], &["events"], &["create"]),
     ];
     // The webhook refuses an uninstall while DataVolumes exist anywhere.
-    let mut cluster = vec![rule(&["cdi.kubevirt.io"], &["datavolumes"], &["list"])];
+    let mut cluster = vec![
+        rule(&["cdi.kubevirt.io"], &["datavolumes"], &["list"]),
+        // Golden images: DataImportCrons in the boot image namespace (any namespace the CR
+        // names), made when missing.
+        rule(
+            &["cdi.kubevirt.io"],
+            &["dataimportcrons"],
+            &["get", "list", "create", "patch", "delete"],
+        ),
+        rule(&[""], &["namespaces"], &["get", "create"]),
+    ];
     for kind in children::ALL {
         let to = if kind.namespaced {
             &mut home

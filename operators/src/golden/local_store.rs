@@ -1,38 +1,32 @@
-//! Local DataSources (`quarry apply -f datasource.yaml`), so a local DataVolume's `sourceRef` can
-//! resolve without a cluster. Kept beside the local DataVolumes, as
-//! `<state dir>/datasources/<namespace>/<name>.yaml`.
-//!
-//! API for other local-mode code (a local DataImportCron points its managed DataSource here):
-//! [`DataSourceStore::save`] / [`DataSourceStore::load`] / [`DataSourceStore::list`] keep them,
-//! [`parse`] reads a manifest, and [`refresh`] recomputes a DataSource's Ready condition from the
-//! local DataVolumes and pool (as the cluster's DataSource controller does from the API).
+//! Local-mode storage of DataSources and DataImportCrons (and removal of import DataVolumes):
+//! one YAML file per object, `<state dir>/<plural>/<namespace>/<name>.yaml`, the layout of the
+//! local DataVolume store, so `quarry get` reads them all the same way.
 
-use std::path::{Path, PathBuf};
+use std::marker::PhantomData;
+use std::path::PathBuf;
 
-use k8s_openapi::jiff::Timestamp;
-use provisioner::Provisioner;
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
-use crate::api::golden::DataSource;
-use crate::datavolume::local::{Store, state_names};
 use crate::error::{Error, Result};
-use crate::golden::datasource::{SourceState, status};
 
-/// The pool volume of a local PVC `namespace/name` (what `quarry apply` names a DataVolume's).
-pub fn volume_id(namespace: &str, name: &str) -> String {
-    format!("{namespace}-{name}")
-}
-
-/// Local DataSources in a state directory.
+/// Objects of kind `K` under a state directory.
 #[derive(Debug, Clone)]
-pub struct DataSourceStore {
+pub struct ObjectStore<K> {
     dir: PathBuf,
+    kind: PhantomData<K>,
 }
 
-impl DataSourceStore {
-    /// The store of the state directory `state_dir` (the one local DataVolumes are kept in).
+impl<K> ObjectStore<K>
+where
+    K: Resource<DynamicType = ()> + Serialize + DeserializeOwned,
+{
+    /// The store of `K` in the state directory `state_dir`.
     pub fn new(state_dir: impl Into<PathBuf>) -> Self {
-        DataSourceStore {
-            dir: state_dir.into().join("datasources"),
+        ObjectStore {
+            dir: state_dir.into().join(K::plural(&()).as_ref()),
+            kind: PhantomData,
         }
     }
 
@@ -40,175 +34,78 @@ impl DataSourceStore {
         self.dir.join(ns).join(format!("{name}.yaml"))
     }
 
-    /// Writes a DataSource atomically.
-    pub fn save(&self, ds: &DataSource) -> Result<()> {
-        let ns = ds.metadata.namespace.as_deref().unwrap_or("default");
-        let path = self.path(ns, ds.metadata.name.as_deref().unwrap_or_default());
+    /// Writes `obj` atomically (a reader never sees half a file).
+    pub fn save(&self, obj: &K) -> Result<()> {
+        let ns = obj.namespace().unwrap_or_else(|| "default".into());
+        let path = self.path(&ns, &obj.name_any());
         let dir = path.parent().expect("a state file has a directory");
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-        let text = serde_json::to_value(ds)
-            .map_err(|e| e.to_string())
-            .and_then(|v| serde_saphyr::to_string(&v).map_err(|e| e.to_string()))
-            .map_err(|message| Error::Yaml {
-                context: format!("writing DataSource {}", path.display()),
-                message,
-            })?;
+        let yaml = |e: String| Error::Yaml {
+            context: format!("writing {}", path.display()),
+            message: e,
+        };
+        let v = serde_json::to_value(obj).map_err(|e| yaml(e.to_string()))?;
+        let text = serde_saphyr::to_string(&v).map_err(|e| yaml(e.to_string()))?;
         let tmp = path.with_extension("yaml.tmp");
         std::fs::write(&tmp, text)
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(|e| Error::io(format!("writing {}", path.display()), e))
+            .map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
+        std::fs::rename(&tmp, &path)
+            .map_err(|e| Error::io(format!("renaming {}", tmp.display()), e))
     }
 
-    /// One DataSource, `None` when there is none of that name.
-    pub fn load(&self, ns: &str, name: &str) -> Result<Option<DataSource>> {
+    /// Reads one object; None when there is none of that name.
+    pub fn get(&self, ns: &str, name: &str) -> Result<Option<K>> {
         let path = self.path(ns, name);
         match std::fs::read_to_string(&path) {
-            Ok(text) => parse(&text, &path.display().to_string()).map(Some),
+            Ok(text) => serde_saphyr::from_str(&text)
+                .map(Some)
+                .map_err(|e| Error::Yaml {
+                    context: path.display().to_string(),
+                    message: e.to_string(),
+                }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
         }
     }
 
-    /// Every DataSource of a namespace, by name.
-    pub fn list(&self, ns: &str) -> Result<Vec<DataSource>> {
-        let names = state_names(&self.dir.join(ns))?;
-        names
-            .iter()
-            .filter_map(|n| self.load(ns, n).transpose())
-            .collect()
-    }
-}
-
-/// Reads a DataSource manifest (YAML or JSON), checking its kind and name.
-pub fn parse(text: &str, what: &str) -> Result<DataSource> {
-    let v: serde_json::Value = serde_saphyr::from_str(text).map_err(|e| Error::Yaml {
-        context: what.into(),
-        message: e.to_string(),
-    })?;
-    if v["apiVersion"].as_str() != Some("cdi.kubevirt.io/v1beta1")
-        || v["kind"].as_str() != Some("DataSource")
-    {
-        return Err(Error::invalid(format!(
-            "{what}: expected apiVersion cdi.kubevirt.io/v1beta1, kind DataSource"
-        )));
-    }
-    let ds: DataSource = serde_json::from_value(v).map_err(|e| Error::Yaml {
-        context: what.into(),
-        message: e.to_string(),
-    })?;
-    if ds.metadata.name.as_deref().unwrap_or_default().is_empty() {
-        return Err(Error::invalid(format!("{what}: metadata.name is required")));
-    }
-    Ok(ds)
-}
-
-/// What a local DataSource's source is now: the local DataVolume of its PVC (else whether the
-/// pool has the volume), or whether the pool has its snapshot.
-fn source_state(ds: &DataSource, state_dir: &Path, prov: &Provisioner) -> Result<SourceState> {
-    let ns = ds.metadata.namespace.as_deref().unwrap_or("default");
-    let in_ns = |p: &crate::api::datavolume::SourcePvc| {
-        let pns = if p.namespace.is_empty() {
-            ns.to_string()
-        } else {
-            p.namespace.clone()
+    /// The names of a namespace's objects, sorted.
+    pub fn names(&self, ns: &str) -> Result<Vec<String>> {
+        let dir = self.dir.join(ns);
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io(format!("listing {}", dir.display()), e)),
         };
-        (pns, p.name.clone())
-    };
-    let src = &ds.spec.source;
-    if let Some(p) = &src.pvc {
-        let (pns, name) = in_ns(p);
-        if let Ok(dv) = Store::new(state_dir).load(&pns, &name) {
-            return Ok(SourceState::DataVolume(dv.status.and_then(|s| s.phase)));
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()?
+                    .strip_suffix(".yaml")
+                    .map(String::from)
+            })
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Every object of a namespace, by name.
+    pub fn list(&self, ns: &str) -> Result<Vec<K>> {
+        let mut out = Vec::new();
+        for n in self.names(ns)? {
+            out.extend(self.get(ns, &n)?);
         }
-        let exists = prov.find_volume(&volume_id(&pns, &name))?.is_some();
-        return Ok(SourceState::Pvc { exists });
+        Ok(out)
     }
-    if let Some(s) = &src.snapshot {
-        let (sns, name) = in_ns(s);
-        let ready = prov.snapshot(&volume_id(&sns, &name)).is_ok();
-        return Ok(SourceState::Snapshot(ready.then_some(true)));
-    }
-    // A DataSource pointing at another one is resolved by the DataVolume (one deep).
-    Ok(if src.data_source.is_some() {
-        SourceState::Pvc { exists: true }
-    } else {
-        SourceState::NoSource
-    })
-}
 
-/// Recomputes a DataSource's status (Ready) from the local state, and saves it.
-pub fn refresh(mut ds: DataSource, state_dir: &Path, prov: &Provisioner) -> Result<DataSource> {
-    if ds.metadata.namespace.is_none() {
-        ds.metadata.namespace = Some("default".into());
-    }
-    let state = source_state(&ds, state_dir, prov)?;
-    ds.status = Some(status(&ds, state, Timestamp::now()));
-    DataSourceStore::new(state_dir).save(&ds)?;
-    Ok(ds)
-}
-
-/// `quarry apply -f FILE` of a DataSource: stores it with its Ready condition and prints it as
-/// `datasource/NAME Ready|NotReady: REASON`. `None` when FILE is not a DataSource (the caller
-/// goes on with a DataVolume); else whether it is Ready.
-pub fn apply_manifest(
-    file: &Path,
-    opts: &crate::datavolume::local::ApplyOptions,
-) -> Result<Option<bool>> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
-    let kind = serde_saphyr::from_str::<serde_json::Value>(&text)
-        .ok()
-        .and_then(|v| v["kind"].as_str().map(String::from));
-    if kind.as_deref() != Some("DataSource") {
-        return Ok(None);
-    }
-    let ds = parse(&text, &file.display().to_string())?;
-    let prov = crate::datavolume::local::open_pool(&opts.pool)?;
-    let ds = refresh(ds, &opts.state_dir, &prov)?;
-    let name = ds.metadata.name.clone().unwrap_or_default();
-    let ready = crate::golden::datasource::is_ready(&ds);
-    let why = ds
-        .status
-        .iter()
-        .flat_map(|s| &s.conditions)
-        .find(|c| c.type_ == crate::api::golden::condition::READY)
-        .map(|c| {
-            format!(
-                "{}: {}",
-                c.reason.as_deref().unwrap_or_default(),
-                c.message.as_deref().unwrap_or_default()
-            )
-        })
-        .unwrap_or_default();
-    eprintln!(
-        "datasource/{name} {}: {why}",
-        if ready { "Ready" } else { "NotReady" }
-    );
-    Ok(Some(ready))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const DS: &str = "apiVersion: cdi.kubevirt.io/v1beta1\nkind: DataSource\nmetadata: {name: fedora, namespace: golden}\nspec: {source: {pvc: {namespace: golden, name: fedora-1}}}\n";
-
-    #[test]
-    fn a_data_source_is_kept_and_listed() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = DataSourceStore::new(dir.path());
-        let ds = parse(DS, "ds.yaml").unwrap();
-        store.save(&ds).unwrap();
-        let spec = |d: Option<DataSource>| d.map(|d| d.spec);
-        assert_eq!(
-            spec(store.load("golden", "fedora").unwrap()),
-            Some(ds.spec.clone())
-        );
-        assert_eq!(spec(store.load("golden", "other").unwrap()), None);
-        let listed = store.list("golden").unwrap();
-        assert_eq!(listed.len(), 1);
-        assert_eq!(listed[0].metadata.name.as_deref(), Some("fedora"));
-        assert!(parse(&DS.replace("DataSource", "DataVolume"), "x").is_err());
+    /// Removes one object; a missing one counts as removed.
+    pub fn delete(&self, ns: &str, name: &str) -> Result<()> {
+        let path = self.path(ns, name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io(format!("removing {}", path.display()), e)),
+        }
     }
 }

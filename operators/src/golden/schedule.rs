@@ -2,8 +2,10 @@
 //! robfig/cron's `ParseStandard`) and the next time a schedule fires. Quarry's own small parser
 //! (no crate): minute, hour, day of month, month and day of week; `*`, `?`, numbers, names
 //! (`JAN`, `MON`), ranges `a-b`, steps `/n` and lists `a,b`; the descriptors `@yearly`,
-//! `@annually`, `@monthly`, `@weekly`, `@daily`, `@midnight` and `@hourly`. Times are UTC, as
-//! CDI's controller runs.
+//! `@annually`, `@monthly`, `@weekly`, `@daily`, `@midnight` and `@hourly`; `@every DURATION`
+//! (Go's duration syntax: `90s`, `1h30m`; runs that long after the last poll, rounded to a
+//! second) and a `CRON_TZ=ZONE ` (or `TZ=ZONE `) prefix, as robfig/cron's `ParseStandard` reads
+//! them. Times are UTC (as CDI's controller runs) unless a zone is given.
 //!
 //! As in robfig/cron, when both day fields are restricted a day matching either fires; when one
 //! is `*` (or `?`), both must match.
@@ -37,9 +39,27 @@ pub enum ScheduleError {
         /// What is wrong.
         problem: String,
     },
-    /// An `@` descriptor Quarry does not know (or `@every`, not supported yet).
+    /// An `@` descriptor Quarry does not know.
     #[error("schedule {0:?}: unknown descriptor")]
     Descriptor(String),
+    /// `@every` with a duration that cannot be read.
+    #[error("schedule {schedule:?}: @every {value:?}: {problem}")]
+    Every {
+        /// The schedule as written.
+        schedule: String,
+        /// The duration as written.
+        value: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A `CRON_TZ=`/`TZ=` zone not in the time zone database.
+    #[error("schedule {schedule:?}: unknown time zone {zone:?}")]
+    Zone {
+        /// The schedule as written.
+        schedule: String,
+        /// The zone as written.
+        zone: String,
+    },
 }
 
 /// One field's bounds and names.
@@ -97,6 +117,10 @@ pub struct Schedule {
     dom_any: bool,
     /// The day-of-week field is `*` or `?`.
     dow_any: bool,
+    /// `@every`: seconds between runs (the fields are then unused).
+    every: Option<i64>,
+    /// The zone the fields are read in.
+    tz: TimeZone,
 }
 
 /// How far ahead [`Schedule::next_after`] looks (robfig/cron gives up after five years too).
@@ -105,7 +129,37 @@ const SEARCH_YEARS: i16 = 5;
 impl Schedule {
     /// Parses `spec.schedule`.
     pub fn parse(schedule: &str) -> Result<Schedule, ScheduleError> {
-        let text = schedule.trim();
+        let mut text = schedule.trim();
+        let mut tz = TimeZone::UTC;
+        if let Some(rest) = text
+            .strip_prefix("CRON_TZ=")
+            .or_else(|| text.strip_prefix("TZ="))
+        {
+            let (zone, after) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+            tz = TimeZone::get(zone).map_err(|_| ScheduleError::Zone {
+                schedule: schedule.into(),
+                zone: zone.into(),
+            })?;
+            text = after.trim();
+        }
+        if let Some(d) = text.strip_prefix("@every ") {
+            let secs = go_duration_secs(d.trim()).map_err(|problem| ScheduleError::Every {
+                schedule: schedule.into(),
+                value: d.trim().into(),
+                problem,
+            })?;
+            return Ok(Schedule {
+                minute: 0,
+                hour: 0,
+                dom: 0,
+                month: 0,
+                dow: 0,
+                dom_any: false,
+                dow_any: false,
+                every: Some(secs),
+                tz,
+            });
+        }
         let expanded = match text {
             "@yearly" | "@annually" => "0 0 1 1 *",
             "@monthly" => "0 0 1 * *",
@@ -141,6 +195,8 @@ impl Schedule {
             dow: bits[4],
             dom_any: any[2],
             dow_any: any[4],
+            every: None,
+            tz,
         })
     }
 
@@ -157,7 +213,12 @@ impl Schedule {
     /// The first time after `after` (a whole minute, strictly later) the schedule fires; `None`
     /// when it never does within five years (`0 0 30 2 *`).
     pub fn next_after(&self, after: Timestamp) -> Option<Timestamp> {
-        let start = after.to_zoned(TimeZone::UTC).datetime();
+        if let Some(secs) = self.every {
+            // robfig/cron's ConstantDelaySchedule: whole seconds after `after`.
+            let whole = Timestamp::from_second(after.as_second()).ok()?;
+            return whole.checked_add(secs.seconds()).ok();
+        }
+        let start = after.to_zoned(self.tz.clone()).datetime();
         let mut t = start
             .date()
             .at(start.hour(), start.minute(), 0, 0)
@@ -179,11 +240,47 @@ impl Schedule {
             } else if self.minute & (1 << t.minute()) == 0 {
                 t = t.checked_add(1.minute()).ok()?;
             } else {
-                return t.to_zoned(TimeZone::UTC).ok().map(|z| z.timestamp());
+                return t.to_zoned(self.tz.clone()).ok().map(|z| z.timestamp());
             }
         }
         None
     }
+}
+
+/// Go's `time.ParseDuration` for `@every`, in whole seconds (robfig/cron rounds a delay below a
+/// second up to one, and drops fractions): units `h`, `m`, `s`, `ms`, `us`, `ns`, combined.
+fn go_duration_secs(text: &str) -> Result<i64, String> {
+    if text.is_empty() {
+        return Err("empty duration".into());
+    }
+    let mut nanos: f64 = 0.0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| format!("{rest:?} has no unit (h, m, s, ms, us, ns)"))?;
+        let value: f64 = rest[..num_end]
+            .parse()
+            .map_err(|_| format!("{:?} is not a number", &rest[..num_end]))?;
+        let unit_end = rest[num_end..]
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .map_or(rest.len(), |i| num_end + i);
+        let scale = match &rest[num_end..unit_end] {
+            "h" => 3.6e12,
+            "m" => 6e10,
+            "s" => 1e9,
+            "ms" => 1e6,
+            "us" | "µs" => 1e3,
+            "ns" => 1.0,
+            u => return Err(format!("unknown unit {u:?}")),
+        };
+        nanos += value * scale;
+        rest = &rest[unit_end..];
+    }
+    if nanos <= 0.0 {
+        return Err("the duration must be positive".into());
+    }
+    Ok(((nanos / 1e9) as i64).max(1))
 }
 
 /// One field: a comma-separated list of `*`/`?`/value/range, each with an optional `/step`.
@@ -345,6 +442,35 @@ mod tests {
     }
 
     #[test]
+    fn every_runs_that_long_after_the_last_poll_in_whole_seconds() {
+        assert_eq!(
+            next("@every 1h30m", "2024-05-02T10:00:00.7Z"),
+            "2024-05-02T11:30:00Z"
+        );
+        assert_eq!(
+            next("@every 90s", "2024-05-02T10:00:00Z"),
+            "2024-05-02T10:01:30Z"
+        );
+        assert_eq!(
+            next("@every 10ms", "2024-05-02T10:00:00Z"),
+            "2024-05-02T10:00:01Z"
+        );
+    }
+
+    #[test]
+    fn a_cron_tz_prefix_reads_the_fields_in_that_zone() {
+        // 01:30 in Berlin (CEST, UTC+2) is 23:30 UTC the day before.
+        assert_eq!(
+            next("CRON_TZ=Europe/Berlin 30 1 * * *", "2024-05-02T10:00:00Z"),
+            "2024-05-02T23:30:00Z"
+        );
+        assert_eq!(
+            Schedule::parse("TZ=UTC 0 0 * * *"),
+            Schedule::parse("0 0 * * *")
+        );
+    }
+
+    #[test]
     fn a_leap_day_schedule_waits_for_the_leap_year() {
         assert_eq!(
             next("0 0 29 2 *", "2024-03-01T00:00:00Z"),
@@ -374,7 +500,9 @@ mod tests {
         assert!(err("0 0 * * funday").contains("not a number or a name"));
         assert!(err("*/0 * * * *").contains("step must be at least 1"));
         assert!(err("5-2 * * * *").contains("after its end"));
-        assert!(err("@every 1h").contains("unknown descriptor"));
+        assert!(err("@every 1x").contains("unknown unit"));
+        assert!(err("@every").contains("unknown descriptor"));
+        assert!(err("CRON_TZ=Mars/Olympus 0 0 * * *").contains("unknown time zone"));
         assert!(err("0 0 * * * *").contains("found 6"));
     }
 }

@@ -150,6 +150,7 @@ async fn apply_children(
         statuses.push(ChildStatus::from_object(kind.kind, &applied.data));
         related.push(children::related_object(kind, &applied.metadata));
     }
+    apply_golden_images(hc, client).await?;
     if !wanted.iter().any(|(k, _)| *k == children::HOSTPATH) {
         kubeops::delete(
             &child_api(client, &children::HOSTPATH, ns),
@@ -158,6 +159,45 @@ async fn apply_children(
         .await?;
     }
     Ok((statuses, related))
+}
+
+/// Applies the golden-image DataImportCrons (their namespace made when missing) and deletes
+/// those no template asks for any more (an empty `dataImportCronTemplates: []` deletes them all;
+/// without the field nothing is looked at).
+async fn apply_golden_images(hc: &HyperConverged, client: &Client) -> Result<()> {
+    use crate::api::golden::DataImportCron;
+    use crate::hyperconverged::golden_images;
+    if hc.spec.data_import_cron_templates.is_none() {
+        return Ok(());
+    }
+    let ns = golden_images::namespace(hc);
+    let manager = kubeops::manager(CONTROLLER);
+    let crons: Api<DataImportCron> = Api::namespaced(client.clone(), &ns);
+    let wanted = golden_images::crons(hc);
+    if !wanted.is_empty() {
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+        if kubeops::get(&namespaces, &ns).await?.is_none() {
+            let mut obj = k8s_openapi::api::core::v1::Namespace::default();
+            obj.metadata.name = Some(ns.clone());
+            kubeops::create(&namespaces, &obj, &manager).await?;
+        }
+    }
+    for cron in &wanted {
+        kubeops::apply(&crons, &cron.name_any(), cron, &manager).await?;
+    }
+    let selector: Vec<String> = children::child_labels()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let lp = kube::api::ListParams::default().labels(&selector.join(","));
+    let existing = match crons.list(&lp).await {
+        Ok(l) => l.items,
+        Err(e) => return Err(e.into()),
+    };
+    for name in golden_images::stale(hc, &existing) {
+        kubeops::delete(&crons, &name).await?;
+    }
+    Ok(())
 }
 
 /// A 404 on applying a child means its CRD is not installed: say which (the API server's own

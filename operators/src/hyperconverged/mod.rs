@@ -10,4 +10,5 @@
 pub mod children;
 pub mod conditions;
 pub mod controller;
+pub mod golden_images;
 pub mod webhook;

@@ -102,9 +102,15 @@ async fn children_get_placement_and_cert_defaults_and_report_back() {
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
             {"nodeSelectorTerms": [{"matchExpressions":
                 [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}});
+    let images = format!("{ns}-images");
+    let template = json!({"metadata": {"name": "fedora-image-cron"}, "spec": {
+        "schedule": "0 */12 * * *", "managedDataSource": "fedora",
+        "template": {"spec": {"source": {"registry": {"url": "docker://quay.io/containerdisks/fedora:latest"}},
+                              "storage": {"resources": {"requests": {"storage": "5Gi"}}}}}}});
     let mut hc = hyperconverged(
         "kubevirt-hyperconverged",
-        json!({"infra": {"nodePlacement": infra}, "workloads": {"nodePlacement": workloads}}),
+        json!({"infra": {"nodePlacement": infra}, "workloads": {"nodePlacement": workloads},
+               "commonBootImageNamespace": images, "dataImportCronTemplates": [template]}),
     );
     hc.metadata.annotations = Some(
         [(
@@ -147,6 +153,34 @@ async fn children_get_placement_and_cert_defaults_and_report_back() {
     let hpp = child(children::HOSTPATH).await;
     assert_eq!(spec(hpp.clone())["workload"], workloads);
     assert_eq!(hpp.labels()["app"], "kubevirt-hyperconverged");
+
+    // The golden-image template became a DataImportCron in the boot image namespace (made by
+    // the controller); an empty template list deletes it.
+    let crons: Api<operators::api::golden::DataImportCron> =
+        Api::namespaced(client.clone(), &images);
+    let cron = wait_for("the golden-image DataImportCron", || async {
+        crons.get_opt("fedora-image-cron").await.ok()?
+    })
+    .await;
+    assert_eq!(cron.spec.managed_data_source, "fedora");
+    assert_eq!(cron.labels()["app"], "kubevirt-hyperconverged");
+    Api::<HyperConverged>::namespaced(client.clone(), &ns)
+        .patch(
+            "kubevirt-hyperconverged",
+            &Default::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"dataImportCronTemplates": []}})),
+        )
+        .await
+        .unwrap();
+    wait_for("the DataImportCron deleted", || async {
+        crons
+            .get_opt("fedora-image-cron")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
 
     // Without a certConfig, the children get HCO's defaults.
     assert_eq!(

@@ -9,6 +9,7 @@ mod bundle;
 mod cdiconfig;
 mod certs;
 mod clone;
+mod dataimportcron;
 mod datasource;
 mod datavolume;
 mod hostpath;

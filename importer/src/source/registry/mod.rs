@@ -223,6 +223,38 @@ impl ByteSource for RegistrySource {
     }
 }
 
+/// The manifest digest an image reference names now (`sha256:HEX`), as a DataImportCron polls
+/// it: the tag's manifest (an index stays an index, so the digest is the one CDI records) fetched
+/// with the same `Accept`, authentication and TLS as an import, hashed as the registry hashes it.
+/// A reference pinned by digest names that digest.
+pub async fn manifest_digest(
+    spec: &str,
+    http: &HttpOptions,
+    opts: &RegistryOptions,
+) -> Result<String> {
+    let reference = Reference::parse(spec)?;
+    if let Some(d) = &reference.digest {
+        return Ok(d.to_string());
+    }
+    let credentials = match (&opts.credentials, &opts.auth_file) {
+        (Some(c), _) => Some(c.clone()),
+        (None, Some(file)) => auth::from_auth_file(file, &reference.registry)?,
+        (None, None) => None,
+    };
+    let mut s = Session::connect(&reference, credentials, http.clone()).await?;
+    let (_, body) = s
+        .document(
+            &format!("manifests/{}", reference.reference),
+            Some(manifest::ACCEPT),
+            None,
+            MAX_DOCUMENT,
+        )
+        .await?;
+    let mut h: Hasher = crate::checksum::Algorithm::Sha256.hasher();
+    h.update(&body);
+    Ok(h.finish().to_string())
+}
+
 /// Runs `fut` to completion on a fresh current-thread runtime on its own thread.
 fn run_async<T: Send>(fut: impl Future<Output = Result<T>> + Send) -> Result<T> {
     std::thread::scope(|s| {
