@@ -19,9 +19,9 @@ use super::local::{ApplyOptions, Store};
 use super::pvc::{Claim, StorageDefaults, VolumeMode, claim};
 use super::status::{PROGRESS_UNKNOWN, format_progress, reason, set_condition};
 use crate::api::datavolume::{SourcePvc, condition};
+use crate::api::golden::DataSource;
 use crate::api::{DataVolume, Phase};
 use crate::error::{Error, Result};
-use crate::api::golden::DataSource;
 use crate::golden::local_datasource::{refresh, volume_id};
 use crate::golden::local_store::ObjectStore;
 
