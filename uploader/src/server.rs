@@ -26,9 +26,8 @@
 //! A failed or aborted upload leaves no target that looks complete (the importer writes a
 //! hidden partial file and renames it only on success), and the server accepts a new upload.
 
-use std::io::{self, Read};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,10 +39,11 @@ use axum::routing::{get, post};
 use bytes::{Buf, Bytes};
 use futures_util::{Stream, StreamExt};
 use importer::checksum::Checksum;
+use importer::chunks::{ChunkSender, ChunkSource};
 use importer::import::{ImportReport, ImportRequest};
 use importer::progress::Progress;
-use importer::source::{ByteSource, SharedSource, SourceInfo, SourceSpec};
-use tokio::sync::{mpsc, watch};
+use importer::source::{SourceInfo, SourceSpec};
+use tokio::sync::watch;
 
 use crate::net::text;
 use crate::{ASYNC_FORM_PATHS, ASYNC_PATHS, SYNC_FORM_PATHS, SYNC_PATHS};
@@ -70,10 +70,9 @@ type Outcome = std::result::Result<ImportReport, (importer::ErrorKind, String)>;
 
 /// One upload in progress: the sending half of the pipeline's source, and its outcome.
 struct Session {
-    tx: mpsc::Sender<Bytes>,
-    /// Set before `tx` is dropped when the body ended cleanly; otherwise the pipeline sees an
-    /// interrupted upload.
-    complete: Arc<AtomicBool>,
+    /// The pipeline's source: ended when the body ended cleanly; dropped otherwise, and the
+    /// pipeline sees an interrupted upload.
+    tx: ChunkSender,
     received: u64,
     total: Option<u64>,
     outcome: watch::Receiver<Option<Outcome>>,
@@ -82,7 +81,9 @@ struct Session {
 impl Session {
     /// Ends the source: cleanly (`complete`) or as an interrupted upload; returns the outcome.
     async fn close(self, complete: bool) -> Outcome {
-        self.complete.store(complete, Ordering::SeqCst);
+        if complete {
+            self.tx.end().await;
+        }
         drop(self.tx);
         let mut outcome = self.outcome;
         match outcome.wait_for(Option::is_some).await {
@@ -412,20 +413,17 @@ fn offset_refusal(offset: u64, why: &str) -> Response {
 
 /// Starts the import pipeline on its own thread, fed from a channel.
 fn start(app: &Arc<App>, ask: &Ask) -> Session {
-    let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
-    let complete = Arc::new(AtomicBool::new(false));
+    let (tx, chunks) =
+        importer::chunks::channel(CHANNEL_DEPTH, "the upload was interrupted and not resumed");
     let total = ask.image_length();
-    let source = ChannelSource {
-        rx,
-        complete: complete.clone(),
-        current: Bytes::new(),
-        info: SourceInfo {
-            name: "upload".into(),
-            length: total,
-        },
+    // The import reads the body's chunks straight from this channel (`req.source` is not read).
+    let info = SourceInfo {
+        name: "upload".into(),
+        length: total,
     };
+    let source = ChunkSource::new(info, chunks);
     let cfg = &app.config;
-    let mut req = ImportRequest::new(SourceSpec::Stream(SharedSource::new(source)), &cfg.target);
+    let mut req = ImportRequest::new(SourceSpec::Stdin, &cfg.target);
     req.size = cfg.size;
     req.filesystem_overhead = cfg.filesystem_overhead;
     req.preallocate = cfg.preallocate;
@@ -434,7 +432,11 @@ fn start(app: &Arc<App>, ask: &Ask) -> Session {
     std::thread::Builder::new()
         .name("upload-import".into())
         .spawn(move || {
-            let result = importer::import::import(&req, Arc::new(Progress::default()));
+            let result = importer::import::import_source(
+                &req,
+                Box::new(source),
+                Arc::new(Progress::default()),
+            );
             match &result {
                 Ok(report) => tracing::info!(
                     target = %report.target,
@@ -449,7 +451,6 @@ fn start(app: &Arc<App>, ask: &Ask) -> Session {
         .expect("spawning the import thread");
     Session {
         tx,
-        complete,
         received: 0,
         total,
         outcome,
@@ -504,7 +505,7 @@ async fn pump<E: std::fmt::Display + Unpin>(
                 "the body holds more than the announced {total} bytes"
             ));
         }
-        if session.tx.send(chunk).await.is_err() {
+        if !session.tx.send(chunk).await {
             return Pumped::PipelineEnded;
         }
         session.received += len;
@@ -624,41 +625,6 @@ fn answer(outcome: &Outcome) -> Response {
             };
             text(status, format!("Saving stream failed: {message}"))
         }
-    }
-}
-
-/// The pipeline's view of the upload: a blocking reader over the body chunks.
-struct ChannelSource {
-    rx: mpsc::Receiver<Bytes>,
-    complete: Arc<AtomicBool>,
-    current: Bytes,
-    info: SourceInfo,
-}
-
-impl Read for ChannelSource {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.current.is_empty() {
-            match self.rx.blocking_recv() {
-                Some(chunk) => self.current = chunk,
-                None if self.complete.load(Ordering::SeqCst) => return Ok(0),
-                None => {
-                    return Err(importer::Error::SourceUnavailable(
-                        "the upload was interrupted and not resumed".into(),
-                    )
-                    .into_io());
-                }
-            }
-        }
-        let n = buf.len().min(self.current.len());
-        buf[..n].copy_from_slice(&self.current[..n]);
-        self.current.advance(n);
-        Ok(n)
-    }
-}
-
-impl ByteSource for ChannelSource {
-    fn info(&self) -> &SourceInfo {
-        &self.info
     }
 }
 

@@ -5,10 +5,12 @@
 //! Each [`HttpSource`] owns a small tokio runtime (current-thread) on a background thread named
 //! `quarry-http`. That thread does the whole transfer: the first `GET` (which [`HttpSource::open`]
 //! waits for, so a 404 or a bad certificate fails `open` at once), then streams the body into a
-//! bounded channel of [`HttpOptions::chunk_depth`] chunks. [`Read`] on the other side blocks on
-//! that channel. Memory is bounded by `chunk_depth` × the largest chunk hyper hands out
-//! ([`LARGEST_CHUNK`]; TLS records make most chunks 16 KiB). The import reads the source on a
-//! pipeline stage that buffers on its own, so the channel only needs to keep the transfer going. A runtime per source keeps the
+//! bounded channel of [`HttpOptions::chunk_depth`] chunks ([`crate::chunks`]). [`Read`] on the
+//! other side blocks on that channel; the import takes the channel itself
+//! ([`ByteSource::take_chunks`]) and decodes straight from it, so a body byte crosses one
+//! channel between this thread and the decoder. Memory is bounded by `chunk_depth` × the
+//! largest chunk hyper hands out ([`LARGEST_CHUNK`]; TLS records make most chunks 16 KiB); the
+//! kernel's socket buffer keeps the transfer going while the decoder is busy. A runtime per source keeps the
 //! source independent of whatever runtime (or none) the caller has, and a slow consumer only
 //! blocks its own transfer. `Read` blocks the calling thread (parking it until the next chunk):
 //! call it from a plain thread, as the pipeline does, not from an async task.
@@ -79,15 +81,10 @@ pub mod retry;
 pub mod transfer;
 
 use std::io::{self, Read};
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
 
-use bytes::{Buf, Bytes};
-use tokio::sync::mpsc;
-
+use crate::Result;
+use crate::chunks::{self, ChunkReader, ChunkSource};
 use crate::source::{ByteSource, SourceInfo};
-use crate::{Error, ErrorKind, Result};
-use transfer::Msg;
 
 pub use client::{HttpRequest, RequestSigner};
 pub use netkit::{HttpOptions, build_client, client_builder, install_tls_provider};
@@ -97,18 +94,7 @@ pub use retry::{backoff_delay, classify_error, is_transient, retry_after};
 pub const LARGEST_CHUNK: usize = 8192 + 4096 * 100;
 
 /// An image streamed over HTTP(S). See the module docs.
-pub struct HttpSource {
-    info: SourceInfo,
-    rx: mpsc::Receiver<Msg>,
-    current: Bytes,
-    state: ReadState,
-}
-
-enum ReadState {
-    Open,
-    Done,
-    Failed(ErrorKind, String),
-}
+pub struct HttpSource(ChunkSource);
 
 impl HttpSource {
     /// Starts the transfer and waits for the first response's headers.
@@ -120,86 +106,28 @@ impl HttpSource {
     /// Starts a prepared transfer and waits for the first response's headers.
     pub fn open_request(req: HttpRequest, opts: &HttpOptions) -> Result<Self> {
         install_tls_provider();
-        let (tx, rx) = mpsc::channel(opts.chunk_depth.max(1));
+        let interrupted = format!(
+            "{}: the HTTP task ended before the body was complete",
+            req.name
+        );
+        let (tx, chunks) = chunks::channel(opts.chunk_depth, interrupted);
         let info = transfer::start(req, opts, tx)?;
-        Ok(HttpSource {
-            info,
-            rx,
-            current: Bytes::new(),
-            state: ReadState::Open,
-        })
+        Ok(HttpSource(ChunkSource::new(info, chunks)))
     }
 }
 
 impl Read for HttpSource {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        loop {
-            if !self.current.is_empty() {
-                let n = buf.len().min(self.current.len());
-                buf[..n].copy_from_slice(&self.current[..n]);
-                self.current.advance(n);
-                return Ok(n);
-            }
-            match &self.state {
-                ReadState::Open => {}
-                ReadState::Done => return Ok(0),
-                ReadState::Failed(kind, msg) => {
-                    let msg = format!("{msg} (already reported)");
-                    let e = match kind {
-                        ErrorKind::SourceRejected => Error::SourceRejected(msg),
-                        _ => Error::SourceUnavailable(msg),
-                    };
-                    return Err(e.into_io());
-                }
-            }
-            match block_on(self.rx.recv()) {
-                Some(Msg::Data(b)) => self.current = b,
-                Some(Msg::End) => self.state = ReadState::Done,
-                Some(Msg::Failed(e)) => {
-                    self.state = ReadState::Failed(e.kind(), e.to_string());
-                    return Err(e.into_io());
-                }
-                None => {
-                    let e = Error::SourceUnavailable(format!(
-                        "{}: the HTTP task ended before the body was complete",
-                        self.info.name
-                    ));
-                    self.state = ReadState::Failed(e.kind(), e.to_string());
-                    return Err(e.into_io());
-                }
-            }
-        }
+        self.0.read(buf)
     }
 }
 
 impl ByteSource for HttpSource {
     fn info(&self) -> &SourceInfo {
-        &self.info
+        self.0.info()
     }
-}
 
-/// Polls `fut` to completion on the calling thread, parking it in between. Unlike tokio's
-/// `blocking_recv` this does not panic when the caller happens to be inside a runtime.
-fn block_on<F: Future>(fut: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-        fn wake_by_ref(self: &Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut fut = std::pin::pin!(fut);
-    loop {
-        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-            return v;
-        }
-        std::thread::park();
+    fn take_chunks(&mut self) -> Option<ChunkReader> {
+        self.0.take_chunks()
     }
 }

@@ -5,15 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes};
+use bytes::Buf;
 use reqwest::header::{self, HeaderMap, HeaderName};
 use reqwest::{Client, Response, StatusCode, Url};
 use sha2::{Digest, Sha256};
-use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::client::{HttpRequest, RequestSigner, strip_userinfo};
 use super::retry::{Failure, backoff_delay, classify_error, is_transient, retry, retry_after};
+use crate::chunks::ChunkSender;
 use crate::error::chain;
 use crate::source::SourceInfo;
 use crate::{Error, Result};
@@ -22,21 +22,9 @@ use netkit::HttpOptions;
 /// An attempt that delivered at least this many new bytes resets the retry count.
 const PROGRESS_RESETS_RETRIES: u64 = 1 << 20;
 
-/// What the transfer sends the reader.
-pub(super) enum Msg {
-    Data(Bytes),
-    /// The body is complete and its length checked.
-    End,
-    Failed(Error),
-}
-
 /// Starts `req` on a `quarry-http` thread feeding `tx`, and waits for the first response's
 /// headers: what they say of the entity, or why the transfer failed before any byte.
-pub(super) fn start(
-    req: HttpRequest,
-    opts: &HttpOptions,
-    tx: mpsc::Sender<Msg>,
-) -> Result<SourceInfo> {
+pub(super) fn start(req: HttpRequest, opts: &HttpOptions, tx: ChunkSender) -> Result<SourceInfo> {
     let client = netkit::build_client(opts)?;
     let HttpRequest {
         url,
@@ -104,7 +92,7 @@ struct Transfer {
     min_rate: u64,
     max_retries: u32,
     retry_backoff: Duration,
-    tx: mpsc::Sender<Msg>,
+    tx: ChunkSender,
     // What the first response told us about the entity.
     etag: Option<String>,
     last_modified: Option<String>,
@@ -148,7 +136,7 @@ impl Transfer {
                         continue;
                     }
                     _ => {
-                        let _ = self.tx.send(Msg::End).await;
+                        self.tx.end().await;
                         return;
                     }
                 },
@@ -196,7 +184,7 @@ impl Transfer {
                 let _ = r.send(Err(e));
             }
             None => {
-                let _ = self.tx.send(Msg::Failed(e)).await;
+                self.tx.fail(e).await;
             }
         }
     }
@@ -537,7 +525,7 @@ impl Transfer {
                 digest.update(&chunk);
             }
             self.delivered = pos;
-            if self.tx.send(Msg::Data(chunk)).await.is_err() {
+            if !self.tx.send(chunk).await {
                 return Err(Failure::Closed);
             }
         }
@@ -624,7 +612,7 @@ mod tests {
     fn weak_etags_compare_weakly_and_are_not_used_for_if_range() {
         assert_eq!(opaque_tag("W/\"a\""), opaque_tag("\"a\""));
         netkit::install_tls_provider();
-        let (tx, _rx) = mpsc::channel(1);
+        let (tx, _rx) = crate::chunks::channel(1, "");
         let mut t = Transfer {
             client: Client::new(),
             url: Url::parse("http://x/").unwrap(),
