@@ -127,6 +127,16 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The network kit's errors keep their kind: a bad option or file, or local I/O.
+impl From<netkit::Error> for Error {
+    fn from(e: netkit::Error) -> Self {
+        match e {
+            netkit::Error::InvalidInput(m) => Error::InvalidInput(m),
+            netkit::Error::Io { context, cause } => Error::Io { context, cause },
+        }
+    }
+}
+
 /// Local errors that the same import will meet again however often it is retried: the target (or
 /// a file it needs) may not be written, or lies on a read-only filesystem.
 fn never_passes(e: &io::Error) -> bool {
@@ -136,21 +146,7 @@ fn never_passes(e: &io::Error) -> bool {
     )
 }
 
-/// An error and its sources, `a: b: c`, each cause once: a cause whose text the message already
-/// holds (libraries that print their source in their own message too) is not repeated.
-pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
-}
+pub use netkit::error::chain;
 
 impl Error {
     pub fn kind(&self) -> ErrorKind {

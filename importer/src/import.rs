@@ -26,7 +26,7 @@ use crate::sink::{Bounded, VolumeSink};
 use crate::size::usable_space;
 use crate::source::file::open_file;
 use crate::source::http::HttpOptions;
-use crate::source::{SourceInfo, SourceSpec};
+use crate::source::{ByteSource, SourceInfo, SourceSpec};
 
 /// CDI's default filesystem overhead for filesystem volumes, as a fraction.
 pub const DEFAULT_FILESYSTEM_OVERHEAD: f64 = 0.06;
@@ -272,11 +272,32 @@ impl MemoryPlan {
 
 /// Runs one import to completion. `progress` is updated as it goes.
 pub fn import(req: &ImportRequest, progress: Arc<Progress>) -> Result<ImportReport> {
+    run(req, None, progress)
+}
+
+/// Runs one import of a source the caller opened itself (an upload's body) to completion;
+/// `req.source` is not read.
+pub fn import_source(
+    req: &ImportRequest,
+    source: Box<dyn ByteSource>,
+    progress: Arc<Progress>,
+) -> Result<ImportReport> {
+    run(req, Some(source), progress)
+}
+
+fn run(
+    req: &ImportRequest,
+    source: Option<Box<dyn ByteSource>>,
+    progress: Arc<Progress>,
+) -> Result<ImportReport> {
     let started = Instant::now();
     let capacity = capacity(req)?;
-    let opened = match open_local_file(req)? {
-        Some(opened) => opened,
-        None => open_stream(req, &progress)?,
+    let opened = match source {
+        Some(source) => open_stream(req, source, &progress)?,
+        None => match open_local_file(req)? {
+            Some(opened) => opened,
+            None => open_stream(req, req.source.open(&req.http)?, &progress)?,
+        },
     };
     let Opened {
         reader,
@@ -446,28 +467,42 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
 
 /// Opens the source as a stream: a reading (and hashing) stage, compression layers peeled on a
 /// decoding stage, and the format reader on top.
-fn open_stream(req: &ImportRequest, progress: &Arc<Progress>) -> Result<Opened> {
-    let source = req.source.open(&req.http)?;
+fn open_stream(
+    req: &ImportRequest,
+    mut source: Box<dyn ByteSource>,
+    progress: &Arc<Progress>,
+) -> Result<Opened> {
     let info = source.info().clone();
     progress
         .source_length
         .store(info.length.unwrap_or(0), Ordering::Relaxed);
-    // The source stage is sized before it starts, so by the outermost layer, the only one its
-    // first bytes show (the stage still hashes them: they are read again from the peek).
-    let head = Peeked::new(source as decode::BoxRead, decode::SNIFF_LEN)
-        .map_err(|e| Error::from_read(e, "source"))?;
-    let outer: Vec<Compression> = decode::detect(head.head()).into_iter().collect();
     let observer = SourceObserver {
         hasher: req.checksum.as_ref().map(|c| c.algorithm.hasher()),
         progress: progress.clone(),
         bytes: 0,
     };
-    let (raw_stream, source_stage) = pipe::spawn_with(
-        "source",
-        head,
-        observer,
-        MemoryPlan::for_layers(&outer).source,
-    );
+    let (raw_stream, source_stage): (decode::BoxRead, _) = match source.take_chunks() {
+        // Bytes that already come through a channel from their own thread are read from it.
+        Some(chunks) => {
+            let (reader, stage) = pipe::feed(chunks, observer);
+            (Box::new(reader), stage)
+        }
+        None => {
+            // The source stage is sized before it starts, so by the outermost layer, the only one
+            // its first bytes show (the stage still hashes them: they are read again from the
+            // peek).
+            let head = Peeked::new(source as decode::BoxRead, decode::SNIFF_LEN)
+                .map_err(|e| Error::from_read(e, "source"))?;
+            let outer: Vec<Compression> = decode::detect(head.head()).into_iter().collect();
+            let (reader, stage) = pipe::spawn_with(
+                "source",
+                head,
+                observer,
+                MemoryPlan::for_layers(&outer).source,
+            );
+            (Box::new(reader), stage)
+        }
+    };
     let mut stages = Stages {
         source: Some(source_stage),
         decode: None,
@@ -503,11 +538,11 @@ type OpenedLayers = (
 fn open_layers(
     req: &ImportRequest,
     info: &SourceInfo,
-    raw_stream: pipe::ChannelReader,
+    raw_stream: decode::BoxRead,
     stages: &mut Stages,
 ) -> Result<OpenedLayers> {
     let source_length = info.length;
-    let (decoded, layers) = decode::unwrap_layers(Box::new(raw_stream))?;
+    let (decoded, layers) = decode::unwrap_layers(raw_stream)?;
     let format = image_format(req, decoded.head(), &info.name);
     let plan = MemoryPlan::for_layers(&layers);
     tracing::debug!(?plan, buffers = plan.buffers(), ?layers, "memory plan");

@@ -17,6 +17,7 @@ pub mod source;
 
 pub use error::{Error, ErrorKind, Result};
 pub mod checksum;
+pub mod chunks;
 pub mod cli;
 pub mod decode;
 pub mod import;

@@ -1,13 +1,17 @@
 //! Pipeline stages: a thread that reads one stream and hands its bytes, in bounded chunks, to the
 //! next stage through a bounded channel. Memory between two stages is at most
 //! [`StageBuffers::memory`], whatever the image size: the reader hands each emptied chunk back to the
-//! stage for reuse, so a long import does not churn the allocator.
+//! stage for reuse, so a long import does not churn the allocator. A source whose bytes already
+//! come through a channel from a thread of its own ([`crate::chunks`]) gets no stage thread:
+//! [`feed`] observes its chunks where the consumer reads them.
 
 use std::io::{self, Read};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
+
+use crate::chunks::ChunkReader;
 
 /// Chunk size handed between stages.
 pub const CHUNK_SIZE: usize = 256 << 10;
@@ -96,24 +100,87 @@ impl ChunkObserver for () {
 
 /// A running stage; `finish` joins it and returns its observer.
 pub struct Stage<O> {
-    handle: JoinHandle<io::Result<O>>,
-    cancel: Arc<AtomicBool>,
+    kind: StageKind<O>,
+}
+
+enum StageKind<O> {
+    /// A thread reading its input into chunks ([`spawn`]).
+    Thread {
+        handle: JoinHandle<io::Result<O>>,
+        cancel: Arc<AtomicBool>,
+    },
+    /// Chunks that another thread already sends ([`feed`]): observed as they are read.
+    Fed(Arc<Mutex<Fed<O>>>),
+}
+
+struct Fed<O> {
+    chunks: ChunkReader,
+    observer: Option<O>,
 }
 
 impl<O> Stage<O> {
     /// Joins the stage. A stage whose consumer stopped early reads its input to the end first
     /// (so the observer saw every byte) unless [`Stage::cancel`] was called.
-    pub fn finish(self) -> io::Result<O> {
-        self.handle
-            .join()
-            .unwrap_or_else(|_| Err(io::Error::other("pipeline stage panicked")))
+    pub fn finish(self) -> io::Result<O>
+    where
+        O: ChunkObserver,
+    {
+        match self.kind {
+            StageKind::Thread { handle, .. } => handle
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("pipeline stage panicked"))),
+            StageKind::Fed(fed) => {
+                let mut fed = fed.lock().unwrap_or_else(|p| p.into_inner());
+                let Fed { chunks, observer } = &mut *fed;
+                let mut observer = observer
+                    .take()
+                    .ok_or_else(|| io::Error::other("pipeline stage finished twice"))?;
+                while let Some(chunk) = chunks.next_chunk()? {
+                    observer.observe(&chunk);
+                }
+                Ok(observer)
+            }
+        }
     }
 
     /// Stops the stage at its next chunk, without waiting: its input may be blocked (stdin,
     /// a stalled connection) and the import has already failed.
     pub fn cancel(self) {
-        self.cancel.store(true, Ordering::Relaxed);
+        if let StageKind::Thread { cancel, .. } = self.kind {
+            cancel.store(true, Ordering::Relaxed);
+        }
     }
+}
+
+/// The reading end of a [`feed`] stage.
+pub struct FedReader<O>(Arc<Mutex<Fed<O>>>);
+
+impl<O: ChunkObserver> Read for FedReader<O> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut fed = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = fed.chunks.read(buf)?;
+        if let Some(observer) = fed.observer.as_mut() {
+            observer.observe(&buf[..n]);
+        }
+        Ok(n)
+    }
+}
+
+/// A stage over chunks another thread already sends (an HTTP transfer, an upload's body): no
+/// thread and no channel of its own, so the bytes cross one hop from the thread that received
+/// them to the consumer. `observer` sees them as the consumer reads them, and the rest when
+/// the stage finishes.
+pub fn feed<O: ChunkObserver>(chunks: ChunkReader, observer: O) -> (FedReader<O>, Stage<O>) {
+    let fed = Arc::new(Mutex::new(Fed {
+        chunks,
+        observer: Some(observer),
+    }));
+    (
+        FedReader(fed.clone()),
+        Stage {
+            kind: StageKind::Fed(fed),
+        },
+    )
 }
 
 /// Starts a thread that reads `input` in chunks, shows each to `observer`, and sends it on.
@@ -203,7 +270,12 @@ where
         pos: 0,
         done: false,
     };
-    (reader, Stage { handle, cancel })
+    (
+        reader,
+        Stage {
+            kind: StageKind::Thread { handle, cancel },
+        },
+    )
 }
 
 /// Reads until `buf` is full or the stream ends.
@@ -302,6 +374,25 @@ mod tests {
         assert!(out == data);
         let buffers = stage.finish().unwrap().0.len();
         assert!(buffers <= geometry.depth + 2, "{buffers} chunks allocated");
+    }
+
+    #[test]
+    fn a_fed_stage_observes_every_byte_without_a_thread_of_its_own() {
+        let (tx, chunks) = crate::chunks::channel(2, "cut");
+        let producer = thread::spawn(move || {
+            for i in 0..10u8 {
+                assert!(tx.send_blocking(bytes::Bytes::from(vec![i; 4096])));
+            }
+            tx.finish_blocking(Ok(()));
+        });
+        let (mut rx, stage) = feed(chunks, Count(0));
+        let mut first = [0u8; 5000];
+        rx.read_exact(&mut first).unwrap();
+        assert_eq!(&first[4096..], &[1u8; 904][..]);
+        drop(rx);
+        // The consumer stopped early: finishing reads the rest for the observer.
+        assert_eq!(stage.finish().unwrap().0, 10 * 4096);
+        producer.join().unwrap();
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Shared counters of one import.
 #[derive(Debug, Default)]
@@ -44,44 +44,10 @@ pub fn serve_metrics(
     owner_uid: String,
     progress: Arc<Progress>,
 ) -> Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind(addr)
-        .map_err(|e| Error::InvalidInput(format!("cannot listen on {addr} for metrics: {e}")))?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| Error::io("metrics listener", e))?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| Error::io("metrics listener", e))?;
-    std::thread::Builder::new()
-        .name("quarry-metrics".into())
-        .spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("tokio runtime for metrics");
-            runtime.block_on(async move {
-                let listener =
-                    tokio::net::TcpListener::from_std(listener).expect("metrics listener");
-                let app = axum::Router::new().route(
-                    "/metrics",
-                    axum::routing::get(move || {
-                        let body = render_metrics(&owner_uid, &progress);
-                        async move {
-                            (
-                                [(
-                                    axum::http::header::CONTENT_TYPE,
-                                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                                )],
-                                body,
-                            )
-                        }
-                    }),
-                );
-                let _ = axum::serve(listener, app).await;
-            });
-        })
-        .map_err(|e| Error::io("starting the metrics thread", e))?;
-    Ok(bound)
+    let app = netkit::metrics::router(Some(netkit::metrics::OPENMETRICS), move || {
+        render_metrics(&owner_uid, &progress)
+    });
+    Ok(netkit::metrics::serve_on_thread(addr, app)?)
 }
 
 /// The metrics text: CDI's progress counter, labelled with the owner's UID.

@@ -64,6 +64,17 @@ pub enum Error {
     Poll(Box<crate::golden::poll::PollError>),
 }
 
+/// The network kit's errors: local I/O stays I/O; a bad certificate, key or address is the
+/// process's configuration.
+impl From<netkit::Error> for Error {
+    fn from(e: netkit::Error) -> Self {
+        match e {
+            netkit::Error::InvalidInput(m) => Error::Config(m),
+            netkit::Error::Io { context, cause } => Error::Io { context, cause },
+        }
+    }
+}
+
 impl Error {
     /// Retryable or not.
     pub fn kind(&self) -> ErrorKind {

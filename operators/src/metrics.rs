@@ -1,5 +1,5 @@
 //! Prometheus metrics of the controllers' reconciles (controller-rs style), served as text on
-//! `/metrics`.
+//! `/metrics` by [`netkit::metrics`].
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -124,38 +124,11 @@ impl Metrics {
     }
 }
 
-/// Binds a TCP listener for `what`; returns it with the bound address (port 0 resolved).
-pub(crate) async fn bind(
-    addr: SocketAddr,
-    what: &str,
-) -> Result<(tokio::net::TcpListener, SocketAddr)> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| Error::io(format!("binding the {what} address {addr}"), e))?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| Error::io(format!("reading the {what} address"), e))?;
-    Ok((listener, bound))
-}
-
 /// Serves `/metrics` (and `/healthz`) on `addr` until the runtime stops.
 pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> Result<SocketAddr> {
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            axum::routing::get(move || {
-                let m = metrics.clone();
-                async move { m.render() }
-            }),
-        )
+    let app = netkit::metrics::router(None, move || metrics.render())
         .route("/healthz", axum::routing::get(|| async { "ok" }));
-    let (listener, bound) = bind(addr, "metrics").await?;
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "metrics server stopped");
-        }
-    });
-    Ok(bound)
+    Ok(netkit::metrics::serve(addr, app).await?)
 }
 
 #[cfg(test)]

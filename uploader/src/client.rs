@@ -102,7 +102,7 @@ pub async fn upload(req: &UploadRequest, counters: Arc<Counters>) -> Result<Uplo
         .map_err(|e| Error::io(format!("reading {}", req.file.display()), e))?
         .len();
     counters.total.store(len, Ordering::Relaxed);
-    let client = importer::source::http::client_builder(&importer::source::http::HttpOptions {
+    let client = netkit::client_builder(&netkit::HttpOptions {
         ca_certs: req.ca_certs.clone(),
         insecure: req.insecure,
         ..Default::default()

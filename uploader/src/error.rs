@@ -65,6 +65,16 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The network kit's errors keep their kind: a bad option or file, or local I/O.
+impl From<netkit::Error> for Error {
+    fn from(e: netkit::Error) -> Self {
+        match e {
+            netkit::Error::InvalidInput(m) => Error::InvalidInput(m),
+            netkit::Error::Io { context, cause } => Error::Io { context, cause },
+        }
+    }
+}
+
 impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
@@ -88,7 +98,7 @@ impl Error {
 
 /// Reads a small local file (a key, a certificate, a token) with an error naming it.
 pub fn read_file(path: &std::path::Path, what: &str) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| Error::io(format!("reading {what} {}", path.display()), e))
+    Ok(netkit::error::read_file(path, what)?)
 }
 
 #[cfg(test)]

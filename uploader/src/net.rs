@@ -1,10 +1,10 @@
 //! Serving an axum router: plain TCP or TLS (optionally requiring client certificates signed by
-//! a given CA), HTTP/1.1 and h2 on the same port (ALPN under TLS, prior knowledge in clear),
+//! a given CA; the TLS setup is [`netkit::tls`]'s), HTTP/1.1 and h2 on the same port (ALPN under TLS, prior knowledge in clear),
 //! with a graceful stop that lets answers in flight finish; and [`Coalesce`], which batches the
 //! small frames of a request body.
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -16,24 +16,15 @@ use futures_util::Stream;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 use tokio::net::TcpListener;
 
-use crate::error::{Error, Result, read_file};
+use crate::error::{Error, Result};
 use crate::limits::{Conn, Limits, Linger, Registry, Tracked};
+
+pub use netkit::tls::{TlsFiles, load_certs};
 
 /// How long answers in flight may take after a stop was asked for.
 const DRAIN: Duration = Duration::from_secs(30);
-
-/// Certificate files of a TLS listener.
-#[derive(Debug, Clone)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    /// Require client certificates signed by this CA (mutual TLS).
-    pub client_ca: Option<PathBuf>,
-}
 
 /// `--tls-cert` and `--tls-key` must come together; `--client-ca` needs them.
 pub fn tls_files(
@@ -57,38 +48,13 @@ pub fn tls_files(
     }
 }
 
-/// Reads every certificate of a PEM file.
-pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
-    let pem = read_file(path, "certificates")?;
-    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| Error::InvalidInput(format!("bad PEM in {}: {e}", path.display())))?;
-    if certs.is_empty() {
-        return Err(Error::InvalidInput(format!(
-            "no PEM certificate in {}",
-            path.display()
-        )));
-    }
-    Ok(certs)
-}
-
-/// The rustls configuration of a TLS listener (ring provider, ALPN h2 + http/1.1); the
-/// certificate and client CA follow their files ([`crate::reload`]).
+/// The rustls configuration of a TLS listener of `files` (ring provider, ALPN h2 + http/1.1);
+/// the certificate and client CA follow their files ([`netkit::tls`]).
 pub fn server_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>> {
-    importer::source::http::install_tls_provider();
-    let identity = Arc::new(crate::reload::ReloadingIdentity::new(
-        &files.cert,
-        &files.key,
-    )?);
-    let builder = rustls::ServerConfig::builder();
-    let builder = match &files.client_ca {
-        Some(ca) => builder
-            .with_client_cert_verifier(Arc::new(crate::reload::ReloadingClientVerifier::new(ca)?)),
-        None => builder.with_no_client_auth(),
-    };
-    let mut config = builder.with_cert_resolver(identity);
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    Ok(netkit::tls::server_config(
+        files,
+        netkit::tls::Alpn::H2AndHttp1,
+    )?)
 }
 
 /// Binds `addr`, with a clear error.

@@ -262,13 +262,13 @@ pub fn upstream_client(
     upstream_ca: Option<&std::path::Path>,
     identity: Option<(&std::path::Path, &std::path::Path)>,
 ) -> Result<reqwest::Client> {
-    let opts = importer::source::http::HttpOptions {
+    let opts = netkit::HttpOptions {
         ca_certs: upstream_ca
             .map(|p| vec![p.to_path_buf()])
             .unwrap_or_default(),
         ..Default::default()
     };
-    let mut b = importer::source::http::client_builder(&opts)?
+    let mut b = netkit::client_builder(&opts)?
         .redirect(reqwest::redirect::Policy::none())
         // Under the upload server's default keep-alive timeout, so the proxy drops an idle
         // connection before the server does instead of racing the server's close with a request.

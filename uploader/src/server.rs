@@ -32,7 +32,7 @@
 
 use std::io::{self, Read};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,10 +44,11 @@ use axum::routing::{get, post};
 use bytes::{Buf, Bytes};
 use futures_util::{Stream, StreamExt};
 use importer::checksum::Checksum;
+use importer::chunks::{ChunkSender, ChunkSource};
 use importer::import::{ImportReport, ImportRequest};
 use importer::progress::Progress;
-use importer::source::{ByteSource, SharedSource, SourceInfo, SourceSpec};
-use tokio::sync::{mpsc, watch};
+use importer::source::{ByteSource, SourceInfo, SourceSpec};
+use tokio::sync::watch;
 
 use crate::clone::{CLONE_LENGTH, CONTENT_TYPE_HEADER, CloneKind};
 use crate::net::text;
@@ -75,10 +76,9 @@ type Outcome = std::result::Result<ImportReport, (importer::ErrorKind, String)>;
 
 /// One upload in progress: the sending half of the pipeline's source, and its outcome.
 struct Session {
-    tx: mpsc::Sender<Bytes>,
-    /// Set before `tx` is dropped when the body ended cleanly; otherwise the pipeline sees an
-    /// interrupted upload.
-    complete: Arc<AtomicBool>,
+    /// The pipeline's source: ended when the body ended cleanly; dropped otherwise, and the
+    /// pipeline sees an interrupted upload.
+    tx: ChunkSender,
     received: u64,
     total: Option<u64>,
     outcome: watch::Receiver<Option<Outcome>>,
@@ -87,7 +87,9 @@ struct Session {
 impl Session {
     /// Ends the source: cleanly (`complete`) or as an interrupted upload; returns the outcome.
     async fn close(self, complete: bool) -> Outcome {
-        self.complete.store(complete, Ordering::SeqCst);
+        if complete {
+            self.tx.end().await;
+        }
         drop(self.tx);
         let mut outcome = self.outcome;
         match outcome.wait_for(Option::is_some).await {
@@ -428,22 +430,19 @@ fn offset_refusal(offset: u64, why: &str) -> Response {
 
 /// Starts the import pipeline on its own thread, fed from a channel.
 fn start(app: &Arc<App>, ask: &Ask) -> Session {
-    let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
-    let complete = Arc::new(AtomicBool::new(false));
+    let (tx, chunks) =
+        importer::chunks::channel(CHANNEL_DEPTH, "the upload was interrupted and not resumed");
     let total = ask.image_length();
-    let source = ChannelSource {
-        rx,
-        complete: complete.clone(),
-        current: Bytes::new(),
-        info: SourceInfo {
-            name: "upload".into(),
-            length: total,
-        },
+    // The import reads the body's chunks straight from this channel (`req.source` is not read).
+    let info = SourceInfo {
+        name: "upload".into(),
+        length: total,
     };
+    let source = ChunkSource::new(info, chunks);
     let cfg = &app.config;
-    let source = match ask.clone {
-        None => SharedSource::new(source),
-        Some((kind, length)) => SharedSource::new(CloneSource {
+    let source: Box<dyn ByteSource> = match ask.clone {
+        None => Box::new(source),
+        Some((kind, length)) => Box::new(CloneSource {
             info: SourceInfo {
                 name: format!("{} stream", kind.as_str()),
                 length,
@@ -451,7 +450,7 @@ fn start(app: &Arc<App>, ask: &Ask) -> Session {
             image: crate::clone::decode::decode(kind, source),
         }),
     };
-    let mut req = ImportRequest::new(SourceSpec::Stream(source), &cfg.target);
+    let mut req = ImportRequest::new(SourceSpec::Stdin, &cfg.target);
     if ask.clone.is_some() {
         // A clone carries a volume's raw bytes, whatever they start with.
         req.format = Some(importer::format::ImageFormat::Raw);
@@ -464,7 +463,11 @@ fn start(app: &Arc<App>, ask: &Ask) -> Session {
     std::thread::Builder::new()
         .name("upload-import".into())
         .spawn(move || {
-            let result = importer::import::import(&req, Arc::new(Progress::default()));
+            let result = importer::import::import_source(
+                &req,
+                source,
+                Arc::new(Progress::default()),
+            );
             match &result {
                 Ok(report) => tracing::info!(
                     target = %report.target,
@@ -479,7 +482,6 @@ fn start(app: &Arc<App>, ask: &Ask) -> Session {
         .expect("spawning the import thread");
     Session {
         tx,
-        complete,
         received: 0,
         total,
         outcome,
@@ -534,7 +536,7 @@ async fn pump<E: std::fmt::Display + Unpin>(
                 "the body holds more than the announced {total} bytes"
             ));
         }
-        if session.tx.send(chunk).await.is_err() {
+        if !session.tx.send(chunk).await {
             return Pumped::PipelineEnded;
         }
         session.received += len;
@@ -654,41 +656,6 @@ fn answer(outcome: &Outcome) -> Response {
             };
             text(status, format!("Saving stream failed: {message}"))
         }
-    }
-}
-
-/// The pipeline's view of the upload: a blocking reader over the body chunks.
-struct ChannelSource {
-    rx: mpsc::Receiver<Bytes>,
-    complete: Arc<AtomicBool>,
-    current: Bytes,
-    info: SourceInfo,
-}
-
-impl Read for ChannelSource {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.current.is_empty() {
-            match self.rx.blocking_recv() {
-                Some(chunk) => self.current = chunk,
-                None if self.complete.load(Ordering::SeqCst) => return Ok(0),
-                None => {
-                    return Err(importer::Error::SourceUnavailable(
-                        "the upload was interrupted and not resumed".into(),
-                    )
-                    .into_io());
-                }
-            }
-        }
-        let n = buf.len().min(self.current.len());
-        buf[..n].copy_from_slice(&self.current[..n]);
-        self.current.advance(n);
-        Ok(n)
-    }
-}
-
-impl ByteSource for ChannelSource {
-    fn info(&self) -> &SourceInfo {
-        &self.info
     }
 }
 

@@ -23,46 +23,20 @@ pub struct SourceInfo {
 /// An open source of image bytes.
 pub trait ByteSource: Read + Send {
     fn info(&self) -> &SourceInfo;
+
+    /// The source's bytes as the chunks its producer thread sends, when they come that way (an
+    /// HTTP transfer, a registry's layer walk, an upload's body): the import then reads them
+    /// straight from that one channel instead of through a stage of its own. Taking them leaves
+    /// the source empty.
+    fn take_chunks(&mut self) -> Option<crate::chunks::ChunkReader> {
+        None
+    }
 }
 pub mod file;
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
-
-/// A source the caller opened itself (an upload's request body, say), handed to the import driver
-/// through [`SourceSpec::Stream`]. It can be opened once; clones share it.
-#[derive(Clone)]
-pub struct SharedSource(Arc<Mutex<Option<Box<dyn ByteSource>>>>);
-
-impl SharedSource {
-    pub fn new(source: impl ByteSource + 'static) -> Self {
-        SharedSource(Arc::new(Mutex::new(Some(Box::new(source)))))
-    }
-
-    fn take(&self) -> Result<Box<dyn ByteSource>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take()
-            .ok_or_else(|| Error::InvalidInput("a stream source can be imported only once".into()))
-    }
-}
-
-impl std::fmt::Debug for SharedSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SharedSource")
-    }
-}
-
-impl PartialEq for SharedSource {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl Eq for SharedSource {}
 
 /// Where an import reads from, as the user named it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,8 +54,6 @@ pub enum SourceSpec {
         url: String,
         options: s3::S3Options,
     },
-    /// Bytes the caller streams in itself (an upload); never produced by [`SourceSpec::parse`].
-    Stream(SharedSource),
 }
 
 impl SourceSpec {
@@ -120,10 +92,9 @@ impl SourceSpec {
             SourceSpec::File(path) => Box::new(file::FileSource::open(path)?),
             SourceSpec::Http(url) => Box::new(http::HttpSource::open(url, http)?),
             SourceSpec::Registry { image, options } => {
-                Box::new(registry::RegistrySource::open(image, http, options)?)
+                Box::new(registry::open(image, http, options)?)
             }
             SourceSpec::S3 { url, options } => Box::new(s3::open(url, options, http)?),
-            SourceSpec::Stream(shared) => shared.take()?,
         })
     }
 }
@@ -153,18 +124,6 @@ mod tests {
         ));
         assert_eq!(
             SourceSpec::parse("ftp://h/x").unwrap_err().kind(),
-            crate::ErrorKind::InvalidInput
-        );
-    }
-
-    #[test]
-    fn a_stream_source_opens_once() {
-        let source = file::FileSource::open(std::path::Path::new("Cargo.toml")).unwrap();
-        let spec = SourceSpec::Stream(SharedSource::new(source));
-        let opts = http::HttpOptions::default();
-        assert_eq!(spec.open(&opts).unwrap().info().name, "Cargo.toml");
-        assert_eq!(
-            spec.open(&opts).err().unwrap().kind(),
             crate::ErrorKind::InvalidInput
         );
     }

@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::source::http::{HttpOptions, HttpRequest, HttpSource, RequestSigner};
+use netkit::percent_decode;
 
 /// The region signatures are scoped to when none is given or derivable (as CDI does).
 pub const DEFAULT_REGION: &str = "us-east-1";
@@ -415,13 +416,6 @@ fn uri_encode(s: &str, slash: bool) -> String {
     out
 }
 
-fn percent_decode(s: &str) -> String {
-    url::form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
-}
-
 /// `YYYYMMDDTHHMMSSZ` in UTC.
 pub fn amz_date(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -537,6 +531,22 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    /// An `&` or `=` in a key is part of the path, not a form separator: the signed path and
+    /// the key read from a CDI URL keep them (the form decoder used before cut the key at `&`).
+    #[test]
+    fn keys_with_ampersands_sign_and_parse_whole() {
+        let endpoint = Some("http://127.0.0.1:9000".to_string());
+        let opts = S3Options {
+            endpoint,
+            ..S3Options::default()
+        };
+        let o = S3Object::parse("s3://bkt/a&b=c.img", &opts).unwrap();
+        assert_eq!(o.key, "a&b=c.img");
+        assert_eq!(canonical_uri(&o.url()), "/bkt/a%26b%3Dc.img");
+        let cdi = S3Object::parse("http://127.0.0.1:9000/bkt/x&y.img", &opts).unwrap();
+        assert_eq!(cdi.key, "x&y.img");
     }
 
     #[test]

@@ -106,9 +106,10 @@ impl RequestHeaderConfig {
             }) else {
                 continue;
             };
+            // Extra keys are percent-encoded in header names (`X-Remote-Extra-Scopes%2Fa`).
             if let Ok(v) = value.to_str() {
                 extra
-                    .entry(percent_decode(key).to_ascii_lowercase())
+                    .entry(netkit::percent_decode(key).to_ascii_lowercase())
                     .or_default()
                     .push(v.to_string());
             }
@@ -157,27 +158,6 @@ impl Identity {
             ..Default::default()
         }
     }
-}
-
-/// Extra keys are percent-encoded in header names (`X-Remote-Extra-Scopes%2Fa`).
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
-            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
-                out.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The subject common name (OID 2.5.4.3) of a DER X.509 certificate, read with a minimal DER

@@ -146,7 +146,7 @@ fn tls_config(
     ca_pem: &str,
 ) -> Result<rustls::ServerConfig> {
     let bad = |what: &str, e: &dyn std::fmt::Display| Error::Config(format!("{what}: {e}"));
-    let provider = crate::tls::provider();
+    let provider = netkit::tls::provider();
     let mut roots = rustls::RootCertStore::empty();
     use rustls::pki_types::pem::PemObject;
     for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
@@ -161,20 +161,13 @@ fn tls_config(
     .build()
     .map_err(|e| bad("the request-header CA", &e))?;
     let identity = crate::tls::identity(cert, key)?;
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map(|b| {
-            b.with_client_cert_verifier(verifier)
-                .with_cert_resolver(identity)
-        })
-        .map_err(|e| bad("the serving certificate", &e))?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(config)
+    netkit::tls::server_config_with(identity, Some(verifier), netkit::tls::Alpn::H2AndHttp1)
+        .map_err(|e| bad("the serving certificate", &e))
 }
 
 /// Serves the API on `addr` in a background task; returns the bound address.
 async fn serve(addr: SocketAddr, tls: rustls::ServerConfig, app: App) -> Result<SocketAddr> {
-    let (tcp, bound) = crate::metrics::bind(addr, "apiserver").await?;
+    let (tcp, bound) = netkit::metrics::bind(addr, "apiserver").await?;
     let listener = crate::tls::TlsListener {
         tcp,
         acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(tls)),

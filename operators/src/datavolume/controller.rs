@@ -73,7 +73,7 @@ pub struct Context {
 impl Context {
     /// A context for `client`.
     pub fn new(client: Client, config: Config, metrics: Arc<Metrics>) -> Self {
-        importer::source::http::install_tls_provider();
+        netkit::install_tls_provider();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(3))
             .build()

@@ -79,7 +79,7 @@ pub async fn poll(source: &SourceSpec, http: &HttpOptions) -> Result<SourceVersi
         SourceSpec::Registry { image, options } => registry_version(image, http, options).await,
         SourceSpec::S3 { url, options } => s3_version(url, options, http).await,
         SourceSpec::File(_) => Err(PollError::Unsupported("file")),
-        SourceSpec::Stdin | SourceSpec::Stream(_) => Err(PollError::Unsupported("stream")),
+        SourceSpec::Stdin => Err(PollError::Unsupported("stream")),
     }
 }
 

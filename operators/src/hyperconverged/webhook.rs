@@ -282,9 +282,7 @@ pub fn router(settings: Settings) -> axum::Router {
 
 fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig> {
     let identity = crate::tls::identity(cert, key)?;
-    rustls::ServerConfig::builder_with_provider(crate::tls::provider())
-        .with_safe_default_protocol_versions()
-        .map(|b| b.with_no_client_auth().with_cert_resolver(identity))
+    netkit::tls::server_config_with(identity, None, netkit::tls::Alpn::None)
         .map_err(|e| Error::Config(format!("webhook TLS {}: {e}", cert.display())))
 }
 
@@ -295,7 +293,7 @@ pub async fn serve(
     tls: Option<(PathBuf, PathBuf)>,
     settings: Settings,
 ) -> Result<SocketAddr> {
-    let (tcp, bound) = crate::metrics::bind(addr, "webhook").await?;
+    let (tcp, bound) = netkit::metrics::bind(addr, "webhook").await?;
     let app = router(settings);
     match tls {
         Some((cert, key)) => {

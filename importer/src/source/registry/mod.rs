@@ -36,7 +36,8 @@
 //! import before the target is committed.
 //!
 //! Threads: resolution runs on a short-lived thread with its own runtime (the caller may or may
-//! not be in one); the layer walk runs on a `quarry-registry` thread feeding a bounded channel.
+//! not be in one); the layer walk runs on a `quarry-registry` thread feeding the import through one bounded
+//! channel ([`crate::chunks`]).
 
 pub mod auth;
 pub mod layer;
@@ -45,7 +46,7 @@ pub mod reference;
 
 use std::io::{self, Read};
 use std::path::PathBuf;
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::mpsc::{SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -54,15 +55,16 @@ use reqwest::{Client, StatusCode, Url};
 use tracing::{debug, info, warn};
 
 use crate::checksum::{Checksum, Hasher};
+use crate::chunks::{self, ChunkSender, ChunkSource};
 use crate::decode;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::peek::Peeked;
 use crate::pipe::read_full;
+use crate::source::SourceInfo;
 use crate::source::http::{
     self, HttpOptions, HttpRequest, HttpSource, RequestSigner, backoff_delay, build_client,
     classify_error,
 };
-use crate::source::{ByteSource, SourceInfo};
 use auth::Basic;
 use layer::{DigestReader, Whiteouts, in_disk_dir, layer_compression, normalize, verify_digest};
 use manifest::{ImageConfig, Manifest, Platform};
@@ -103,123 +105,78 @@ impl std::fmt::Debug for RegistryOptions {
     }
 }
 
-/// The disk file of a containerDisk image. See the module docs.
-pub struct RegistrySource {
-    info: SourceInfo,
-    rx: Receiver<Msg>,
-    current: Vec<u8>,
-    pos: usize,
-    done: bool,
-    failed: Option<(ErrorKind, String)>,
+/// Where the layer walk sends what it finds: the disk's path and size once (or why it found
+/// none), then the disk's bytes.
+struct WalkOut {
+    found: SyncSender<Result<(String, u64)>>,
+    announced: bool,
+    chunks: ChunkSender,
 }
 
-enum Msg {
-    /// The disk file was found: its path in the image and size.
-    Found {
-        path: String,
-        size: u64,
-    },
-    Data(Vec<u8>),
-    /// The disk and its layer are complete and verified.
-    End,
-    Failed(Error),
-}
+impl WalkOut {
+    fn announce(&mut self, path: String, size: u64) -> bool {
+        self.announced = true;
+        self.found.send(Ok((path, size))).is_ok()
+    }
 
-impl RegistrySource {
-    /// Resolves the image and opens its disk; fails (before any target is touched) when the
-    /// image cannot be pulled, is refused, or has no disk.
-    pub fn open(spec: &str, http: &HttpOptions, opts: &RegistryOptions) -> Result<Self> {
-        let reference = Reference::parse(spec)?;
-        let credentials = match (&opts.credentials, &opts.auth_file) {
-            (Some(c), _) => Some(c.clone()),
-            (None, Some(file)) => auth::from_auth_file(file, &reference.registry)?,
-            (None, None) => None,
-        };
-        let plan = run_async(resolve(
-            &reference,
-            credentials,
-            opts.platform.clone(),
-            http.clone(),
-        ))?;
-        let name = plan.name.clone();
-        let (tx, rx) = sync_channel(DEPTH);
-        let http = http.clone();
-        std::thread::Builder::new()
-            .name("quarry-registry".into())
-            .spawn(move || {
-                let outcome = walk_layers(&plan, &http, &tx);
-                let _ = tx.send(match outcome {
-                    Ok(()) => Msg::End,
-                    Err(e) => Msg::Failed(e),
-                });
-            })
-            .map_err(|e| Error::io("spawning the registry thread", e))?;
-        match rx.recv() {
-            Ok(Msg::Found { path, size }) => {
-                info!(image = %name, disk = %path, size, "found the disk");
-                Ok(RegistrySource {
-                    info: SourceInfo {
-                        name: format!("{name} (/{path})"),
-                        length: Some(size),
-                    },
-                    rx,
-                    current: Vec::new(),
-                    pos: 0,
-                    done: false,
-                    failed: None,
-                })
+    /// Ends the walk: the error goes where the opener or the reader will see it.
+    fn finish(self, outcome: Result<()>) {
+        match outcome {
+            Err(e) if !self.announced => {
+                let _ = self.found.send(Err(e));
             }
-            Ok(Msg::Failed(e)) => Err(e),
-            _ => Err(Error::SourceUnavailable(format!(
-                "{name}: the layer walk ended without an answer"
-            ))),
+            outcome => self.chunks.finish_blocking(outcome),
         }
     }
 }
 
-impl Read for RegistrySource {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.pos == self.current.len() {
-            if self.done {
-                return Ok(0);
-            }
-            if let Some((kind, msg)) = &self.failed {
-                let msg = format!("{msg} (already reported)");
-                let e = match kind {
-                    ErrorKind::SourceUnavailable => Error::SourceUnavailable(msg),
-                    _ => Error::SourceRejected(msg),
-                };
-                return Err(e.into_io());
-            }
-            let e = match self.rx.recv() {
-                Ok(Msg::Data(chunk)) => {
-                    self.current = chunk;
-                    self.pos = 0;
-                    continue;
-                }
-                Ok(Msg::End) => {
-                    self.done = true;
-                    continue;
-                }
-                Ok(Msg::Failed(e)) => e,
-                Ok(Msg::Found { .. }) | Err(_) => Error::SourceUnavailable(format!(
-                    "{}: the layer walk ended before the disk was complete",
-                    self.info.name
-                )),
+/// Resolves the image and opens its disk file (see the module docs); fails (before any target
+/// is touched) when the image cannot be pulled, is refused, or has no disk.
+pub fn open(spec: &str, http: &HttpOptions, opts: &RegistryOptions) -> Result<ChunkSource> {
+    let reference = Reference::parse(spec)?;
+    let credentials = match (&opts.credentials, &opts.auth_file) {
+        (Some(c), _) => Some(c.clone()),
+        (None, Some(file)) => auth::from_auth_file(file, &reference.registry)?,
+        (None, None) => None,
+    };
+    let plan = run_async(resolve(
+        &reference,
+        credentials,
+        opts.platform.clone(),
+        http.clone(),
+    ))?;
+    let name = plan.name.clone();
+    let (chunk_tx, chunks) = chunks::channel(
+        DEPTH,
+        format!("{name}: the layer walk ended before the disk was complete"),
+    );
+    let (found_tx, found_rx) = sync_channel(1);
+    let http = http.clone();
+    std::thread::Builder::new()
+        .name("quarry-registry".into())
+        .spawn(move || {
+            let mut out = WalkOut {
+                found: found_tx,
+                announced: false,
+                chunks: chunk_tx,
             };
-            self.failed = Some((e.kind(), e.to_string()));
-            return Err(e.into_io());
+            let outcome = walk_layers(&plan, &http, &mut out);
+            out.finish(outcome);
+        })
+        .map_err(|e| Error::io("spawning the registry thread", e))?;
+    match found_rx.recv() {
+        Ok(Ok((path, size))) => {
+            info!(image = %name, disk = %path, size, "found the disk");
+            let info = SourceInfo {
+                name: format!("{name} (/{path})"),
+                length: Some(size),
+            };
+            Ok(ChunkSource::new(info, chunks))
         }
-        let n = buf.len().min(self.current.len() - self.pos);
-        buf[..n].copy_from_slice(&self.current[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(n)
-    }
-}
-
-impl ByteSource for RegistrySource {
-    fn info(&self) -> &SourceInfo {
-        &self.info
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(Error::SourceUnavailable(format!(
+            "{name}: the layer walk ended without an answer"
+        ))),
     }
 }
 
@@ -692,7 +649,7 @@ async fn read_limited(
 }
 
 /// The layer walk (see the module docs); sends `Found` and the disk's bytes to `tx`.
-fn walk_layers(plan: &Plan, http: &HttpOptions, tx: &SyncSender<Msg>) -> Result<()> {
+fn walk_layers(plan: &Plan, http: &HttpOptions, out: &mut WalkOut) -> Result<()> {
     let mut hidden = Whiteouts::default();
     for layer in plan.layers.iter().rev() {
         let digest = parse_digest(&layer.digest)?;
@@ -712,7 +669,7 @@ fn walk_layers(plan: &Plan, http: &HttpOptions, tx: &SyncSender<Msg>) -> Result<
                 Some(c) => decode::decoder(c, input)?,
                 None => input,
             };
-            scan_layer(input, &hidden, tx, &what)?
+            scan_layer(input, &hidden, out, &what)?
         };
         verified.finish()?;
         if found {
@@ -741,7 +698,7 @@ fn tar_error(e: io::Error, what: &str) -> Error {
 fn scan_layer(
     input: Box<dyn Read + Send + '_>,
     hidden: &Whiteouts,
-    tx: &SyncSender<Msg>,
+    out: &mut WalkOut,
     what: &str,
 ) -> Result<(bool, Whiteouts)> {
     let mut archive = tar::Archive::new(input);
@@ -769,11 +726,9 @@ fn scan_layer(
         }
         let size = entry.size();
         let gone = || Error::SourceUnavailable(format!("{what}: the import stopped reading"));
-        tx.send(Msg::Found {
-            path: path.clone(),
-            size,
-        })
-        .map_err(|_| gone())?;
+        if !out.announce(path.clone(), size) {
+            return Err(gone());
+        }
         found = Some(path);
         loop {
             let mut buf = vec![0u8; CHUNK];
@@ -782,7 +737,9 @@ fn scan_layer(
                 break;
             }
             buf.truncate(n);
-            tx.send(Msg::Data(buf)).map_err(|_| gone())?;
+            if !out.chunks.send_blocking(Bytes::from(buf)) {
+                return Err(gone());
+            }
         }
     }
     // The rest of the stream (end-of-archive blocks, padding) so the digest covers every byte.
