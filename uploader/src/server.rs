@@ -463,11 +463,8 @@ fn start(app: &Arc<App>, ask: &Ask) -> Session {
     std::thread::Builder::new()
         .name("upload-import".into())
         .spawn(move || {
-            let result = importer::import::import_source(
-                &req,
-                source,
-                Arc::new(Progress::default()),
-            );
+            let result =
+                importer::import::import_source(&req, source, Arc::new(Progress::default()));
             match &result {
                 Ok(report) => tracing::info!(
                     target = %report.target,

@@ -56,8 +56,8 @@ impl HttpRequest {
     /// The request for a user's `url` with `opts`' headers and credentials (those in the URL become
     /// basic auth unless `opts` has some).
     pub fn from_url(url: &str, opts: &HttpOptions) -> Result<Self> {
-        let mut url =
-            Url::parse(url).map_err(|e| Error::InvalidInput(format!("invalid URL {url:?}: {e}")))?;
+        let mut url = Url::parse(url)
+            .map_err(|e| Error::InvalidInput(format!("invalid URL {url:?}: {e}")))?;
         if !matches!(url.scheme(), "http" | "https") {
             return Err(Error::InvalidInput(format!(
                 "unsupported URL scheme {:?} (expected http or https)",
