@@ -403,16 +403,19 @@ pub fn apply(args: &ApplyArgs) -> Result<bool> {
         .conditions
         .iter()
         .find(|c| c.type_ == "Ready")
-        .map(|c| {
-            format!(
-                "{}: {}",
-                c.reason.as_deref().unwrap_or_default(),
-                c.message.as_deref().unwrap_or_default()
-            )
-        })
+        .map(|c| reason_and_message(c.reason.as_deref(), c.message.as_deref()))
         .unwrap_or_default();
     eprintln!("datavolume/{name} {phase}: {why}");
     Ok(false)
+}
+
+/// A condition's `REASON: MESSAGE`, as `quarry apply` prints why an object is not done.
+pub fn reason_and_message(reason: Option<&str>, message: Option<&str>) -> String {
+    format!(
+        "{}: {}",
+        reason.unwrap_or_default(),
+        message.unwrap_or_default()
+    )
 }
 
 /// The `kind` a manifest file names, if it can be read.
