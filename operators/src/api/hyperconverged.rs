@@ -63,8 +63,8 @@ pub struct HyperConvergedSpec {
     /// hands them to SSP, which creates them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_import_cron_templates: Option<Vec<DataImportCronTemplate>>,
-    /// HCO's common golden images on (HCO's default) or off; Quarry ships no built-in list, so
-    /// only `dataImportCronTemplates` create crons.
+    /// HCO's common golden images (CentOS Stream 9 and 10, Fedora): imported when true (HCO
+    /// defaults it to true; Quarry only when set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enable_common_boot_image_import: Option<bool>,
     /// Where the golden-image crons live (default `openshift-virtualization-os-images`).

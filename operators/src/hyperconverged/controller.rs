@@ -162,12 +162,14 @@ async fn apply_children(
 }
 
 /// Applies the golden-image DataImportCrons (their namespace made when missing) and deletes
-/// those no template asks for any more (an empty `dataImportCronTemplates: []` deletes them all;
-/// without the field nothing is looked at).
+/// those no template asks for any more. A HyperConverged that sets neither
+/// `enableCommonBootImageImport` nor `dataImportCronTemplates` is not looked at.
 async fn apply_golden_images(hc: &HyperConverged, client: &Client) -> Result<()> {
     use crate::api::golden::DataImportCron;
     use crate::hyperconverged::golden_images;
-    if hc.spec.data_import_cron_templates.is_none() {
+    if hc.spec.enable_common_boot_image_import.is_none()
+        && hc.spec.data_import_cron_templates.is_none()
+    {
         return Ok(());
     }
     let ns = golden_images::namespace(hc);
