@@ -140,10 +140,15 @@ fn requested(dv: &crate::api::DataVolume, claim: &Claim) -> u64 {
         (None, Some(p)) => p.resources.as_ref(),
         (None, None) => None,
     };
-    resources
-        .and_then(|r| r.requests.as_ref()?.get("storage"))
-        .and_then(|q| importer::size::parse_quantity(&q.0).ok())
-        .unwrap_or(claim.size)
+    storage_request(resources).unwrap_or(claim.size)
+}
+
+/// The bytes of `resources.requests.storage`, when it is there and parses.
+fn storage_request(
+    resources: Option<&k8s_openapi::api::core::v1::VolumeResourceRequirements>,
+) -> Option<u64> {
+    let q = resources?.requests.as_ref()?.get("storage")?;
+    importer::size::parse_quantity(&q.0).ok()
 }
 
 /// The strategy the target PVC records.
@@ -338,12 +343,8 @@ fn pending_target(cx: &mut Ctx<'_>) {
 /// DataVolume's, then (filesystem) `disk.img` grows to the usable space; then the clone is done.
 fn expand(cx: &mut Ctx<'_>, target: &PersistentVolumeClaim, claim: &Claim, base: u64, from: &str) {
     let want = requested(cx.dv, claim);
-    let asked = target
-        .spec
-        .as_ref()
-        .and_then(|s| s.resources.as_ref()?.requests.as_ref()?.get("storage"))
-        .and_then(|q| importer::size::parse_quantity(&q.0).ok())
-        .unwrap_or(want);
+    let asked =
+        storage_request(target.spec.as_ref().and_then(|s| s.resources.as_ref())).unwrap_or(want);
     let has = target
         .status
         .as_ref()
