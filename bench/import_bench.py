@@ -587,6 +587,9 @@ class Tool:
     quarry: bool = False
     # Not a competitor: the device's write floor for this row, shown for reference only.
     floor: bool = False
+    # Not a competitor: another quarry build (--baseline), timed in the same run for a
+    # before/after comparison.
+    baseline: bool = False
 
 
 @dataclasses.dataclass
@@ -938,6 +941,9 @@ def main() -> int:
                       help="CI check of the harness: tiny corpus, every row once, exit 1 on mismatch")
     ap.add_argument("--quarry", help="quarry binary [default: $CARGO_TARGET_DIR or the repo's "
                     "target/release/quarry, built with cargo build --release if missing]")
+    ap.add_argument("--baseline", metavar="QUARRY", help="another quarry binary (e.g. a release "
+                    "build of an older commit) timed beside --quarry in every row; the report "
+                    "ends with a quarry/baseline table")
     ap.add_argument("--corpus", type=Path, help="corpus directory "
                     "[default: bench/corpus/<profile>-" + CORPUS_VERSION + "]")
     ap.add_argument("--workdir", type=Path, help="where outputs and scratch files go (same "
@@ -994,8 +1000,18 @@ def main() -> int:
         return 2
 
     quarry = find_quarry(args.quarry) if not args.corpus_only else quarry
-    rows = [r for r in make_rows(quarry, gzip_tool, floor_bytes)
-            if r.name in {x.name for x in rows}]
+    selected = {x.name for x in rows}
+    rows = [r for r in make_rows(quarry, gzip_tool, floor_bytes) if r.name in selected]
+    baseline = str(Path(args.baseline).resolve()) if args.baseline else None
+    if baseline:
+        # The baseline's quarry tools run right after quarry's own, so both see the same
+        # machine state in every repetition.
+        base_rows = {r.name: r for r in make_rows(baseline, gzip_tool, floor_bytes)}
+        for r in rows:
+            extra = [dataclasses.replace(t, name=f"{t.name} [baseline]", baseline=True)
+                     for t in base_rows[r.name].tools if t.quarry]
+            at = max(i for i, t in enumerate(r.tools) if t.quarry) + 1
+            r.tools[at:at] = extra
 
     corpus_dir = args.corpus or (REPO / "bench" / "corpus" / f"{profile}-{CORPUS_VERSION}")
     corpus = Corpus(corpus_dir, profile)
@@ -1032,6 +1048,7 @@ def main() -> int:
         f" workdir fs {first_line(['stat', '-f', '-c', '%T', str(workdir)])}",
         f"- load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         f"- quarry: {first_line([quarry, '--version'])} ({quarry})",
+    ] + ([f"- baseline: {first_line([baseline, '--version'])} ({baseline})"] if baseline else []) + [
         f"- {first_line(['qemu-img', '--version'])}; {first_line(['xz', '--version'])};"
         f" {first_line(['zstd', '--version'])}; {first_line([gzip_tool, '--version'])};"
         f" {first_line(['dd', '--version'])}"
@@ -1145,14 +1162,21 @@ def main() -> int:
     lines = ["| row | tool | wall s | MB/s | peak RSS MiB | user s | sys s | quarry/best | check |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     misses = []
+    compare = ["", "| row | baseline wall s | quarry wall s | quarry/baseline |",
+               "|---|---:|---:|---:|"]
     for row, vsize, tools in results:
         comp = [m.wall for t, m, _, _ in tools if not t.quarry and not t.floor and not m.error]
+        if baseline:
+            walls = {t.baseline: m for t, m, _, _ in tools if t.quarry and not m.error}
+            if True in walls and False in walls:
+                compare.append(f"| {row.name} | {walls[True].wall:.2f} | {walls[False].wall:.2f} | "
+                               f"**{walls[False].wall / walls[True].wall:.2f}** |")
         best_comp = min(comp) if comp else None
         for t, m, rss_kib, verdict in tools:
             if verdict.startswith("MISMATCH"):
                 mismatch = True
             if m.error:
-                if t.quarry:
+                if t.quarry and not t.baseline:
                     if not (args.allow_unsupported and "exit 11" in m.error):
                         quarry_failed = True
                 else:
@@ -1162,7 +1186,9 @@ def main() -> int:
                 continue
             ratio = ""
             check = verdict
-            if t.quarry and best_comp:
+            if t.baseline:
+                ratio = "(baseline)"
+            elif t.quarry and best_comp:
                 r = m.wall / best_comp
                 ratio = f"**{r:.2f}**"
                 goal_ok = r < 1.0 if row.streamed else r <= 1.0
@@ -1185,7 +1211,7 @@ def main() -> int:
         footer.append("- rows missing the targets: " + "; ".join(misses))
     if mismatch:
         footer.append("- **OUTPUT MISMATCH: some tool produced a different disk (see check column)**")
-    table = "\n".join(lines + footer)
+    table = "\n".join(lines + (compare if baseline else []) + footer)
     print(table, flush=True)
     if args.out:
         args.out.write_text("\n".join(header) + "\n" + table + "\n")
