@@ -383,12 +383,13 @@ impl ImportArgs {
 struct Argv(Vec<String>);
 
 impl Argv {
-    /// `--name VALUE` when there is a value; `--name=VALUE` when it could pass for an option.
+    /// `--name VALUE` when there is a value; `--name=VALUE` when it could pass for an option,
+    /// or holds a `$(VAR)` the kubelet expands (a Secret's value may start with `-`).
     fn opt(&mut self, name: &str, value: Option<impl std::fmt::Display>) {
         let Some(value) = value.map(|v| v.to_string()) else {
             return;
         };
-        if value.starts_with('-') {
+        if value.starts_with('-') || value.contains("$(") {
             self.0.push(format!("--{name}={value}"));
         } else {
             self.0.extend([format!("--{name}"), value]);
@@ -553,8 +554,6 @@ mod tests {
                 if let Some((user, from_secret)) = user {
                     let user = user.unwrap_or_default();
                     a.user = Some(if from_secret {
-                        // Written `--user $(VAR)`, the expanded value must not pass for an option.
-                        let user = user.trim_start_matches('-').to_string();
                         env.insert("IMPORTER_ACCESS_KEY_ID".to_string(), user);
                         "$(IMPORTER_ACCESS_KEY_ID)".to_string()
                     } else {

@@ -543,14 +543,12 @@ fn importer_pod_for_http_with_credentials_ca_headers_and_checksum() {
             SHA,
             "--ca-cert",
             "/certs/ca.pem",
-            "--user",
-            "$(IMPORTER_ACCESS_KEY_ID)",
+            "--user=$(IMPORTER_ACCESS_KEY_ID)",
             "--password-file",
             "/secret/secretKey",
             "--header",
             "X-Auth: t1",
-            "--header",
-            "$(IMPORTER_SECRET_HEADER_0)",
+            "--header=$(IMPORTER_SECRET_HEADER_0)",
             "--preallocate",
             "--metrics-addr",
             "0.0.0.0:8443",
@@ -649,7 +647,12 @@ fn importer_pod_for_registry_s3_blank_and_block_volumes() {
         ]
     );
     assert!(!a.contains(&"--filesystem-overhead".to_string()));
-    for want in ["--insecure", "linux/arm64", "--user", "/secret/secretKey"] {
+    for want in [
+        "--insecure",
+        "linux/arm64",
+        "--user=$(IMPORTER_ACCESS_KEY_ID)",
+        "/secret/secretKey",
+    ] {
         assert!(a.contains(&want.to_string()), "{want} in {a:?}");
     }
     let c = &p.spec.as_ref().unwrap().containers[0];
