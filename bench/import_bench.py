@@ -86,6 +86,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -622,6 +623,20 @@ def curl(url):
     return ["curl", "-sS", "--fail", "--noproxy", "*", url]
 
 
+def run_order(tools: list, rep: int) -> list:
+    """The tools in the order repetition `rep` runs them: with a baseline, quarry and its
+    baseline swap places every other repetition, so neither always runs first after the
+    previous row's cleanup (the first run after a large deletion is measurably slower)."""
+    if rep % 2 == 0 or not any(t.baseline for t in tools):
+        return tools
+    order = list(tools)
+    q = [i for i, t in enumerate(order) if t.quarry and not t.baseline]
+    b = [i for i, t in enumerate(order) if t.baseline]
+    for i, j in zip(q, b):
+        order[i], order[j] = order[j], order[i]
+    return order
+
+
 def make_rows(quarry: str, gzip_tool: str, floor_bytes: dict[str, int]) -> list[Row]:
     """`floor_bytes`: corpus file name -> its data bytes, filled once the corpus is built."""
     def q_file(src, out, s, s2):
@@ -944,6 +959,8 @@ def main() -> int:
     ap.add_argument("--baseline", metavar="QUARRY", help="another quarry binary (e.g. a release "
                     "build of an older commit) timed beside --quarry in every row; the report "
                     "ends with a quarry/baseline table")
+    ap.add_argument("--quarry-only", action="store_true", help="time only quarry (and the "
+                    "baseline): for before/after comparisons, without the competitors")
     ap.add_argument("--corpus", type=Path, help="corpus directory "
                     "[default: bench/corpus/<profile>-" + CORPUS_VERSION + "]")
     ap.add_argument("--workdir", type=Path, help="where outputs and scratch files go (same "
@@ -1012,6 +1029,9 @@ def main() -> int:
                      for t in base_rows[r.name].tools if t.quarry]
             at = max(i for i, t in enumerate(r.tools) if t.quarry) + 1
             r.tools[at:at] = extra
+    if args.quarry_only:
+        for r in rows:
+            r.tools = [t for t in r.tools if t.quarry]
 
     corpus_dir = args.corpus or (REPO / "bench" / "corpus" / f"{profile}-{CORPUS_VERSION}")
     corpus = Corpus(corpus_dir, profile)
@@ -1074,6 +1094,7 @@ def main() -> int:
     nginx = registry = None
     tmp = Path(tempfile.mkdtemp(prefix="quarry-bench-"))
     results = []  # (row, [(tool, Measure-best, maxrss, verify)])
+    walls: dict[tuple[str, bool], list[float]] = {}  # quarry's and the baseline's every wall time
     mismatch = competitor_failed = quarry_failed = False
     try:
         if any(r.access == "http" for r in rows):
@@ -1094,7 +1115,7 @@ def main() -> int:
             rss: dict[str, int] = {}
             verdict: dict[str, str] = {}
             for rep in range(args.repeat):
-                for tool in row.tools:
+                for tool in run_order(row.tools, rep):
                     if tool.name in best and best[tool.name].error:
                         continue
                     for p in (out_path, scratch, scratch2):
@@ -1141,6 +1162,8 @@ def main() -> int:
                         out_path.replace(workdir / f"{row.name.replace(':', '_')}."
                                          f"{row.tools.index(tool)}.img")
                     rss[tool.name] = max(rss.get(tool.name, 0), m.rss_kib)
+                    if not m.error:
+                        walls.setdefault((row.name, tool.baseline), []).append(m.wall)
                     if tool.name not in best or m.error or m.wall < best[tool.name].wall:
                         best[tool.name] = m
             for p in (out_path, scratch, scratch2):
@@ -1162,15 +1185,16 @@ def main() -> int:
     lines = ["| row | tool | wall s | MB/s | peak RSS MiB | user s | sys s | quarry/best | check |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     misses = []
-    compare = ["", "| row | baseline wall s | quarry wall s | quarry/baseline |",
-               "|---|---:|---:|---:|"]
+    compare = ["", "| row | baseline best s | quarry best s | baseline median s | quarry median s"
+               " | quarry/baseline (medians) |", "|---|---:|---:|---:|---:|---:|"]
     for row, vsize, tools in results:
         comp = [m.wall for t, m, _, _ in tools if not t.quarry and not t.floor and not m.error]
-        if baseline:
-            walls = {t.baseline: m for t, m, _, _ in tools if t.quarry and not m.error}
-            if True in walls and False in walls:
-                compare.append(f"| {row.name} | {walls[True].wall:.2f} | {walls[False].wall:.2f} | "
-                               f"**{walls[False].wall / walls[True].wall:.2f}** |")
+        before, after = walls.get((row.name, True)), walls.get((row.name, False))
+        if baseline and before and after:
+            # Medians: best-of picks a lucky outlier on a shared machine.
+            b, a = statistics.median(before), statistics.median(after)
+            compare.append(f"| {row.name} | {min(before):.2f} | {min(after):.2f} | {b:.2f} | "
+                           f"{a:.2f} | **{a / b:.2f}** |")
         best_comp = min(comp) if comp else None
         for t, m, rss_kib, verdict in tools:
             if verdict.startswith("MISMATCH"):
