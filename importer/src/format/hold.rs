@@ -79,10 +79,7 @@ impl HeldBytes {
             Some(f) => f,
             none => none.insert(tempfile::tempfile_in(&self.spill_dir).map_err(|e| {
                 Error::io(
-                    format!(
-                        "creating a spill file in {}",
-                        self.spill_dir.display()
-                    ),
+                    format!("creating a spill file in {}", self.spill_dir.display()),
                     e,
                 )
             })?),
