@@ -168,7 +168,11 @@ fn parse_format(s: &str) -> Result<ImageFormat, String> {
     match s {
         "raw" => Ok(ImageFormat::Raw),
         "qcow2" => Ok(ImageFormat::Qcow2),
-        other => Err(format!("format {other:?} is not one of raw, qcow2")),
+        "vpc" | "vhd" => Ok(ImageFormat::Vpc),
+        "vdi" => Ok(ImageFormat::Vdi),
+        other => Err(format!(
+            "format {other:?} is not one of raw, qcow2, vpc (vhd), vdi"
+        )),
     }
 }
 
@@ -539,6 +543,8 @@ mod tests {
             prop::option::of(prop::sample::select(vec![
                 ImageFormat::Raw,
                 ImageFormat::Qcow2,
+                ImageFormat::Vpc,
+                ImageFormat::Vdi,
             ])),
             prop::option::of(metrics_addr()),
             prop::option::of(text()),
@@ -611,6 +617,14 @@ mod tests {
         let args = ImportArgs::new("https://h/d.img", "disk.img");
         assert_eq!(args.to_args(), ["https://h/d.img", "disk.img"]);
         assert_eq!(parse(&args.to_args()).unwrap(), args);
+    }
+
+    #[test]
+    fn vhd_is_qemu_s_vpc() {
+        assert_eq!(parse_format("vhd"), Ok(ImageFormat::Vpc));
+        assert_eq!(parse_format("vpc"), Ok(ImageFormat::Vpc));
+        assert_eq!(parse_format("vdi"), Ok(ImageFormat::Vdi));
+        assert!(parse_format("vhdx").is_err());
     }
 
     #[test]

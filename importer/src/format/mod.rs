@@ -6,8 +6,12 @@
 
 use std::path::PathBuf;
 
+pub mod blocks;
+pub(crate) mod hold;
 pub mod qcow2;
 pub mod raw;
+pub mod vdi;
+pub mod vpc;
 
 use crate::error::Result;
 use crate::sink::ExtentSink;

@@ -75,7 +75,8 @@ pub struct SparseFileReader {
 }
 
 impl SparseFileReader {
-    /// `length` is the file's size, as its caller already read it.
+    /// `length` is the file's size, as its caller already read it, or the size of the disk at
+    /// its start (a fixed vhd, whose footer follows).
     pub fn new(file: std::fs::File, length: u64) -> Self {
         SparseFileReader { file, length }
     }
@@ -84,6 +85,8 @@ impl SparseFileReader {
     fn next_data(&self, pos: u64) -> Result<Option<(u64, u64)>> {
         use nix::unistd::{Whence, lseek};
         let start = match lseek(&self.file, pos as i64, Whence::SeekData) {
+            // Data past `length` (a fixed vhd's footer) is not the disk's.
+            Ok(s) if s as u64 >= self.length => return Ok(None),
             Ok(s) => s as u64,
             Err(nix::errno::Errno::ENXIO) => return Ok(None),
             // Filesystems without SEEK_DATA: treat the rest as data.

@@ -1,0 +1,25 @@
+//! Feeds arbitrary bytes through both vdi readers, the streaming one and the random-access one
+//! (the bytes written to a memfd): neither may panic, hang or allocate without bound, and when
+//! one succeeds it must have reported every guest byte exactly once, within the virtual size.
+//!
+//! Run: `cargo +nightly fuzz run vdi_stream` from this directory (seed the corpus with a few
+//! `qemu-img create -f vdi` images, `-o static=on` among them).
+
+#![no_main]
+
+use std::io::Cursor;
+
+use importer::format::vdi::VdiReader;
+use libfuzzer_sys::fuzz_target;
+
+mod common;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(reader) = VdiReader::new(Box::new(Cursor::new(data.to_vec())), &common::options()) {
+        common::check(Box::new(reader));
+    }
+    let file = common::memfd(c"vdi", data);
+    if let Ok(reader) = VdiReader::open(file, data.len() as u64) {
+        common::check(Box::new(reader));
+    }
+});

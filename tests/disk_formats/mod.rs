@@ -1,0 +1,220 @@
+//! Helpers shared by the vhd and vdi suites: images written by qemu-img and qemu-io, and one
+//! import of each through every source (file, stdin, gzip / xz / zstd, HTTP from nginx), each
+//! compared byte for byte with `qemu-img convert -O raw`.
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use testkit::nginx::{Nginx, NginxConfig};
+use testkit::qemu::{self, qemu_img, qemu_io};
+
+use super::common::*;
+
+/// `qemu-img create -f FORMAT -o OPTS` of `size`, then qemu-io writes: data at the start, an odd
+/// length at an odd offset, an all-zero block's worth of written zeroes, and data in the last
+/// 4 KiB of the disk (the rest stays unallocated).
+pub fn written_image(dir: &Path, name: &str, format: &str, opts: &str, size: &str) -> PathBuf {
+    let path = dir.join(name);
+    let mut args = vec!["create", "-q", "-f", format];
+    if !opts.is_empty() {
+        args.extend(["-o", opts]);
+    }
+    args.extend([arg(&path), size]);
+    qemu_img(&args);
+    let end = virtual_size(&path, format);
+    let last = format!("write -P 0x33 {} 4096", end - 4096);
+    qemu_io(
+        format,
+        &path,
+        &[
+            "write -P 0x11 0 65536",
+            "write -P 0x22 1234567 4321",
+            "write -z 3145728 2097152",
+            "write -P 0x44 5242880 512",
+            &last,
+        ],
+    );
+    path
+}
+
+/// The virtual size qemu-img gives `image` read as `format` (a fixed vhd is raw to its probe).
+pub fn virtual_size(image: &Path, format: &str) -> u64 {
+    let info = qemu_img(&["info", "-f", format, "--output=json", arg(image)]);
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    info["virtual-size"].as_u64().expect("virtual-size")
+}
+
+/// `qemu-img convert -O raw` of `image`, read as `format` when given (else probed).
+pub fn reference(image: &Path, format: Option<&str>, dir: &Path) -> Vec<u8> {
+    let raw = dir.join("reference.raw");
+    let mut args = vec!["convert"];
+    if let Some(f) = format {
+        args.extend(["-f", f]);
+    }
+    args.extend(["-O", "raw", arg(image), arg(&raw)]);
+    qemu_img(&args);
+    let bytes = fs::read(&raw).unwrap();
+    fs::remove_file(&raw).unwrap();
+    bytes
+}
+
+pub fn assert_same(what: &str, got: &[u8], expected: &[u8]) {
+    if let Some(at) = qemu::first_difference(got, expected) {
+        panic!(
+            "{what}: differs from qemu-img at byte {at} (got {} bytes, expected {})",
+            got.len(),
+            expected.len()
+        );
+    }
+}
+
+/// Imports `source` (a path or URL, or `-` with `stdin`), with `extra` arguments, and checks the
+/// result against `expected` and the JSON report's format chain.
+fn import_one(
+    what: &str,
+    source: &str,
+    stdin: Option<&Path>,
+    extra: &[&str],
+    chain: &[&str],
+    expected: &[u8],
+    work: &Path,
+) {
+    let target = work.join("disk.img");
+    let mut cmd = quarry();
+    cmd.args(["import", source, arg(&target), "--json"])
+        .args(extra);
+    if let Some(file) = stdin {
+        cmd.stdin(Stdio::from(fs::File::open(file).unwrap()));
+    }
+    let out = output_within(&mut cmd, std::time::Duration::from_secs(120));
+    assert_ok(&out);
+    let report = json(&out);
+    assert_eq!(report["format_chain"], serde_json::json!(chain), "{what}");
+    assert_eq!(report["virtual_size"], expected.len() as u64, "{what}");
+    assert_same(what, &fs::read(&target).unwrap(), expected);
+    fs::remove_file(&target).unwrap();
+}
+
+/// Imports `image` from a file, from stdin, gzip / xz / zstd compressed (from a file and from
+/// stdin) and over HTTP (plain and zstd), each equal to `expected`. `format` is the `--format`
+/// to give (a fixed vhd needs it), `name` what the report's chain calls the format.
+pub fn import_everywhere(image: &Path, format: Option<&str>, name: &str, expected: &[u8]) {
+    let work = tempfile::tempdir().unwrap();
+    let served = tempfile::tempdir().unwrap();
+    let file_name = image.file_name().unwrap().to_string_lossy().into_owned();
+    let extra: Vec<&str> = format.map(|f| vec!["--format", f]).unwrap_or_default();
+    let label = |how: &str| format!("{file_name} {how}");
+    import_one(
+        &label("from a file"),
+        arg(image),
+        None,
+        &extra,
+        &[name],
+        expected,
+        work.path(),
+    );
+    import_one(
+        &label("from stdin"),
+        "-",
+        Some(image),
+        &extra,
+        &[name],
+        expected,
+        work.path(),
+    );
+    fs::copy(image, served.path().join(&file_name)).unwrap();
+    for (tool, ext, layer) in [
+        (&["gzip", "-c", "-1"][..], "gz", "gzip"),
+        (&["xz", "-c", "-0", "-T2"][..], "xz", "xz"),
+        (&["zstd", "-c", "-q", "-1"][..], "zst", "zstd"),
+    ] {
+        let packed = served.path().join(format!("{file_name}.{ext}"));
+        compress(tool, image, &packed);
+        let chain = [layer, name];
+        import_one(
+            &label(ext),
+            arg(&packed),
+            None,
+            &extra,
+            &chain,
+            expected,
+            work.path(),
+        );
+        import_one(
+            &label(&format!("{ext} on stdin")),
+            "-",
+            Some(&packed),
+            &extra,
+            &chain,
+            expected,
+            work.path(),
+        );
+    }
+    let server = Nginx::start(NginxConfig {
+        root: served.path().to_path_buf(),
+        ranges: true,
+        ..Default::default()
+    });
+    let url = server.url(&format!("/{file_name}"));
+    import_one(
+        &label("over HTTP"),
+        &url,
+        None,
+        &extra,
+        &[name],
+        expected,
+        work.path(),
+    );
+    let url = server.url(&format!("/{file_name}.zst"));
+    import_one(
+        &label("zstd over HTTP"),
+        &url,
+        None,
+        &extra,
+        &["zstd", name],
+        expected,
+        work.path(),
+    );
+}
+
+/// The suite's sample disk converted by `qemu-img convert -O FORMAT` (qemu-img leaves its zero
+/// runs unallocated), imported from every source.
+pub fn import_qemu_img_conversion(format: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (raw, _) = sample_disk(dir.path());
+    let image = dir.path().join(format!("converted.{format}"));
+    qemu_img(&["convert", "-O", format, arg(&raw), arg(&image)]);
+    let expected = reference(&image, None, dir.path());
+    import_everywhere(&image, None, format, &expected);
+}
+
+/// Runs `quarry import SOURCE TARGET EXTRA...` from a file, and from stdin, and checks the exit
+/// code, that stderr names `what`, and that nothing is left behind.
+pub fn assert_fails_everywhere(image: &Path, extra: &[&str], code: i32, what: &str) {
+    let work = tempfile::tempdir().unwrap();
+    let target = work.path().join("disk.img");
+    let out = quarry()
+        .args(["import", arg(image), arg(&target)])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert_refused(&out, code, what, &target);
+    let out = quarry()
+        .args(["import", "-", arg(&target)])
+        .args(extra)
+        .stdin(fs::File::open(image).unwrap())
+        .output()
+        .unwrap();
+    assert_refused(&out, code, what, &target);
+}
+
+/// A copy of `image` with `bytes` written at `at`.
+pub fn patched(image: &Path, name: &str, at: u64, bytes: &[u8]) -> PathBuf {
+    let mut data = fs::read(image).unwrap();
+    data[at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
+    let out = image.with_file_name(name);
+    fs::write(&out, data).unwrap();
+    out
+}

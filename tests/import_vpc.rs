@@ -1,0 +1,205 @@
+//! `quarry import` of vhd images (qemu's `vpc`) made by qemu-img and qemu-io, fixed and dynamic,
+//! with `force_size` both ways, compared byte for byte with `qemu-img convert -O raw` from a file,
+//! stdin, compressed and over HTTP; the creator applications that change the disk size; and the
+//! refused and corrupt images by exit code.
+
+use std::fs;
+use std::path::Path;
+
+mod common;
+mod disk_formats;
+use common::*;
+use disk_formats::*;
+
+/// qemu's footer checksum: the one's complement of the byte sum, the checksum field as zero.
+fn with_checksum(mut footer: Vec<u8>) -> Vec<u8> {
+    footer[64..68].fill(0);
+    let sum = footer.iter().fold(0u32, |s, &b| s.wrapping_add(b.into()));
+    footer[64..68].copy_from_slice(&(!sum).to_be_bytes());
+    footer
+}
+
+/// A copy of `image` whose footers (the copy at 0 of a dynamic disk, and the one at the end)
+/// are changed by `change`, checksums fixed.
+fn refooted(image: &Path, name: &str, change: impl Fn(&mut Vec<u8>)) -> std::path::PathBuf {
+    let mut data = fs::read(image).unwrap();
+    let end = data.len() - 512;
+    let mut at = vec![end];
+    if data.starts_with(b"conectix") {
+        at.push(0);
+    }
+    for at in at {
+        let mut footer = data[at..at + 512].to_vec();
+        change(&mut footer);
+        data[at..at + 512].copy_from_slice(&with_checksum(footer));
+    }
+    let out = image.with_file_name(name);
+    fs::write(&out, data).unwrap();
+    out
+}
+
+const SIZE: &str = "41000k";
+
+#[test]
+fn fixed_and_dynamic_vhds_equal_qemu_img_from_every_source_with_force_size_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    for (subformat, force) in [
+        ("dynamic", "off"),
+        ("dynamic", "on"),
+        ("fixed", "off"),
+        ("fixed", "on"),
+    ] {
+        let name = format!("{subformat}-force-{force}.vhd");
+        let opts = format!("subformat={subformat},force_size={force}");
+        let image = written_image(dir.path(), &name, "vpc", &opts, SIZE);
+        // A fixed vhd is read as one only when asked (qemu-img needs `-f vpc` too).
+        let format = (subformat == "fixed").then_some(if force == "on" { "vhd" } else { "vpc" });
+        let expected = reference(&image, format.map(|_| "vpc"), dir.path());
+        if force == "on" {
+            assert_eq!(
+                expected.len(),
+                41000 * 1024,
+                "{name}: force_size keeps the size"
+            );
+        } else {
+            assert!(expected.len() >= 41000 * 1024, "{name}: CHS rounds up");
+        }
+        import_everywhere(&image, format, "vpc", &expected);
+    }
+}
+
+#[test]
+fn a_vhd_converted_by_qemu_img_equals_its_raw_conversion() {
+    import_qemu_img_conversion("vpc");
+}
+
+#[test]
+fn a_fixed_vhd_without_format_is_raw_as_for_qemu_img() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = written_image(dir.path(), "fixed.vhd", "vpc", "subformat=fixed", "8M");
+    let expected = reference(&image, None, dir.path());
+    assert_eq!(
+        expected,
+        fs::read(&image).unwrap(),
+        "qemu-img reads it raw, footer and all"
+    );
+    let target = dir.path().join("disk.img");
+    let out = run(&["import", arg(&image), arg(&target), "--json"]);
+    assert_ok(&out);
+    assert_eq!(json(&out)["format_chain"], serde_json::json!(["raw"]));
+    assert_same("fixed vhd as raw", &fs::read(&target).unwrap(), &expected);
+}
+
+#[test]
+fn creator_apps_size_the_disk_as_qemu_does() {
+    // Hyper-V and Azure size a disk by the footer's current size, Virtual PC by its geometry:
+    // the same footers with a current size 1 MiB + 3 sectors short of the geometry's.
+    let dir = tempfile::tempdir().unwrap();
+    for subformat in ["fixed", "dynamic"] {
+        let name = format!("{subformat}.vhd");
+        let image = written_image(
+            dir.path(),
+            &name,
+            "vpc",
+            &format!("subformat={subformat}"),
+            SIZE,
+        );
+        let chs = virtual_size(&image, "vpc");
+        let format = (subformat == "fixed").then_some("vpc");
+        for app in [*b"win ", *b"wa\0\0", *b"vpc "] {
+            let short = chs - (1 << 20) - 3 * 512;
+            let app_name = String::from_utf8_lossy(&app[..2]).into_owned();
+            let patched = refooted(&image, &format!("{app_name}-{name}"), |f| {
+                f[28..32].copy_from_slice(&app);
+                f[48..56].copy_from_slice(&short.to_be_bytes());
+            });
+            let expected = reference(&patched, Some("vpc"), dir.path());
+            let want = if &app == b"vpc " { chs } else { short };
+            assert_eq!(expected.len() as u64, want, "{app_name} {subformat}");
+            let work = tempfile::tempdir().unwrap();
+            let target = work.path().join("disk.img");
+            let mut args = vec!["import", arg(&patched), arg(&target), "--json"];
+            args.extend(format.map(|f| ["--format", f]).into_iter().flatten());
+            let out = run(&args);
+            assert_ok(&out);
+            assert_eq!(json(&out)["virtual_size"], want, "{app_name} {subformat}");
+            assert_same(
+                &patched.display().to_string(),
+                &fs::read(&target).unwrap(),
+                &expected,
+            );
+        }
+    }
+}
+
+#[test]
+fn the_sector_bitmap_is_ignored_as_by_qemu() {
+    // A block whose bitmap says no sector is written still reads whole in qemu.
+    let dir = tempfile::tempdir().unwrap();
+    let image = written_image(dir.path(), "d.vhd", "vpc", "", SIZE);
+    let bat = fs::read(&image).unwrap()[1536..1540].to_vec();
+    let block0 = u64::from(u32::from_be_bytes(bat.try_into().unwrap())) * 512;
+    let patched = patched(&image, "bitmap.vhd", block0, &[0u8; 512]);
+    let expected = reference(&patched, None, dir.path());
+    assert_eq!(expected[0], 0x11);
+    let target = dir.path().join("disk.img");
+    assert_ok(&run(&["import", arg(&patched), arg(&target)]));
+    assert_same("cleared bitmap", &fs::read(&target).unwrap(), &expected);
+}
+
+#[test]
+fn a_differencing_vhd_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = written_image(dir.path(), "d.vhd", "vpc", "", "8M");
+    let child = refooted(&image, "child.vhd", |f| {
+        f[60..64].copy_from_slice(&4u32.to_be_bytes())
+    });
+    assert_fails_everywhere(&child, &[], 11, "differencing");
+}
+
+#[test]
+fn corrupt_vhds_fail_with_exit_12_naming_what_and_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = written_image(dir.path(), "d.vhd", "vpc", "", SIZE);
+    let len = fs::metadata(&image).unwrap().len();
+    // BAT entry 1 (2 MiB..4 MiB, written) pointing past the end.
+    let far = ((len / 512 + 8) as u32).to_be_bytes();
+    let past = patched(&image, "past.vhd", 1536 + 4, &far);
+    assert_fails_everywhere(&past, &[], 12, "BAT entry 1");
+    // BAT entry 1 pointing at block 0's place.
+    let entry0 = fs::read(&image).unwrap()[1536..1540].to_vec();
+    let overlap = patched(&image, "overlap.vhd", 1536 + 4, &entry0);
+    assert_fails_everywhere(&overlap, &[], 12, "over each other");
+    // An absurd BAT size.
+    let absurd = patched(&image, "absurd.vhd", 512 + 28, &u32::MAX.to_be_bytes());
+    assert_fails_everywhere(&absurd, &[], 12, "BAT at 0x600");
+    // A footer whose checksum does not match.
+    let bad_sum = patched(&image, "sum.vhd", 100, &[0xee]);
+    assert_fails_everywhere(&bad_sum, &[], 12, "checksum");
+    // Cut in the middle of the blocks.
+    let cut = dir.path().join("cut.vhd");
+    fs::write(&cut, &fs::read(&image).unwrap()[..len as usize / 2]).unwrap();
+    assert_fails_everywhere(&cut, &[], 12, "past the end of the image");
+    // A fixed disk whose data is shorter than its footer says.
+    let fixed = written_image(dir.path(), "f.vhd", "vpc", "subformat=fixed", "8M");
+    let short = refooted(&fixed, "short.vhd", |f| {
+        f[28..32].copy_from_slice(b"win ");
+        f[48..56].copy_from_slice(&(16u64 << 20).to_be_bytes());
+    });
+    assert_fails_everywhere(&short, &["--format", "vpc"], 12, "states 16777216 bytes");
+}
+
+#[test]
+fn a_vhd_too_large_for_the_volume_is_refused_before_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = written_image(dir.path(), "d.vhd", "vpc", "", SIZE);
+    assert_fails_everywhere(&image, &["--size", "20Mi"], 13, "does not fit");
+    // A fixed disk's stream states its size only at the end: refused as it grows past the volume.
+    let fixed = written_image(dir.path(), "f.vhd", "vpc", "subformat=fixed", SIZE);
+    assert_fails_everywhere(
+        &fixed,
+        &["--size", "20Mi", "--format", "vpc"],
+        13,
+        "does not fit",
+    );
+}
