@@ -1329,23 +1329,35 @@ fn clone_source(
     ca: &TestCa,
     extra: &[&str],
 ) -> std::process::Output {
-    let (cert, key) = ca.client_cert("cdi-uploadserver-client");
-    quarry()
-        .args([
-            "clone-source",
-            "--source",
-            arg(source),
-            "--content-type",
-            kind,
-            "--json",
-        ])
-        .args(extra)
-        .env("UPLOAD_URL", url)
-        .env("SERVER_CA_CERT", fs::read_to_string(ca.ca_pem()).unwrap())
-        .env("CLIENT_CERT", fs::read_to_string(cert).unwrap())
-        .env("CLIENT_KEY", fs::read_to_string(key).unwrap())
+    clone_source_command(source, url, kind, ca, extra)
         .output()
         .unwrap()
+}
+
+/// The command [`clone_source`] runs.
+fn clone_source_command(
+    source: &Path,
+    url: &str,
+    kind: &str,
+    ca: &TestCa,
+    extra: &[&str],
+) -> Command {
+    let (cert, key) = ca.client_cert("cdi-uploadserver-client");
+    let mut cmd = quarry();
+    cmd.args([
+        "clone-source",
+        "--source",
+        arg(source),
+        "--content-type",
+        kind,
+        "--json",
+    ])
+    .args(extra)
+    .env("UPLOAD_URL", url)
+    .env("SERVER_CA_CERT", fs::read_to_string(ca.ca_pem()).unwrap())
+    .env("CLIENT_CERT", fs::read_to_string(cert).unwrap())
+    .env("CLIENT_KEY", fs::read_to_string(key).unwrap());
+    cmd
 }
 
 /// An upload server with mutual TLS, as the target pod of a host-assisted clone.
@@ -1558,4 +1570,120 @@ fn resize_disk_grows_a_file_never_shrinks_and_refuses_a_small_block_device() {
     let out = resize(&dev.device, "16Mi");
     common::assert_exit(&out, 13);
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot grow"));
+}
+
+/// The `kubevirt_cdi_clone_progress_total{ownerUID="OWNER"}` sample at `addr`, if served.
+fn clone_progress(addr: SocketAddr, owner: &str) -> Option<f64> {
+    use std::io::{Read as _, Write as _};
+    let mut s = TcpStream::connect(addr).ok()?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let sample = format!("kubevirt_cdi_clone_progress_total{{ownerUID=\"{owner}\"}} ");
+    let line = text.lines().find_map(|l| l.strip_prefix(&sample))?;
+    line.trim().parse().ok()
+}
+
+#[test]
+fn clone_progress_is_served_while_the_stream_is_held_up() {
+    let dir = tempfile::tempdir().unwrap();
+    // 64 MiB that snappy cannot shrink, so the stream outgrows every buffer on the way.
+    let source = dir.path().join("disk.img");
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let data: Vec<u8> = (0..(64 << 20) / 8)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect();
+    fs::write(&source, &data).unwrap();
+    // An "upload server" that accepts and never reads.
+    let stalled = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1beta1/upload", stalled.local_addr().unwrap());
+    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut child = quarry()
+        .args(["clone-source", "--source", arg(&source)])
+        .args(["--content-type", "blockdevice-clone", "--upload-url", &url])
+        .args(["--metrics-addr", &metrics.to_string(), "--retries", "0"])
+        .env("OWNER_UID", "target-uid")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (_held, _) = stalled.accept().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let seen = loop {
+        match clone_progress(metrics, "target-uid") {
+            Some(p) if p > 0.0 => break p,
+            _ => {}
+        }
+        assert!(Instant::now() < deadline, "no clone progress was served");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Part of the stream is read, and it cannot all be while the server reads nothing.
+    assert!(seen < 100.0, "{seen}");
+    assert_eq!(clone_progress(metrics, "someone-else"), None);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// Load, bounded: this many clone streams at once, each to its own upload server.
+const CONCURRENT_CLONES: usize = 8;
+
+#[test]
+fn concurrent_clone_streams_each_arrive_equal_and_sparse() {
+    use std::os::unix::fs::FileExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = TestCa::new();
+    // Per stream: a 16 MiB disk.img with 1 MiB of its own data at its own offset and 512 KiB
+    // more near the end, holes between.
+    let streams: Vec<(PathBuf, Vec<u8>, PathBuf, Proc)> = (0..CONCURRENT_CLONES)
+        .map(|i| {
+            let vol = d.join(format!("source-{i}"));
+            fs::create_dir_all(&vol).unwrap();
+            let path = vol.join("disk.img");
+            let f = fs::File::create(&path).unwrap();
+            let data: Vec<u8> = (0..1 << 20)
+                .map(|j: u32| (j * 7 + i as u32) as u8 | 1)
+                .collect();
+            f.write_all_at(&data, (i as u64 + 1) << 20).unwrap();
+            f.write_all_at(&data[..512 << 10], 14 << 20).unwrap();
+            f.set_len(16 << 20).unwrap();
+            drop(f);
+            let bytes = fs::read(&path).unwrap();
+            fs::create_dir_all(d.join(format!("target-{i}"))).unwrap();
+            let target = d.join(format!("target-{i}/disk.img"));
+            let srv = tls_server(d, &target, &ca);
+            (path, bytes, target, srv)
+        })
+        .collect();
+    // Every stream at once, each bounded in time.
+    let runs: Vec<_> = streams
+        .iter()
+        .map(|(source, _, _, srv)| {
+            let url = format!("https://127.0.0.1:{}/v1beta1/upload", srv.port);
+            let mut cmd = clone_source_command(source, &url, "filesystem-clone", &ca, &[]);
+            std::thread::spawn(move || common::output_within(&mut cmd, Duration::from_secs(120)))
+        })
+        .collect();
+    let outputs: Vec<_> = runs.into_iter().map(|t| t.join().unwrap()).collect();
+    for ((_, bytes, target, mut srv), out) in streams.into_iter().zip(outputs) {
+        common::assert_ok(&out);
+        let report = common::json(&out);
+        assert_eq!(report["bytes"], 16 << 20);
+        assert!(
+            report["bytes_sent"].as_u64().unwrap() < 4 << 20,
+            "holes were sent"
+        );
+        assert_eq!(srv.wait_exit(), 0, "the server stops after its clone");
+        assert_same(&target, &bytes);
+        assert!(allocated(&target) < 4 << 20, "holes were filled");
+    }
 }

@@ -37,6 +37,31 @@ impl Progress {
     }
 }
 
+/// Which of CDI's progress counters an endpoint serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgressMetric {
+    /// The importer's `kubevirt_cdi_import_progress_total`.
+    Import,
+    /// The cloner's `kubevirt_cdi_clone_progress_total` (`quarry clone-source`).
+    Clone,
+}
+
+impl ProgressMetric {
+    /// The counter's name without `_total` (the encoder adds it) and its help text.
+    fn name_and_help(self) -> (&'static str, &'static str) {
+        match self {
+            ProgressMetric::Import => (
+                "kubevirt_cdi_import_progress",
+                "The import progress in percentage",
+            ),
+            ProgressMetric::Clone => (
+                "kubevirt_cdi_clone_progress",
+                "The clone progress in percentage",
+            ),
+        }
+    }
+}
+
 /// Serves `/metrics` on `addr` from a background thread for the life of the process.
 /// Returns the bound address (so `127.0.0.1:0` can be used).
 pub fn serve_metrics(
@@ -44,14 +69,29 @@ pub fn serve_metrics(
     owner_uid: String,
     progress: Arc<Progress>,
 ) -> Result<SocketAddr> {
+    serve_progress(addr, ProgressMetric::Import, owner_uid, progress)
+}
+
+/// [`serve_metrics`] of `metric`.
+pub fn serve_progress(
+    addr: SocketAddr,
+    metric: ProgressMetric,
+    owner_uid: String,
+    progress: Arc<Progress>,
+) -> Result<SocketAddr> {
     let app = netkit::metrics::router(Some(netkit::metrics::OPENMETRICS), move || {
-        render_metrics(&owner_uid, &progress)
+        render_progress(metric, &owner_uid, &progress)
     });
     Ok(netkit::metrics::serve_on_thread(addr, app)?)
 }
 
 /// The metrics text: CDI's progress counter, labelled with the owner's UID.
 pub fn render_metrics(owner_uid: &str, progress: &Progress) -> String {
+    render_progress(ProgressMetric::Import, owner_uid, progress)
+}
+
+/// The metrics text of `metric`, labelled with the owner's UID.
+pub fn render_progress(metric: ProgressMetric, owner_uid: &str, progress: &Progress) -> String {
     use prometheus_client::encoding::text::encode;
     use prometheus_client::metrics::counter::Counter;
     use prometheus_client::metrics::family::Family;
@@ -60,11 +100,8 @@ pub fn render_metrics(owner_uid: &str, progress: &Progress) -> String {
 
     let mut registry = Registry::default();
     let family = Family::<Vec<(String, String)>, Counter<f64, A>>::default();
-    registry.register(
-        "kubevirt_cdi_import_progress",
-        "The import progress in percentage",
-        family.clone(),
-    );
+    let (name, help) = metric.name_and_help();
+    registry.register(name, help, family.clone());
     family
         .get_or_create(&vec![("ownerUID".to_string(), owner_uid.to_string())])
         .inc_by(progress.percent().unwrap_or(0.0));

@@ -145,6 +145,10 @@ pub struct DataVolumeArgs {
     /// certificate.
     #[arg(long, value_name = "NAMESPACE", conflicts_with = "upload_tls_secret")]
     pub upload_tls_signer_namespace: Option<String>,
+    /// The upload token key's public half (PEM): it checks the clone tokens the DataVolume
+    /// webhook signs; without it, clones from another namespace are refused.
+    #[arg(long, value_name = "PEM")]
+    pub clone_token_public_key: Option<PathBuf>,
 }
 
 /// `quarry controller hyperconverged`.
@@ -296,7 +300,12 @@ async fn run_controller(which: Which, client: kube::Client, metrics: Arc<Metrics
             if a.image.is_none() {
                 a.image = own_image(&client).await;
             }
-            let (config, overrides) = (a.config(), a.overrides());
+            let (mut config, overrides) = (a.config(), a.overrides());
+            if let Some(path) = &a.clone_token_public_key {
+                let key = uploader::token::load_public_key(path)
+                    .map_err(|e| crate::Error::Config(importer::error::chain(&e)))?;
+                config.clone_token_key = Some(key);
+            }
             crate::datavolume::controller::run(client, config, overrides, metrics, None).await
         }
         Which::Hyperconverged(a) => {

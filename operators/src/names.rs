@@ -39,6 +39,11 @@ pub mod webhook {
     /// Served by `quarry apiserver` at [`DATAVOLUME_PATH`] (CDI's cdi-apiserver serves it too).
     pub const DATAVOLUME_CONFIG: &str = "quarry-datavolume-validator";
     pub const DATAVOLUME_PATH: &str = "/datavolume-validate";
+    /// The `MutatingWebhookConfiguration` of CDI's DataVolume mutating webhook (clone
+    /// authorization and the clone token), served by `quarry apiserver` at
+    /// [`DATAVOLUME_MUTATE_PATH`].
+    pub const DATAVOLUME_MUTATE_CONFIG: &str = "quarry-datavolume-mutator";
+    pub const DATAVOLUME_MUTATE_PATH: &str = "/datavolume-mutate";
 }
 
 /// TLS material made and rotated by the cert controller. Signers and certificates are Secrets of

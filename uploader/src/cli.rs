@@ -218,6 +218,13 @@ pub struct CloneSourceArgs {
     /// First wait between attempts (doubles up to 30s).
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     pub retry_backoff: Duration,
+    /// Serve Prometheus metrics (kubevirt_cdi_clone_progress_total, the share of the stream
+    /// read) on this address.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// ownerUID label of the progress metric (CDI's cloner reads OWNER_UID) [default: empty].
+    #[arg(long, env = "OWNER_UID")]
+    pub owner_uid: Option<String>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -454,6 +461,18 @@ pub fn run_clone_source(args: CloneSourceArgs) -> Result<crate::clone::source::C
             ));
         }
     };
+    let progress = match args.metrics_addr {
+        Some(addr) => {
+            let progress = std::sync::Arc::new(importer::progress::Progress::default());
+            let owner_uid = args.owner_uid.clone().unwrap_or_default();
+            let metric = importer::progress::ProgressMetric::Clone;
+            let bound =
+                importer::progress::serve_progress(addr, metric, owner_uid, progress.clone())?;
+            tracing::info!(%bound, "serving clone progress metrics");
+            Some(progress)
+        }
+        None => None,
+    };
     let req = crate::clone::source::CloneSourceRequest {
         source: args.source,
         url,
@@ -462,6 +481,7 @@ pub fn run_clone_source(args: CloneSourceArgs) -> Result<crate::clone::source::C
         identity_pem,
         retries: args.retries,
         backoff: args.retry_backoff,
+        progress,
     };
     runtime()?.block_on(crate::clone::source::clone_source(&req))
 }

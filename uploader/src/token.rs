@@ -10,7 +10,12 @@
 //! Verification follows CDI's proxy: the signature must verify, the issuer must be
 //! `cdi-apiserver`, `nbf`/`exp`/`iat` are checked with 10 seconds of leeway, and the token must be
 //! an `Upload` token for a named PVC.
+//!
+//! The same key signs CDI's clone tokens (operation `Clone`, the source as name/namespace/resource
+//! and the target in `params`), which the DataVolume webhook puts on a cloning DataVolume;
+//! [`verify_signed`] checks only the signature and leaves their claims to the caller.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -37,6 +42,8 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(5 * 60);
 pub const LEEWAY_SECONDS: i64 = 10;
 /// The only operation an upload token may carry.
 pub const OPERATION_UPLOAD: &str = "Upload";
+/// The operation of a clone token.
+pub const OPERATION_CLONE: &str = "Clone";
 /// The resource an upload token names.
 pub const RESOURCE_PVC: &str = "persistentvolumeclaims";
 
@@ -70,24 +77,41 @@ pub struct Claims {
     pub namespace: String,
     #[serde(default)]
     pub resource: Resource,
+    /// Extra parameters (a clone token's `targetNamespace` and `targetName`); CDI omits them
+    /// when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, String>,
 }
 
 impl Claims {
     /// An upload token's claims for PVC `namespace/name`, issued at `now` (Unix seconds).
     pub fn upload(namespace: &str, name: &str, now: i64, ttl: Duration) -> Claims {
+        let resource = Resource {
+            group: String::new(),
+            version: "v1".into(),
+            resource: RESOURCE_PVC.into(),
+        };
+        Claims::issued(OPERATION_UPLOAD, (namespace, name), resource, now, ttl)
+    }
+
+    /// Claims of `operation` on `resource` `namespace/name`, issued by [`ISSUER`] at `now`.
+    pub fn issued(
+        operation: &str,
+        (namespace, name): (&str, &str),
+        resource: Resource,
+        now: i64,
+        ttl: Duration,
+    ) -> Claims {
         Claims {
             iss: ISSUER.into(),
             iat: now,
             nbf: now,
             exp: now.saturating_add(i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX)),
-            operation: OPERATION_UPLOAD.into(),
+            operation: operation.into(),
             name: name.into(),
             namespace: namespace.into(),
-            resource: Resource {
-                group: String::new(),
-                version: "v1".into(),
-                resource: RESOURCE_PVC.into(),
-            },
+            resource,
+            params: BTreeMap::new(),
         }
     }
 
@@ -157,9 +181,18 @@ pub fn sign(claims: &Claims, key: &PrivateKey) -> Result<String> {
     ))
 }
 
-/// Verifies a compact JWT's PS256 signature and claims at time `now`. A string that is not a
-/// JWT at all is [`Error::MalformedToken`]; a JWT that fails any check is [`Error::Unauthorized`].
+/// Verifies a compact JWT's PS256 signature and upload claims at time `now`. A string that is
+/// not a JWT at all is [`Error::MalformedToken`]; a JWT that fails any check is
+/// [`Error::Unauthorized`].
 pub fn verify(token: &str, key: &PublicKey, now: i64) -> Result<Claims> {
+    let claims = verify_signed(token, key)?;
+    claims.check(now)?;
+    Ok(claims)
+}
+
+/// Verifies a compact JWT's PS256 signature and returns its claims, unchecked (errors as
+/// [`verify`]'s).
+pub fn verify_signed(token: &str, key: &PublicKey) -> Result<Claims> {
     let malformed = |why: &str| Error::MalformedToken(why.to_string());
     let mut parts = token.split('.');
     let (Some(h), Some(p), Some(s), None) =
@@ -187,10 +220,8 @@ pub fn verify(token: &str, key: &PublicKey, now: i64) -> Result<Claims> {
     rsa::pss::VerifyingKey::<Sha256>::new_with_auto_salt_len(key.clone())
         .verify(&token.as_bytes()[..h.len() + 1 + p.len()], &signature)
         .map_err(|_| Error::Unauthorized("signature does not verify".into()))?;
-    let claims: Claims = serde_json::from_slice(&payload)
-        .map_err(|e| Error::Unauthorized(format!("claims are not CDI's: {e}")))?;
-    claims.check(now)?;
-    Ok(claims)
+    serde_json::from_slice(&payload)
+        .map_err(|e| Error::Unauthorized(format!("claims are not CDI's: {e}")))
 }
 
 /// A fresh RSA key pair (3072 bits, from the OS random source) as PEM: PKCS#8 private key, SPKI public key.
@@ -359,6 +390,30 @@ mod tests {
             let e = verify(&token(&c), &public(), NOW).unwrap_err();
             assert_eq!(e.kind(), crate::ErrorKind::Unauthorized, "{e}");
         }
+    }
+
+    #[test]
+    fn clone_claims_keep_their_params_and_are_not_upload_tokens() {
+        let mut c = Claims::issued(
+            OPERATION_CLONE,
+            ("golden", "fedora"),
+            Resource::default(),
+            NOW,
+            DEFAULT_TTL,
+        );
+        c.params.insert("targetName".into(), "vm".into());
+        let t = token(&c);
+        assert_eq!(verify_signed(&t, &public()).unwrap(), c);
+        assert_eq!(
+            verify(&t, &public(), NOW).unwrap_err().kind(),
+            crate::ErrorKind::Unauthorized
+        );
+        // Upload tokens carry no params field, as CDI's.
+        let up = token(&Claims::upload("vms", "disk", NOW, DEFAULT_TTL));
+        let payload = URL_SAFE_NO_PAD
+            .decode(up.split('.').nth(1).unwrap())
+            .unwrap();
+        assert!(!String::from_utf8(payload).unwrap().contains("params"));
     }
 
     #[test]

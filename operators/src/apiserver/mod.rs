@@ -12,8 +12,10 @@
 //! open to all, as the aggregator reads them.
 //!
 //! It also serves CDI's DataVolume validating webhook at
-//! [`crate::names::webhook::DATAVOLUME_PATH`] ([`crate::datavolume::admission`]), as CDI's
-//! cdi-apiserver does: the API server calls it over TLS like any webhook.
+//! [`crate::names::webhook::DATAVOLUME_PATH`] and its mutating webhook at
+//! [`crate::names::webhook::DATAVOLUME_MUTATE_PATH`] ([`crate::datavolume::admission`]), as
+//! CDI's cdi-apiserver does: the API server calls them over TLS like any webhook. The mutating
+//! one authorizes clones and signs their clone token with the upload token key.
 
 pub mod auth;
 mod discovery;
@@ -42,7 +44,7 @@ pub use discovery::{GROUP, RESOURCE, VERSIONS};
 
 use crate::datavolume::ANN_UPLOAD_TARGET as UPLOAD_TARGET_ANNOTATION;
 use crate::datavolume::{Config as DataVolumeConfig, admission};
-use crate::names::webhook::DATAVOLUME_PATH;
+use crate::names::webhook::{DATAVOLUME_MUTATE_PATH, DATAVOLUME_PATH};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 
@@ -221,6 +223,7 @@ fn router(app: Arc<App>) -> Router {
         )
         .route(&create, post(create_token))
         .route(DATAVOLUME_PATH, post(review_datavolume))
+        .route(DATAVOLUME_MUTATE_PATH, post(mutate_datavolume))
         .with_state(app)
 }
 
@@ -244,14 +247,7 @@ async fn review_datavolume(
                 }
             };
             match pvc {
-                Ok(pvc) => {
-                    let resp = admission::review(&req, pvc.as_ref(), &DataVolumeConfig::default());
-                    if resp.allowed {
-                        authorize_clone(&app.client, &req).await.unwrap_or(resp)
-                    } else {
-                        resp
-                    }
-                }
+                Ok(pvc) => admission::review(&req, pvc.as_ref(), &DataVolumeConfig::default()),
                 Err(e) => AdmissionResponse::from(&req).deny(e),
             }
         }
@@ -259,48 +255,114 @@ async fn review_datavolume(
     axum::Json(resp.into_review())
 }
 
-/// A CREATE cloning from another namespace: the refusal when its user may not clone the source
-/// (None: allowed, or nothing to authorize). The sourceRef's DataSource is read for it.
-async fn authorize_clone(
-    client: &kube::Client,
-    req: &AdmissionRequest<DynamicObject>,
-) -> Option<AdmissionResponse> {
+/// `POST /datavolume-mutate`: CDI's DataVolume mutating webhook ([`clone_token`]).
+async fn mutate_datavolume(
+    State(app): State<Arc<App>>,
+    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
+) -> axum::Json<AdmissionReview<DynamicObject>> {
+    let req: std::result::Result<AdmissionRequest<DynamicObject>, _> = review.try_into();
+    let resp = match req {
+        Err(e) => AdmissionResponse::invalid(e.to_string()),
+        Ok(req) => clone_token(&app, &req).await,
+    };
+    axum::Json(resp.into_review())
+}
+
+/// A CREATE of a clone, as CDI's mutating webhook: its source resolved (a sourceRef through its
+/// DataSource, refused when that does not exist); from another namespace, the requesting user
+/// authorized; then the signed clone token added. Anything else passes unchanged.
+async fn clone_token(app: &App, req: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
+    let pass = AdmissionResponse::from(req);
     if req.operation != kube::core::admission::Operation::Create {
-        return None;
+        return pass;
     }
-    let dv: crate::api::DataVolume = serde_json::to_value(req.object.as_ref()?)
-        .and_then(serde_json::from_value)
-        .ok()?;
+    let Some(dv) = req.object.as_ref().and_then(|o| {
+        serde_json::to_value(o)
+            .and_then(serde_json::from_value::<crate::api::DataVolume>)
+            .ok()
+    }) else {
+        return pass;
+    };
+    if dv.metadata.deletion_timestamp.is_some() {
+        return pass;
+    }
     let request_ns = req.namespace.clone().unwrap_or_default();
-    let mut found = Vec::new();
-    if let (None, Some(r)) = (&dv.spec.source, &dv.spec.source_ref) {
-        let ns = r.namespace.clone().unwrap_or_else(|| request_ns.clone());
-        let api: Api<crate::api::DataSource> = Api::namespaced(client.clone(), &ns);
-        if let Ok(Some(ds)) = api.get_opt(&r.name).await {
-            if let Some(next) = &ds.spec.source.data_source {
-                let next_ns = if next.namespace.is_empty() {
-                    ns.clone()
-                } else {
-                    next.namespace.clone()
-                };
-                let api: Api<crate::api::DataSource> = Api::namespaced(client.clone(), &next_ns);
-                if let Ok(Some(n)) = api.get_opt(&next.name).await {
-                    found.push(n);
-                }
-            }
-            found.push(ds);
-        }
-    }
-    let (kind, ns, name) = admission::cross_namespace_source(&dv, &request_ns, |ns, n| {
+    let found = match data_sources(&app.client, &dv, &request_ns).await {
+        Ok(f) => f,
+        Err(e) => return pass.deny(format!("reading the sourceRef's DataSource: {e}")),
+    };
+    let lookup = |ns: &str, n: &str| {
         found.iter().find(|d| {
             d.metadata.namespace.as_deref() == Some(ns) && d.metadata.name.as_deref() == Some(n)
         })
-    })?;
-    match admission::authorize_clone(client, (kind, &ns, &name), &req.user_info).await {
-        Ok(Ok(())) => None,
-        Ok(Err(message)) => Some(admission::refuse_clone(req, message)),
-        Err(e) => Some(AdmissionResponse::from(req).deny(format!("authorizing the clone: {e}"))),
+    };
+    let (kind, src_ns, src_name) = match admission::clone_source(&dv, &request_ns, lookup) {
+        Ok(Some(s)) => s,
+        Ok(None) => return pass,
+        Err(not_found) => {
+            let mut resp = pass.deny(not_found);
+            resp.result.code = 400;
+            return resp;
+        }
+    };
+    let dv_ns = dv.metadata.namespace.clone().unwrap_or(request_ns);
+    let dv_name = dv.metadata.name.clone().unwrap_or_else(|| req.name.clone());
+    if src_ns != dv_ns {
+        let source = (kind, src_ns.as_str(), src_name.as_str());
+        match admission::authorize_clone(&app.client, source, &req.user_info).await {
+            Ok(Ok(())) => {}
+            Ok(Err(message)) => return admission::refuse_clone(req, message),
+            Err(e) => return pass.deny(format!("authorizing the clone: {e}")),
+        }
     }
+    let claims = crate::datavolume::clone_token::claims(
+        kind,
+        (&src_ns, &src_name),
+        (&dv_ns, &dv_name),
+        uploader::token::now(),
+    );
+    let signed = uploader::token::sign(&claims, &app.signing_key).map_err(|e| e.to_string());
+    let patched = signed.and_then(|t| {
+        pass.clone()
+            .with_patch(crate::datavolume::clone_token::patch(&dv, t))
+            .map_err(|e| e.to_string())
+    });
+    patched.unwrap_or_else(|e| {
+        tracing::error!(error = %e, "signing the clone token failed");
+        pass.deny(format!("signing the clone token: {e}"))
+    })
+}
+
+/// The DataSources a DataVolume's `spec.sourceRef` goes through: its own and the one it points
+/// to, those that exist.
+async fn data_sources(
+    client: &kube::Client,
+    dv: &crate::api::DataVolume,
+    request_ns: &str,
+) -> Result<Vec<crate::api::DataSource>> {
+    let mut found = Vec::new();
+    let (None, Some(r)) = (&dv.spec.source, &dv.spec.source_ref) else {
+        return Ok(found);
+    };
+    let ns = r
+        .namespace
+        .clone()
+        .unwrap_or_else(|| request_ns.to_string());
+    let api: Api<crate::api::DataSource> = Api::namespaced(client.clone(), &ns);
+    let Some(ds) = crate::kubeops::get(&api, &r.name).await? else {
+        return Ok(found);
+    };
+    if let Some(next) = &ds.spec.source.data_source {
+        let next_ns = if next.namespace.is_empty() {
+            ns.clone()
+        } else {
+            next.namespace.clone()
+        };
+        let api: Api<crate::api::DataSource> = Api::namespaced(client.clone(), &next_ns);
+        found.extend(crate::kubeops::get(&api, &next.name).await?);
+    }
+    found.push(ds);
+    Ok(found)
 }
 
 /// `POST /apis/upload.cdi.kubevirt.io/{version}/namespaces/{namespace}/uploadtokenrequests`.

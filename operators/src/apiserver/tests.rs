@@ -328,7 +328,7 @@ async fn the_datavolume_webhook_answers_without_a_client_certificate() {
 async fn the_datavolume_webhook_refuses_a_cross_namespace_clone_its_user_may_not_make() {
     let mut f = start(&["front-proxy-client"]).await;
     let c = client(&f.ca, None);
-    let url = format!("{}{}", f.url, crate::names::webhook::DATAVOLUME_PATH);
+    let url = format!("{}{}", f.url, crate::names::webhook::DATAVOLUME_MUTATE_PATH);
     let mut review = datavolume_review("CREATE", "", None);
     review["request"]["object"]["spec"]["source"] =
         json!({"pvc": {"namespace": "golden", "name": "fedora-base"}});
@@ -345,12 +345,6 @@ async fn the_datavolume_webhook_refuses_a_cross_namespace_clone_its_user_may_not
         r
     };
     let (resp, (explicit, implicit)) = tokio::join!(post, async {
-        f.cluster
-            .not_found(
-                Method::GET,
-                "/api/v1/namespaces/vms/persistentvolumeclaims/fedora",
-            )
-            .await;
         let (_, explicit) = f.cluster.expect_with(Method::POST, SAR, 201, denied).await;
         let (_, implicit) = f.cluster.expect_with(Method::POST, SAR, 201, denied).await;
         (explicit, implicit)
@@ -376,6 +370,98 @@ async fn the_datavolume_webhook_refuses_a_cross_namespace_clone_its_user_may_not
             &json!("User bob has insufficient permissions in clone source namespace golden"),
             &json!(422)
         )
+    );
+    f.cluster.silence().await;
+}
+
+/// Posts a CREATE review of `source` by user bob to the mutating webhook.
+async fn mutate((base, ca): (&str, &TestCa), source: Value) -> reqwest::Result<reqwest::Response> {
+    let url = format!("{base}{}", crate::names::webhook::DATAVOLUME_MUTATE_PATH);
+    let mut review = datavolume_review("CREATE", "", None);
+    review["request"]["object"]["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("source");
+    for (k, v) in source.as_object().unwrap() {
+        review["request"]["object"]["spec"][k] = v.clone();
+    }
+    review["request"]["userInfo"] = json!({"username": "bob", "groups": ["devs"]});
+    client(ca, None)
+        .post(&url)
+        .header("Content-Type", "application/json")
+        .body(review.to_string())
+        .send()
+        .await
+}
+
+#[tokio::test]
+async fn the_mutating_webhook_signs_a_clone_token_for_the_source_it_authorized() {
+    let mut f = start(&["front-proxy-client"]).await;
+    // Within the namespace: nothing is asked of the cluster, the token is added.
+    let at = (f.url.as_str(), &f.ca);
+    let resp = mutate(
+        at,
+        json!({"source": {"pvc": {"namespace": "vms", "name": "fedora-base"}}}),
+    )
+    .await;
+    let body = json(resp.unwrap()).await;
+    let r = &body["response"];
+    assert_eq!(
+        (&r["allowed"], &r["patchType"]),
+        (&json!(true), &json!("JSONPatch"))
+    );
+    // kube writes the bytes as a JSON array, which the API server's decoder takes too.
+    let patch: Vec<u8> = serde_json::from_value(r["patch"].clone()).unwrap();
+    let patch: Value = serde_json::from_slice(&patch).unwrap();
+    assert_eq!(patch[0]["path"], "/metadata/annotations");
+    let token = patch[0]["value"][crate::datavolume::clone_token::ANN_CLONE_TOKEN]
+        .as_str()
+        .unwrap();
+    let claims = uploader::token::verify_signed(token, &f.public_key).unwrap();
+    assert_eq!(
+        (
+            claims.operation.as_str(),
+            claims.namespace.as_str(),
+            claims.name.as_str()
+        ),
+        ("Clone", "vms", "fedora-base")
+    );
+    assert_eq!(claims.params["targetNamespace"], "vms");
+    assert_eq!(claims.params["targetName"], "fedora");
+    assert_eq!(claims.exp - claims.iat, 300);
+    // An import is let through untouched.
+    let body = json(
+        mutate(at, json!({"source": {"http": {"url": "https://x/y.img"}}}))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(body["response"]["allowed"], true);
+    assert!(body["response"]["patch"].is_null(), "{body}");
+    // A sourceRef to a DataSource that does not exist is refused with NotFound, as CDI does.
+    let source_ref = json!({"sourceRef": {"kind": "DataSource", "name": "fedora"}});
+    let (resp, _) = tokio::join!(mutate((&f.url, &f.ca), source_ref), async {
+        f.cluster
+            .not_found(
+                Method::GET,
+                "/apis/cdi.kubevirt.io/v1beta1/namespaces/vms/datasources/fedora",
+            )
+            .await;
+    });
+    let body = json(resp.unwrap()).await;
+    assert_eq!(
+        (
+            &body["response"]["allowed"],
+            &body["response"]["status"]["code"]
+        ),
+        (&json!(false), &json!(400))
+    );
+    assert!(
+        body["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(r#"datasources.cdi.kubevirt.io "fedora" not found"#),
+        "{body}"
     );
     f.cluster.silence().await;
 }

@@ -16,7 +16,9 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
@@ -205,7 +207,52 @@ pub async fn durations(client: &kube::Client) -> Result<Durations> {
     }
 }
 
-/// Puts `bundle` into the `caBundle` of the token API's APIServices and of both webhook
+/// The names of the webhooks whose `caBundle` is not `bundle`.
+fn stale_hooks<'a>(
+    hooks: impl Iterator<Item = (&'a String, &'a WebhookClientConfig)>,
+    bundle: &[u8],
+) -> Vec<String> {
+    hooks
+        .filter(|(_, c)| c.ca_bundle.as_ref().map(|b| b.0.as_slice()) != Some(bundle))
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// Sets the `caBundle` (base64 `encoded`) of the `stale` webhooks of configuration `name`
+/// (None: the configuration is missing), recording it as injected or missing.
+async fn patch_ca<K>(
+    api: &Api<K>,
+    name: &str,
+    stale: Option<Vec<String>>,
+    encoded: &str,
+    params: &PatchParams,
+    (injected, missing): (&mut Vec<String>, &mut Vec<String>),
+) -> Result<()>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let what = format!("{}/{name}", K::kind(&()));
+    let Some(stale) = stale else {
+        missing.push(what);
+        return Ok(());
+    };
+    if !stale.is_empty() {
+        let hooks: Vec<_> = stale
+            .iter()
+            .map(|w| json!({"name": w, "clientConfig": {"caBundle": encoded}}))
+            .collect();
+        api.patch(
+            name,
+            params,
+            &Patch::Strategic(&json!({ "webhooks": hooks })),
+        )
+        .await?;
+        injected.push(what);
+    }
+    Ok(())
+}
+
+/// Puts `bundle` into the `caBundle` of the token API's APIServices and of the webhook
 /// configurations, patching only that field where it differs. Returns the objects changed and
 /// those missing.
 async fn inject(client: &kube::Client, bundle: &[u8]) -> Result<(Vec<String>, Vec<String>)> {
@@ -230,30 +277,40 @@ async fn inject(client: &kube::Client, bundle: &[u8]) -> Result<(Vec<String>, Ve
             injected.push(format!("APIService/{name}"));
         }
     }
-    let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     for name in [
         names::webhook::HYPERCONVERGED_CONFIG,
         names::webhook::DATAVOLUME_CONFIG,
     ] {
-        let Some(config) = kubeops::get(&webhooks, name).await? else {
-            missing.push(format!("ValidatingWebhookConfiguration/{name}"));
-            continue;
-        };
-        let stale: Vec<_> = config
-            .webhooks
-            .iter()
-            .flatten()
-            .filter(|w| w.client_config.ca_bundle.as_ref().map(|b| b.0.as_slice()) != Some(bundle))
-            .map(|w| json!({"name": w.name, "clientConfig": {"caBundle": encoded}}))
-            .collect();
-        if !stale.is_empty() {
-            let patch = json!({ "webhooks": stale });
-            webhooks
-                .patch(name, &params, &Patch::Strategic(&patch))
-                .await?;
-            injected.push(format!("ValidatingWebhookConfiguration/{name}"));
-        }
+        let stale = kubeops::get(&validating, name).await?.map(|c| {
+            let hooks = c.webhooks.unwrap_or_default();
+            stale_hooks(hooks.iter().map(|w| (&w.name, &w.client_config)), bundle)
+        });
+        patch_ca(
+            &validating,
+            name,
+            stale,
+            &encoded,
+            &params,
+            (&mut injected, &mut missing),
+        )
+        .await?;
     }
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let name = names::webhook::DATAVOLUME_MUTATE_CONFIG;
+    let stale = kubeops::get(&mutating, name).await?.map(|c| {
+        let hooks = c.webhooks.unwrap_or_default();
+        stale_hooks(hooks.iter().map(|w| (&w.name, &w.client_config)), bundle)
+    });
+    patch_ca(
+        &mutating,
+        name,
+        stale,
+        &encoded,
+        &params,
+        (&mut injected, &mut missing),
+    )
+    .await?;
     for what in &injected {
         tracing::info!(%what, "caBundle injected");
     }

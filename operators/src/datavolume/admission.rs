@@ -5,11 +5,12 @@
 //! - CREATE: the name (at most 253 characters), a PVC of the same name that belongs to
 //!   something else, and the spec, with the controller's own checks ([`super::validate`]).
 //!
-//! - CREATE of a clone from another namespace (`spec.source.pvc|snapshot`, or a `sourceRef`
-//!   whose DataSource points there): CDI's SubjectAccessReviews for the requesting user
-//!   ([`authorize_clone`]), refused with CDI's message when denied. CDI authorizes in its
-//!   admission webhook too (and records a signed token, `cdi.kubevirt.io/storage.clone.token`,
-//!   which its controller checks); Quarry's controller trusts the webhook.
+//! CDI's `datavolume-mutate` webhook, at [`crate::names::webhook::DATAVOLUME_MUTATE_PATH`]:
+//! - CREATE of a clone (`spec.source.pvc|snapshot`, or a `sourceRef` through its DataSource,
+//!   [`clone_source`]): from another namespace, CDI's SubjectAccessReviews for the requesting
+//!   user ([`authorize_clone`]), refused with CDI's message when denied; then the signed clone
+//!   token is added ([`super::clone_token`]), which the controller checks. A `sourceRef` whose
+//!   DataSource does not exist is refused (CDI answers NotFound).
 //!
 //! Unlike CDI, an UPDATE does not check an unchanged spec again: a DataVolume created before the
 //! webhook was registered (or one Quarry cannot import) must still be able to lose its
@@ -23,7 +24,7 @@ use serde_json::Value;
 use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 
-use super::clone::{SourceKind, SourceRef, clone_authorized, clone_reviews, resolve_source_ref};
+use super::clone::{SourceKind, clone_authorized, clone_reviews};
 use super::{Config, validate};
 use crate::api::DataVolume;
 
@@ -172,40 +173,58 @@ fn quantity(q: &Value) -> Value {
         .map_or_else(|| q.clone(), Value::from)
 }
 
-/// The source a new DataVolume clones from another namespace, which its creator must be
-/// authorized for (`kind`, namespace, name); None when it clones nothing, or from its own
-/// namespace. A `spec.sourceRef` counts through its DataSource (`data_source` gives the
-/// DataSources the webhook found; one the webhook could not find authorizes nothing yet and
-/// the DataVolume waits for it).
-pub fn cross_namespace_source<'a>(
+/// What a new DataVolume clones, as the mutating webhook resolves it: (kind, namespace, name),
+/// the namespace filled in. A `spec.sourceRef` goes through its DataSource (`data_source` gives
+/// those the webhook read), whether Ready or not, one DataSource-to-DataSource step deep as the
+/// controller follows it. `Ok(None)`: it clones nothing (an import, or a DataSource without a
+/// source yet: CDI adds no token then). `Err`: a DataSource named does not exist, with the API
+/// server's NotFound message (CDI's webhook refuses with it).
+pub fn clone_source<'a>(
     dv: &DataVolume,
     request_namespace: &str,
     data_source: impl Fn(&str, &str) -> Option<&'a crate::api::DataSource>,
-) -> Option<(SourceKind, String, String)> {
+) -> Result<Option<(SourceKind, String, String)>, String> {
     let ns = dv
         .metadata
         .namespace
         .clone()
         .unwrap_or_else(|| request_namespace.to_string());
-    let (kind, p) = match (&dv.spec.source, &dv.spec.source_ref) {
+    let in_ns = |at: &str, p: &crate::api::datavolume::SourcePvc| {
+        let pns = if p.namespace.is_empty() {
+            at
+        } else {
+            p.namespace.as_str()
+        };
+        (pns.to_string(), p.name.clone())
+    };
+    let (kind, (source_ns, name)) = match (&dv.spec.source, &dv.spec.source_ref) {
         (Some(src), _) => match (&src.pvc, &src.snapshot) {
-            (Some(p), _) => (SourceKind::Pvc, p.clone()),
-            (None, Some(p)) => (SourceKind::Snapshot, p.clone()),
-            (None, None) => return None,
+            (Some(p), _) => (SourceKind::Pvc, in_ns(&ns, p)),
+            (None, Some(p)) => (SourceKind::Snapshot, in_ns(&ns, p)),
+            (None, None) => return Ok(None),
         },
-        (None, Some(r)) => match resolve_source_ref(&ns, r, data_source) {
-            SourceRef::Pvc(p) => (SourceKind::Pvc, p),
-            SourceRef::Snapshot(p) => (SourceKind::Snapshot, p),
-            _ => return None,
-        },
-        (None, None) => return None,
+        (None, Some(r)) if r.kind == "DataSource" => {
+            let not_found = |ns: &str, n: &str| {
+                format!("datasources.cdi.kubevirt.io \"{n}\" not found (in namespace {ns})")
+            };
+            let mut at = (
+                r.namespace.clone().unwrap_or_else(|| ns.clone()),
+                r.name.clone(),
+            );
+            let mut ds = data_source(&at.0, &at.1).ok_or_else(|| not_found(&at.0, &at.1))?;
+            if let Some(next) = &ds.spec.source.data_source {
+                at = in_ns(&at.0, next);
+                ds = data_source(&at.0, &at.1).ok_or_else(|| not_found(&at.0, &at.1))?;
+            }
+            match (&ds.spec.source.pvc, &ds.spec.source.snapshot) {
+                (Some(p), _) => (SourceKind::Pvc, in_ns(&at.0, p)),
+                (None, Some(p)) => (SourceKind::Snapshot, in_ns(&at.0, p)),
+                (None, None) => return Ok(None),
+            }
+        }
+        _ => return Ok(None),
     };
-    let source_ns = if p.namespace.is_empty() {
-        ns.clone()
-    } else {
-        p.namespace
-    };
-    (source_ns != ns).then_some((kind, source_ns, p.name))
+    Ok(Some((kind, source_ns, name)))
 }
 
 /// Sends CDI's clone SubjectAccessReviews ([`clone_reviews`]) for `user` and decides
@@ -412,21 +431,37 @@ mod tests {
     }
 
     #[test]
-    fn only_a_clone_from_another_namespace_is_authorized() {
+    fn pvc_and_snapshot_sources_are_resolved_in_their_namespace() {
         let none = |_: &str, _: &str| None;
         let other = clone_dv(json!({"pvc": {"namespace": "golden", "name": "fedora"}}));
         assert_eq!(
-            cross_namespace_source(&other, "vms", none),
-            Some((SourceKind::Pvc, "golden".into(), "fedora".into()))
+            clone_source(&other, "vms", none),
+            Ok(Some((SourceKind::Pvc, "golden".into(), "fedora".into())))
         );
-        let same = clone_dv(json!({"snapshot": {"namespace": "vms", "name": "fedora-snap"}}));
-        assert_eq!(cross_namespace_source(&same, "vms", none), None);
+        let same = clone_dv(json!({"snapshot": {"namespace": "", "name": "fedora-snap"}}));
+        assert_eq!(
+            clone_source(&same, "vms", none),
+            Ok(Some((
+                SourceKind::Snapshot,
+                "vms".into(),
+                "fedora-snap".into()
+            )))
+        );
         let import = clone_dv(json!({"http": {"url": URL}}));
-        assert_eq!(cross_namespace_source(&import, "vms", none), None);
+        assert_eq!(clone_source(&import, "vms", none), Ok(None));
+    }
+
+    fn data_source(name: &str, source: Value) -> crate::api::DataSource {
+        serde_json::from_value(json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataSource",
+            "metadata": {"name": name, "namespace": "golden"},
+            "spec": {"source": source}
+        }))
+        .unwrap()
     }
 
     #[test]
-    fn a_source_ref_is_authorized_against_its_data_sources_source() {
+    fn a_source_ref_resolves_through_its_data_source_ready_or_not() {
         let mut dv = clone_dv(json!({"blank": {}}));
         dv.spec.source = None;
         dv.spec.source_ref = Some(crate::api::datavolume::DataVolumeSourceRef {
@@ -434,19 +469,54 @@ mod tests {
             namespace: Some("golden".into()),
             name: "fedora".into(),
         });
-        let ds: crate::api::DataSource = serde_json::from_value(json!({
-            "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataSource",
-            "metadata": {"name": "fedora", "namespace": "golden"},
-            "spec": {"source": {"snapshot": {"namespace": "golden", "name": "fedora-v1"}}},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
-        }))
-        .unwrap();
-        let found = |ns: &str, n: &str| (ns == "golden" && n == "fedora").then_some(&ds);
-        assert_eq!(
-            cross_namespace_source(&dv, "vms", found),
-            Some((SourceKind::Snapshot, "golden".into(), "fedora-v1".into()))
+        let snap = data_source(
+            "fedora",
+            json!({"snapshot": {"namespace": "", "name": "fedora-v1"}}),
         );
-        // Not found: nothing to authorize yet (the DataVolume waits for it).
-        assert_eq!(cross_namespace_source(&dv, "vms", |_, _| None), None);
+        let found = |ns: &str, n: &str| (ns == "golden" && n == "fedora").then_some(&snap);
+        assert_eq!(
+            clone_source(&dv, "vms", found),
+            Ok(Some((
+                SourceKind::Snapshot,
+                "golden".into(),
+                "fedora-v1".into()
+            )))
+        );
+        // One step to another DataSource, as the controller follows it.
+        let alias = data_source(
+            "fedora",
+            json!({"dataSource": {"namespace": "", "name": "fedora-latest"}}),
+        );
+        let latest = data_source(
+            "fedora-latest",
+            json!({"pvc": {"namespace": "", "name": "fedora-v2"}}),
+        );
+        let found = |_: &str, n: &str| match n {
+            "fedora" => Some(&alias),
+            "fedora-latest" => Some(&latest),
+            _ => None,
+        };
+        assert_eq!(
+            clone_source(&dv, "vms", found),
+            Ok(Some((SourceKind::Pvc, "golden".into(), "fedora-v2".into())))
+        );
+        // A DataSource without a source yet: nothing to authorize or sign (CDI's noClone).
+        let empty = data_source("fedora", json!({}));
+        assert_eq!(clone_source(&dv, "vms", |_, _| Some(&empty)), Ok(None));
+    }
+
+    #[test]
+    fn a_source_ref_to_a_missing_data_source_is_refused_as_not_found() {
+        let mut dv = clone_dv(json!({"blank": {}}));
+        dv.spec.source = None;
+        dv.spec.source_ref = Some(crate::api::datavolume::DataVolumeSourceRef {
+            kind: "DataSource".into(),
+            namespace: None,
+            name: "fedora".into(),
+        });
+        assert_eq!(
+            clone_source(&dv, "vms", |_, _| None),
+            Err(r#"datasources.cdi.kubevirt.io "fedora" not found (in namespace vms)"#.into())
+        );
     }
 }

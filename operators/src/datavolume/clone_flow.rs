@@ -9,6 +9,8 @@
 //! - a CSI clone or restore made at the source's size grows to the requested size
 //!   (ExpansionInProgress): the PVC's request, then `disk.img` on a filesystem volume.
 //!
+//! A clone from another namespace goes ahead only with a valid clone token
+//! ([`clone_token::check`], CDI's CloneValidationFailed otherwise: Pending, and a Warning).
 //! The strategy is [`choose_strategy`]'s, recorded on the target PVC ([`ANN_CLONE_TYPE`]) so
 //! it never changes once the PVC exists.
 
@@ -18,6 +20,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use super::clone::{CloneFacts, SourceKind, Strategy, choose_strategy};
 use super::clone_objects::{
     self as objects, ANN_CLONE_TYPE, SourcePodSpec, capacity, node_of, usable_space,
+};
+use super::clone_token::{
+    self, CLONE_VALIDATION_FAILED, CLONE_VALIDATION_FAILED_MESSAGE, TokenCheck,
 };
 use super::decide::{Action, Ctx, Work};
 use super::pvc::{Claim, VolumeMode};
@@ -54,7 +59,17 @@ pub mod event {
     pub const CLONE_WITHOUT_SOURCE: &str = crate::datavolume::clone::reason::CLONE_WITHOUT_SOURCE;
     /// CDI's Running message once done.
     pub const CLONE_COMPLETE: &str = "Clone Complete";
+    /// Quarry's own: a host-assisted clone cannot run with the shared upload TLS Secret.
+    pub const HOST_ASSISTED_CLONE_NOT_POSSIBLE: &str = "HostAssistedCloneNotPossible";
 }
+
+/// Why a host-assisted clone waits when upload servers share one TLS Secret
+/// ([`crate::datavolume::UploadTls::Shared`]): its clone source pod would have no CA to trust
+/// the upload server with and no client certificate it accepts (the proxy's client CA signs
+/// none for it).
+pub const SHARED_TLS_REFUSED: &str = "A host-assisted clone needs per-pod upload TLS \
+    (--upload-tls-signer-namespace): with a shared upload TLS Secret (--upload-tls-secret) the \
+    clone source pod has no certificate the upload server accepts";
 
 /// What the controller read for a clone (absent objects are None).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -164,6 +179,14 @@ pub(super) fn decide_clone(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim) {
     let o = &cx.obs.clone;
     let from = format!("{src_ns}/{}", src.name);
     let into = format!("{dv_ns}/{}", name(cx.dv));
+
+    // Every step checks the token: a DataVolume edited to name another source stops.
+    let key = cx.cfg.clone_token_key.as_ref();
+    if let TokenCheck::Refused(why) = clone_token::check(cx.dv, src, key) {
+        let message = format!("{CLONE_VALIDATION_FAILED_MESSAGE}: {why}");
+        super::decide::wait_for_source(cx, CLONE_VALIDATION_FAILED, &message);
+        return;
+    }
 
     let strategy = match cx.obs.pvc.and_then(recorded) {
         Some(s) => s,
@@ -423,6 +446,16 @@ fn host_assisted(
     from: &str,
     into: &str,
 ) {
+    if matches!(cx.cfg.upload_tls, Some(super::UploadTls::Shared { .. }))
+        && cx.obs.clone.source_pod.is_none()
+    {
+        super::decide::wait_for_source(
+            cx,
+            event::HOST_ASSISTED_CLONE_NOT_POSSIBLE,
+            SHARED_TLS_REFUSED,
+        );
+        return;
+    }
     let scheduled = |cx: &mut Ctx<'_>| {
         cx.phase(
             Phase::CloneScheduled,
@@ -513,6 +546,15 @@ fn host_assisted(
                 "Running" | "Succeeded" => {
                     cx.requeue = Some(cx.cfg.progress_interval);
                     cx.transfer_running();
+                    // The source pod's progress counter, read as an importer's.
+                    cx.st.progress = Some(match cx.obs.progress {
+                        Some(p) => status::format_progress(p),
+                        None => cx
+                            .st
+                            .progress
+                            .clone()
+                            .unwrap_or_else(|| status::PROGRESS_UNKNOWN.into()),
+                    });
                     cx.phase(
                         Phase::CloneInProgress,
                         Some((
@@ -558,6 +600,7 @@ mod tests {
     use super::*;
     use crate::api::DataVolume;
     use crate::api::snapshot::VolumeSnapshotStatus;
+    use crate::datavolume::clone_token::testing::{config as token_config, sign_for};
     use crate::datavolume::decide::{Decision, Observed, decide};
     use crate::datavolume::pod::SourceRefs;
     use crate::datavolume::tests::events;
@@ -577,12 +620,15 @@ mod tests {
         .unwrap()
     }
 
+    /// A clone of `ns/golden-disk`, with the webhook's token.
     fn pvc_clone(ns: &str) -> DataVolume {
-        dv(
+        let mut d = dv(
             serde_json::json!({"pvc": {"namespace": ns, "name": "golden-disk"}}),
             "1Gi",
             "Filesystem",
-        )
+        );
+        sign_for(&mut d, SourceKind::Pvc, (ns, "golden-disk"));
+        d
     }
 
     fn claim_pvc(phase: &str, request: u64, capacity: Option<u64>) -> PersistentVolumeClaim {
@@ -688,7 +734,7 @@ mod tests {
     }
 
     fn step(dv: &mut DataVolume, o: &Observed<'_>) -> Decision {
-        let d = decide(dv, o, &Config::default());
+        let d = decide(dv, o, &token_config());
         dv.status = Some(d.status.clone());
         d
     }
@@ -1006,6 +1052,14 @@ mod tests {
         );
         assert_eq!(d.status.phase, Some(Phase::CloneInProgress));
         assert_eq!(events(&d), [(false, "CloneInProgress".to_string())]);
+        // Its progress, read from the source pod, shows; a failed read keeps the last one.
+        let mut read = observed(Some(&t), Some(&upload), o(Some(running.clone())));
+        read.progress = Some(37.5);
+        let d = step(&mut dv, &read);
+        assert_eq!(d.status.progress.as_deref(), Some("37.50%"));
+        read.progress = None;
+        let d = step(&mut dv, &read);
+        assert_eq!(d.status.progress.as_deref(), Some("37.50%"));
         // The upload server is done: Succeeded, and every pod and the Service go.
         let done = pod_in("cdi-upload-vm-disk", "Succeeded", false);
         let d = step(&mut dv, &observed(Some(&t), Some(&done), o(Some(running))));
@@ -1021,6 +1075,83 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn a_cross_namespace_clone_without_a_valid_token_creates_nothing() {
+        // Created while the webhook was absent: no token.
+        let mut bare = dv(
+            serde_json::json!({"pvc": {"namespace": "golden", "name": "golden-disk"}}),
+            "1Gi",
+            "Filesystem",
+        );
+        let d = step(&mut bare, &observed(None, None, with_pvc("copy")));
+        assert!(objects_of(&d).is_empty(), "{:?}", d.actions);
+        assert_eq!(d.status.phase, Some(Phase::Pending));
+        assert_eq!(events(&d), [(true, CLONE_VALIDATION_FAILED.to_string())]);
+        let bound = status::find(&d.status.conditions, condition::BOUND).unwrap();
+        assert_eq!(bound.reason.as_deref(), Some(CLONE_VALIDATION_FAILED));
+        assert_eq!(
+            bound.message.as_deref(),
+            Some("The clone doesn't meet the validation requirements: clone token missing")
+        );
+        // Edited after admission to name another source: the running clone stops short of
+        // its source pod.
+        let mut edited = pvc_clone("golden");
+        edited
+            .spec
+            .source
+            .as_mut()
+            .unwrap()
+            .pvc
+            .as_mut()
+            .unwrap()
+            .name = "secret-disk".into();
+        let t = target(Strategy::HostAssisted, "Bound", GI, Some(GI));
+        let upload = pod_in("cdi-upload-vm-disk", "Running", true);
+        let d = step(
+            &mut edited,
+            &observed(Some(&t), Some(&upload), with_pvc("copy")),
+        );
+        assert!(objects_of(&d).is_empty(), "{:?}", d.actions);
+        // Without a key to check with, nothing crosses namespaces either.
+        let signed = pvc_clone("golden");
+        let d = decide(
+            &signed,
+            &observed(None, None, with_pvc("copy")),
+            &Config::default(),
+        );
+        assert!(objects_of(&d).is_empty());
+    }
+
+    #[test]
+    fn shared_upload_tls_refuses_a_host_assisted_clone_clearly_and_creates_nothing() {
+        let mut dv = pvc_clone("golden");
+        let cfg = Config {
+            upload_tls: Some(crate::datavolume::UploadTls::Shared {
+                secret: "upload-tls".into(),
+                client_ca_config_map: None,
+            }),
+            ..token_config()
+        };
+        let d = decide(&dv, &observed(None, None, with_pvc("copy")), &cfg);
+        dv.status = Some(d.status.clone());
+        assert!(objects_of(&d).is_empty(), "{:?}", d.actions);
+        assert_eq!(d.status.phase, Some(Phase::Pending));
+        let bound = status::find(&d.status.conditions, condition::BOUND).unwrap();
+        assert_eq!(
+            bound.reason.as_deref(),
+            Some(event::HOST_ASSISTED_CLONE_NOT_POSSIBLE)
+        );
+        assert_eq!(bound.message.as_deref(), Some(SHARED_TLS_REFUSED));
+        assert_eq!(
+            events(&d),
+            [(true, event::HOST_ASSISTED_CLONE_NOT_POSSIBLE.to_string())]
+        );
+        // A CSI clone in the namespace needs no upload server: it goes ahead.
+        let local = pvc_clone("vms");
+        let d = decide(&local, &observed(None, None, with_pvc("csi-clone")), &cfg);
+        assert!(matches!(&objects_of(&d)[..], [Action::CreatePvc(_)]));
     }
 
     #[test]

@@ -203,10 +203,18 @@ pub fn source_pod(dv: &DataVolume, s: &SourcePodSpec, cfg: &Config) -> Pod {
         mounts.push(pod::mount("cdi-client-tls", TLS_DIR, true));
         volumes.push(pod::secret_volume("cdi-client-tls", secret));
     }
+    // Its progress, as CDI's cloner serves it: the controller reads it as an importer's.
+    args.extend([
+        "--metrics-addr".into(),
+        format!("0.0.0.0:{}", pod::POD_PORT),
+        "--owner-uid".into(),
+        s.target_uid.into(),
+    ]);
     let c = Container {
         name: "cdi-clone-source".into(),
         args: Some(args),
         volume_mounts: Some(mounts),
+        ports: pod::port("metrics"),
         ..Default::default()
     };
     let source_claim = Claim {
@@ -443,7 +451,12 @@ mod tests {
         let args = c.args.clone().unwrap().join(" ");
         assert_eq!(
             args,
-            "clone-source --source /dev/cdi-block-volume --upload-url http://cdi-upload-vm-disk.vms.svc/v1beta1/upload --content-type blockdevice-clone"
+            "clone-source --source /dev/cdi-block-volume --upload-url http://cdi-upload-vm-disk.vms.svc/v1beta1/upload --content-type blockdevice-clone --metrics-addr 0.0.0.0:8443 --owner-uid pvc-uid"
+        );
+        let port = &c.ports.as_ref().unwrap()[0];
+        assert_eq!(
+            (port.name.as_deref(), port.container_port),
+            (Some("metrics"), 8443)
         );
         assert_eq!(
             c.volume_devices.as_ref().unwrap()[0].device_path,

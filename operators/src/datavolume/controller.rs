@@ -32,7 +32,7 @@ use super::pod::{self, POD_PORT, SourceRefs};
 use super::pvc::StorageDefaults;
 use super::source::CloneSource;
 use super::source::{Source, source};
-use super::status::parse_progress;
+use super::status::{CLONE_PROGRESS, IMPORT_PROGRESS, parse_counter};
 use super::{ANN_OWNED_BY, Action, Config, FINALIZER, Observed, UploadTls, decide, name};
 use crate::api::datavolume::{ContentType, DataVolumeSourceRef};
 use crate::api::golden::DataSource;
@@ -292,6 +292,13 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
             observe_clone(dv, ctx, c, pvc.as_ref(), pod.as_ref(), &storage).await?
         }
         _ => Default::default(),
+    };
+    // A host-assisted clone's progress is its source pod's, labelled with the target's UID.
+    let progress = match (&clone.source_pod, pvc.as_ref().and_then(|p| p.uid())) {
+        (Some(p), Some(target_uid)) if pod_running(p) && ctx.scrape_due(&uid) => {
+            scrape(ctx, p, CLONE_PROGRESS, &target_uid).await
+        }
+        _ => progress,
     };
     let observed = Observed {
         clone,
@@ -594,20 +601,26 @@ async fn source_refs(dv: &DataVolume, ctx: &Context, ns: &str) -> Result<SourceR
 
 /// The running importer's progress, from its metrics endpoint (None when it cannot be read).
 async fn scrape_progress(dv: &DataVolume, pod: &Pod, ctx: &Context) -> Option<f64> {
-    let ip = pod.status.as_ref()?.pod_ip.as_ref()?;
-    let url = format!("http://{ip}:{}/metrics", ctx.metrics_port);
-    fetch_progress(
-        &ctx.http,
-        &url,
-        dv.metadata.uid.as_deref().unwrap_or_default(),
-    )
-    .await
+    let owner = dv.metadata.uid.as_deref().unwrap_or_default();
+    scrape(ctx, pod, IMPORT_PROGRESS, owner).await
 }
 
-/// Reads `kubevirt_cdi_import_progress_total{ownerUID}` from a metrics URL.
-async fn fetch_progress(http: &reqwest::Client, url: &str, owner_uid: &str) -> Option<f64> {
+/// Reads `metric{ownerUID}` from the metrics endpoint of `pod` (None when it cannot be read).
+async fn scrape(ctx: &Context, pod: &Pod, metric: &str, owner_uid: &str) -> Option<f64> {
+    let ip = pod.status.as_ref()?.pod_ip.as_ref()?;
+    let url = format!("http://{ip}:{}/metrics", ctx.metrics_port);
+    fetch_progress(&ctx.http, &url, metric, owner_uid).await
+}
+
+/// Reads `metric{ownerUID}` from a metrics URL.
+async fn fetch_progress(
+    http: &reqwest::Client,
+    url: &str,
+    metric: &str,
+    owner_uid: &str,
+) -> Option<f64> {
     let resp = http.get(url).send().await.ok()?.error_for_status().ok()?;
-    parse_progress(&resp.text().await.ok()?, owner_uid)
+    parse_counter(&resp.text().await.ok()?, metric, owner_uid)
 }
 
 /// Deletion: the pods and Service go; the PVC too unless the DataVolume asks to retain it.
@@ -845,14 +858,40 @@ mod tests {
         .unwrap();
         let ctx = context(mockapi::pair().0);
         let url = format!("http://{addr}/metrics");
-        let p = fetch_progress(&ctx.http, &url, "uid-1").await;
+        let p = fetch_progress(&ctx.http, &url, IMPORT_PROGRESS, "uid-1").await;
         assert_eq!(
             p.map(crate::datavolume::status::format_progress).as_deref(),
             Some("45.50%")
         );
-        assert_eq!(fetch_progress(&ctx.http, &url, "someone-else").await, None);
+        let other = fetch_progress(&ctx.http, &url, IMPORT_PROGRESS, "someone-else").await;
+        assert_eq!(other, None);
+        let down = "http://127.0.0.1:1/metrics";
         assert_eq!(
-            fetch_progress(&ctx.http, "http://127.0.0.1:1/metrics", "uid-1").await,
+            fetch_progress(&ctx.http, down, IMPORT_PROGRESS, "uid-1").await,
+            None
+        );
+    }
+
+    #[tokio::test]
+    async fn clone_progress_is_read_from_the_clone_sources_metrics_server() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let progress = Arc::new(importer::progress::Progress::default());
+        progress.source_length.store(4 << 20, Relaxed);
+        progress.source_read.store(3 << 20, Relaxed);
+        let addr = importer::progress::serve_progress(
+            "127.0.0.1:0".parse().unwrap(),
+            importer::progress::ProgressMetric::Clone,
+            "target-uid".into(),
+            progress,
+        )
+        .unwrap();
+        let ctx = context(mockapi::pair().0);
+        let url = format!("http://{addr}/metrics");
+        let p = fetch_progress(&ctx.http, &url, CLONE_PROGRESS, "target-uid").await;
+        assert_eq!(p, Some(75.0));
+        // Not an import's counter.
+        assert_eq!(
+            fetch_progress(&ctx.http, &url, IMPORT_PROGRESS, "target-uid").await,
             None
         );
     }

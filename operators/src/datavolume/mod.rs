@@ -5,6 +5,7 @@
 //! - [`pod`]: the importer pod (`quarry import`), the upload server pod and Service;
 //! - [`status`]: conditions, progress, CDI's phases and event reasons;
 //! - [`clone`], [`clone_flow`], [`clone_objects`]: clones (strategy, phases, objects);
+//! - [`clone_token`]: the signed clone token that authorizes a clone from another namespace;
 //! - [`decide`]: the state machine: observed PVC and pod in, status and actions out;
 //! - [`retry`]: terminal versus retryable failures and the back-off;
 //! - [`controller`]: the kube-runtime controller that executes the actions;
@@ -27,6 +28,7 @@ pub mod clone;
 pub mod clone_flow;
 pub mod clone_objects;
 pub mod clone_observe;
+pub mod clone_token;
 pub mod controller;
 pub mod decide;
 pub mod local;
@@ -108,6 +110,9 @@ pub struct Config {
     pub preallocation: bool,
     /// Pull secrets of importer and upload pods.
     pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// Checks the clone tokens the DataVolume webhook signs ([`clone_token`]); None: a clone
+    /// from another namespace is refused.
+    pub clone_token_key: Option<uploader::token::PublicKey>,
 }
 
 impl Default for Config {
@@ -127,6 +132,7 @@ impl Default for Config {
             import_proxy: ImportProxy::default(),
             preallocation: false,
             image_pull_secrets: Vec::new(),
+            clone_token_key: None,
         }
     }
 }

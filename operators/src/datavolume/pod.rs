@@ -286,7 +286,7 @@ fn restricted_container() -> SecurityContext {
     }
 }
 
-fn port(name: &str) -> Option<Vec<ContainerPort>> {
+pub(super) fn port(name: &str) -> Option<Vec<ContainerPort>> {
     Some(vec![ContainerPort {
         container_port: POD_PORT,
         name: Some(name.into()),

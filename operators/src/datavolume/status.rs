@@ -105,12 +105,22 @@ pub fn format_progress(percent: f64) -> String {
 /// Progress when it is not known.
 pub const PROGRESS_UNKNOWN: &str = "N/A";
 
+/// The importer's progress counter.
+pub const IMPORT_PROGRESS: &str = "kubevirt_cdi_import_progress_total";
+/// The clone source's progress counter (CDI's cloner's, served by `quarry clone-source`).
+pub const CLONE_PROGRESS: &str = "kubevirt_cdi_clone_progress_total";
+
 /// The importer's progress from its Prometheus text: the
 /// `kubevirt_cdi_import_progress_total{ownerUID="UID"}` sample (as CDI's controller reads it).
 pub fn parse_progress(metrics: &str, owner_uid: &str) -> Option<f64> {
+    parse_counter(metrics, IMPORT_PROGRESS, owner_uid)
+}
+
+/// The `metric{ownerUID="UID"}` sample of a Prometheus text.
+pub fn parse_counter(metrics: &str, metric: &str, owner_uid: &str) -> Option<f64> {
     let label = format!("ownerUID=\"{owner_uid}\"");
     metrics.lines().find_map(|line| {
-        let rest = line.strip_prefix("kubevirt_cdi_import_progress_total")?;
+        let rest = line.strip_prefix(metric)?;
         let (labels, value) = rest.strip_prefix('{')?.split_once('}')?;
         if !labels.split(',').any(|l| l.trim() == label) {
             return None;

@@ -1015,7 +1015,6 @@ fn a_source_ref_waits_pending_with_cdis_reason_while_its_data_source_is_not_read
 #[test]
 fn a_resolved_source_ref_is_the_data_sources_clone_source() {
     // The resolved PVC is cloned: without the source PVC observed, the clone waits for it.
-    let mut dv = source_ref_dv();
     let resolved = Observed {
         source_ref: Some(clone::SourceRef::Pvc(crate::api::datavolume::SourcePvc {
             namespace: "golden".into(),
@@ -1023,7 +1022,17 @@ fn a_resolved_source_ref_is_the_data_sources_clone_source() {
         })),
         ..obs(None, None)
     };
-    let d = step(&mut dv, &resolved, &Config::default());
+    // The token covers the resolved source: none, and the clone goes no further.
+    let mut unsigned = source_ref_dv();
+    let d = step(&mut unsigned, &resolved, &Config::default());
+    assert_eq!(
+        cond(&d, condition::BOUND).reason.as_deref(),
+        Some(super::clone_token::CLONE_VALIDATION_FAILED)
+    );
+    let mut dv = source_ref_dv();
+    let source = ("golden", "fedora-3d8e5b5ff4b1");
+    super::clone_token::testing::sign_for(&mut dv, clone::SourceKind::Pvc, source);
+    let d = step(&mut dv, &resolved, &super::clone_token::testing::config());
     assert_eq!(d.status.phase, Some(Phase::Pending));
     assert_eq!(
         cond(&d, condition::BOUND).message.as_deref(),

@@ -119,8 +119,12 @@ pub fn manifests(image: &str) -> Result<Vec<(PathBuf, String)>> {
     out.push((
         "deploy/webhooks.yaml".into(),
         docs(
-            "The HyperConverged and DataVolume validating webhooks; the cert controller injects caBundle.",
-            &yamls(&registration::webhooks())?,
+            "The HyperConverged and DataVolume validating webhooks and the DataVolume mutating webhook; the cert controller injects caBundle.",
+            &[
+                yamls(&registration::webhooks())?,
+                yamls(&registration::mutating_webhooks())?,
+            ]
+            .concat(),
         ),
     ));
     out.extend(csi(image)?);

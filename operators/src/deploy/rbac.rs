@@ -316,6 +316,12 @@ fn certs() -> Access {
             &["get", "patch", "update"],
             &webhooks,
         ),
+        named(
+            &["admissionregistration.k8s.io"],
+            &["mutatingwebhookconfigurations"],
+            &["get", "patch", "update"],
+            &[names::webhook::DATAVOLUME_MUTATE_CONFIG],
+        ),
         // HyperConverged's certConfig reaches it through the CDI CR.
         rule(&["cdi.kubevirt.io"], &["cdis"], &["get", "list", "watch"]),
     ];

@@ -1,8 +1,10 @@
-//! What the API server calls back: the token API's `APIService`s and the two validating
-//! webhook configurations. Their `caBundle`s are left out: the cert controller injects them
+//! What the API server calls back: the token API's `APIService`s, the two validating
+//! webhook configurations and the DataVolume mutating one. Their `caBundle`s are left out: the cert controller injects them
 //! (and an apply of the bundle, not owning that field, leaves them in place).
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use serde_json::json;
 
@@ -81,4 +83,22 @@ pub fn webhooks() -> Vec<ValidatingWebhookConfiguration> {
                    "resources": ["datavolumes"], "scope": "Namespaced"}),
         ),
     ]
+}
+
+/// CDI's DataVolume mutating webhook: on CREATE it authorizes a clone and adds the clone token
+/// (`failurePolicy: Fail`: a clone is never created unauthorized while it is registered).
+pub fn mutating_webhooks() -> Vec<MutatingWebhookConfiguration> {
+    let mut config = serde_json::to_value(config(
+        webhook::DATAVOLUME_MUTATE_CONFIG,
+        component::APISERVER,
+        "datavolume-mutate.cdi.kubevirt.io",
+        service::APISERVER,
+        webhook::DATAVOLUME_MUTATE_PATH,
+        json!({"apiGroups": ["cdi.kubevirt.io"], "apiVersions": ["v1beta1"],
+               "operations": ["CREATE"],
+               "resources": ["datavolumes"], "scope": "Namespaced"}),
+    ))
+    .expect("serialisable");
+    config["kind"] = json!("MutatingWebhookConfiguration");
+    vec![serde_json::from_value(config).expect("a MutatingWebhookConfiguration")]
 }

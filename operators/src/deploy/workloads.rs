@@ -160,13 +160,22 @@ fn workloads() -> Vec<(Workload, Option<&'static str>)> {
         (
             Workload {
                 component: component::DATAVOLUME_CONTROLLER,
-                // Upload servers get certificates from the cert controller's signer.
+                // Upload servers get certificates from the cert controller's signer; clone
+                // tokens are checked with the token key's public half.
                 args: [
                     controller("datavolume"),
-                    vec![format!("--upload-tls-signer-namespace={NAMESPACE}")],
+                    vec![
+                        format!("--upload-tls-signer-namespace={NAMESPACE}"),
+                        format!("--clone-token-public-key={TOKEN}/public.pem"),
+                    ],
                 ]
                 .concat(),
-                mounts: vec![],
+                mounts: vec![secret_mount(
+                    "token-key",
+                    TOKEN,
+                    secret::UPLOAD_TOKEN_KEY,
+                    &["public.pem"],
+                )],
                 probe: health,
                 cpu: "10m",
                 memory: "150Mi",

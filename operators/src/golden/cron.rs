@@ -62,6 +62,58 @@ pub enum ImportState {
     DataVolume(Option<Phase>),
     /// Only its PVC exists (the DataVolume was garbage-collected after it succeeded).
     Pvc,
+    /// Its DataVolume exists, in this phase, and failed: Failed, or retrying after its pod
+    /// failed (CDI's Running=False with an error). When a new version arrives it is deleted
+    /// and the new version imported (CDI's `deleteErroneousDataVolume`).
+    Erroneous(Option<Phase>),
+}
+
+/// The state of an import whose DataVolume is `dv`.
+pub fn import_state_of(dv: &DataVolume) -> ImportState {
+    let st = dv.status.as_ref();
+    let phase = st.and_then(|s| s.phase);
+    let retrying_after_failure = st.is_some_and(|s| {
+        s.restart_count.unwrap_or(0) > 0
+            && crate::datavolume::status::find(&s.conditions, DV_RUNNING)
+                .is_some_and(|c| c.status == "False")
+    });
+    if phase == Some(Phase::Failed) || retrying_after_failure {
+        ImportState::Erroneous(phase)
+    } else {
+        ImportState::DataVolume(phase)
+    }
+}
+
+const DV_RUNNING: &str = crate::api::datavolume::condition::RUNNING;
+
+/// CDI's event reason when a cron's managed DataSource is another cron's.
+pub const ERR_DATA_SOURCE_ALREADY_MANAGED: &str = "ErrDataSourceAlreadyManaged";
+
+/// The cron named by the `DATA_IMPORT_CRON_LABEL` of the managed DataSource `ds`, when it is
+/// not `cron` (the controller reads it for [`already_managed`]).
+pub fn labelled_manager<'a>(cron: &DataImportCron, ds: &'a DataSource) -> Option<&'a str> {
+    let label = ds.labels().get(DATA_IMPORT_CRON_LABEL)?;
+    (!label.is_empty() && *label != cron.name_any()).then_some(label.as_str())
+}
+
+/// CDI's `shouldReconcileCron`: the message of the Warning when the managed DataSource `ds` is
+/// labelled with another cron, `other`, that exists and manages it too; the cron then does
+/// nothing. None: the cron goes ahead (no such DataSource, no label, its own, or a label naming
+/// a cron that is gone or manages another DataSource).
+pub fn already_managed(
+    cron: &DataImportCron,
+    ds: Option<&DataSource>,
+    other: Option<&DataImportCron>,
+) -> Option<String> {
+    let ds = ds?;
+    let label = labelled_manager(cron, ds)?;
+    let other = other?;
+    (other.name_any() == label && other.spec.managed_data_source == ds.name_any()).then(|| {
+        format!(
+            "DataSource {} is already managed by DataImportCron {label}",
+            ds.name_any()
+        )
+    })
 }
 
 /// Whether a poll is due: never polled, or the recorded next run has come (an unreadable one
@@ -91,6 +143,8 @@ pub struct Decision {
     /// The current import succeeded: its PVC is stamped as used, the DataSource points at
     /// `status.lastImportedPVC` and old imports are garbage-collected.
     pub succeeded: bool,
+    /// A failed import DataVolume to delete (a new version replaces it).
+    pub delete: Option<String>,
 }
 
 /// The cron's status and actions (CDI's `update`): `desired` is the version the last poll
@@ -105,6 +159,10 @@ pub fn decide(
     let ns = cron.namespace().unwrap_or_default();
     let mut st = cron.status.clone().unwrap_or_default();
     let imports = st.current_imports.clone();
+    let (state, erroneous) = match state {
+        ImportState::Erroneous(phase) => (ImportState::DataVolume(phase), true),
+        other => (other, false),
+    };
     let progressing = |st: &mut DataImportCronStatus, ok: bool, reason: &str, msg: &str| {
         set_condition(
             &mut st.conditions,
@@ -125,7 +183,7 @@ pub fn decide(
             progressing(&mut st, true, reason::IN_PROGRESS, "Import is progressing");
             false
         }
-        ImportState::DataVolume(phase) => {
+        ImportState::DataVolume(phase) | ImportState::Erroneous(phase) => {
             let p = phase.map(Phase::as_str).unwrap_or_default();
             progressing(&mut st, false, p, &format!("Import DataVolume phase {p}"));
             false
@@ -149,7 +207,7 @@ pub fn decide(
         }
         progressing(&mut st, false, reason::NO_IMPORT, "No current import");
     }
-    let mut create = None;
+    let (mut create, mut delete) = (None, None);
     let up_to_date = |st: &mut DataImportCronStatus, ok: bool, reason: &str, msg: &str| {
         set_condition(
             &mut st.conditions,
@@ -169,7 +227,11 @@ pub fn decide(
             reason::OUTDATED,
             "Source digest updated since last import",
         );
-        if succeeded || imports.is_empty() {
+        if erroneous && let Some(failed) = imports.first() {
+            delete = Some(failed.data_volume_name.clone());
+            st.current_imports.clear();
+        }
+        if succeeded || imports.is_empty() || delete.is_some() {
             let name = import_name(&cron.spec.managed_data_source, d)?;
             st.current_imports = vec![ImportStatus {
                 data_volume_name: name.clone(),
@@ -197,6 +259,7 @@ pub fn decide(
         status: st,
         create,
         succeeded,
+        delete,
     })
 }
 
@@ -500,6 +563,93 @@ mod tests {
         .unwrap();
         assert_eq!(d.create, None);
         assert_eq!(cond(&d.status, "UpToDate"), ("False", "Outdated"));
+    }
+
+    #[test]
+    fn a_failed_import_is_deleted_and_replaced_when_a_new_version_arrives() {
+        let c = with_import(cron(), D1);
+        let failed = ImportState::Erroneous(Some(Phase::Failed));
+        // The same version: the failed import stays (nothing new to try).
+        let d = decide(&c, Some(D1), failed, None, now()).unwrap();
+        assert_eq!((d.delete.as_deref(), d.create.as_deref()), (None, None));
+        assert_eq!(cond(&d.status, "Progressing"), ("False", "Failed"));
+        // A new version: the failed DataVolume goes and the new one is imported.
+        let d = decide(&c, Some(D2), failed, None, now()).unwrap();
+        assert_eq!(d.delete.as_deref(), Some("fedora-111111111111"));
+        assert_eq!(d.create.as_deref(), Some("fedora-aaaaaaaaaaaa"));
+        assert_eq!(d.status.current_imports.len(), 1);
+        assert_eq!(d.status.current_imports[0].digest, D2);
+        // One retrying after a failed pod counts as failed too; a healthy one is waited for.
+        let retrying = ImportState::Erroneous(Some(Phase::ImportInProgress));
+        let d = decide(&c, Some(D2), retrying, None, now()).unwrap();
+        assert_eq!(d.delete.as_deref(), Some("fedora-111111111111"));
+        let running = ImportState::DataVolume(Some(Phase::ImportInProgress));
+        assert_eq!(
+            decide(&c, Some(D2), running, None, now()).unwrap().delete,
+            None
+        );
+    }
+
+    #[test]
+    fn an_import_is_erroneous_once_failed_or_retrying_after_a_failure() {
+        let dv = |phase: &str, restarts: i32, running: &str| -> DataVolume {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+                "metadata": {"name": "fedora-111111111111"},
+                "spec": {"source": {"blank": {}}},
+                "status": {"phase": phase, "restartCount": restarts,
+                           "conditions": [{"type": "Running", "status": running}]}
+            }))
+            .unwrap()
+        };
+        let failed = import_state_of(&dv("Failed", 0, "False"));
+        assert_eq!(failed, ImportState::Erroneous(Some(Phase::Failed)));
+        let retrying = import_state_of(&dv("ImportInProgress", 1, "False"));
+        assert_eq!(
+            retrying,
+            ImportState::Erroneous(Some(Phase::ImportInProgress))
+        );
+        let running = import_state_of(&dv("ImportInProgress", 1, "True"));
+        assert_eq!(
+            running,
+            ImportState::DataVolume(Some(Phase::ImportInProgress))
+        );
+        let first_try = import_state_of(&dv("ImportScheduled", 0, "False"));
+        assert_eq!(
+            first_try,
+            ImportState::DataVolume(Some(Phase::ImportScheduled))
+        );
+    }
+
+    #[test]
+    fn a_data_source_another_cron_manages_is_refused_as_cdi_does() {
+        let ds = |label: Option<&str>| {
+            let mut ds = DataSource::new("fedora", DataSourceSpec::default());
+            ds.metadata.namespace = Some("golden".into());
+            if let Some(l) = label {
+                ds.labels_mut()
+                    .insert(DATA_IMPORT_CRON_LABEL.into(), l.into());
+            }
+            ds
+        };
+        let mut other = cron();
+        other.metadata.name = Some("fedora-other".into());
+        let taken = ds(Some("fedora-other"));
+        assert_eq!(labelled_manager(&cron(), &taken), Some("fedora-other"));
+        assert_eq!(
+            already_managed(&cron(), Some(&taken), Some(&other)).as_deref(),
+            Some("DataSource fedora is already managed by DataImportCron fedora-other")
+        );
+        // Its own, unlabelled, or missing: go ahead.
+        for mine in [ds(Some("fedora-cron")), ds(None), ds(Some(""))] {
+            assert_eq!(labelled_manager(&cron(), &mine), None);
+            assert_eq!(already_managed(&cron(), Some(&mine), Some(&other)), None);
+        }
+        assert_eq!(already_managed(&cron(), None, Some(&other)), None);
+        // The labelled cron is gone, or manages another DataSource: go ahead.
+        assert_eq!(already_managed(&cron(), Some(&taken), None), None);
+        other.spec.managed_data_source = "rhel".into();
+        assert_eq!(already_managed(&cron(), Some(&taken), Some(&other)), None);
     }
 
     #[test]

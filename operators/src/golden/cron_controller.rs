@@ -2,7 +2,9 @@
 //! schedule (a reconcile is queued for the next run) the template's source is polled and the
 //! version recorded in CDI's `sourceDesiredDigest` annotation; the [`super::cron`] decisions
 //! then create the import DataVolume, point the managed DataSource at the newest import once it
-//! succeeded, and garbage-collect old imports. This module only reads and writes.
+//! succeeded, and garbage-collect old imports. A cron whose managed DataSource another cron
+//! manages does nothing but say so (CDI's ErrDataSourceAlreadyManaged); a failed import is
+//! deleted when a new version arrives. This module only reads and writes.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,7 +20,8 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 
 use super::cron::{
-    CLEANUP_LABEL, FINALIZER, ImportState, annotation, decide, garbage, import_data_volume,
+    CLEANUP_LABEL, ERR_DATA_SOURCE_ALREADY_MANAGED, FINALIZER, ImportState, already_managed,
+    annotation, decide, garbage, import_data_volume, import_state_of, labelled_manager,
     managed_data_source, next_run, poll_due,
 };
 use super::poll::poll;
@@ -70,6 +73,20 @@ pub async fn reconcile(cron: Arc<DataImportCron>, ctx: Arc<Context>) -> Result<R
         return Ok(Requeue::await_change());
     }
 
+    // CDI's shouldReconcileCron: a DataSource another cron manages is left to it.
+    let sources: Api<DataSource> = Api::namespaced(ctx.client.clone(), &ns);
+    let managed = kubeops::get(&sources, &cron.spec.managed_data_source).await?;
+    if let Some(label) = managed.as_ref().and_then(|ds| labelled_manager(&cron, ds)) {
+        let other = kubeops::get(&crons, label).await?;
+        if let Some(message) = already_managed(&cron, managed.as_ref(), other.as_ref()) {
+            tracing::info!(cron = %name, namespace = %ns, "{message}");
+            let reference = cron.object_ref(&());
+            let reason = ERR_DATA_SOURCE_ALREADY_MANAGED;
+            kubeops::publish_event(&ctx.client, &reference, true, reason, &message, &manager).await;
+            return Ok(Requeue::requeue(RESYNC));
+        }
+    }
+
     let now = Timestamp::now();
     let mut cron = cron.as_ref().clone();
     let mut polled_at = None;
@@ -119,9 +136,13 @@ pub async fn reconcile(cron: Arc<DataImportCron>, ctx: Arc<Context>) -> Result<R
     if d.succeeded {
         collect_garbage(&ctx.client, &cron, &ns).await?;
     }
+    let dvs: Api<DataVolume> = Api::namespaced(ctx.client.clone(), &ns);
+    if let Some(failed) = &d.delete {
+        tracing::info!(cron = %name, import = %failed, "deleting a failed import for a new version");
+        kubeops::delete(&dvs, failed).await?;
+    }
     if let (Some(dv_name), Some(digest)) = (&d.create, &desired) {
         let dv = import_data_volume(&cron, dv_name, digest);
-        let dvs: Api<DataVolume> = Api::namespaced(ctx.client.clone(), &ns);
         kubeops::create(&dvs, &dv, &manager).await?;
     }
     if old_status.as_ref() != Some(&d.status) {
@@ -225,7 +246,7 @@ async fn import_state(client: &Client, cron: &DataImportCron, ns: &str) -> Resul
     };
     let dvs: Api<DataVolume> = Api::namespaced(client.clone(), ns);
     if let Some(dv) = kubeops::get(&dvs, &first.data_volume_name).await? {
-        return Ok(ImportState::DataVolume(dv.status.and_then(|s| s.phase)));
+        return Ok(import_state_of(&dv));
     }
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
     Ok(match kubeops::get(&pvcs, &first.data_volume_name).await? {

@@ -141,6 +141,14 @@ async fn the_whole_bundle_applies_its_pods_are_admitted_and_each_component_needs
             Api::all(admin.clone());
         api.delete(name, &DeleteParams::default()).await.unwrap();
     }
+    let api: Api<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration> =
+        Api::all(admin.clone());
+    api.delete(
+        names::webhook::DATAVOLUME_MUTATE_CONFIG,
+        &DeleteParams::default(),
+    )
+    .await
+    .unwrap();
 
     leader_election(
         &sa(component::DATAVOLUME_CONTROLLER).await,
@@ -361,6 +369,10 @@ async fn cert_controller(admin: &Client, client: Client) {
                 .iter()
                 .map(|n| format!("ValidatingWebhookConfiguration/{n}")),
         )
+        .chain([format!(
+            "MutatingWebhookConfiguration/{}",
+            names::webhook::DATAVOLUME_MUTATE_CONFIG
+        )])
         .collect();
     expected.sort();
     assert_eq!(injected, expected);

@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -107,13 +109,17 @@ async fn the_cert_controller_fills_an_empty_namespace_and_renews_a_due_ca_keepin
     ] {
         create(&webhooks, webhook_config(name, &ns)).await;
     }
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(admin.clone());
+    let mut config = webhook_config(names::webhook::DATAVOLUME_MUTATE_CONFIG, &ns);
+    config["kind"] = json!("MutatingWebhookConfiguration");
+    create(&mutating, config).await;
 
     // The controller runs as its ServiceAccount with exactly the rights the report lists.
     let ctl = controller_client(&server, &admin, &ns).await;
     let t0 = uploader::token::now();
     let out = certs::reconcile(&ctl, &ns, t0).await.unwrap();
     assert!(out.missing.is_empty(), "{:?}", out.missing);
-    assert_eq!(out.injected.len(), 4, "{:?}", out.injected);
+    assert_eq!(out.injected.len(), 5, "{:?}", out.injected);
     for name in certs::plan::secret_names() {
         let data = secret_data(&admin, &ns, name).await;
         assert!(data.contains_key("tls.key"), "{name}: {:?}", data.keys());
@@ -136,6 +142,16 @@ async fn the_cert_controller_fills_an_empty_namespace_and_renews_a_due_ca_keepin
             api_bundle.as_bytes()
         );
     }
+    let w = mutating
+        .get(names::webhook::DATAVOLUME_MUTATE_CONFIG)
+        .await
+        .unwrap()
+        .webhooks
+        .unwrap();
+    assert_eq!(
+        w[0].client_config.ca_bundle.as_ref().unwrap().0,
+        api_bundle.as_bytes()
+    );
     // A second pass at once writes nothing and injects nothing.
     let again = certs::reconcile(&ctl, &ns, t0 + 1).await.unwrap();
     assert!(
@@ -214,6 +230,10 @@ async fn controller_client(server: &KubeApiServer, admin: &Client, ns: &str) -> 
                   "resources": ["validatingwebhookconfigurations"],
                   "resourceNames": [names::webhook::HYPERCONVERGED_CONFIG,
                                     names::webhook::DATAVOLUME_CONFIG],
+                  "verbs": ["get", "patch"]},
+                 {"apiGroups": ["admissionregistration.k8s.io"],
+                  "resources": ["mutatingwebhookconfigurations"],
+                  "resourceNames": [names::webhook::DATAVOLUME_MUTATE_CONFIG],
                   "verbs": ["get", "patch"]},
                  {"apiGroups": ["cdi.kubevirt.io"], "resources": ["cdis"], "verbs": ["list"]}]}),
     )

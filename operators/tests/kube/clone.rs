@@ -13,6 +13,7 @@ use operators::api::snapshot::VolumeSnapshot;
 use operators::api::{DataVolume, Phase, StorageProfile};
 use operators::datavolume::clone::SourceKind;
 use operators::datavolume::clone_objects::ANN_SELECTED_NODE;
+use operators::datavolume::clone_token;
 use serde_json::{Value, json};
 
 use crate::datavolume::{config, start};
@@ -123,10 +124,45 @@ async fn set_pvc_status(client: &Client, ns: &str, name: &str, capacity: u64) {
     .unwrap_or_else(|e| panic!("PVC {name} status: {e}"));
 }
 
+/// The key pair of clone tokens in these tests (made once).
+fn token_key() -> &'static uploader::token::PrivateKey {
+    static KEY: std::sync::OnceLock<uploader::token::PrivateKey> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| {
+        let (private, _) = uploader::token::generate().unwrap();
+        uploader::token::private_key_from_pem(&private, "test").unwrap()
+    })
+}
+
+/// The controller settings of these tests, checking clone tokens with [`token_key`].
+fn token_config() -> operators::datavolume::Config {
+    operators::datavolume::Config {
+        clone_token_key: Some(token_key().to_public_key()),
+        ..config()
+    }
+}
+
+/// The annotations of `vm-disk` in `ns` cloning `src_ns/golden-disk`: the webhook's clone token
+/// (issued now) when the namespaces differ.
+fn token_annotations(ns: &str, src_ns: &str) -> Value {
+    if ns == src_ns {
+        return json!({});
+    }
+    let source = (src_ns, "golden-disk");
+    let now = uploader::token::now();
+    let c = clone_token::claims(SourceKind::Pvc, source, (ns, "vm-disk"), now);
+    let t = uploader::token::sign(&c, token_key()).unwrap();
+    json!({ clone_token::ANN_CLONE_TOKEN: t })
+}
+
 async fn create_dv(client: &Client, ns: &str, source: Value, class: &str, size: &str) {
+    let src_ns = source
+        .pointer("/pvc/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or(ns);
+    let annotations = token_annotations(ns, src_ns);
     let dv: DataVolume = serde_json::from_value(json!({
         "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
-        "metadata": {"name": "vm-disk"},
+        "metadata": {"name": "vm-disk", "annotations": annotations},
         "spec": {"source": source, "storage": {"accessModes": ["ReadWriteOnce"],
             "storageClassName": class, "resources": {"requests": {"storage": size}}}}
     }))
@@ -176,7 +212,7 @@ async fn clone_into(
 ) -> crate::datavolume::Running {
     let class = class(client, ns, strategy).await;
     source_pvc(client, src_ns, &class).await;
-    let running = start(ns, config(), None).await;
+    let running = start(ns, token_config(), None).await;
     let source = json!({"pvc": {"namespace": src_ns, "name": "golden-disk"}});
     create_dv(client, ns, source, &class, size).await;
     running
@@ -302,7 +338,8 @@ async fn a_cross_namespace_clone_is_copied_by_a_source_pod_to_the_upload_server(
     assert_eq!(
         c.args.clone().unwrap().join(" "),
         format!(
-            "clone-source --source /data/disk.img --upload-url http://cdi-upload-vm-disk.{ns}.svc/v1beta1/upload --content-type filesystem-clone"
+            "clone-source --source /data/disk.img --upload-url http://cdi-upload-vm-disk.{ns}.svc/v1beta1/upload --content-type filesystem-clone --metrics-addr 0.0.0.0:8443 --owner-uid {}",
+            t.uid().unwrap()
         )
     );
     let claim = spec.volumes.unwrap()[0]
@@ -386,4 +423,233 @@ async fn cross_namespace_clones_are_authorized_by_the_servers_rbac() {
             "User bob has insufficient permissions in clone source namespace {golden}"
         ))
     );
+}
+
+/// Registers CDI's DataVolume mutating webhook for namespace `ns` only, served at `url`
+/// (trusted with the CA file `ca`); returns its name.
+async fn register_mutating(client: &Client, ns: &str, url: String, ca: &std::path::Path) -> String {
+    use base64::Engine as _;
+    let name = format!("dv-mutate-{ns}");
+    let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(ca).unwrap());
+    apply(
+        client,
+        &json!({"apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration", "metadata": {"name": name},
+            "webhooks": [{"name": format!("datavolume-mutate.{ns}.quarry.test"),
+                "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                "failurePolicy": "Fail",
+                "clientConfig": {"url": url, "caBundle": ca},
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "rules": [{"apiGroups": ["cdi.kubevirt.io"], "apiVersions": ["*"],
+                           "operations": ["CREATE"], "resources": ["datavolumes"],
+                           "scope": "Namespaced"}]}]}),
+    )
+    .await
+    .unwrap();
+    name
+}
+
+#[tokio::test]
+async fn the_webhooks_clone_token_lets_the_controller_clone_and_a_datavolume_without_one_waits() {
+    let Some((client, ns)) = namespace("clone-token", &[]).await else {
+        return;
+    };
+    let Some((_, golden)) = namespace("clone-token-src", &[]).await else {
+        return;
+    };
+    let Some((_, bare)) = namespace("clone-no-token", &[]).await else {
+        return;
+    };
+    // `quarry apiserver` with its signing key; its webhook is registered for `ns` only.
+    let ca = testkit::tls::TestCa::new();
+    let (signing_key, public_key) = testkit::tls::rsa_key_pair(ca.dir(), "signing");
+    let args = operators::apiserver::ApiServerArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        tls_cert: ca.cert_pem(),
+        tls_key: ca.key_pem(),
+        signing_key,
+        token_ttl: 300,
+        requestheader_client_ca: Some(ca.ca_pem()),
+        requestheader_allowed_names: Vec::new(),
+    };
+    let bound = operators::apiserver::start(client.clone(), &args)
+        .await
+        .unwrap();
+    let path = operators::names::webhook::DATAVOLUME_MUTATE_PATH;
+    let url = format!("https://127.0.0.1:{}{path}", bound.port());
+    let registration = register_mutating(&client, &ns, url, &ca.ca_pem()).await;
+    let dvs: Api<DataVolume> = Api::namespaced(client.clone(), &ns);
+
+    // A sourceRef to a DataSource that does not exist is refused (NotFound), as CDI does.
+    let missing: DataVolume = serde_json::from_value(json!({
+        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+        "metadata": {"name": "from-missing"},
+        "spec": {"sourceRef": {"kind": "DataSource", "name": "nowhere"},
+                 "storage": {"resources": {"requests": {"storage": "1Gi"}}}}
+    }))
+    .unwrap();
+    let (code, message) = wait_for("the mutating webhook to be called", || async {
+        match dvs.create(&PostParams::default(), &missing).await {
+            Err(kube::Error::Api(e)) if e.message.contains("admission webhook") => {
+                Some((e.code, e.message))
+            }
+            Ok(_) => {
+                // Admitted before the registration took effect: try again.
+                let _ = dvs.delete("from-missing", &Default::default()).await;
+                None
+            }
+            Err(_) => None,
+        }
+    })
+    .await;
+    assert_eq!(code, 400, "{message}");
+    assert!(
+        message.contains(r#"datasources.cdi.kubevirt.io "nowhere" not found"#),
+        "{message}"
+    );
+
+    // Through the webhook: the token, and the controller (with the public key) clones.
+    let class = class(&client, &ns, "copy").await;
+    source_pvc(&client, &golden, &class).await;
+    let mut key_config = config();
+    key_config.clone_token_key = Some(uploader::token::load_public_key(&public_key).unwrap());
+    let _running = start(&ns, key_config.clone(), None).await;
+    let source = json!({"pvc": {"namespace": golden, "name": "golden-disk"}});
+    let dv: DataVolume = serde_json::from_value(json!({
+        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+        "metadata": {"name": "vm-disk"},
+        "spec": {"source": source, "storage": {"accessModes": ["ReadWriteOnce"],
+            "storageClassName": class, "resources": {"requests": {"storage": "1Gi"}}}}
+    }))
+    .unwrap();
+    let created = dvs.create(&PostParams::default(), &dv).await.unwrap();
+    let token = &created.annotations()[clone_token::ANN_CLONE_TOKEN];
+    let claims = uploader::token::verify_signed(
+        token,
+        &uploader::token::load_public_key(&public_key).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (claims.namespace.as_str(), claims.name.as_str()),
+        (golden.as_str(), "golden-disk")
+    );
+    let t = target(&client, &ns).await;
+    assert_eq!(t.annotations()["cdi.kubevirt.io/cloneType"], "copy");
+    phase(&client, &ns, Phase::CloneScheduled).await;
+
+    // Without the webhook: no token, so no clone; CDI's reason says why.
+    let class = self::class(&client, &bare, "copy").await;
+    let _bare_running = start(&bare, key_config, None).await;
+    let mut unsigned = dv.clone();
+    unsigned.spec.storage.as_mut().unwrap().storage_class_name = Some(class);
+    let api: Api<DataVolume> = Api::namespaced(client.clone(), &bare);
+    let created = api.create(&PostParams::default(), &unsigned).await.unwrap();
+    assert!(
+        !created
+            .annotations()
+            .contains_key(clone_token::ANN_CLONE_TOKEN)
+    );
+    let waiting = wait_for("CloneValidationFailed", || async {
+        let d = api.get("vm-disk").await.ok()?;
+        let st = d.status.clone()?;
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == "Bound" && c.reason.as_deref() == Some("CloneValidationFailed"))
+            .cloned()
+            .map(|c| (st.phase, c))
+    })
+    .await;
+    assert_eq!(waiting.0, Some(Phase::Pending));
+    assert_eq!(
+        waiting.1.message.as_deref(),
+        Some("The clone doesn't meet the validation requirements: clone token missing")
+    );
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &bare);
+    assert!(pvcs.get_opt("vm-disk").await.unwrap().is_none());
+    Api::<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration>::all(
+        client.clone(),
+    )
+    .delete(&registration, &Default::default())
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn the_source_pods_client_certificate_is_issued_once_from_the_client_signer() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use operators::certs::pki;
+    use operators::datavolume::clone_observe::ensure_client_secret;
+    use operators::names::secret;
+    let Some((admin, install)) = namespace("clone-certs", &[]).await else {
+        return;
+    };
+    let Some((_, golden)) = namespace("clone-certs-src", &[]).await else {
+        return;
+    };
+    // Under the DataVolume controller's own RBAC.
+    let ctl = component_client(operators::names::component::DATAVOLUME_CONTROLLER)
+        .await
+        .expect("the server the test already uses");
+    let dv: DataVolume = serde_json::from_value(json!({
+        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+        "metadata": {"name": "vm-disk", "namespace": "vms", "uid": "dv-uid"},
+        "spec": {"source": {"pvc": {"namespace": golden, "name": "golden-disk"}},
+                 "storage": {"resources": {"requests": {"storage": "1Gi"}}}}
+    }))
+    .unwrap();
+    let ensure = || ensure_client_secret(&ctl, &dv, &install, (&golden, "t-uid"), "quarry-tests");
+
+    // Before the cert controller has run: an error naming what is missing, and no Secret.
+    let e = ensure().await.unwrap_err();
+    let want = format!("{install}/{}", secret::UPLOAD_SERVER_CLIENT_SIGNER);
+    assert!(e.to_string().contains(&want), "{e}");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(admin.clone(), &golden);
+    assert!(secrets.get_opt("t-uid-source-pod").await.unwrap().is_none());
+
+    operators::certs::reconcile(&admin, &install, uploader::token::now())
+        .await
+        .unwrap();
+    let name = ensure().await.unwrap();
+    assert_eq!(name, "t-uid-source-pod");
+    let s: Secret = secrets.get(&name).await.unwrap();
+    assert_eq!(s.type_.as_deref(), Some("kubernetes.io/tls"));
+    assert_eq!(s.labels()["cdi.kubevirt.io/dataVolume"], "vm-disk");
+    let text =
+        |s: &Secret, k: &str| String::from_utf8(s.data.as_ref().unwrap()[k].0.clone()).unwrap();
+    let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), &install);
+    let bundle = |name: &str| {
+        let maps = maps.clone();
+        let name = name.to_string();
+        async move { maps.get(&name).await.unwrap().data.unwrap()[secret::BUNDLE_KEY].clone() }
+    };
+    // It trusts the upload servers' signer...
+    assert_eq!(
+        text(&s, "ca.crt"),
+        bundle(secret::UPLOAD_SERVER_SIGNER_BUNDLE).await
+    );
+    // ...and its certificate is one the upload servers accept: a client certificate that
+    // verifies against the client signer's bundle they trust.
+    let mut roots = rustls::RootCertStore::empty();
+    for c in pki::parse_certs(&bundle(secret::UPLOAD_SERVER_CLIENT_SIGNER_BUNDLE).await) {
+        roots.add(c.der.into()).unwrap();
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        std::sync::Arc::new(roots),
+        std::sync::Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .build()
+    .unwrap();
+    let leaf = pki::parse_cert(&text(&s, "tls.crt")).unwrap();
+    rustls::server::danger::ClientCertVerifier::verify_client_cert(
+        verifier.as_ref(),
+        &leaf.der.into(),
+        &[],
+        rustls::pki_types::UnixTime::now(),
+    )
+    .expect("the upload servers' verifier accepts the source pod's certificate");
+
+    // Issued once: a second look changes nothing.
+    assert_eq!(ensure().await.unwrap(), name);
+    let again = secrets.get(&name).await.unwrap();
+    assert_eq!(again.resource_version(), s.resource_version());
 }

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PostParams};
+use kube::{Client, ResourceExt};
 use operators::api::golden::DataImportCron;
 use operators::api::{DataSource, DataVolume};
 use operators::golden::cron_controller::{self, Context};
@@ -248,4 +248,125 @@ async fn a_labelled_data_source_is_taken_and_retention_none_deletes_with_the_cro
     })
     .await;
     task.abort();
+}
+
+/// Plays the DataVolume controller: the import failed for good.
+async fn fail(client: &Client, ns: &str, name: &str) {
+    let dvs: Api<DataVolume> = Api::namespaced(client.clone(), ns);
+    dvs.patch_status(
+        name,
+        &test_writes(),
+        &Patch::Merge(json!({"status": {"phase": "Failed", "conditions": [
+            {"type": "Running", "status": "False", "reason": "Error"}]}})),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_failed_import_is_deleted_when_a_new_version_arrives() {
+    let Some((client, ns)) = namespace("cron-failed", &[]).await else {
+        return;
+    };
+    let (www, nginx) = serve_version_1();
+    let task = controller(&ns).await.unwrap();
+    let crons: Api<DataImportCron> = Api::namespaced(client.clone(), &ns);
+    crons
+        .create(
+            &PostParams::default(),
+            &cron(&nginx.url("/disk.img"), 3, "All"),
+        )
+        .await
+        .unwrap();
+    let dvs: Api<DataVolume> = Api::namespaced(client.clone(), &ns);
+    let first = import(&dvs, None).await.metadata.name.unwrap();
+    fail(&client, &ns, &first).await;
+    // While the version stays, the failed import stays (as CDI keeps it).
+    let polled = last_poll(&crons).await;
+    wait_for("another poll", || async {
+        (last_poll(&crons).await != polled).then_some(())
+    })
+    .await;
+    assert!(dvs.get_opt(&first).await.unwrap().is_some());
+    // A new version: the failed DataVolume goes, the new version is imported.
+    publish(www.path(), 2);
+    let second = import(&dvs, Some(&first)).await.metadata.name.unwrap();
+    wait_for("the failed import deleted", || async {
+        dvs.get_opt(&first).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let st = crons.get("fedora-cron").await.unwrap().status.unwrap();
+    assert_eq!(st.current_imports.len(), 1);
+    assert_eq!(st.current_imports[0].data_volume_name, second);
+    task.abort();
+}
+
+#[tokio::test]
+async fn a_data_source_another_cron_manages_is_left_to_it_with_cdis_warning() {
+    let Some((client, ns)) = namespace("cron-taken", &[]).await else {
+        return;
+    };
+    let (_www, nginx) = serve_version_1();
+    let crons: Api<DataImportCron> = Api::namespaced(client.clone(), &ns);
+    // The first cron manages "fedora" (its label is on the DataSource).
+    let mut first = cron(&nginx.url("/disk.img"), 3, "All");
+    first.metadata.name = Some("fedora-first".into());
+    first.spec.schedule = String::new();
+    crons.create(&PostParams::default(), &first).await.unwrap();
+    let sources: Api<DataSource> = Api::namespaced(client.clone(), &ns);
+    let ds: DataSource = serde_json::from_value(json!({
+        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataSource",
+        "metadata": {"name": "fedora", "labels": {"cdi.kubevirt.io/dataImportCron": "fedora-first"}},
+        "spec": {"source": {}}
+    }))
+    .unwrap();
+    sources.create(&PostParams::default(), &ds).await.unwrap();
+    // A second cron names the same DataSource: it does nothing but warn.
+    let task = controller(&ns).await.unwrap();
+    crons
+        .create(
+            &PostParams::default(),
+            &cron(&nginx.url("/disk.img"), 3, "All"),
+        )
+        .await
+        .unwrap();
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let warning = wait_for("the ErrDataSourceAlreadyManaged event", || async {
+        events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("ErrDataSourceAlreadyManaged"))
+    })
+    .await;
+    assert_eq!(warning.type_.as_deref(), Some("Warning"));
+    assert_eq!(warning.involved_object.name.as_deref(), Some("fedora-cron"));
+    assert_eq!(
+        warning.message.as_deref(),
+        Some("DataSource fedora is already managed by DataImportCron fedora-first")
+    );
+    let polled = crons.get("fedora-cron").await.unwrap();
+    assert!(
+        polled
+            .annotations()
+            .get("cdi.kubevirt.io/storage.import.lastCronTime")
+            .is_none(),
+        "the second cron polled"
+    );
+    assert!(
+        dvs_in(&client, &ns).await.is_empty(),
+        "the second cron imported"
+    );
+    let ds = sources.get("fedora").await.unwrap();
+    assert_eq!(
+        ds.labels()["cdi.kubevirt.io/dataImportCron"],
+        "fedora-first"
+    );
+    task.abort();
+}
+
+async fn dvs_in(client: &Client, ns: &str) -> Vec<DataVolume> {
+    let dvs: Api<DataVolume> = Api::namespaced(client.clone(), ns);
+    dvs.list(&Default::default()).await.unwrap().items
 }

@@ -17,6 +17,8 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::{FileExt as _, FileTypeExt as _};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -29,6 +31,7 @@ use super::{CLONE_LENGTH, CONTENT_TYPE_HEADER, CloneKind};
 use crate::UPLOAD_CHECKSUM;
 use crate::error::{Error, Result};
 use importer::error::chain;
+use importer::progress::Progress;
 
 /// Granularity of zero detection on block devices.
 const ZERO_RUN: usize = 64 << 10;
@@ -54,6 +57,11 @@ pub struct CloneSourceRequest {
     pub retries: u32,
     /// First back-off between attempts; doubles each time up to 30 s.
     pub backoff: Duration,
+    /// Counters of the clone's progress (what `--metrics-addr` serves as CDI's
+    /// `kubevirt_cdi_clone_progress_total`): `source_length` is the bytes the stream carries
+    /// before compression (the data extents of a `filesystem-clone`, every byte of a
+    /// `blockdevice-clone`), `source_read` how many of them the current attempt has read.
+    pub progress: Option<Arc<Progress>>,
 }
 
 /// What a clone did, printed by `quarry clone-source --json`.
@@ -193,7 +201,8 @@ fn data_extents(file: &File, size: u64) -> io::Result<Vec<Extent>> {
     Ok(extents)
 }
 
-/// The logical image (holes as zeroes) or, for a tar member, only its data extents in order.
+/// The logical image (holes as zeroes) or, for a tar member, only its data extents in order;
+/// what it yields counts as read in `progress`.
 struct ExtentReader {
     file: File,
     extents: Vec<Extent>,
@@ -201,10 +210,21 @@ struct ExtentReader {
     with_holes: bool,
     next: usize,
     pos: u64,
+    progress: Option<Arc<Progress>>,
 }
 
 impl Read for ExtentReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.read_extents(buf)?;
+        if let Some(p) = &self.progress {
+            p.source_read.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        Ok(n)
+    }
+}
+
+impl ExtentReader {
+    fn read_extents(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             let Some(&(start, len)) = self.extents.get(self.next) else {
                 // Past the last extent: the trailing hole, if holes are sent.
@@ -239,7 +259,12 @@ impl Read for ExtentReader {
 }
 
 /// The stream's content before snappy framing.
-fn content(kind: CloneKind, file: File, layout: &Layout) -> Result<Box<dyn Read + Send>> {
+fn content(
+    kind: CloneKind,
+    file: File,
+    layout: &Layout,
+    progress: Option<Arc<Progress>>,
+) -> Result<Box<dyn Read + Send>> {
     let extents = ExtentReader {
         file,
         extents: layout.extents.clone(),
@@ -247,6 +272,7 @@ fn content(kind: CloneKind, file: File, layout: &Layout) -> Result<Box<dyn Read 
         with_holes: kind == CloneKind::Blockdevice,
         next: 0,
         pos: 0,
+        progress,
     };
     Ok(match kind {
         CloneKind::Blockdevice => Box::new(extents),
@@ -332,6 +358,14 @@ pub async fn clone_source(req: &CloneSourceRequest) -> Result<CloneReport> {
         extents = layout.extents.len(),
         "source mapped"
     );
+    if let Some(p) = &req.progress {
+        let carried = match req.kind {
+            CloneKind::Blockdevice => layout.size,
+            CloneKind::Filesystem => layout.extents.iter().map(|&(_, l)| l).sum(),
+        };
+        // An empty image is done as soon as it is sent: 1 of 1.
+        p.source_length.store(carried.max(1), Ordering::Relaxed);
+    }
     let client = client(req)?;
     let mut sent = 0u64;
     let mut attempts = 0u32;
@@ -352,6 +386,10 @@ pub async fn clone_source(req: &CloneSourceRequest) -> Result<CloneReport> {
                 )));
             }
         }
+    }
+    if let Some(p) = &req.progress {
+        p.source_read
+            .store(p.source_length.load(Ordering::Relaxed), Ordering::Relaxed);
     }
     Ok(CloneReport {
         source: req.source.display().to_string(),
@@ -375,7 +413,12 @@ async fn attempt(
 ) -> Result<Attempt> {
     let file = File::open(&req.source)
         .map_err(|e| Error::io(format!("opening {}", req.source.display()), e))?;
-    let framed = snap::read::FrameEncoder::new(content(req.kind, file, layout)?);
+    if let Some(p) = &req.progress {
+        // Each attempt sends the whole stream again.
+        p.source_read.store(0, Ordering::Relaxed);
+    }
+    let content = content(req.kind, file, layout, req.progress.clone())?;
+    let framed = snap::read::FrameEncoder::new(content);
     let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(READ_AHEAD);
     let counted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let producer = {
@@ -492,8 +535,9 @@ mod tests {
 
         // The tar content decodes to the same bytes.
         let file = File::open(&path).unwrap();
-        let mut framed =
-            snap::read::FrameEncoder::new(content(CloneKind::Filesystem, file, &layout).unwrap());
+        let mut framed = snap::read::FrameEncoder::new(
+            content(CloneKind::Filesystem, file, &layout, None).unwrap(),
+        );
         let mut body = Vec::new();
         framed.read_to_end(&mut body).unwrap();
         assert!(
@@ -523,7 +567,7 @@ mod tests {
         drop(f);
         let (file, layout) = scan(&path).unwrap();
         let mut tar_bytes = Vec::new();
-        content(CloneKind::Filesystem, file, &layout)
+        content(CloneKind::Filesystem, file, &layout, None)
             .unwrap()
             .read_to_end(&mut tar_bytes)
             .unwrap();
