@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+pub(crate) mod hold;
 pub mod qcow2;
 pub mod raw;
 

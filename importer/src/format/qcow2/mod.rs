@@ -9,7 +9,6 @@
 //! - `roles`: host clusters whose role the header fixes (both converters);
 //! - `stream`: the single-pass converter (see its docs for the algorithm and memory bounds);
 //! - `seek`: the random-access converter for local files (tables first, data in parallel);
-//! - `hold`: bytes that arrive before their role is known (memory, then a spill file);
 //! - `inflate`: deflate and zstd clusters with qemu's acceptance rules.
 //!
 //! Supported: versions 2 and 3, cluster sizes 512 B to 2 MiB, zero and unallocated clusters,
@@ -28,7 +27,6 @@ pub mod error;
 mod extent;
 mod geometry;
 pub mod header;
-mod hold;
 mod inflate;
 pub mod l2;
 mod roles;

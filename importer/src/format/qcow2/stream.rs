@@ -35,12 +35,12 @@ use std::io::{self, Read};
 use super::extent::ExtentWriter;
 use super::geometry::{ClusterGeometry, Target};
 use super::header::Header;
-use super::hold::HeldBytes;
 use super::inflate::Inflater;
 use super::l2::{self, Mapping, SECTOR};
 use super::roles::FixedRoles;
 use crate::error::{Error, Result};
 use crate::format::ReaderOptions;
+use crate::format::hold::HeldBytes;
 use crate::sink::ExtentSink;
 
 /// What a conversion did, for logs and tests.
