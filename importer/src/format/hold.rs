@@ -78,16 +78,13 @@ impl HeldBytes {
             Some(f) => f,
             none => none.insert(tempfile::tempfile_in(&self.spill_dir).map_err(|e| {
                 Error::io(
-                    format!(
-                        "creating a qcow2 spill file in {}",
-                        self.spill_dir.display()
-                    ),
+                    format!("creating a spill file in {}", self.spill_dir.display()),
                     e,
                 )
             })?),
         };
         file.write_all_at(data, self.spill_len)
-            .map_err(|e| Error::io("writing the qcow2 spill file", e))?;
+            .map_err(|e| Error::io("writing the spill file", e))?;
         let at = self.spill_len;
         self.spill_len += data.len() as u64;
         self.spilled_bytes += data.len() as u64;
@@ -129,7 +126,7 @@ impl HeldBytes {
                         .as_ref()
                         .expect("spilled segments have a file")
                         .read_exact_at(&mut out[n..], file_at + from)
-                        .map_err(|e| Error::io("reading the qcow2 spill file", e))?;
+                        .map_err(|e| Error::io("reading the spill file", e))?;
                 }
             }
             at = start + to;
