@@ -15,6 +15,7 @@ use crate::decode::{self, Compression};
 use crate::error::{Error, Result};
 use crate::format::qcow2::Qcow2Reader;
 use crate::format::raw::{RawReader, SparseFileReader};
+use crate::format::vhdx::VhdxReader;
 use crate::format::{self, FormatReader, ImageFormat, ReaderOptions};
 use crate::peek::Peeked;
 use crate::pipe::{self, ChunkObserver};
@@ -427,7 +428,7 @@ impl Stages {
 
 /// The fast path for an uncompressed image in a local regular file with no checksum to compute
 /// (a checksum needs every byte in order): raw images are read by their data extents only,
-/// qcow2 images by random access, tables first, as `qemu-img convert` does.
+/// qcow2 and vhdx images by random access, tables first, as `qemu-img convert` does.
 fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
     let SourceSpec::File(path) = &req.source else {
         return Ok(None);
@@ -435,7 +436,7 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
     if req.checksum.is_some()
         || !matches!(
             req.format,
-            None | Some(ImageFormat::Raw) | Some(ImageFormat::Qcow2)
+            None | Some(ImageFormat::Raw) | Some(ImageFormat::Qcow2) | Some(ImageFormat::Vhdx)
         )
     {
         return Ok(None);
@@ -452,6 +453,7 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
     let reader: Box<dyn FormatReader> = match format {
         ImageFormat::Raw => Box::new(SparseFileReader::new(file, length)),
         ImageFormat::Qcow2 => Box::new(Qcow2Reader::open(file, length)?),
+        ImageFormat::Vhdx => Box::new(VhdxReader::open(file, length)?),
         other => return Err(refused(other)),
     };
     Ok(Some(Opened {
@@ -608,6 +610,7 @@ fn open_reader(
             opts.read_ahead,
         )),
         ImageFormat::Qcow2 => Box::new(Qcow2Reader::new(stream, &opts)?),
+        ImageFormat::Vhdx => Box::new(VhdxReader::new(stream, &opts)?),
         other => return Err(refused(other)),
     })
 }

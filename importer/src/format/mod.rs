@@ -9,6 +9,7 @@ use std::path::PathBuf;
 pub(crate) mod hold;
 pub mod qcow2;
 pub mod raw;
+pub mod vhdx;
 
 use crate::error::Result;
 use crate::sink::ExtentSink;

@@ -34,7 +34,7 @@ mod seek;
 mod stream;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use error::Qcow2Error;
 pub use header::{Compression, Header, MAGIC};
