@@ -5,7 +5,7 @@
 use std::fs;
 use std::process::Stdio;
 
-use testkit::qemu::{self, TestImage};
+use testkit::qemu::{self, TestImage, assert_same};
 
 mod common;
 use common::*;
@@ -17,28 +17,12 @@ fn corpus() -> (tempfile::TempDir, Vec<TestImage>) {
     (dir, images)
 }
 
-fn reference(image: &TestImage, dir: &std::path::Path) -> Vec<u8> {
-    let raw = dir.join("reference.raw");
-    qemu::convert_to_raw(&image.path, &raw);
-    fs::read(&raw).unwrap()
-}
-
-fn assert_same(what: &str, got: &[u8], expected: &[u8]) {
-    if let Some(at) = qemu::first_difference(got, expected) {
-        panic!(
-            "{what}: differs from qemu-img at byte {at} (got {} bytes, expected {})",
-            got.len(),
-            expected.len()
-        );
-    }
-}
-
 #[test]
 fn every_image_equals_qemu_img_from_a_file_and_from_a_compressed_stream() {
     let (dir, images) = corpus();
     let work = tempfile::tempdir().unwrap();
     for image in images.iter().filter(|i| i.expect == "convert") {
-        let expected = reference(image, work.path());
+        let expected = qemu::reference_raw(&image.path, work.path());
         let name = image.path.file_name().unwrap().to_string_lossy();
 
         let target = work.path().join("from-file.img");
@@ -84,7 +68,7 @@ fn images_with_held_clusters_convert_with_no_memory_budget() {
             .iter()
             .find(|i| i.path.ends_with(name))
             .unwrap_or_else(|| panic!("{name} missing from the corpus"));
-        let expected = reference(image, work.path());
+        let expected = qemu::reference_raw(&image.path, work.path());
         let target = work.path().join("disk.img");
         let out = quarry()
             .args(["import", "-", arg(&target), "--memory-budget", "0"])
@@ -105,7 +89,7 @@ fn every_image_equals_qemu_img_on_a_block_device() {
         return;
     };
     for image in images.iter().filter(|i| i.expect == "convert") {
-        let expected = reference(image, work.path());
+        let expected = qemu::reference_raw(&image.path, work.path());
         if expected.len() > 64 << 20 {
             continue;
         }

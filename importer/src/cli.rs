@@ -132,7 +132,7 @@ pub struct ImportArgs {
     /// ownerUID label of the progress metric (CDI's importer reads OWNER_UID) [default: empty].
     #[arg(long, env = "OWNER_UID")]
     pub owner_uid: Option<String>,
-    /// Memory (bytes or quantity) for out-of-order qcow2 data before spilling beside the target.
+    /// Memory (bytes or quantity) for out-of-order qcow2 or vhdx data before spilling beside the target.
     #[arg(long, value_parser = parse_size, default_value = "32Mi")]
     pub memory_budget: u64,
 }
@@ -170,8 +170,9 @@ fn parse_format(s: &str) -> Result<ImageFormat, String> {
         "qcow2" => Ok(ImageFormat::Qcow2),
         "vpc" | "vhd" => Ok(ImageFormat::Vpc),
         "vdi" => Ok(ImageFormat::Vdi),
+        "vhdx" => Ok(ImageFormat::Vhdx),
         other => Err(format!(
-            "format {other:?} is not one of raw, qcow2, vpc (vhd), vdi"
+            "format {other:?} is not one of raw, qcow2, vpc (vhd), vdi, vhdx"
         )),
     }
 }

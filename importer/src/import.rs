@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::format::qcow2::Qcow2Reader;
 use crate::format::raw::{RawReader, SparseFileReader};
 use crate::format::vdi::VdiReader;
+use crate::format::vhdx::VhdxReader;
 use crate::format::vpc::VpcReader;
 use crate::format::{self, FormatReader, ImageFormat, ReaderOptions};
 use crate::peek::Peeked;
@@ -429,7 +430,7 @@ impl Stages {
 
 /// The fast path for an uncompressed image in a local regular file with no checksum to compute
 /// (a checksum needs every byte in order): raw images are read by their data extents only,
-/// qcow2 images by random access, tables first, as `qemu-img convert` does.
+/// qcow2 and vhdx images by random access, tables first, as `qemu-img convert` does.
 fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
     let SourceSpec::File(path) = &req.source else {
         return Ok(None);
@@ -438,7 +439,11 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
         || !matches!(
             req.format,
             None | Some(
-                ImageFormat::Raw | ImageFormat::Qcow2 | ImageFormat::Vpc | ImageFormat::Vdi
+                ImageFormat::Raw
+                    | ImageFormat::Qcow2
+                    | ImageFormat::Vpc
+                    | ImageFormat::Vdi
+                    | ImageFormat::Vhdx
             )
         )
     {
@@ -458,6 +463,7 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
         ImageFormat::Qcow2 => Box::new(Qcow2Reader::open(file, length)?),
         ImageFormat::Vpc => Box::new(VpcReader::open(file, length)?),
         ImageFormat::Vdi => Box::new(VdiReader::open(file, length)?),
+        ImageFormat::Vhdx => Box::new(VhdxReader::open(file, length)?),
         other => return Err(refused(other)),
     };
     Ok(Some(Opened {
@@ -616,6 +622,7 @@ fn open_reader(
         ImageFormat::Qcow2 => Box::new(Qcow2Reader::new(stream, &opts)?),
         ImageFormat::Vpc => Box::new(VpcReader::new(stream, &opts)?),
         ImageFormat::Vdi => Box::new(VdiReader::new(stream, &opts)?),
+        ImageFormat::Vhdx => Box::new(VhdxReader::new(stream, &opts)?),
         other => return Err(refused(other)),
     })
 }

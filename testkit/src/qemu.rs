@@ -56,6 +56,25 @@ pub fn convert_to_raw(src: &Path, dst: &Path) {
     ]);
 }
 
+/// The reference guest disk of `image`: `qemu-img convert -O raw` into `dir/reference.raw`,
+/// read back.
+pub fn reference_raw(image: &Path, dir: &Path) -> Vec<u8> {
+    let raw = dir.join("reference.raw");
+    convert_to_raw(image, &raw);
+    std::fs::read(&raw).unwrap_or_else(|e| panic!("reading {}: {e}", raw.display()))
+}
+
+/// Panics, naming `what` and the first differing byte, unless `got` equals qemu-img's `expected`.
+pub fn assert_same(what: &str, got: &[u8], expected: &[u8]) {
+    if let Some(at) = first_difference(got, expected) {
+        panic!(
+            "{what}: differs from qemu-img at byte {at} (got {} bytes, expected {})",
+            got.len(),
+            expected.len()
+        );
+    }
+}
+
 /// The image's virtual size as qemu-img reports it.
 pub fn virtual_size(image: &Path) -> u64 {
     let json = qemu_img(&["info".as_ref(), "--output=json".as_ref(), image.as_os_str()]);

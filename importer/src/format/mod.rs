@@ -11,6 +11,7 @@ pub(crate) mod hold;
 pub mod qcow2;
 pub mod raw;
 pub mod vdi;
+pub mod vhdx;
 pub mod vpc;
 
 use crate::error::Result;

@@ -81,10 +81,10 @@ impl ExtentSink for Rec {
 }
 
 /// A plain reader that hands out at most `step` bytes per call.
-struct Chunked {
-    data: Vec<u8>,
-    pos: usize,
-    step: usize,
+pub(crate) struct Chunked {
+    pub data: Vec<u8>,
+    pub pos: usize,
+    pub step: usize,
 }
 
 impl Read for Chunked {

@@ -1,0 +1,417 @@
+//! `quarry import` of vhdx images made by `qemu-img` (dynamic and fixed, 1-256 MiB blocks, odd
+//! sizes, holes, data at the end, all-zero blocks), compared byte for byte with
+//! `qemu-img convert -O raw`: from a file, from standard input, over HTTP (nginx) and through
+//! gzip, xz and zstd; a BAT moved after its data; and hostile images by exit code.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+
+use importer::format::vhdx::structure_checksum;
+use testkit::nginx::{Nginx, NginxConfig};
+use testkit::qemu::{assert_same, qemu_img, qemu_io, reference_raw};
+
+mod common;
+use common::*;
+
+const MIB: usize = 1 << 20;
+
+/// A vhdx made by `qemu-img create` with `opts`, then written by qemu-io.
+fn create(dir: &Path, name: &str, size: &str, opts: &str, writes: &[&str]) -> PathBuf {
+    let path = dir.join(name);
+    qemu_img(&["create", "-q", "-f", "vhdx", "-o", opts, arg(&path), size]);
+    if !writes.is_empty() {
+        qemu_io("vhdx", &path, writes);
+    }
+    path
+}
+
+/// The test images: (path, how it was made).
+fn corpus(dir: &Path) -> Vec<PathBuf> {
+    let (base, _) = sample_disk(dir);
+    let convert = |name: &str, opts: &str| {
+        let out = dir.join(name);
+        qemu_img(&["convert", "-O", "vhdx", "-o", opts, arg(&base), arg(&out)]);
+        out
+    };
+    vec![
+        // An odd size (qemu rounds it up to whole sectors), a hole in the middle, data at the
+        // very end, an all-zero block written as data.
+        create(
+            dir,
+            "dynamic-1m.vhdx",
+            "20000123",
+            "subformat=dynamic,block_size=1M",
+            &[
+                "write -P 0x11 0 4096",
+                "write -P 0x22 1049088 65536",
+                "write -P 0 5242880 1048576",
+                "write -P 0x33 19996160 4096",
+            ],
+        ),
+        create(
+            dir,
+            "dynamic-8m.vhdx",
+            "50M",
+            "subformat=dynamic,block_size=8M,block_state_zero=off",
+            &["write -P 0x44 8388096 1024", "write -P 0x55 52428288 512"],
+        ),
+        create(
+            dir,
+            "dynamic-32m.vhdx",
+            "100M",
+            "subformat=dynamic,block_size=32M",
+            &["write -P 0x66 33554432 33554432", "write -z 0 4096"],
+        ),
+        create(
+            dir,
+            "dynamic-256m.vhdx",
+            "300M",
+            "subformat=dynamic,block_size=256M",
+            &["write -P 0x77 314571776 1024"],
+        ),
+        create(
+            dir,
+            "empty.vhdx",
+            "7M",
+            "subformat=dynamic,block_size=1M",
+            &[],
+        ),
+        convert("converted-dynamic.vhdx", "subformat=dynamic,block_size=1M"),
+        convert("converted-fixed.vhdx", "subformat=fixed,block_size=8M"),
+    ]
+}
+
+/// `quarry import SOURCE TARGET --json` with `extra` arguments, fed `stdin` when given.
+fn import(source: &str, target: &Path, stdin: Option<&Path>, extra: &[&str]) -> Output {
+    let mut cmd = quarry();
+    cmd.args(["import", source, arg(target), "--json"])
+        .args(extra);
+    if let Some(f) = stdin {
+        cmd.stdin(Stdio::from(fs::File::open(f).unwrap()));
+    }
+    cmd.output().unwrap()
+}
+
+#[test]
+fn every_image_equals_qemu_img_from_a_file_stdin_http_and_compressed() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = corpus(dir.path());
+    let server = Nginx::start(NginxConfig {
+        root: dir.path().to_path_buf(),
+        ranges: true,
+        ..Default::default()
+    });
+    let work = tempfile::tempdir().unwrap();
+    let target = work.path().join("disk.img");
+    let compressors: [(&str, &[&str]); 3] = [
+        ("gz", &["gzip", "-c", "-1"]),
+        ("xz", &["xz", "-c", "-T2", "-0"]),
+        ("zst", &["zstd", "-q", "-c"]),
+    ];
+    for (i, image) in images.iter().enumerate() {
+        let name = image.file_name().unwrap().to_string_lossy().to_string();
+        let expected = reference_raw(image, work.path());
+
+        let out = import(arg(image), &target, None, &[]);
+        assert_ok(&out);
+        assert_same(
+            &format!("{name} from a file"),
+            &fs::read(&target).unwrap(),
+            &expected,
+        );
+        let report = json(&out);
+        assert_eq!(
+            report["format_chain"],
+            serde_json::json!(["vhdx"]),
+            "{name}"
+        );
+        assert_eq!(report["virtual_size"], expected.len() as u64, "{name}");
+
+        let out = import("-", &target, Some(image), &["--format", "vhdx"]);
+        assert_ok(&out);
+        assert_same(
+            &format!("{name} from stdin"),
+            &fs::read(&target).unwrap(),
+            &expected,
+        );
+
+        let out = import(&server.url(&format!("/{name}")), &target, None, &[]);
+        assert_ok(&out);
+        assert_same(
+            &format!("{name} over HTTP"),
+            &fs::read(&target).unwrap(),
+            &expected,
+        );
+
+        // One compression per image, each of them over the corpus.
+        let (ext, tool) = compressors[i % compressors.len()];
+        let packed = dir.path().join(format!("{name}.{ext}"));
+        compress(tool, image, &packed);
+        let out = import(&server.url(&format!("/{name}.{ext}")), &target, None, &[]);
+        assert_ok(&out);
+        assert_same(
+            &format!("{name}.{ext} over HTTP"),
+            &fs::read(&target).unwrap(),
+            &expected,
+        );
+        let chain = json(&out)["format_chain"].clone();
+        assert_eq!(
+            chain,
+            serde_json::json!([ext.replace("gz", "gzip").replace("zst", "zstd"), "vhdx"])
+        );
+    }
+    no_partial_left(work.path());
+}
+
+/// The metadata region and BAT of a qemu-made image, from its first region table.
+fn regions(img: &[u8]) -> [(usize, u64, u32); 2] {
+    let mut found = [(0, 0, 0); 2];
+    let count = u32::from_le_bytes(img[0x30008..0x3000c].try_into().unwrap()) as usize;
+    for i in 0..count {
+        let e = 0x30000 + 16 + 32 * i;
+        let off = u64::from_le_bytes(img[e + 16..e + 24].try_into().unwrap());
+        let len = u32::from_le_bytes(img[e + 24..e + 28].try_into().unwrap());
+        // BAT 2dc27766-..., metadata 8b7ca206-...
+        match img[e..e + 4] {
+            [0x66, 0x77, 0xc2, 0x2d] => found[0] = (e, off, len),
+            [0x06, 0xa2, 0x7c, 0x8b] => found[1] = (e, off, len),
+            _ => {}
+        }
+    }
+    found
+}
+
+/// Copies the first region table (after edits) over both, with a fresh checksum.
+fn reseal_region_tables(img: &mut [u8]) {
+    img[0x30004..0x30008].fill(0);
+    let crc = structure_checksum(&img[0x30000..0x40000], 4);
+    img[0x30004..0x30008].copy_from_slice(&crc.to_le_bytes());
+    let table = img[0x30000..0x40000].to_vec();
+    img[0x40000..0x50000].copy_from_slice(&table);
+}
+
+/// The current header (the higher sequence number), resealed after `edit`.
+fn edit_current_header(img: &mut [u8], edit: impl FnOnce(&mut [u8])) {
+    let seq = |at: usize| u64::from_le_bytes(img[at + 8..at + 16].try_into().unwrap());
+    let at = if seq(0x10000) > seq(0x20000) {
+        0x10000
+    } else {
+        0x20000
+    };
+    let h = &mut img[at..at + 4096];
+    edit(h);
+    let crc = structure_checksum(h, 4);
+    h[4..8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// The absolute offset of the metadata item with this GUID's first four bytes, and the offset
+/// of its table entry.
+fn metadata_item(img: &[u8], guid_head: [u8; 4]) -> (usize, usize) {
+    let m = regions(img)[1].1 as usize;
+    let count = u16::from_le_bytes(img[m + 10..m + 12].try_into().unwrap()) as usize;
+    (0..count)
+        .map(|i| m + 32 + 32 * i)
+        .find(|&e| img[e..e + 4] == guid_head)
+        .map(|e| {
+            let off = u32::from_le_bytes(img[e + 16..e + 20].try_into().unwrap()) as usize;
+            (m + off, e)
+        })
+        .expect("metadata item")
+}
+
+const FILE_PARAMETERS: [u8; 4] = [0x37, 0x67, 0xa1, 0xca];
+const VIRTUAL_DISK_SIZE: [u8; 4] = [0x24, 0x42, 0xa5, 0x2f];
+
+#[test]
+fn a_bat_after_its_data_streams_through_the_hold_and_the_spill_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = create(
+        dir.path(),
+        "late-bat.vhdx",
+        "80M",
+        "subformat=dynamic,block_size=1M",
+        &["write -P 0x5a 0 50331648", "write -P 0xa5 79691776 1048576"],
+    );
+    let mut img = fs::read(&image).unwrap();
+    // Move the BAT to the end of the file, after every payload block.
+    let [(entry, bat, len), _] = regions(&img);
+    let new_at = img.len().next_multiple_of(MIB);
+    let bytes = img[bat as usize..bat as usize + len as usize].to_vec();
+    img[bat as usize..bat as usize + len as usize].fill(0);
+    img.resize(new_at, 0);
+    img.extend_from_slice(&bytes);
+    img[entry + 16..entry + 24].copy_from_slice(&(new_at as u64).to_le_bytes());
+    reseal_region_tables(&mut img);
+    let late = dir.path().join("moved.vhdx");
+    fs::write(&late, &img).unwrap();
+    // qemu-img reads the rewritten image as the original.
+    let work = tempfile::tempdir().unwrap();
+    let expected = reference_raw(&late, work.path());
+    assert_same("qemu-img", &expected, &reference_raw(&image, work.path()));
+    let target = work.path().join("disk.img");
+    for budget in ["32Mi", "0"] {
+        let out = import("-", &target, Some(&late), &["--memory-budget", budget]);
+        assert_ok(&out);
+        assert_same(
+            &format!("late BAT, budget {budget}"),
+            &fs::read(&target).unwrap(),
+            &expected,
+        );
+    }
+    // 49 MiB of data wait for the BAT: held in memory with a 64 MiB budget, spilled with 1 MiB.
+    // (wait4's peak includes this test process's own pages, shared until quarry's exec, so only
+    // the difference between the two runs tells quarry's memory.)
+    let spilled = peak_rss_kib(&late, &target, "1Mi");
+    let held = peak_rss_kib(&late, &target, "64Mi");
+    assert!(
+        held > spilled + (32 << 10),
+        "peak RSS held in memory: {held} KiB, spilled: {spilled} KiB"
+    );
+    assert_same("late BAT, spilled", &fs::read(&target).unwrap(), &expected);
+    let zst = dir.path().join("moved.vhdx.zst");
+    compress(&["zstd", "-q", "-c"], &late, &zst);
+    let out = import(arg(&zst), &target, None, &["--memory-budget", "1Mi"]);
+    assert_ok(&out);
+    assert_same("late BAT, zstd", &fs::read(&target).unwrap(), &expected);
+    let out = import(arg(&late), &target, None, &[]);
+    assert_ok(&out);
+    assert_same("late BAT, file", &fs::read(&target).unwrap(), &expected);
+    no_partial_left(work.path());
+}
+
+/// Streams `image` on stdin with this memory budget; returns quarry's peak RSS (KiB).
+fn peak_rss_kib(image: &Path, target: &Path, budget: &str) -> i64 {
+    let child = quarry()
+        .args(["import", "-", arg(target), "--memory-budget", budget])
+        .stdin(Stdio::from(fs::File::open(image).unwrap()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid, and wait4 only writes the child's into it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: the child is ours and not waited for elsewhere (wait4 reaps it here).
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32, "wait4");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "quarry failed ({status})"
+    );
+    usage.ru_maxrss
+}
+
+/// Imports `img` from a file and from stdin: both must exit `code` naming `what`, leaving nothing.
+fn assert_rejected(dir: &Path, img: &[u8], code: i32, what: &str) {
+    let path = dir.join("hostile.vhdx");
+    fs::write(&path, img).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let target = work.path().join("disk.img");
+    let out = import(arg(&path), &target, None, &[]);
+    assert_refused(&out, code, what, &target);
+    let out = import("-", &target, Some(&path), &[]);
+    assert_refused(&out, code, what, &target);
+}
+
+#[test]
+fn hostile_images_exit_12_and_refused_ones_11() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = create(
+        dir.path(),
+        "base.vhdx",
+        "16M",
+        "subformat=dynamic,block_size=1M",
+        &["write -P 0x42 0 2097152", "write -P 0x24 15728640 4096"],
+    );
+    let good = fs::read(&image).unwrap();
+    let [(bat_entry, bat, _), (meta_entry, _, _)] = regions(&good);
+
+    // Both headers' checksums wrong.
+    let mut img = good.clone();
+    img[0x10000 + 200] ^= 1;
+    img[0x20000 + 200] ^= 1;
+    assert_rejected(dir.path(), &img, 12, "neither header");
+
+    // Both region tables' checksums wrong.
+    let mut img = good.clone();
+    img[0x30000 + 300] ^= 1;
+    img[0x40000 + 300] ^= 1;
+    assert_rejected(dir.path(), &img, 12, "neither region table");
+
+    // The metadata region far past the end of the file; the BAT over the metadata region.
+    let mut img = good.clone();
+    img[meta_entry + 16..meta_entry + 24].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    reseal_region_tables(&mut img);
+    assert_rejected(dir.path(), &img, 12, "past the end");
+    let mut img = good.clone();
+    let meta = regions(&good)[1].1;
+    img[bat_entry + 16..bat_entry + 24].copy_from_slice(&meta.to_le_bytes());
+    reseal_region_tables(&mut img);
+    assert_rejected(dir.path(), &img, 12, "overlapping");
+
+    // A BAT entry pointing into the metadata region, then at another block's payload.
+    let entry0 = u64::from_le_bytes(good[bat as usize..bat as usize + 8].try_into().unwrap());
+    let mut img = good.clone();
+    img[bat as usize..bat as usize + 8].copy_from_slice(&(meta | 6).to_le_bytes());
+    assert_rejected(dir.path(), &img, 12, "BAT entry 0");
+    let mut img = good.clone();
+    img[bat as usize + 8..bat as usize + 16].copy_from_slice(&entry0.to_le_bytes());
+    assert_rejected(dir.path(), &img, 12, "payload block of BAT entry");
+
+    // Absurd block sizes and a disk whose BAT would not fit its region.
+    let (params, _) = metadata_item(&good, FILE_PARAMETERS);
+    for size in [4096u32, 3 << 20, 1 << 30] {
+        let mut img = good.clone();
+        img[params..params + 4].copy_from_slice(&size.to_le_bytes());
+        assert_rejected(dir.path(), &img, 12, "block size");
+    }
+    let (vsize, _) = metadata_item(&good, VIRTUAL_DISK_SIZE);
+    let mut img = good.clone();
+    img[vsize..vsize + 8].copy_from_slice(&(60u64 << 40).to_le_bytes());
+    assert_rejected(dir.path(), &img, 12, "too short");
+
+    // HasParent without a parent locator is corrupt; with one, a differencing disk is refused.
+    let mut img = good.clone();
+    img[params + 4] |= 2;
+    assert_rejected(dir.path(), &img, 12, "parent locator");
+    let m = regions(&good)[1].1 as usize;
+    let count = u16::from_le_bytes(img[m + 10..m + 12].try_into().unwrap()) as usize;
+    let e = m + 32 + 32 * count;
+    // a8d35f2d-b30b-454d-abf7-d3d84834ab0c, 64 bytes at 0x20000 into the region.
+    img[e..e + 16].copy_from_slice(&[
+        0x2d, 0x5f, 0xd3, 0xa8, 0x0b, 0xb3, 0x4d, 0x45, 0xab, 0xf7, 0xd3, 0xd8, 0x48, 0x34, 0xab,
+        0x0c,
+    ]);
+    img[e + 16..e + 20].copy_from_slice(&0x20000u32.to_le_bytes());
+    img[e + 20..e + 24].copy_from_slice(&64u32.to_le_bytes());
+    img[m + 10..m + 12].copy_from_slice(&(count as u16 + 1).to_le_bytes());
+    assert_rejected(dir.path(), &img, 11, "differencing");
+
+    // A log to replay.
+    let mut img = good.clone();
+    edit_current_header(&mut img, |h| h[48..64].fill(0x77));
+    assert_rejected(dir.path(), &img, 11, "qemu-img check -r all");
+
+    // Cut inside the payload.
+    assert_rejected(dir.path(), &good[..good.len() - 4096], 12, "past the end");
+}
+
+#[test]
+fn the_size_is_checked_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = create(
+        dir.path(),
+        "big.vhdx",
+        "64M",
+        "subformat=dynamic,block_size=8M",
+        &["write -P 0x42 0 1048576"],
+    );
+    let target = dir.path().join("disk.img");
+    for stdin in [None, Some(image.as_path())] {
+        let source = if stdin.is_some() { "-" } else { arg(&image) };
+        // 64 MiB needs more than 64 MiB less the filesystem overhead.
+        let out = import(source, &target, stdin, &["--size", "64Mi"]);
+        assert_refused(&out, 13, &(64u64 << 20).to_string(), &target);
+    }
+}
