@@ -7,7 +7,6 @@ mod exit;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use importer::import::ImportReport;
 
 use exit::{done, exit, report};
 
@@ -24,7 +23,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Import a disk image (raw or qcow2, optionally gzip/xz/zstd compressed) into a volume.
+    /// Import a disk image (raw or qcow2, optionally gzip/xz/zstd compressed) into a volume, or
+    /// extract a tar archive into one (--archive).
     Import(Box<importer::cli::ImportArgs>),
     /// Serve the CSI hostpath driver (Identity, Controller, Node) on one socket.
     Csi(csi::CsiArgs),
@@ -70,7 +70,11 @@ fn main() -> ExitCode {
         Command::Import(args) => {
             init_logs("warn");
             let json = args.json;
-            report(importer::cli::run(&args), json, ImportReport::summary)
+            report(
+                importer::cli::run(&args),
+                json,
+                importer::cli::Report::summary,
+            )
         }
         Command::Csi(args) => {
             init_logs("info");

@@ -493,3 +493,44 @@ fn a_snapshot_source_restores_the_pool_snapshot() {
     assert_eq!(l.status("restored")["phase"], "Succeeded");
     assert!(fs::read(l.pool.join("default-restored/disk.img")).unwrap() == bytes);
 }
+
+#[test]
+fn an_archive_datavolume_is_extracted_into_the_pool_volume() {
+    use common::archive::{check_tree, pack, sample_tree};
+    let l = local();
+    let served = l.dir.join("served");
+    fs::create_dir(&served).unwrap();
+    let tree = sample_tree(&l.dir);
+    let tar = l.dir.join("tree.tar");
+    pack(&tree, &tar, "posix");
+    compress(&["zstd", "-c", "-q"], &tar, &served.join("tree.tar.zst"));
+    let server = serve(&served);
+    let spec = format!(
+        "  contentType: archive\n  source:\n    http:\n      url: {}\n{}",
+        server.url("/tree.tar.zst"),
+        storage("64Mi", "Filesystem")
+    );
+    let out = l.apply(&dv_manifest(&l.dir, "files", &spec));
+    assert_ok(&out);
+    assert_eq!(l.status("files")["phase"], "Succeeded");
+    let volume = l.pool.join("default-files");
+    check_tree(&volume);
+    assert!(!volume.join("disk.img").exists());
+
+    // An archive cannot fill a block volume.
+    let spec = format!(
+        "  contentType: archive\n  source:\n    http:\n      url: {}\n{}",
+        server.url("/tree.tar.zst"),
+        storage("64Mi", "Block")
+    );
+    let out = l.apply(&dv_manifest(&l.dir, "blockfiles", &spec));
+    let st = l.status("blockfiles");
+    assert_eq!(st["phase"], "Failed", "{out:?}");
+    assert!(
+        condition(&st, "Ready")["message"]
+            .as_str()
+            .unwrap()
+            .contains("Filesystem"),
+        "{st}"
+    );
+}

@@ -1687,3 +1687,70 @@ fn concurrent_clone_streams_each_arrive_equal_and_sparse() {
         assert!(allocated(&target) < 4 << 20, "holes were filled");
     }
 }
+
+#[test]
+fn an_archive_volume_extracts_uploads_on_cdis_archive_path_and_through_the_proxy() {
+    use common::archive::{check_tree, pack, sample_tree};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (private, public) = testkit::tls::rsa_key_pair(d, "signer");
+    let tree = sample_tree(d);
+    let tar = d.join("tree.tar");
+    pack(&tree, &tar, "gnu");
+    let gz = d.join("tree.tar.gz");
+    compress(&["gzip", "-c"], &tar, &gz);
+
+    // CDI's upload proxy sends uploads to an archive volume to /v1beta1/upload-archive.
+    let vol = d.join("vol");
+    fs::create_dir(&vol).unwrap();
+    let mut srv = server(d, &vol, &["--archive", "--size", "64Mi"]);
+    let direct = format!("http://127.0.0.1:{}/v1beta1/upload-archive", srv.port);
+    let (code, body) = post(&direct, "unused", &gz);
+    assert_eq!(code, 200, "{body}");
+    check_tree(&vol);
+    assert_eq!(srv.wait_exit(), 0);
+
+    // Through Quarry's proxy on virtctl's path, with a hostile archive first: refused with 500,
+    // nothing written, and the server takes the good one after.
+    let vol2 = d.join("vol2");
+    fs::create_dir(&vol2).unwrap();
+    let srv2 = server(d, &vol2, &["--archive", "--keep-serving"]);
+    let px = proxy(d, &public, &[("vms/files", &srv2)], &[]);
+    let url = format!("http://127.0.0.1:{}/v1beta1/upload-async", px.port);
+    let hostile = d.join("hostile.tar");
+    common::archive::python_tar(&hostile, "add('../escape', data=b'x')");
+    let tok = token(&private, "vms", "files");
+    let sync_url = format!("http://127.0.0.1:{}/v1beta1/upload", px.port);
+    let (code, body) = post(&sync_url, &tok, &hostile);
+    assert_eq!(code, 500, "{body}");
+    assert!(body.contains("refused"), "{body}");
+    assert_eq!(fs::read_dir(&vol2).unwrap().count(), 0);
+    assert!(!d.join("escape").exists());
+    let (code, body) = post(&url, &tok, &gz);
+    assert_eq!(code, 200, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !vol2.join("top.txt").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the async upload was not extracted"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The async answer comes before the commit: wait for the 409 that follows success.
+    let archive_url = format!("http://127.0.0.1:{}/v1beta1/upload-archive", px.port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while post(&archive_url, &tok, &gz).0 != 409 {
+        assert!(Instant::now() < deadline, "the upload did not settle");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    check_tree(&vol2);
+
+    // A disk-image server refuses the archive path.
+    let vol3 = d.join("vol3");
+    fs::create_dir(&vol3).unwrap();
+    let srv3 = server(d, &vol3.join("disk.img"), &[]);
+    let url = format!("http://127.0.0.1:{}/v1beta1/upload-archive", srv3.port);
+    let (code, body) = post(&url, "unused", &gz);
+    assert_eq!(code, 400, "{body}");
+    assert!(!vol3.join("disk.img").exists());
+}

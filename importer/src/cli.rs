@@ -15,10 +15,12 @@ use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 
+use crate::archive::{ArchiveReport, extract};
 use crate::checksum::Checksum;
 use crate::error::{Error, Result};
 use crate::format::ImageFormat;
 use crate::import::{ImportReport, ImportRequest, import};
+use crate::ova::DiskChoice;
 use crate::progress::{Progress, ProgressBar, serve_metrics};
 use crate::source::SourceSpec;
 use crate::source::registry::manifest::Platform;
@@ -45,8 +47,13 @@ pub struct ImportArgs {
     /// A local path, `-` for standard input, an http:// or https:// URL, a containerDisk image
     /// `docker://HOST[:PORT]/NAME[:TAG|@DIGEST]`, or an S3 object `s3://BUCKET/KEY`.
     pub source: String,
-    /// A file (a filesystem volume's disk.img) or a block device (/dev/...).
+    /// A file (a filesystem volume's disk.img) or a block device (/dev/...); with --archive, the
+    /// directory (a filesystem volume) the archive is extracted into.
     pub target: PathBuf,
+    /// SOURCE is a tar archive (optionally gzip/xz/zstd compressed): extract it into the
+    /// directory TARGET instead of writing a disk image (CDI's `contentType: archive`).
+    #[arg(long)]
+    pub archive: bool,
     /// Requested volume size (bytes, or a quantity such as 10Gi); the image must fit it.
     #[arg(long, env = "IMPORTER_IMAGE_SIZE", value_parser = parse_size)]
     pub size: Option<u64>,
@@ -65,6 +72,10 @@ pub struct ImportArgs {
     /// Force the image format instead of detecting it.
     #[arg(long, value_parser = parse_format)]
     pub format: Option<ImageFormat>,
+    /// OVA sources: the disk to import, its number in the OVF descriptor's order (from 1) or
+    /// its file name (ovf:href) or disk id [default: the descriptor's first disk].
+    #[arg(long, value_name = "N|NAME", value_parser = checked(|s| s.parse::<DiskChoice>().map(drop)))]
+    pub disk: Option<String>,
     /// Trust this CA certificate (PEM) for HTTPS; repeatable.
     #[arg(long = "ca-cert", value_name = "FILE")]
     pub ca_certs: Vec<PathBuf>,
@@ -203,12 +214,14 @@ impl ImportArgs {
         ImportArgs {
             source: source.into(),
             target: target.into(),
+            archive: false,
             size: None,
             filesystem_overhead: None,
             checksum: None,
             preallocate: false,
             no_zero: false,
             format: None,
+            disk: None,
             ca_certs: Vec::new(),
             insecure: false,
             headers: Vec::new(),
@@ -242,6 +255,7 @@ impl ImportArgs {
         if !positionals_last {
             a.0.extend([self.source.clone(), target.clone()]);
         }
+        a.flag("archive", self.archive);
         a.opt("size", self.size);
         a.opt("filesystem-overhead", self.filesystem_overhead);
         a.opt("checksum", self.checksum.as_ref());
@@ -259,6 +273,7 @@ impl ImportArgs {
         a.flag("preallocate", self.preallocate);
         a.flag("no-zero", self.no_zero);
         a.opt("format", self.format.map(ImageFormat::as_str));
+        a.opt("disk", self.disk.as_ref());
         a.paths("auth-file", &self.auth_file);
         a.opt("endpoint", self.endpoint.as_ref());
         a.opt("region", self.region.as_ref());
@@ -298,6 +313,7 @@ impl ImportArgs {
         req.preallocate = self.preallocate;
         req.assume_zeroed = self.no_zero;
         req.format = self.format;
+        req.disk = self.disk.as_deref().map(str::parse).transpose()?;
         req.memory_budget = usize::try_from(self.memory_budget).unwrap_or(usize::MAX);
         req.http.ca_certs = self.ca_certs.clone();
         req.http.insecure = self.insecure;
@@ -415,9 +431,34 @@ impl Argv {
     }
 }
 
+/// What `quarry import` did: an image imported, or an archive extracted.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(untagged)]
+pub enum Report {
+    Image(ImportReport),
+    Archive(ArchiveReport),
+}
+
+impl Report {
+    /// The one-line summary printed without `--json`.
+    pub fn summary(&self) -> String {
+        match self {
+            Report::Image(r) => r.summary(),
+            Report::Archive(r) => r.summary(),
+        }
+    }
+}
+
 /// `quarry import`: the import with a progress bar on a terminal, and Prometheus metrics when
 /// `--metrics-addr` is given.
-pub fn run(args: &ImportArgs) -> Result<ImportReport, ArgsError> {
+pub fn run(args: &ImportArgs) -> Result<Report, ArgsError> {
+    if args.archive
+        && (args.preallocate || args.no_zero || args.format.is_some() || args.disk.is_some())
+    {
+        return Err(ArgsError::Options(
+            "--preallocate, --no-zero, --format and --disk apply to disk images, not to --archive",
+        ));
+    }
     let req = args.to_request()?;
     let progress = Arc::new(Progress::default());
     if let Some(addr) = args.metrics_addr {
@@ -426,7 +467,11 @@ pub fn run(args: &ImportArgs) -> Result<ImportReport, ArgsError> {
         tracing::info!(%bound, "serving metrics");
     }
     let bar = ProgressBar::start(progress.clone());
-    let result = import(&req, progress);
+    let result = if args.archive {
+        extract(&req, progress).map(Report::Archive)
+    } else {
+        import(&req, progress).map(Report::Image)
+    };
     bar.finish();
     Ok(result?)
 }
@@ -540,7 +585,7 @@ mod tests {
             any::<bool>(),
         );
         let rest = (
-            any::<[bool; 3]>(),
+            any::<[bool; 4]>(),
             prop::option::of(prop::sample::select(vec![
                 ImageFormat::Raw,
                 ImageFormat::Qcow2,
@@ -549,6 +594,7 @@ mod tests {
             ])),
             prop::option::of(metrics_addr()),
             prop::option::of(text()),
+            prop::option::of("[1-9]|[a-z][a-z0-9.]{0,8}"),
         );
         (target, sizes, auth, http, s3, rest).prop_map(
             |((source, target), sizes, auth, http, s3, rest)| {
@@ -587,7 +633,9 @@ mod tests {
                     });
                 }
                 (a.endpoint, a.region, a.s3) = s3;
-                let ([preallocate, no_zero, json], format, metrics_addr, owner_uid) = rest;
+                let ([preallocate, no_zero, json, archive], format, metrics_addr, owner_uid, disk) =
+                    rest;
+                (a.archive, a.disk) = (archive, disk);
                 (a.preallocate, a.no_zero, a.json, a.format) = (preallocate, no_zero, json, format);
                 (a.metrics_addr, a.owner_uid) = (metrics_addr, owner_uid);
                 (a, env)

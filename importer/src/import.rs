@@ -19,6 +19,7 @@ use crate::format::vdi::VdiReader;
 use crate::format::vhdx::VhdxReader;
 use crate::format::vpc::VpcReader;
 use crate::format::{self, FormatReader, ImageFormat, ReaderOptions};
+use crate::ova::{self, DiskChoice};
 use crate::peek::Peeked;
 use crate::pipe::{self, ChunkObserver};
 use crate::progress::Progress;
@@ -56,6 +57,8 @@ pub struct ImportRequest {
     pub http: HttpOptions,
     /// Memory a streaming reader may use to hold out-of-order data before spilling to disk.
     pub memory_budget: usize,
+    /// An OVA source: the disk to import (the descriptor's first without one).
+    pub disk: Option<DiskChoice>,
 }
 
 impl ImportRequest {
@@ -71,6 +74,7 @@ impl ImportRequest {
             format: None,
             http: HttpOptions::default(),
             memory_budget: ReaderOptions::default().memory_budget,
+            disk: None,
         }
     }
 }
@@ -348,27 +352,14 @@ fn run(
     };
 
     // Every guest byte is written; let the source stage read to the end so the checksum covers it.
-    let (source_bytes, source_checksum) = match stages.finish() {
-        Ok(observed) => observed.unwrap_or((source_length.unwrap_or(0), None)),
-        Err(e) => {
-            sink.abort();
-            return Err(e);
-        }
-    };
-    if let (Some(expected), Some(actual)) = (&req.checksum, &source_checksum)
-        && let Err(e) = expected.verify(actual)
-    {
-        sink.abort();
-        return Err(e);
-    }
-    if let Some(length) = source_length
-        && source_bytes != length
-    {
-        sink.abort();
-        return Err(Error::SourceUnavailable(format!(
-            "{source_name} announced {length} bytes but {source_bytes} arrived"
-        )));
-    }
+    let (source_bytes, source_checksum) =
+        match stages.settle(req.checksum.as_ref(), source_length, &source_name) {
+            Ok(settled) => settled,
+            Err(e) => {
+                sink.abort();
+                return Err(e);
+            }
+        };
 
     let target_size = if capacity.is_block {
         virtual_size
@@ -393,7 +384,9 @@ fn run(
     })
 }
 
-struct Stages {
+/// The threads feeding a format reader (or an archive extraction): the source's and the
+/// decoders'.
+pub(crate) struct Stages {
     source: Option<pipe::Stage<SourceObserver>>,
     decode: Option<pipe::Stage<()>>,
 }
@@ -406,7 +399,8 @@ impl Stages {
         }
     }
 
-    fn cancel(&mut self) {
+    /// Stops the stages after a failure.
+    pub(crate) fn cancel(&mut self) {
         if let Some(s) = self.decode.take() {
             s.cancel();
         }
@@ -426,6 +420,30 @@ impl Stages {
         let observed = source.finish().map_err(|e| Error::from_read(e, "source"))?;
         Ok(Some((observed.bytes, observed.hasher.map(Hasher::finish))))
     }
+
+    /// Once every byte needed is read: lets the source stage read to the end, then checks the
+    /// checksum and the length the source announced. Returns the source bytes read and their
+    /// checksum.
+    pub(crate) fn settle(
+        &mut self,
+        checksum: Option<&Checksum>,
+        source_length: Option<u64>,
+        source_name: &str,
+    ) -> Result<(u64, Option<Checksum>)> {
+        let (source_bytes, source_checksum) =
+            self.finish()?.unwrap_or((source_length.unwrap_or(0), None));
+        if let (Some(expected), Some(actual)) = (checksum, &source_checksum) {
+            expected.verify(actual)?;
+        }
+        if let Some(length) = source_length
+            && source_bytes != length
+        {
+            return Err(Error::SourceUnavailable(format!(
+                "{source_name} announced {length} bytes but {source_bytes} arrived"
+            )));
+        }
+        Ok((source_bytes, source_checksum))
+    }
 }
 
 /// The fast path for an uncompressed image in a local regular file with no checksum to compute
@@ -436,6 +454,7 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
         return Ok(None);
     };
     if req.checksum.is_some()
+        || req.disk.is_some()
         || !matches!(
             req.format,
             None | Some(
@@ -454,8 +473,10 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
         return Ok(None); // a pipe or device: stream it
     };
     let head = Peeked::new(&file, decode::SNIFF_LEN).map_err(|e| Error::from_read(e, "source"))?;
-    if decode::detect(head.head()).is_some() {
-        return Ok(None); // compressed: stream it through the decoders, which detect its format
+    if decode::detect(head.head()).is_some() || ova::is_ova(head.head(), &info.name) {
+        // compressed: stream it through the decoders, which detect its format; an OVA: stream
+        // its disk out of the tar
+        return Ok(None);
     }
     let format = image_format(req, head.head(), &info.name);
     let reader: Box<dyn FormatReader> = match format {
@@ -481,15 +502,43 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
 /// decoding stage, and the format reader on top.
 fn open_stream(
     req: &ImportRequest,
-    mut source: Box<dyn ByteSource>,
+    source: Box<dyn ByteSource>,
     progress: &Arc<Progress>,
 ) -> Result<Opened> {
+    let (raw_stream, mut stages, info) = read_source(req.checksum.as_ref(), source, progress)?;
+    match open_layers(req, &info, raw_stream, &mut stages) {
+        Ok((reader, mut chain, format, plan)) => {
+            chain.push(format.as_str().to_string());
+            Ok(Opened {
+                reader,
+                chain,
+                format,
+                source_name: info.name,
+                source_length: info.length,
+                stages,
+                plan,
+            })
+        }
+        Err(e) => {
+            stages.cancel();
+            Err(e)
+        }
+    }
+}
+
+/// Reads a source on a stage of its own, counted into `progress` and hashed for `checksum`:
+/// returns the stream of its bytes as stored, the stage, and what is known of the source.
+pub(crate) fn read_source(
+    checksum: Option<&Checksum>,
+    mut source: Box<dyn ByteSource>,
+    progress: &Arc<Progress>,
+) -> Result<(decode::BoxRead, Stages, SourceInfo)> {
     let info = source.info().clone();
     progress
         .source_length
         .store(info.length.unwrap_or(0), Ordering::Relaxed);
     let observer = SourceObserver {
-        hasher: req.checksum.as_ref().map(|c| c.algorithm.hasher()),
+        hasher: checksum.map(|c| c.algorithm.hasher()),
         progress: progress.clone(),
         bytes: 0,
     };
@@ -515,37 +564,16 @@ fn open_stream(
             (Box::new(reader), stage)
         }
     };
-    let mut stages = Stages {
+    let stages = Stages {
         source: Some(source_stage),
         decode: None,
     };
-    match open_layers(req, &info, raw_stream, &mut stages) {
-        Ok((reader, layers, format, plan)) => {
-            let mut chain: Vec<String> = layers.iter().map(|c| c.as_str().to_string()).collect();
-            chain.push(format.as_str().to_string());
-            Ok(Opened {
-                reader,
-                chain,
-                format,
-                source_name: info.name,
-                source_length: info.length,
-                stages,
-                plan,
-            })
-        }
-        Err(e) => {
-            stages.cancel();
-            Err(e)
-        }
-    }
+    Ok((raw_stream, stages, info))
 }
 
-type OpenedLayers = (
-    Box<dyn FormatReader>,
-    Vec<Compression>,
-    ImageFormat,
-    MemoryPlan,
-);
+/// The reader, the layers around the image from the outside in (`["xz", "ova", "gzip"]`), its
+/// format and the memory plan.
+type OpenedLayers = (Box<dyn FormatReader>, Vec<String>, ImageFormat, MemoryPlan);
 
 fn open_layers(
     req: &ImportRequest,
@@ -553,9 +581,24 @@ fn open_layers(
     raw_stream: decode::BoxRead,
     stages: &mut Stages,
 ) -> Result<OpenedLayers> {
-    let source_length = info.length;
-    let (decoded, layers) = decode::unwrap_layers(raw_stream)?;
-    let format = image_format(req, decoded.head(), &info.name);
+    let mut source_length = info.length;
+    let (mut decoded, mut layers) = decode::unwrap_layers(raw_stream)?;
+    let mut chain: Vec<String> = layers.iter().map(|c| c.as_str().to_string()).collect();
+    let mut name = info.name.clone();
+    if req.format.is_none() && ova::is_ova(decoded.head(), &info.name) {
+        let (disk, chosen) = ova::open_disk(Box::new(decoded), req.disk.clone(), &info.name)?;
+        let (inner, inner_layers) = decode::unwrap_layers(Box::new(disk))?;
+        chain.push("ova".into());
+        chain.extend(inner_layers.iter().map(|c| c.as_str().to_string()));
+        source_length = inner_layers.is_empty().then_some(chosen.size);
+        layers.extend(inner_layers);
+        (decoded, name) = (inner, chosen.disk.href);
+    } else if req.disk.is_some() {
+        return Err(Error::InvalidInput(
+            "--disk picks a disk of an OVA, and the source is not one".into(),
+        ));
+    }
+    let format = image_format(req, decoded.head(), &name);
     let plan = MemoryPlan::for_layers(&layers);
     tracing::debug!(?plan, buffers = plan.buffers(), ?layers, "memory plan");
     let stream: Box<dyn std::io::Read + Send> = if plan.decode_stage {
@@ -566,7 +609,7 @@ fn open_layers(
         Box::new(decoded)
     };
     let reader = open_reader(req, format, stream, &layers, source_length, &plan)?;
-    Ok((reader, layers, format, plan))
+    Ok((reader, chain, format, plan))
 }
 
 fn open_sink(

@@ -10,6 +10,7 @@
 //! Each arrow is a bounded channel between threads, so memory stays flat whatever the image size,
 //! and the whole import is one pass over the source with no scratch copy.
 
+pub mod archive;
 pub mod error;
 pub mod format;
 pub mod sink;
@@ -21,6 +22,7 @@ pub mod chunks;
 pub mod cli;
 pub mod decode;
 pub mod import;
+pub mod ova;
 pub mod peek;
 pub mod pipe;
 pub mod progress;

@@ -1,6 +1,8 @@
 //! Helpers shared by the CLI test suites: running `quarry`, sample disks, output checks.
 #![allow(dead_code)]
 
+pub mod archive;
+
 use std::fs;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;

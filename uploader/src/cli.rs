@@ -19,9 +19,14 @@ server pod), so a second upload meets a closed port; pass --keep-serving to keep
 (409 to any further upload)."
 )]
 pub struct ServerArgs {
-    /// The volume's disk.img (or block device) the image is written to.
+    /// The volume's disk.img (or block device) the image is written to; with --archive, the
+    /// volume's directory the uploaded tar is extracted into.
     #[arg(long)]
     pub target: PathBuf,
+    /// The volume's content is an archive (CDI's `contentType: archive`): every upload is a tar
+    /// (optionally gzip/xz/zstd compressed), extracted into the directory --target.
+    #[arg(long)]
+    pub archive: bool,
     /// Requested volume size (bytes or a quantity such as 10Gi); the image must fit it.
     #[arg(long, value_parser = parse_size)]
     pub size: Option<u64>,
@@ -285,6 +290,7 @@ pub fn run_server(args: ServerArgs) -> Result<()> {
         size: args.size,
         filesystem_overhead: args.filesystem_overhead,
         preallocate: args.preallocate,
+        archive: args.archive,
         resume_window: args.resume_window,
         idle_timeout: args.idle_timeout,
     };

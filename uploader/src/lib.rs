@@ -38,6 +38,9 @@ pub const ASYNC_PATHS: [&str; 2] = ["/v1beta1/upload-async", "/v1alpha1/upload-a
 pub const SYNC_FORM_PATHS: [&str; 2] = ["/v1beta1/upload-form", "/v1alpha1/upload-form"];
 pub const ASYNC_FORM_PATHS: [&str; 2] =
     ["/v1beta1/upload-form-async", "/v1alpha1/upload-form-async"];
+/// CDI's archive upload paths (its upload proxy sends every upload to a `contentType: archive`
+/// volume there): the body is a tar, extracted into the volume; answered synchronously.
+pub const ARCHIVE_PATHS: [&str; 2] = ["/v1beta1/upload-archive", "/v1alpha1/upload-archive"];
 
 /// Resume extension: on a request, the offset of the image its body starts at; on a `HEAD`
 /// answer, how many bytes of an interrupted upload the server holds.
@@ -57,4 +60,5 @@ pub fn upload_paths() -> impl Iterator<Item = &'static str> {
         .chain(ASYNC_PATHS)
         .chain(SYNC_FORM_PATHS)
         .chain(ASYNC_FORM_PATHS)
+        .chain(ARCHIVE_PATHS)
 }

@@ -23,6 +23,11 @@
 //! skipped). A `POST` without it, as `virtctl` sends when it retries, drops the held upload and
 //! starts over, so plain clients keep working. An upload that is not resumed in time is aborted.
 //!
+//! **Archives.** A server started with `archive` (a `contentType: archive` volume) extracts every
+//! upload, a tar optionally compressed, into its target directory ([`importer::archive`]) on any
+//! path, CDI's `/v1beta1/upload-archive` (and `/v1alpha1/`) included, where CDI's upload proxy
+//! sends archive uploads. A disk-image server answers 400 on the archive paths.
+//!
 //! **Clone streams.** A `POST` with `x-cdi-content-type: filesystem-clone|blockdevice-clone` is a
 //! host-assisted clone as CDI's cloner sends it: the body is decoded by [`crate::clone::decode`]
 //! and its image goes through the same pipeline, as raw (no format sniffing).
@@ -45,14 +50,14 @@ use bytes::{Buf, Bytes};
 use futures_util::{Stream, StreamExt};
 use importer::checksum::Checksum;
 use importer::chunks::{ChunkSender, ChunkSource};
-use importer::import::{ImportReport, ImportRequest};
+use importer::import::ImportRequest;
 use importer::progress::Progress;
 use importer::source::{ByteSource, SourceInfo, SourceSpec};
 use tokio::sync::watch;
 
 use crate::clone::{CLONE_LENGTH, CONTENT_TYPE_HEADER, CloneKind};
 use crate::net::text;
-use crate::{ASYNC_FORM_PATHS, ASYNC_PATHS, SYNC_FORM_PATHS, SYNC_PATHS};
+use crate::{ARCHIVE_PATHS, ASYNC_FORM_PATHS, ASYNC_PATHS, SYNC_FORM_PATHS, SYNC_PATHS};
 use crate::{UPLOAD_CHECKSUM, UPLOAD_LENGTH, UPLOAD_OFFSET, UPLOAD_STATE};
 
 /// Body chunks in flight between the HTTP side and the pipeline.
@@ -65,6 +70,8 @@ pub struct Config {
     pub size: Option<u64>,
     pub filesystem_overhead: Option<f64>,
     pub preallocate: bool,
+    /// Uploads are tar archives extracted into the directory `target` (`contentType: archive`).
+    pub archive: bool,
     /// How long an interrupted upload is held for a resume.
     pub resume_window: Duration,
     /// A body that delivers nothing for this long counts as interrupted.
@@ -72,7 +79,7 @@ pub struct Config {
 }
 
 /// How an import ended, as the HTTP side needs it.
-type Outcome = std::result::Result<ImportReport, (importer::ErrorKind, String)>;
+type Outcome = std::result::Result<(), (importer::ErrorKind, String)>;
 
 /// One upload in progress: the sending half of the pipeline's source, and its outcome.
 struct Session {
@@ -136,11 +143,19 @@ pub fn router(config: Config) -> (Router, watch::Receiver<bool>) {
         (ASYNC_PATHS, false, true),
         (SYNC_FORM_PATHS, true, false),
         (ASYNC_FORM_PATHS, true, true),
+        (ARCHIVE_PATHS, false, false),
     ];
     for (paths, form, is_async) in kinds {
         for path in paths {
-            let mut route = post(move |state: State<Arc<App>>, req: Request| {
-                upload(state, req, form, is_async)
+            let archive_path = ARCHIVE_PATHS.contains(&path);
+            let mut route = post(move |state: State<Arc<App>>, req: Request| async move {
+                if archive_path && !state.config.archive {
+                    return text(
+                        StatusCode::BAD_REQUEST,
+                        "this upload server writes a disk image: archive uploads need a volume with contentType archive",
+                    );
+                }
+                upload(state, req, form, is_async).await
             });
             if is_async {
                 route = route.head(probe);
@@ -255,6 +270,12 @@ async fn handle(app: Arc<App>, req: Request, form: bool, is_async: bool) -> Resp
         Ok(ask) => ask,
         Err(why) => return text(StatusCode::BAD_REQUEST, why),
     };
+    if app.config.archive && ask.clone.is_some() {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "a clone stream cannot fill a volume whose content is an archive",
+        );
+    }
     let boundary = if form {
         let content_type = req
             .headers()
@@ -460,21 +481,23 @@ fn start(app: &Arc<App>, ask: &Ask) -> Session {
     req.preallocate = cfg.preallocate;
     req.checksum = ask.checksum.clone();
     let (done, outcome) = watch::channel(None);
+    let archive = cfg.archive;
     std::thread::Builder::new()
         .name("upload-import".into())
         .spawn(move || {
-            let result =
-                importer::import::import_source(&req, source, Arc::new(Progress::default()));
+            let progress = Arc::new(Progress::default());
+            let result = if archive {
+                importer::archive::extract_source(&req, source, progress).map(|r| r.summary())
+            } else {
+                importer::import::import_source(&req, source, progress).map(|r| r.summary())
+            };
             match &result {
-                Ok(report) => tracing::info!(
-                    target = %report.target,
-                    chain = ?report.format_chain,
-                    bytes = report.source_bytes,
-                    "upload written"
-                ),
+                Ok(summary) => tracing::info!("upload written: {summary}"),
                 Err(e) => tracing::warn!(error = %e, "upload failed"),
             }
-            let _ = done.send(Some(result.map_err(|e| (e.kind(), e.to_string()))));
+            let _ = done.send(Some(
+                result.map(drop).map_err(|e| (e.kind(), e.to_string())),
+            ));
         })
         .expect("spawning the import thread");
     Session {

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use importer::cli::ArgsError;
-use importer::import::{ImportReport, ImportRequest, import};
+use importer::import::{ImportRequest, import};
 use importer::progress::Progress;
 use importer::source::SourceSpec;
 use k8s_openapi::api::core::v1::{
@@ -269,7 +269,7 @@ pub fn import_request(
     let mut args = src.import_args(target, claim, &opts.insecure_registries);
     // The target is always a file here, whatever the volume mode.
     args.filesystem_overhead = Some(claim.overhead);
-    args.preallocate = preallocate;
+    args.preallocate = preallocate && !src.archive;
     if let Some(secret) = &src.secret_ref {
         let dir = object_dir(opts, "Secret", secret)?;
         match src.kind {
@@ -339,7 +339,7 @@ pub fn open_pool(pool: &Path) -> Result<Provisioner> {
     Ok(Provisioner::open(&pools)?)
 }
 
-type Worker = JoinHandle<importer::Result<ImportReport>>;
+type Worker = JoinHandle<importer::Result<()>>;
 
 /// Runs a DataVolume to Succeeded or Failed against the local pool, writing its status as it
 /// goes; `progress` is shared with the caller (for a progress bar).
@@ -453,7 +453,13 @@ pub fn apply(
         // The scheduled pod starts once ImportScheduled has been recorded.
         if phase == Some(Phase::ImportScheduled) && worker.is_none() && pod.is_some() {
             let (_, dir, _) = prov.volume_paths(&volume)?;
-            let target = dir.join(provisioner::pool::BLOCK_FILE);
+            // An archive is extracted into the volume's directory itself.
+            let archive = super::source::is_archive(&dv.spec);
+            let target = if archive {
+                dir
+            } else {
+                dir.join(provisioner::pool::BLOCK_FILE)
+            };
             let req = match source(&dv.spec)? {
                 Source::Import(i) => import_request(
                     &i,
@@ -472,7 +478,13 @@ pub fn apply(
             };
             reset(&progress);
             let p = progress.clone();
-            worker = Some(std::thread::spawn(move || import(&req, p)));
+            worker = Some(std::thread::spawn(move || {
+                if archive {
+                    importer::archive::extract(&req, p).map(drop)
+                } else {
+                    import(&req, p).map(drop)
+                }
+            }));
             pod = Some(local_pod(&dv, "Running", None));
             continue;
         }

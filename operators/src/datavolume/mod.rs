@@ -49,6 +49,9 @@ pub const ANN_OWNED_BY: &str = "cdi.kubevirt.io/ownedByDataVolume";
 /// Marks the PVC of an upload DataVolume as an upload target (CDI's); the token API issues
 /// upload tokens only for such PVCs.
 pub const ANN_UPLOAD_TARGET: &str = "cdi.kubevirt.io/storage.upload.target";
+/// CDI's PVC annotation naming the volume's content type (`kubevirt` or `archive`); virtctl
+/// checks it before an archive upload.
+pub const ANN_CONTENT_TYPE: &str = "cdi.kubevirt.io/storage.contentType";
 /// DataVolume annotation: keep the PVC when the DataVolume is deleted.
 pub const ANN_RETAIN_PVC: &str = "quarry.kubevirt.io/retainPVC";
 /// Upload pod label: the UID of the PVC it fills (CDI's; the upload Service selects on it).

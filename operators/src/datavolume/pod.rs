@@ -104,6 +104,12 @@ pub fn target(mode: VolumeMode) -> &'static str {
     }
 }
 
+/// Target path inside the pod: the disk, or the volume's directory an archive is extracted into
+/// (archives need a filesystem volume, [`super::pvc::claim`] checks it).
+fn target_of(mode: VolumeMode, archive: bool) -> &'static str {
+    if archive { DATA_DIR } else { target(mode) }
+}
+
 /// The import the pod runs, with the files it mounts and the environment its `$(VAR)`
 /// references read.
 fn import_args(
@@ -113,7 +119,11 @@ fn import_args(
     refs: &SourceRefs,
     cfg: &Config,
 ) -> (ImportArgs, Vec<EnvVar>) {
-    let mut args = src.import_args(target(claim.mode), claim, &cfg.insecure_registries);
+    let mut args = src.import_args(
+        target_of(claim.mode, src.archive),
+        claim,
+        &cfg.insecure_registries,
+    );
     let mut env = Vec::new();
     args.ca_certs = refs
         .ca_keys
@@ -141,7 +151,8 @@ fn import_args(
             n += 1;
         }
     }
-    args.preallocate = dv.spec.preallocation.unwrap_or(cfg.preallocation);
+    // Preallocation is of a disk image; an archive's files are written as they are.
+    args.preallocate = !src.archive && dv.spec.preallocation.unwrap_or(cfg.preallocation);
     args.metrics_addr = Some(SocketAddr::from(([0, 0, 0, 0], POD_PORT as u16)));
     args.owner_uid = Some(dv.metadata.uid.clone().unwrap_or_default());
     args.json = true;
@@ -390,13 +401,17 @@ pub fn blank_pod(dv: &DataVolume, claim: &Claim, cfg: &Config) -> Pod {
 /// configured Secret, client certificates checked against the upload proxy's CA. Labelled with
 /// the UID of the PVC it fills, which its Service selects on.
 pub fn upload_pod(dv: &DataVolume, claim: &Claim, cfg: &Config, pvc_uid: &str) -> Pod {
+    let archive = super::source::is_archive(&dv.spec);
     let mut args = vec![
         "upload-server".to_string(),
         "--target".into(),
-        target(claim.mode).into(),
+        target_of(claim.mode, archive).into(),
         "--size".into(),
         claim.size.to_string(),
     ];
+    if archive {
+        args.push("--archive".into());
+    }
     if claim.mode == VolumeMode::Filesystem {
         args.extend(["--filesystem-overhead".into(), claim.overhead.to_string()]);
     }

@@ -191,6 +191,16 @@ fn check_access_modes(modes: &[String], field: &str, exactly_one: bool) -> Resul
 /// The claim for a DataVolume, from `spec.pvc` or `spec.storage` (completed by `defaults`).
 /// [`Error::ClaimNotValid`] when the cluster gives no access modes yet.
 pub fn claim(dv: &DataVolume, cfg: &Config, defaults: &StorageDefaults) -> Result<Claim> {
+    let c = requested_claim(dv, cfg, defaults)?;
+    if c.mode == VolumeMode::Block && super::source::is_archive(&dv.spec) {
+        return Err(Error::invalid(
+            "contentType archive needs a Filesystem volume: an archive is extracted into files",
+        ));
+    }
+    Ok(c)
+}
+
+fn requested_claim(dv: &DataVolume, cfg: &Config, defaults: &StorageDefaults) -> Result<Claim> {
     match (&dv.spec.pvc, &dv.spec.storage) {
         (Some(_), Some(_)) => Err(Error::invalid("spec.pvc and spec.storage are exclusive")),
         (None, None) => Err(Error::invalid("spec.pvc or spec.storage is required")),
@@ -300,6 +310,10 @@ pub fn desired_pvc(dv: &DataVolume, claim: &Claim) -> PersistentVolumeClaim {
     )]);
     if dv.spec.source.as_ref().is_some_and(|s| s.upload.is_some()) {
         annotations.insert(super::ANN_UPLOAD_TARGET.to_string(), String::new());
+    }
+    if super::source::is_archive(&dv.spec) {
+        // virtctl image-upload --archive-path checks it, as CDI's upload proxy does.
+        annotations.insert(super::ANN_CONTENT_TYPE.to_string(), "archive".into());
     }
     PersistentVolumeClaim {
         metadata: ObjectMeta {

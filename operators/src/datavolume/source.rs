@@ -66,6 +66,8 @@ pub struct ImportSource {
     pub checksum: Option<String>,
     /// Registry image platform, `linux/ARCH`.
     pub platform: Option<String>,
+    /// `contentType: archive`: the source is a tar extracted into the volume.
+    pub archive: bool,
 }
 
 /// The source type of an [`ImportSource`].
@@ -82,11 +84,27 @@ pub enum SourceKind {
 
 /// The one source of a DataVolume, or a clear error for what Quarry does not support.
 pub fn source(spec: &DataVolumeSpec) -> Result<Source> {
-    if spec.content_type == Some(ContentType::Archive) {
-        return Err(Error::invalid(
-            "contentType archive is not supported: Quarry imports disk images (kubevirt)",
-        ));
+    let mut found = sources(spec)?;
+    let archive = spec.content_type == Some(ContentType::Archive);
+    match &mut found {
+        Source::Import(i) => i.archive = archive,
+        Source::Upload => {}
+        Source::Blank | Source::Clone(_) if archive => {
+            return Err(Error::invalid(
+                "contentType archive needs an http, s3, registry or upload source (as CDI's)",
+            ));
+        }
+        Source::Blank | Source::Clone(_) => {}
     }
+    Ok(found)
+}
+
+/// Whether a DataVolume's content is an archive to extract (not a disk image).
+pub fn is_archive(spec: &DataVolumeSpec) -> bool {
+    spec.content_type == Some(ContentType::Archive)
+}
+
+fn sources(spec: &DataVolumeSpec) -> Result<Source> {
     let Some(src) = &spec.source else {
         return Err(if spec.source_ref.is_some() {
             Error::invalid("spec.sourceRef must be resolved to its DataSource's source first")
@@ -104,7 +122,7 @@ pub fn source(spec: &DataVolumeSpec) -> Result<Source> {
             extra_headers: h.extra_headers.clone(),
             secret_extra_headers: h.secret_extra_headers.clone(),
             checksum: nonempty(&h.checksum),
-            platform: None,
+            ..Default::default()
         }));
     }
     if let Some(r) = &src.registry {
@@ -249,6 +267,7 @@ impl ImportSource {
         args.s3 =
             self.kind == SourceKind::S3 && !self.url.to_ascii_lowercase().starts_with("s3://");
         args.headers = self.extra_headers.clone();
+        args.archive = self.archive;
         if self.kind == SourceKind::Registry {
             args.platform = self.platform.clone();
             args.insecure = insecure_registry(&self.url, insecure_registries);
@@ -358,11 +377,41 @@ mod tests {
             content_type: Some(ContentType::Archive),
             ..upload
         };
+        assert_eq!(source(&archive).unwrap(), Source::Upload);
+        let blank_archive = DataVolumeSpec {
+            source: Some(DataVolumeSource {
+                blank: Some(Empty {}),
+                ..Default::default()
+            }),
+            ..archive.clone()
+        };
         assert!(
-            source(&archive)
+            source(&blank_archive)
                 .unwrap_err()
                 .to_string()
                 .contains("archive")
         );
+    }
+
+    #[test]
+    fn an_archive_source_imports_with_archive() {
+        let spec = DataVolumeSpec {
+            content_type: Some(ContentType::Archive),
+            ..spec(DataVolumeSource {
+                http: Some(http("http://h/tree.tar.gz")),
+                ..Default::default()
+            })
+        };
+        let Source::Import(i) = source(&spec).unwrap() else {
+            panic!()
+        };
+        assert!(i.archive);
+        let claim = Claim {
+            spec: Default::default(),
+            size: 1 << 30,
+            mode: VolumeMode::Filesystem,
+            overhead: 0.06,
+        };
+        assert!(i.import_args("/data", &claim, &[]).archive);
     }
 }

@@ -1049,3 +1049,79 @@ fn a_resolved_source_ref_is_the_data_sources_clone_source() {
             .contains("sourceRef")
     );
 }
+
+/// `quarry import`'s arguments as clap parses them from an importer pod's argv.
+#[derive(clap::Parser)]
+struct ImportCommand {
+    #[command(flatten)]
+    args: importer::cli::ImportArgs,
+}
+
+#[test]
+fn an_archive_datavolume_extracts_into_the_volume_directory() {
+    use clap::Parser;
+    let cfg = Config {
+        preallocation: true,
+        ..Config::default()
+    };
+    let mut dv = http_dv();
+    dv.spec.content_type = Some(crate::api::datavolume::ContentType::Archive);
+    let bound = pvc("Bound");
+    let d = decide(&dv, &obs(Some(&bound), None), &cfg);
+    let argv = args(created_pod(&d));
+    assert_eq!(
+        argv[..4],
+        [
+            "import",
+            "https://images.example/fedora.qcow2",
+            "/data",
+            "--archive"
+        ]
+    );
+    assert!(!argv.contains(&"--preallocate".to_string()), "{argv:?}");
+    // The pod's argv parses back to the import the controller meant.
+    let parsed = ImportCommand::try_parse_from(argv).unwrap().args;
+    assert!(parsed.archive);
+    assert_eq!(parsed.target, std::path::PathBuf::from("/data"));
+    let Ok(super::source::Source::Import(src)) = super::source::source(&dv.spec) else {
+        panic!("an http source")
+    };
+    let claim = pvc::claim(&dv, &cfg, &pvc::StorageDefaults::Builtin).unwrap();
+    let mut expected = src.import_args("/data", &claim, &[]);
+    (expected.metrics_addr, expected.owner_uid, expected.json) =
+        (parsed.metrics_addr, parsed.owner_uid.clone(), true);
+    assert_eq!(parsed, expected);
+
+    let mut upload = upload_dv();
+    upload.spec.content_type = dv.spec.content_type;
+    let claim = pvc::claim(&upload, &cfg, &pvc::StorageDefaults::Builtin).unwrap();
+    let p = pod::upload_pod(&upload, &claim, &cfg, "pvc-uid");
+    assert_eq!(
+        args(&p)[..4],
+        ["upload-server", "--target", "/data", "--size"]
+    );
+    assert!(args(&p).contains(&"--archive".to_string()));
+
+    let mut block = dv.clone();
+    block.spec.storage.as_mut().unwrap().volume_mode = Some("Block".into());
+    let e = pvc::claim(&block, &cfg, &pvc::StorageDefaults::Builtin).unwrap_err();
+    assert!(e.to_string().contains("Filesystem"), "{e}");
+}
+
+#[test]
+fn an_archive_pvc_carries_cdis_content_type_annotation() {
+    let mut dv = upload_dv();
+    let cfg = Config::default();
+    let claim = pvc::claim(&dv, &cfg, &pvc::StorageDefaults::Builtin).unwrap();
+    let ann = |dv: &DataVolume| {
+        pvc::desired_pvc(dv, &claim)
+            .metadata
+            .annotations
+            .unwrap()
+            .get(ANN_CONTENT_TYPE)
+            .cloned()
+    };
+    assert_eq!(ann(&dv), None);
+    dv.spec.content_type = Some(crate::api::datavolume::ContentType::Archive);
+    assert_eq!(ann(&dv).as_deref(), Some("archive"));
+}

@@ -459,6 +459,7 @@ async fn upload_through_proxy(
         size: None,
         filesystem_overhead: None,
         preallocate: false,
+        archive: false,
         resume_window: Duration::from_secs(60),
         idle_timeout: Duration::from_secs(30),
     };

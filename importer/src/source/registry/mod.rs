@@ -105,22 +105,56 @@ impl std::fmt::Debug for RegistryOptions {
     }
 }
 
-/// Where the layer walk sends what it finds: the disk's path and size once (or why it found
-/// none), then the disk's bytes.
-struct WalkOut {
+/// Where a tar walk (a registry's layers, an OVA) sends what it finds: the disk's path and size
+/// once (or why it found none), then the disk's bytes.
+pub(crate) struct WalkOut {
     found: SyncSender<Result<(String, u64)>>,
     announced: bool,
     chunks: ChunkSender,
 }
 
 impl WalkOut {
+    /// A walk's output: `found` gets the disk's path and size, `chunks` its bytes.
+    pub(crate) fn new(found: SyncSender<Result<(String, u64)>>, chunks: ChunkSender) -> Self {
+        WalkOut {
+            found,
+            announced: false,
+            chunks,
+        }
+    }
+
     fn announce(&mut self, path: String, size: u64) -> bool {
         self.announced = true;
         self.found.send(Ok((path, size))).is_ok()
     }
 
+    /// Announces the disk `path` of `size` bytes, then sends its bytes, read from `file`.
+    pub(crate) fn stream_file(
+        &mut self,
+        path: String,
+        size: u64,
+        file: &mut dyn Read,
+        what: &str,
+    ) -> Result<()> {
+        let gone = || Error::SourceUnavailable(format!("{what}: the import stopped reading"));
+        if !self.announce(path, size) {
+            return Err(gone());
+        }
+        loop {
+            let mut buf = vec![0u8; CHUNK];
+            let n = read_full(&mut &mut *file, &mut buf).map_err(|e| tar_error(e, what))?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.truncate(n);
+            if !self.chunks.send_blocking(Bytes::from(buf)) {
+                return Err(gone());
+            }
+        }
+    }
+
     /// Ends the walk: the error goes where the opener or the reader will see it.
-    fn finish(self, outcome: Result<()>) {
+    pub(crate) fn finish(self, outcome: Result<()>) {
         match outcome {
             Err(e) if !self.announced => {
                 let _ = self.found.send(Err(e));
@@ -155,11 +189,7 @@ pub fn open(spec: &str, http: &HttpOptions, opts: &RegistryOptions) -> Result<Ch
     std::thread::Builder::new()
         .name("quarry-registry".into())
         .spawn(move || {
-            let mut out = WalkOut {
-                found: found_tx,
-                announced: false,
-                chunks: chunk_tx,
-            };
+            let mut out = WalkOut::new(found_tx, chunk_tx);
             let outcome = walk_layers(&plan, &http, &mut out);
             out.finish(outcome);
         })
@@ -684,7 +714,7 @@ fn walk_layers(plan: &Plan, http: &HttpOptions, out: &mut WalkOut) -> Result<()>
 }
 
 /// Errors out of the tar reader: ours (HTTP, digest) keep their kind, the rest is a bad layer.
-fn tar_error(e: io::Error, what: &str) -> Error {
+pub(crate) fn tar_error(e: io::Error, what: &str) -> Error {
     match Error::from_read(e, what) {
         Error::Io { cause, .. } => {
             Error::Corrupt(format!("{what}: not a valid tar layer: {cause}"))
@@ -725,22 +755,8 @@ fn scan_layer(
             )));
         }
         let size = entry.size();
-        let gone = || Error::SourceUnavailable(format!("{what}: the import stopped reading"));
-        if !out.announce(path.clone(), size) {
-            return Err(gone());
-        }
+        out.stream_file(path.clone(), size, &mut entry, what)?;
         found = Some(path);
-        loop {
-            let mut buf = vec![0u8; CHUNK];
-            let n = read_full(&mut entry, &mut buf).map_err(|e| tar_error(e, what))?;
-            if n == 0 {
-                break;
-            }
-            buf.truncate(n);
-            if !out.chunks.send_blocking(Bytes::from(buf)) {
-                return Err(gone());
-            }
-        }
     }
     // The rest of the stream (end-of-archive blocks, padding) so the digest covers every byte.
     let mut rest = archive.into_inner();

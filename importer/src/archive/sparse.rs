@@ -1,0 +1,280 @@
+//! Where a file's data lies: GNU tar's PAX sparse formats (0.0, 0.1 and 1.0, the ones
+//! `tar --sparse --format=posix` writes), read from an entry's PAX records and, for 1.0, from the
+//! map at the start of its data. Old GNU sparse entries (type `S`) need nothing here: the `tar`
+//! crate expands them, and their zero runs become holes like any file's.
+
+use std::io::Read;
+
+use super::error::{ArchiveError, Result};
+
+/// At most this many data regions in one sparse file (16 bytes of memory each).
+const MAX_REGIONS: usize = 1 << 20;
+
+/// A file's data regions `(offset, length)`, in order and disjoint, and its full size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub size: u64,
+    pub regions: Vec<(u64, u64)>,
+}
+
+impl Layout {
+    /// A file whose `size` bytes all come from the archive, in order.
+    pub fn dense(size: u64) -> Self {
+        Layout {
+            size,
+            regions: vec![(0, size)],
+        }
+    }
+
+    /// The bytes the regions take from the archive.
+    pub fn stored(&self) -> u64 {
+        self.regions.iter().map(|r| r.1).sum()
+    }
+
+    fn check(self, entry: &str) -> Result<Self> {
+        let mut end = 0u64;
+        for &(offset, len) in &self.regions {
+            let region_end = offset.checked_add(len);
+            if offset < end || region_end.is_none_or(|e| e > self.size) {
+                return Err(ArchiveError::malformed(
+                    entry,
+                    format!(
+                        "sparse map region at {offset} (+{len}) overlaps another or lies past the file's size {}",
+                        self.size
+                    ),
+                ));
+            }
+            end = region_end.unwrap_or(end);
+        }
+        Ok(self)
+    }
+}
+
+/// A PAX sparse file, as its records describe it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaxSparse {
+    /// The file's real name (`GNU.sparse.name`), when given.
+    pub name: Option<Vec<u8>>,
+    /// The layout, or `None` for format 1.0, whose map starts the data ([`read_map`]).
+    pub layout: Option<Layout>,
+    /// The full size.
+    pub size: u64,
+}
+
+fn number(entry: &str, key: &str, value: &[u8]) -> Result<u64> {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| {
+            ArchiveError::malformed(
+                entry,
+                format!(
+                    "PAX record {key}={:?} is not a number",
+                    String::from_utf8_lossy(value)
+                ),
+            )
+        })
+}
+
+fn too_many(entry: &str) -> ArchiveError {
+    ArchiveError::malformed(
+        entry,
+        format!("sparse map with more than {MAX_REGIONS} regions"),
+    )
+}
+
+/// The sparse description in an entry's PAX records (in archive order), or `None` when the
+/// entry is not a PAX sparse file.
+pub fn from_pax(records: &[(String, Vec<u8>)], entry: &str) -> Result<Option<PaxSparse>> {
+    if !records.iter().any(|(k, _)| k.starts_with("GNU.sparse.")) {
+        return Ok(None);
+    }
+    let mut name = None;
+    let (mut major, mut size, mut realsize) = (None, None, None);
+    let mut map: Option<Vec<u64>> = None;
+    let mut pairs: Vec<u64> = Vec::new();
+    for (key, value) in records {
+        match key.as_str() {
+            "GNU.sparse.name" => name = Some(value.clone()),
+            "GNU.sparse.major" => major = Some(number(entry, key, value)?),
+            "GNU.sparse.size" => size = Some(number(entry, key, value)?),
+            "GNU.sparse.realsize" => realsize = Some(number(entry, key, value)?),
+            "GNU.sparse.map" => {
+                let text = String::from_utf8_lossy(value);
+                let mut numbers = Vec::new();
+                for n in text.split(',').filter(|n| !n.is_empty()) {
+                    if numbers.len() >= 2 * MAX_REGIONS {
+                        return Err(too_many(entry));
+                    }
+                    numbers.push(number(entry, key, n.as_bytes())?);
+                }
+                map = Some(numbers);
+            }
+            "GNU.sparse.offset" | "GNU.sparse.numbytes" => {
+                if pairs.len() >= 2 * MAX_REGIONS {
+                    return Err(too_many(entry));
+                }
+                pairs.push(number(entry, key, value)?);
+            }
+            _ => {}
+        }
+    }
+    let full = realsize.or(size).ok_or_else(|| {
+        ArchiveError::malformed(
+            entry,
+            "PAX sparse file without GNU.sparse.realsize or .size",
+        )
+    })?;
+    let numbers = match (major, map) {
+        (Some(1), _) => {
+            return Ok(Some(PaxSparse {
+                name,
+                layout: None,
+                size: full,
+            }));
+        }
+        (Some(m), _) if m != 0 => {
+            return Err(ArchiveError::refused(
+                entry,
+                format!("PAX sparse format {m}.x is not supported"),
+            ));
+        }
+        (_, Some(map)) => map,
+        (_, None) => pairs,
+    };
+    if numbers.len() % 2 != 0 {
+        return Err(ArchiveError::malformed(
+            entry,
+            "PAX sparse map has an offset without a length",
+        ));
+    }
+    let layout = Layout {
+        size: full,
+        regions: numbers.chunks(2).map(|p| (p[0], p[1])).collect(),
+    }
+    .check(entry)?;
+    Ok(Some(PaxSparse {
+        name,
+        layout: Some(layout),
+        size: full,
+    }))
+}
+
+/// Reads format 1.0's map from the start of the entry's data: a count, then offset and length
+/// pairs, one decimal number a line, padded to a 512-byte block. Returns the layout and the
+/// bytes the map took.
+pub fn read_map(data: &mut dyn Read, size: u64, entry: &str) -> Result<(Layout, u64)> {
+    let mut consumed = 0u64;
+    let mut line = || -> Result<u64> {
+        let mut digits = Vec::new();
+        loop {
+            let mut byte = [0u8];
+            data.read_exact(&mut byte)
+                .map_err(|e| ArchiveError::reading(e, Some(entry)))?;
+            consumed += 1;
+            match byte[0] {
+                b'\n' => break,
+                b'0'..=b'9' if digits.len() < 20 => digits.push(byte[0]),
+                _ => {
+                    return Err(ArchiveError::malformed(
+                        entry,
+                        "the PAX sparse map (format 1.0) is not decimal numbers a line",
+                    ));
+                }
+            }
+        }
+        number(entry, "sparse map", &digits)
+    };
+    let count = line()?;
+    if count > MAX_REGIONS as u64 {
+        return Err(too_many(entry));
+    }
+    let mut regions = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let offset = line()?;
+        let len = line()?;
+        regions.push((offset, len));
+    }
+    let padding = consumed.next_multiple_of(512) - consumed;
+    std::io::copy(&mut data.take(padding), &mut std::io::sink())
+        .map_err(|e| ArchiveError::reading(e, Some(entry)))?;
+    let layout = Layout { size, regions }.check(entry)?;
+    Ok((layout, consumed + padding))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records(list: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
+        list.iter()
+            .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn plain_entries_are_not_sparse() {
+        assert_eq!(from_pax(&records(&[("path", "a")]), "a").unwrap(), None);
+    }
+
+    #[test]
+    fn formats_0_0_and_0_1_list_their_regions_in_records() {
+        let v01 = records(&[
+            ("GNU.sparse.size", "10000"),
+            ("GNU.sparse.map", "0,512,8192,100"),
+            ("GNU.sparse.name", "dir/f"),
+        ]);
+        let s = from_pax(&v01, "x").unwrap().unwrap();
+        assert_eq!(s.name.as_deref(), Some(&b"dir/f"[..]));
+        assert_eq!(s.layout.unwrap().regions, [(0, 512), (8192, 100)]);
+        let v00 = records(&[
+            ("GNU.sparse.size", "10000"),
+            ("GNU.sparse.offset", "4096"),
+            ("GNU.sparse.numbytes", "10"),
+        ]);
+        assert_eq!(
+            from_pax(&v00, "x")
+                .unwrap()
+                .unwrap()
+                .layout
+                .unwrap()
+                .regions,
+            [(4096, 10)]
+        );
+    }
+
+    #[test]
+    fn format_1_0_reads_its_map_from_the_data() {
+        let v10 = records(&[
+            ("GNU.sparse.major", "1"),
+            ("GNU.sparse.minor", "0"),
+            ("GNU.sparse.realsize", "1048576"),
+        ]);
+        let s = from_pax(&v10, "x").unwrap().unwrap();
+        assert_eq!((s.layout, s.size), (None, 1048576));
+        let mut data = b"2\n0\n4096\n1044480\n4096\n".to_vec();
+        data.resize(512, 0);
+        data.extend_from_slice(b"DATA");
+        let mut r = &data[..];
+        let (layout, used) = read_map(&mut r, s.size, "x").unwrap();
+        assert_eq!(used, 512);
+        assert_eq!(layout.regions, [(0, 4096), (1044480, 4096)]);
+        assert_eq!(r, b"DATA");
+    }
+
+    #[test]
+    fn bad_maps_are_malformed() {
+        let overlapping = records(&[("GNU.sparse.size", "100"), ("GNU.sparse.map", "0,50,40,10")]);
+        let past_end = records(&[("GNU.sparse.size", "100"), ("GNU.sparse.map", "90,20")]);
+        let odd = records(&[("GNU.sparse.size", "100"), ("GNU.sparse.map", "0")]);
+        let no_size = records(&[("GNU.sparse.map", "0,1")]);
+        for r in [overlapping, past_end, odd, no_size] {
+            let e = from_pax(&r, "x").unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::CorruptImage, "{e}");
+        }
+        let mut r = &b"99999999999\n"[..];
+        assert!(read_map(&mut r, 1, "x").is_err());
+        let mut r = &b"1\n0\nxyz\n"[..];
+        assert!(read_map(&mut r, 1, "x").is_err());
+    }
+}
