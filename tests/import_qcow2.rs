@@ -23,16 +23,6 @@ fn reference(image: &TestImage, dir: &std::path::Path) -> Vec<u8> {
     fs::read(&raw).unwrap()
 }
 
-fn assert_same(what: &str, got: &[u8], expected: &[u8]) {
-    if let Some(at) = qemu::first_difference(got, expected) {
-        panic!(
-            "{what}: differs from qemu-img at byte {at} (got {} bytes, expected {})",
-            got.len(),
-            expected.len()
-        );
-    }
-}
-
 #[test]
 fn every_image_equals_qemu_img_from_a_file_and_from_a_compressed_stream() {
     let (dir, images) = corpus();

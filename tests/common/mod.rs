@@ -194,3 +194,14 @@ pub fn assert_refused(out: &Output, code: i32, what: &str, target: &Path) {
     );
     no_partial_left(target.parent().unwrap());
 }
+
+/// Fails naming the first byte where an import differs from qemu-img's conversion.
+pub fn assert_same(what: &str, got: &[u8], expected: &[u8]) {
+    if let Some(at) = testkit::qemu::first_difference(got, expected) {
+        panic!(
+            "{what}: differs from qemu-img at byte {at} (got {} bytes, expected {})",
+            got.len(),
+            expected.len()
+        );
+    }
+}
