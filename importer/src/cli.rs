@@ -168,7 +168,8 @@ fn parse_format(s: &str) -> Result<ImageFormat, String> {
     match s {
         "raw" => Ok(ImageFormat::Raw),
         "qcow2" => Ok(ImageFormat::Qcow2),
-        other => Err(format!("format {other:?} is not one of raw, qcow2")),
+        "vmdk" => Ok(ImageFormat::Vmdk),
+        other => Err(format!("format {other:?} is not one of raw, qcow2, vmdk")),
     }
 }
 

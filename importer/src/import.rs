@@ -15,6 +15,7 @@ use crate::decode::{self, Compression};
 use crate::error::{Error, Result};
 use crate::format::qcow2::Qcow2Reader;
 use crate::format::raw::{RawReader, SparseFileReader};
+use crate::format::vmdk::VmdkReader;
 use crate::format::{self, FormatReader, ImageFormat, ReaderOptions};
 use crate::peek::Peeked;
 use crate::pipe::{self, ChunkObserver};
@@ -435,7 +436,7 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
     if req.checksum.is_some()
         || !matches!(
             req.format,
-            None | Some(ImageFormat::Raw) | Some(ImageFormat::Qcow2)
+            None | Some(ImageFormat::Raw) | Some(ImageFormat::Qcow2) | Some(ImageFormat::Vmdk)
         )
     {
         return Ok(None);
@@ -452,6 +453,7 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
     let reader: Box<dyn FormatReader> = match format {
         ImageFormat::Raw => Box::new(SparseFileReader::new(file, length)),
         ImageFormat::Qcow2 => Box::new(Qcow2Reader::open(file, length)?),
+        ImageFormat::Vmdk => Box::new(VmdkReader::open(path, file, length)?),
         other => return Err(refused(other)),
     };
     Ok(Some(Opened {
@@ -608,6 +610,7 @@ fn open_reader(
             opts.read_ahead,
         )),
         ImageFormat::Qcow2 => Box::new(Qcow2Reader::new(stream, &opts)?),
+        ImageFormat::Vmdk => Box::new(VmdkReader::new(stream, &opts)?),
         other => return Err(refused(other)),
     })
 }

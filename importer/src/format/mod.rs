@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 pub mod qcow2;
 pub mod raw;
+pub mod vmdk;
 
 use crate::error::Result;
 use crate::sink::ExtentSink;
@@ -148,6 +149,9 @@ pub fn detect_named(head: &[u8], name: &str) -> ImageFormat {
     }
     if name.ends_with(".dmg") {
         ImageFormat::Dmg
+    } else if name.ends_with("-ctk.vmdk") {
+        // A changeTracking file (no magic of its own): the vmdk reader refuses it by name.
+        ImageFormat::Vmdk
     } else {
         format
     }
