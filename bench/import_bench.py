@@ -17,6 +17,7 @@ Corpus (under --corpus, default bench/corpus/<profile>-<version>/, git-ignored):
                     preset-1 match finder: see --xz-preset)
   disk.raw.gz       pigz (gzip if pigz is absent)  disk.raw.zst    zstd -T0
   disk.vhdx         qemu-img convert -O vhdx -o subformat=dynamic (32 MiB blocks, BAT first)
+  disk-stream.vmdk  qemu-img convert -O vmdk -o subformat=streamOptimized (deflate grains, as in OVAs)
   random.raw        2 GiB of seeded incompressible bytes
 Each artefact is built only if missing (keyed by the corpus version), so the first run takes
 minutes and later runs start at once.  Profiles: full (default, sizes above), --quick (512 MiB disk,
@@ -24,7 +25,8 @@ minutes and later runs start at once.  Profiles: full (default, sizes above), --
 
 Rows ("file:*" local files, "stdin:*" piped through `cat`, "http:*" served by a private nginx on
 127.0.0.1) time `quarry import SRC OUT --json` into a fresh OUT against:
-  qemu-img convert -O raw (with and without -W -m 8)   for raw, qcow2, compressed qcow2 and vhdx
+  qemu-img convert -O raw (with and without -W -m 8)   for raw, qcow2, compressed qcow2, vhdx
+                                                        and streamOptimized vmdk
   xz -dc -T0 | dd conv=sparse                          for raw.xz
   xz -dc -T0 > scratch; qemu-img convert              for qcow2.xz
   pigz -dc | dd conv=sparse, zstd -dc | dd conv=sparse for raw.gz, raw.zst
@@ -329,6 +331,9 @@ class Corpus:
         self._step("disk-zstd.qcow2", lambda tmp: run_checked(
             ["qemu-img", "convert", "-f", "raw", "-O", "qcow2", "-c",
              "-o", "compression_type=zstd", raw, tmp]))
+        self._step("disk-stream.vmdk", lambda tmp: run_checked(
+            ["qemu-img", "convert", "-f", "raw", "-O", "vmdk",
+             "-o", "subformat=streamOptimized", raw, tmp]))
 
         self._step("disk.vhdx", lambda tmp: run_checked(
             ["qemu-img", "convert", "-f", "raw", "-O", "vhdx", "-o", "subformat=dynamic",
@@ -692,6 +697,8 @@ def make_rows(quarry: str, gzip_tool: str, floor_bytes: dict[str, int]) -> list[
                         + ([] if comp else [floor("disk.raw")]), "disk.raw"))
     rows.append(Row("file:vhdx", "disk.vhdx", "file", False,
                     [QF, qemu("vhdx"), qemu("vhdx", True), floor("disk.raw")], "disk.raw"))
+    rows.append(Row("file:vmdk-stream", "disk-stream.vmdk", "file", True,
+                    [QF, qemu("vmdk"), qemu("vmdk", True)], "disk.raw"))
     rows.append(Row("file:raw.xz", "disk.raw.xz", "file", True, [QF, xz_dd], "disk.raw"))
     rows.append(Row("file:qcow2.xz", "disk.qcow2.xz", "file", True,
                     [QF, Tool("xz -dc -T0 > scratch; qemu-img convert", xz_scratch_qemu)],
@@ -747,6 +754,8 @@ def make_rows(quarry: str, gzip_tool: str, floor_bytes: dict[str, int]) -> list[
                         "disk.raw"))
     rows.append(Row("http:vhdx", "disk.vhdx", "http", True, [QH, Tool(CDI_LABEL, cdi("vhdx"))],
                     "disk.raw"))
+    rows.append(Row("http:vmdk-stream", "disk-stream.vmdk", "http", True,
+                    [QH, Tool(CDI_LABEL, cdi("vmdk"))], "disk.raw"))
     rows.append(Row("http:raw.xz", "disk.raw.xz", "http", True,
                     [QH, curl_then(["xz", "-dc", "-T0"], "xz -dc -T0"),
                      curl_pipe(["xz", "-dc", "-T0"], "xz -dc -T0")], "disk.raw"))

@@ -245,14 +245,14 @@ fn forced_raw_copies_a_qcow2_header_verbatim() {
 #[test]
 fn unsupported_formats_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("disk.vmdk");
-    let mut data = b"KDMV".to_vec();
+    let src = dir.path().join("disk.qed");
+    let mut data = b"QED\0".to_vec();
     data.resize(4096, 0);
     fs::write(&src, &data).unwrap();
     let target = dir.path().join("disk.img");
     let out = run(&["import", arg(&src), arg(&target)]);
     assert_eq!(out.status.code(), Some(11), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("vmdk"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("qed"));
     assert!(!target.exists());
 }
 

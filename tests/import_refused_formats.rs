@@ -52,7 +52,6 @@ fn formats_qemu_img_writes_are_refused_by_name_from_every_source() {
         ("parallels", make(&base, dir.path(), "parallels", &[])),
         ("luks", make(&base, dir.path(), "luks", &luks)),
         ("qcow version 1", make(&base, dir.path(), "qcow", &[])),
-        ("vmdk", make(&base, dir.path(), "vmdk", &[])),
     ];
     for (name, image) in &images {
         assert_refused_by_name(arg(image), None, name, dir.path(), &format!("{name} file"));

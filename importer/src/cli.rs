@@ -182,8 +182,9 @@ fn parse_format(s: &str) -> Result<ImageFormat, String> {
         "vpc" | "vhd" => Ok(ImageFormat::Vpc),
         "vdi" => Ok(ImageFormat::Vdi),
         "vhdx" => Ok(ImageFormat::Vhdx),
+        "vmdk" => Ok(ImageFormat::Vmdk),
         other => Err(format!(
-            "format {other:?} is not one of raw, qcow2, vpc (vhd), vdi, vhdx"
+            "format {other:?} is not one of raw, qcow2, vmdk, vpc (vhd), vdi, vhdx"
         )),
     }
 }

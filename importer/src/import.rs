@@ -17,6 +17,7 @@ use crate::format::qcow2::Qcow2Reader;
 use crate::format::raw::{RawReader, SparseFileReader};
 use crate::format::vdi::VdiReader;
 use crate::format::vhdx::VhdxReader;
+use crate::format::vmdk::VmdkReader;
 use crate::format::vpc::VpcReader;
 use crate::format::{self, FormatReader, ImageFormat, ReaderOptions};
 use crate::ova::{self, DiskChoice};
@@ -463,6 +464,7 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
                     | ImageFormat::Vpc
                     | ImageFormat::Vdi
                     | ImageFormat::Vhdx
+                    | ImageFormat::Vmdk
             )
         )
     {
@@ -485,6 +487,7 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
         ImageFormat::Vpc => Box::new(VpcReader::open(file, length)?),
         ImageFormat::Vdi => Box::new(VdiReader::open(file, length)?),
         ImageFormat::Vhdx => Box::new(VhdxReader::open(file, length)?),
+        ImageFormat::Vmdk => Box::new(VmdkReader::open(path, file, length)?),
         other => return Err(refused(other)),
     };
     Ok(Some(Opened {
@@ -666,6 +669,7 @@ fn open_reader(
         ImageFormat::Vpc => Box::new(VpcReader::new(stream, &opts)?),
         ImageFormat::Vdi => Box::new(VdiReader::new(stream, &opts)?),
         ImageFormat::Vhdx => Box::new(VhdxReader::new(stream, &opts)?),
+        ImageFormat::Vmdk => Box::new(VmdkReader::new(stream, &opts)?),
         other => return Err(refused(other)),
     })
 }

@@ -12,6 +12,7 @@ pub mod qcow2;
 pub mod raw;
 pub mod vdi;
 pub mod vhdx;
+pub mod vmdk;
 pub mod vpc;
 
 use crate::error::Result;
@@ -153,6 +154,9 @@ pub fn detect_named(head: &[u8], name: &str) -> ImageFormat {
     }
     if name.ends_with(".dmg") {
         ImageFormat::Dmg
+    } else if name.ends_with("-ctk.vmdk") {
+        // A changeTracking file (no magic of its own): the vmdk reader refuses it by name.
+        ImageFormat::Vmdk
     } else {
         format
     }

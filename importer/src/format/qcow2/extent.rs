@@ -6,25 +6,25 @@ use crate::error::Result;
 use crate::sink::ExtentSink;
 
 /// The sink, with adjacent zero ranges coalesced.
-pub(super) struct ExtentWriter<'s> {
+pub(crate) struct ExtentWriter<'s> {
     sink: &'s mut dyn ExtentSink,
     /// The zero range not yet handed to the sink, `[start, end)`.
     zero: Option<(u64, u64)>,
 }
 
 impl<'s> ExtentWriter<'s> {
-    pub(super) fn new(sink: &'s mut dyn ExtentSink) -> Self {
+    pub(crate) fn new(sink: &'s mut dyn ExtentSink) -> Self {
         ExtentWriter { sink, zero: None }
     }
 
-    pub(super) fn data(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+    pub(crate) fn data(&mut self, offset: u64, data: &[u8]) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }
         self.sink.write_data(offset, data)
     }
 
-    pub(super) fn zero(&mut self, start: u64, end: u64) -> Result<()> {
+    pub(crate) fn zero(&mut self, start: u64, end: u64) -> Result<()> {
         if start >= end {
             return Ok(());
         }
@@ -38,7 +38,7 @@ impl<'s> ExtentWriter<'s> {
         Ok(())
     }
 
-    pub(super) fn flush(&mut self) -> Result<()> {
+    pub(crate) fn flush(&mut self) -> Result<()> {
         if let Some((s, e)) = self.zero.take() {
             self.sink.write_zeroes(s, e - s)?;
         }

@@ -24,7 +24,7 @@ use crate::format::{FormatReader, ImageFormat, ReaderOptions};
 use crate::sink::ExtentSink;
 
 pub mod error;
-mod extent;
+pub(crate) mod extent;
 mod geometry;
 pub mod header;
 mod inflate;

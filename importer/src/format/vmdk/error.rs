@@ -1,0 +1,87 @@
+//! What the pure VMDK decoders ([`super::header`], [`super::descriptor`], [`super::marker`]) find
+//! wrong or refuse. Each variant names the structure and, where it has one, its offset; the
+//! mapping into [`crate::Error`] decides the exit code: refusals are unsupported (11), the rest
+//! corrupt (12).
+
+/// A VMDK structure that contradicts the format, or uses a feature Quarry refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VmdkError {
+    #[error("vmdk sparse header: truncated ({len} of 512 bytes)")]
+    TruncatedHeader { len: usize },
+    #[error("vmdk sparse header: bad magic {magic:02x?}")]
+    BadMagic { magic: [u8; 4] },
+    #[error("vmdk sparse header: version {version} is newer than 3")]
+    UnsupportedVersion { version: u32 },
+    #[error("vmdk sparse header: {gtes} grain table entries per table (at most 512)")]
+    GrainTableTooBig { gtes: u32 },
+    #[error("vmdk sparse header: grain size of {granularity} sectors is invalid")]
+    BadGranularity { granularity: u64 },
+    #[error(
+        "vmdk sparse header: grains of {granularity} sectors are larger than the 2 MiB this reader supports"
+    )]
+    GrainTooLarge { granularity: u64 },
+    #[error("vmdk sparse header: capacity of {capacity} sectors is out of range")]
+    BadCapacity { capacity: u64 },
+    #[error(
+        "vmdk sparse header: the grain directory of {entries} entries exceeds the {max} this reader holds"
+    )]
+    GrainDirectoryTooBig { entries: u64, max: u64 },
+    #[error("vmdk sparse header: {what} at sector {sector} is out of range")]
+    OffsetOutOfRange { what: &'static str, sector: u64 },
+    #[error("vmdk sparse header: {what} at sector {sector} overlaps the header")]
+    MetadataInHeader { what: &'static str, sector: u64 },
+    #[error("vmdk sparse header: compressed grains without grain markers are not supported")]
+    CompressedWithoutMarkers,
+    #[error("vmdk sparse header: compression algorithm {algorithm} is not deflate")]
+    UnknownCompression { algorithm: u16 },
+    #[error(
+        "vmdk sparse header: an uncompressed extent with its grain directory at the end (gdOffset = -1) cannot be streamed"
+    )]
+    UncompressedGdAtEnd,
+    #[error("vmdk sparse header: the extent holds only an embedded descriptor (capacity 0)")]
+    DescriptorOnlyExtent,
+    #[error("vmdk descriptor: {0}")]
+    BadDescriptor(String),
+    #[error("vmdk descriptor: createType {0:?} is not supported")]
+    UnsupportedCreateType(String),
+    #[error(
+        "vmdk descriptor: the disk is a snapshot or delta of a parent disk ({0}); import the parent, or consolidate the snapshot first"
+    )]
+    HasParent(String),
+    #[error("vmdk descriptor: extent {index} ({line:?}): {why}")]
+    UnsupportedExtent {
+        index: usize,
+        line: String,
+        why: String,
+    },
+    #[error("vmdk marker at {offset:#x}: {why}")]
+    BadMarker { offset: u64, why: String },
+}
+
+impl VmdkError {
+    /// True for refusals of well-formed images (exit 11); false for corruption (exit 12).
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            VmdkError::UnsupportedVersion { .. }
+                | VmdkError::GrainTooLarge { .. }
+                | VmdkError::GrainDirectoryTooBig { .. }
+                | VmdkError::CompressedWithoutMarkers
+                | VmdkError::UncompressedGdAtEnd
+                | VmdkError::DescriptorOnlyExtent
+                | VmdkError::UnsupportedCreateType(_)
+                | VmdkError::HasParent(_)
+                | VmdkError::UnsupportedExtent { .. }
+        )
+    }
+}
+
+impl From<VmdkError> for crate::Error {
+    fn from(e: VmdkError) -> Self {
+        if e.is_refusal() {
+            crate::Error::Unsupported(e.to_string())
+        } else {
+            crate::Error::Corrupt(e.to_string())
+        }
+    }
+}

@@ -1,0 +1,537 @@
+//! `quarry import` of vmdk images made by qemu-img (`create -o subformat=...` plus `qemu-io`
+//! writes, and `convert -O vmdk`), compared byte for byte with `qemu-img convert -O raw`: from a
+//! file, from standard input, under gzip/xz/zstd and over HTTP; the split and flat subformats
+//! from their local descriptor; and the refusals and corrupt images by exit code.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+
+use testkit::nginx::{Nginx, NginxConfig};
+use testkit::qemu::{self, assert_same, qemu_img, qemu_io};
+
+mod common;
+use common::*;
+
+/// Grain size of every image qemu-img makes.
+const GRAIN: u64 = 65536;
+/// An odd size: qemu rounds it up to 9766 sectors, and the last grain holds 19456 bytes.
+const ODD_SIZE: u64 = 5_000_000;
+const ODD_SECTORS_BYTES: u64 = 9766 * 512;
+
+/// `qemu-img create -f vmdk -o OPTIONS PATH SIZE`, then the `qemu-io` commands.
+fn create(path: &Path, options: &str, size: u64, writes: &[&str]) -> PathBuf {
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "vmdk",
+        "-o",
+        options,
+        arg(path),
+        &size.to_string(),
+    ]);
+    if !writes.is_empty() {
+        qemu_io("vmdk", path, writes);
+    }
+    path.to_path_buf()
+}
+
+/// Writes that cover what the readers must tell apart: data in the first grain, an all-zero
+/// data grain, a hole, data ending the disk in its partial last grain, and grains written out of
+/// order (whole grains: streamOptimized takes only those).
+fn writes() -> Vec<String> {
+    let last = ODD_SECTORS_BYTES / GRAIN * GRAIN;
+    vec![
+        format!("write -P 0xab {} {GRAIN}", 5 * GRAIN),
+        format!("write -P 0xcd 0 {GRAIN}"),
+        format!("write -P 0 {} {GRAIN}", 2 * GRAIN),
+        format!("write -P 0x5e {last} {}", ODD_SECTORS_BYTES - last),
+        format!("write -P 0x11 {} {GRAIN}", 3 * GRAIN),
+    ]
+}
+
+/// The test images, by name: sparse extents (any source) made both ways.
+fn sparse_images(dir: &Path) -> Vec<(String, PathBuf)> {
+    let w = writes();
+    let w: Vec<&str> = w.iter().map(String::as_str).collect();
+    let (raw, _) = sample_disk(dir);
+    let mut images = Vec::new();
+    for sub in ["monolithicSparse", "streamOptimized"] {
+        let name = format!("{sub}-written.vmdk");
+        images.push((
+            name.clone(),
+            create(&dir.join(&name), &format!("subformat={sub}"), ODD_SIZE, &w),
+        ));
+        let name = format!("{sub}-converted.vmdk");
+        let out = dir.join(&name);
+        qemu_img(&[
+            "convert",
+            "-O",
+            "vmdk",
+            "-o",
+            &format!("subformat={sub}"),
+            arg(&raw),
+            arg(&out),
+        ]);
+        images.push((name, out));
+    }
+    let name = "zeroed-grains.vmdk".to_string();
+    let zeroed = create(
+        &dir.join(&name),
+        "subformat=monolithicSparse,zeroed_grain=on",
+        ODD_SIZE,
+        &[
+            &format!("write -P 0x77 0 {}", 4 * GRAIN),
+            &format!("write -z {GRAIN} {GRAIN}"),
+            &format!("write -z {} {}", 8 * GRAIN, 2 * GRAIN),
+        ],
+    );
+    images.push((name, zeroed));
+    let name = "empty-stream.vmdk".to_string();
+    images.push((
+        name.clone(),
+        create(&dir.join(&name), "subformat=streamOptimized", ODD_SIZE, &[]),
+    ));
+    images
+}
+
+fn reference(image: &Path, work: &Path) -> Vec<u8> {
+    let raw = work.join("reference.raw");
+    qemu::convert_to_raw(image, &raw);
+    fs::read(&raw).unwrap()
+}
+
+fn import_stdin(source: &Path, target: &Path) -> Output {
+    quarry()
+        .args(["import", "-", arg(target), "--json"])
+        .stdin(fs::File::open(source).unwrap())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn sparse_images_equal_qemu_img_from_a_file_stdin_and_under_compression() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    for (name, image) in sparse_images(dir.path()) {
+        let expected = reference(&image, work.path());
+        let target = work.path().join("disk.img");
+
+        let out = run(&["import", arg(&image), arg(&target), "--json"]);
+        assert_ok(&out);
+        assert_same(
+            &format!("{name} from a file"),
+            &fs::read(&target).unwrap(),
+            &expected,
+        );
+        let report = json(&out);
+        assert_eq!(
+            report["format_chain"],
+            serde_json::json!(["vmdk"]),
+            "{name}"
+        );
+        assert_eq!(report["virtual_size"], expected.len() as u64, "{name}");
+
+        let out = import_stdin(&image, &target);
+        assert_ok(&out);
+        assert_same(
+            &format!("{name} from stdin"),
+            &fs::read(&target).unwrap(),
+            &expected,
+        );
+
+        for (tool, layer) in [
+            (&["gzip", "-c", "-1"][..], "gzip"),
+            (&["xz", "-c", "-0", "-T2"][..], "xz"),
+            (&["zstd", "-c", "-q"][..], "zstd"),
+        ] {
+            let packed = dir.path().join(format!("{name}.{layer}"));
+            compress(tool, &image, &packed);
+            let out = run(&["import", arg(&packed), arg(&target), "--json"]);
+            assert_ok(&out);
+            assert_eq!(
+                json(&out)["format_chain"],
+                serde_json::json!([layer, "vmdk"]),
+                "{name}"
+            );
+            assert_same(
+                &format!("{name} under {layer}"),
+                &fs::read(&target).unwrap(),
+                &expected,
+            );
+        }
+        no_partial_left(work.path());
+    }
+}
+
+#[test]
+fn sparse_images_over_http_equal_qemu_img() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = sparse_images(dir.path());
+    let server = Nginx::start(NginxConfig {
+        root: dir.path().to_path_buf(),
+        ranges: true,
+        ..Default::default()
+    });
+    let work = tempfile::tempdir().unwrap();
+    for (name, image) in images {
+        let expected = reference(&image, work.path());
+        let target = work.path().join("disk.img");
+        let out = run(&[
+            "import",
+            &server.url(&format!("/{name}")),
+            arg(&target),
+            "--json",
+        ]);
+        assert_ok(&out);
+        assert_same(
+            &format!("{name} over http"),
+            &fs::read(&target).unwrap(),
+            &expected,
+        );
+        assert_eq!(json(&out)["format_chain"], serde_json::json!(["vmdk"]));
+    }
+}
+
+#[test]
+fn flat_and_split_descriptors_equal_qemu_img_from_their_local_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let w = writes();
+    let w: Vec<&str> = w.iter().map(String::as_str).collect();
+    for sub in [
+        "monolithicFlat",
+        "twoGbMaxExtentFlat",
+        "twoGbMaxExtentSparse",
+    ] {
+        let sub_dir = dir.path().join(sub);
+        fs::create_dir(&sub_dir).unwrap();
+        let image = create(
+            &sub_dir.join("d.vmdk"),
+            &format!("subformat={sub}"),
+            ODD_SIZE,
+            &w,
+        );
+        let expected = reference(&image, work.path());
+        let target = work.path().join("disk.img");
+        let out = run(&["import", arg(&image), arg(&target), "--json"]);
+        assert_ok(&out);
+        assert_same(sub, &fs::read(&target).unwrap(), &expected);
+        assert_eq!(json(&out)["format_chain"], serde_json::json!(["vmdk"]));
+
+        // The descriptor alone, from standard input: its extents are out of reach.
+        fs::remove_file(&target).unwrap();
+        let out = import_stdin(&image, &target);
+        assert_refused(&out, 11, "local", &target);
+    }
+}
+
+#[test]
+fn split_disks_of_several_extents_equal_qemu_img() {
+    // 4.5 GiB: three 2 GiB extents, data across each extent boundary and at the very end.
+    let size: u64 = 9 << 29;
+    let two_gib: u64 = 2 << 30;
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let w = [
+        format!("write -P 0x21 {} {}", two_gib - GRAIN, 2 * GRAIN),
+        format!("write -P 0x42 {} {}", 2 * two_gib - 4096, 8192),
+        format!("write -P 0x63 {} {GRAIN}", size - GRAIN),
+    ];
+    let w: Vec<&str> = w.iter().map(String::as_str).collect();
+    for sub in ["twoGbMaxExtentSparse", "twoGbMaxExtentFlat"] {
+        let sub_dir = dir.path().join(sub);
+        fs::create_dir(&sub_dir).unwrap();
+        let image = create(
+            &sub_dir.join("d.vmdk"),
+            &format!("subformat={sub}"),
+            size,
+            &w,
+        );
+        let reference = work.path().join("reference.raw");
+        qemu::convert_to_raw(&image, &reference);
+        let target = work.path().join("disk.img");
+        let out = run(&["import", arg(&image), arg(&target), "--json"]);
+        assert_ok(&out);
+        assert_eq!(json(&out)["virtual_size"], size, "{sub}");
+        // qemu-img compare reads only where either file has data.
+        qemu_img(&[
+            "compare",
+            "-q",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            arg(&target),
+            arg(&reference),
+        ]);
+        fs::remove_file(&target).unwrap();
+        fs::remove_file(&reference).unwrap();
+    }
+}
+
+fn le64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// Rewrites a streamOptimized image from qemu-img (tables before the grains, no trailer) the way
+/// VMware writes one: `gdOffset = -1` in the header, the grains in guest order, then a grain
+/// table marker and table per directory entry, the directory behind its marker, the footer (the
+/// header with the real `gdOffset`) and the end-of-stream marker.
+fn vmware_stream(qemu: &[u8]) -> Vec<u8> {
+    const S: usize = 512;
+    let (capacity, granularity) = (le64(qemu, 12), le64(qemu, 20));
+    let gtes = le32(qemu, 44) as u64;
+    let (gd, grain_offset) = (le64(qemu, 56) as usize * S, le64(qemu, 64) as usize);
+    let grains = capacity.div_ceil(granularity);
+    let tables = grains.div_ceil(gtes);
+    let mut header = qemu[..S].to_vec();
+    let flags = le32(&header, 8) & !2; // no redundant directory
+    header[8..12].copy_from_slice(&flags.to_le_bytes());
+    set64(&mut header, 48, 0);
+    set64(&mut header, 56, u64::MAX);
+    let mut out = header.clone();
+    out.extend_from_slice(&qemu[S..grain_offset * S]); // the descriptor, then padding
+    out[S + 20 * S..].fill(0); // qemu's tables are not VMware's
+    let mut gt_entries = vec![0u32; (tables * gtes) as usize];
+    for (g, entry) in gt_entries.iter_mut().enumerate().take(grains as usize) {
+        let table = le32(qemu, gd + 4 * (g / gtes as usize)) as usize * S;
+        let sector = le32(qemu, table + 4 * (g % gtes as usize)) as usize;
+        if sector == 0 {
+            continue;
+        }
+        let at = sector * S;
+        let size = le32(qemu, at + 8) as usize;
+        *entry = (out.len() / S) as u32;
+        out.extend_from_slice(&qemu[at..at + 12 + size]);
+        out.resize(out.len().next_multiple_of(S), 0);
+    }
+    let marker = |out: &mut Vec<u8>, sectors: u64, kind: u32| {
+        out.extend(sectors.to_le_bytes());
+        out.extend(0u32.to_le_bytes());
+        out.extend(kind.to_le_bytes());
+        out.resize(out.len() + S - 16, 0);
+    };
+    let gt_sectors = (gtes * 4).div_ceil(S as u64);
+    let mut gd_entries = Vec::new();
+    for t in 0..tables as usize {
+        marker(&mut out, gt_sectors, 1);
+        gd_entries.push((out.len() / S) as u32);
+        for e in &gt_entries[t * gtes as usize..(t + 1) * gtes as usize] {
+            out.extend(e.to_le_bytes());
+        }
+        out.resize(out.len().next_multiple_of(S), 0);
+    }
+    marker(&mut out, (tables * 4).div_ceil(S as u64), 2);
+    let gd_sector = (out.len() / S) as u64;
+    for e in gd_entries {
+        out.extend(e.to_le_bytes());
+    }
+    out.resize(out.len().next_multiple_of(S), 0);
+    marker(&mut out, 1, 3);
+    set64(&mut header, 56, gd_sector);
+    out.extend(header);
+    marker(&mut out, 0, 0);
+    out
+}
+
+#[test]
+fn a_vmware_stream_with_its_tables_and_footer_after_the_data_equals_qemu_img() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let (raw, _) = sample_disk(dir.path());
+    let qemu_made = dir.path().join("qemu.vmdk");
+    qemu_img(&[
+        "convert",
+        "-O",
+        "vmdk",
+        "-o",
+        "subformat=streamOptimized",
+        arg(&raw),
+        arg(&qemu_made),
+    ]);
+    let vmware = dir.path().join("vmware.vmdk");
+    fs::write(&vmware, vmware_stream(&fs::read(&qemu_made).unwrap())).unwrap();
+    let expected = reference(&vmware, work.path());
+    assert_same(
+        "qemu-img on the rewritten stream",
+        &expected,
+        &reference(&qemu_made, work.path()),
+    );
+    let target = work.path().join("disk.img");
+    for out in [
+        run(&["import", arg(&vmware), arg(&target)]),
+        import_stdin(&vmware, &target),
+    ] {
+        assert_ok(&out);
+        assert_same(
+            "a VMware-style stream",
+            &fs::read(&target).unwrap(),
+            &expected,
+        );
+    }
+}
+
+/// Imports `bytes` written to `dir/name`; returns the output and the target.
+fn import_bytes(dir: &Path, name: &str, bytes: &[u8]) -> (Output, PathBuf) {
+    let src = dir.join(name);
+    fs::write(&src, bytes).unwrap();
+    let target = dir.join("out").join("disk.img");
+    fs::create_dir_all(target.parent().unwrap()).unwrap();
+    let out = quarry()
+        .args(["import", arg(&src), arg(&target)])
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    (out, target)
+}
+
+fn set64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+#[test]
+fn corrupt_headers_and_tables_exit_12_and_leave_no_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let (raw, _) = sample_disk(dir.path());
+    let sparse = dir.path().join("sparse.vmdk");
+    // 40 MiB: two grain tables.
+    qemu_img(&["create", "-q", "-f", "vmdk", arg(&sparse), "40M"]);
+    qemu_io(
+        "vmdk",
+        &sparse,
+        &["write -P 0x99 0 1M", "write -P 0x98 33M 1M"],
+    );
+    let good = fs::read(&sparse).unwrap();
+    let gd = u64::from_le_bytes(good[56..64].try_into().unwrap()) as usize * 512;
+    let stream = dir.path().join("stream.vmdk");
+    qemu_img(&[
+        "convert",
+        "-O",
+        "vmdk",
+        "-o",
+        "subformat=streamOptimized",
+        arg(&raw),
+        arg(&stream),
+    ]);
+    let stream_good = fs::read(&stream).unwrap();
+
+    let mut cases: Vec<(&str, Vec<u8>)> = vec![("truncated header", good[..100].to_vec())];
+    let mut b = good.clone();
+    set64(&mut b, 56, 1 << 40); // grain directory far past the end
+    cases.push(("directory out of range", b));
+    let mut b = good.clone();
+    set64(&mut b, 12, u64::MAX / 8); // capacity
+    cases.push(("absurd capacity", b));
+    let mut b = good.clone();
+    set64(&mut b, 20, 1 << 40); // granularity
+    cases.push(("absurd grain size", b));
+    let mut b = good.clone();
+    let first = le32(&b, gd);
+    b[gd + 4..gd + 8].copy_from_slice(&first.to_le_bytes()); // both entries: one table
+    cases.push(("grain table loop", b));
+    let mut b = good.clone();
+    let gt = le32(&b, gd) as usize * 512;
+    let grain0 = le32(&b, gt);
+    b[gt + 4..gt + 8].copy_from_slice(&(grain0 + 8).to_le_bytes()); // overlaps grain 0
+    cases.push(("overlapping grains", b));
+    let mut b = good.clone();
+    b[gt..gt + 4].copy_from_slice(&u32::MAX.to_le_bytes()); // a grain far past the end
+    cases.push(("grain out of range", b));
+    let mut b = stream_good.clone();
+    let grain_at = u64::from_le_bytes(b[64..72].try_into().unwrap()) as usize * 512;
+    b[grain_at + 20] ^= 0xff; // inside the first grain's zlib stream
+    cases.push(("compressed grain that inflates wrong", b));
+    let mut b = stream_good.clone();
+    b.truncate(grain_at + 100);
+    cases.push(("stream cut inside a grain", b));
+
+    for (what, bytes) in cases {
+        let (out, target) = import_bytes(dir.path(), "bad.vmdk", &bytes);
+        assert_exit(&out, 12);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("vmdk"), "{what}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+        assert!(!target.exists(), "{what}: target left");
+        no_partial_left(target.parent().unwrap());
+        // The same from a stream.
+        let out = import_stdin(&dir.path().join("bad.vmdk"), &target);
+        assert_exit(&out, 12);
+    }
+}
+
+#[test]
+fn snapshots_change_tracking_and_cowd_are_refused_with_exit_11() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = create(
+        &dir.path().join("base.vmdk"),
+        "subformat=monolithicSparse",
+        1 << 20,
+        &[],
+    );
+    let snap = dir.path().join("snap.vmdk");
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "vmdk",
+        "-b",
+        arg(&base),
+        "-F",
+        "vmdk",
+        arg(&snap),
+    ]);
+    let target = dir.path().join("out").join("disk.img");
+    fs::create_dir_all(target.parent().unwrap()).unwrap();
+    let out = run(&["import", arg(&snap), arg(&target)]);
+    assert_refused(&out, 11, "parent", &target);
+
+    // An ESXi delta: a descriptor naming its parent.
+    let flat_dir = dir.path().join("esxi");
+    fs::create_dir(&flat_dir).unwrap();
+    let flat = create(
+        &flat_dir.join("d.vmdk"),
+        "subformat=monolithicFlat",
+        1 << 20,
+        &[],
+    );
+    let text = fs::read_to_string(&flat)
+        .unwrap()
+        .replace("parentCID=ffffffff", "parentCID=1234abcd");
+    fs::write(&flat, format!("{text}parentFileNameHint=\"base.vmdk\"\n")).unwrap();
+    let out = run(&["import", arg(&flat), arg(&target)]);
+    assert_refused(&out, 11, "parent", &target);
+
+    let (out, target) = import_bytes(dir.path(), "disk-ctk.vmdk", &[0x43; 4096]);
+    assert_refused(&out, 11, "ctk", &target);
+    let mut cowd = b"COWD\x01\0\0\0".to_vec();
+    cowd.resize(4096, 0);
+    let (out, target) = import_bytes(dir.path(), "esx3.vmdk", &cowd);
+    assert_refused(&out, 11, "COWD", &target);
+}
+
+#[test]
+fn a_disk_larger_than_the_requested_size_is_refused_before_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = create(
+        &dir.path().join("so.vmdk"),
+        "subformat=streamOptimized",
+        64 << 20,
+        &["write -P 0x1 0 64k"],
+    );
+    let target = dir.path().join("out").join("disk.img");
+    fs::create_dir_all(target.parent().unwrap()).unwrap();
+    for source in [arg(&image), "-"] {
+        let out = quarry()
+            .args(["import", source, arg(&target), "--size", "32Mi"])
+            .stdin(fs::File::open(&image).unwrap())
+            .output()
+            .unwrap();
+        assert_refused(&out, 13, &(64u64 << 20).to_string(), &target);
+    }
+}
