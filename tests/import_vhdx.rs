@@ -281,6 +281,8 @@ fn a_bat_after_its_data_streams_through_the_hold_and_the_spill_file() {
 }
 
 /// Streams `image` on stdin with this memory budget; returns quarry's peak RSS (KiB).
+// The child is reaped by wait4 (which also reports its rusage), not by Child::wait.
+#[allow(clippy::zombie_processes)]
 fn peak_rss_kib(image: &Path, target: &Path, budget: &str) -> i64 {
     let child = quarry()
         .args(["import", "-", arg(target), "--memory-budget", budget])

@@ -170,7 +170,7 @@ fn capacity(req: &ImportRequest) -> Result<Option<(u64, String)>> {
     let probe = existing_ancestor(&req.target);
     let free = nix::sys::statvfs::statvfs(probe).ok().map(|st| {
         (
-            st.blocks_available() as u64 * st.fragment_size() as u64,
+            st.blocks_available() * st.fragment_size(),
             format!("the free space of the filesystem at {}", probe.display()),
         )
     });
@@ -343,7 +343,8 @@ mod tests {
             h.set_entry_type(*kind);
             h.set_mode(0o640);
             h.set_mtime(1_700_000_000);
-            (h.set_uid(0), h.set_gid(0));
+            h.set_uid(0);
+            h.set_gid(0);
             if kind.is_symlink() || kind.is_hard_link() {
                 h.set_size(0);
                 b.append_link(&mut h, name, std::str::from_utf8(data).unwrap())

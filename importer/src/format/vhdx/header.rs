@@ -221,13 +221,16 @@ fn current_header(head: &[u8]) -> Result<Header, VhdxError> {
     })
 }
 
+/// The file's regions taken so far, each with its name for error messages.
+type Reserved = Vec<(String, Region)>;
+
 /// Reads a region table whose signature and checksum are valid: its BAT and metadata regions,
 /// each checked against everything reserved before it (as qemu's `vhdx_region_check`).
 fn region_table(
     table: &[u8],
     at: u64,
-    mut reserved: Vec<(String, Region)>,
-) -> Result<(Region, Region, Vec<(String, Region)>), VhdxError> {
+    mut reserved: Reserved,
+) -> Result<(Region, Region, Reserved), VhdxError> {
     let count = le32(table, 8);
     if count > 2047 {
         return Err(VhdxError::RegionCount { table: at, count });
