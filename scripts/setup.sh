@@ -26,6 +26,8 @@ declare -A needs=(
   [jq]=jq
   [strip]=binutils
   [etcd]=etcd-server
+  # GNU time (not the shell keyword): a child's own peak RSS in tests.
+  [/usr/bin/time]=time
 )
 missing=()
 for cmd in "${!needs[@]}"; do

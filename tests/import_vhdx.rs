@@ -5,7 +5,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::{Command, Output, Stdio};
 
 use importer::format::vhdx::structure_checksum;
 use testkit::nginx::{Nginx, NginxConfig};
@@ -280,28 +280,26 @@ fn a_bat_after_its_data_streams_through_the_hold_and_the_spill_file() {
     no_partial_left(work.path());
 }
 
-/// Streams `image` on stdin with this memory budget; returns quarry's peak RSS (KiB).
-// The child is reaped by wait4 (which also reports its rusage), not by Child::wait.
-#[allow(clippy::zombie_processes)]
+/// Streams `image` on stdin with this memory budget; returns quarry's peak RSS (KiB), as GNU
+/// time reports it: its child is forked from time, not from this test, whose own (large) pages
+/// the rusage of a child it spawned directly would include.
 fn peak_rss_kib(image: &Path, target: &Path, budget: &str) -> i64 {
-    let child = quarry()
+    let report = target.with_extension("rss");
+    let status = Command::new("/usr/bin/time")
+        .args(["-f", "%M", "-o"])
+        .arg(&report)
+        .arg(env!("CARGO_BIN_EXE_quarry"))
         .args(["import", "-", arg(target), "--memory-budget", budget])
         .stdin(Stdio::from(fs::File::open(image).unwrap()))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is valid, and wait4 only writes the child's into it.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: the child is ours and not waited for elsewhere (wait4 reaps it here).
-    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    assert_eq!(pid, child.id() as i32, "wait4");
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "quarry failed ({status})"
-    );
-    usage.ru_maxrss
+        .status()
+        .expect("GNU time (/usr/bin/time, scripts/setup.sh installs it)");
+    assert!(status.success(), "quarry failed ({status})");
+    let text = fs::read_to_string(&report).unwrap();
+    text.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("time's report: {text:?}"))
 }
 
 /// Imports `img` from a file and from stdin: both must exit `code` naming `what`, leaving nothing.

@@ -674,7 +674,8 @@ mod tests {
         assert_eq!(parse_format("vhd"), Ok(ImageFormat::Vpc));
         assert_eq!(parse_format("vpc"), Ok(ImageFormat::Vpc));
         assert_eq!(parse_format("vdi"), Ok(ImageFormat::Vdi));
-        assert!(parse_format("vhdx").is_err());
+        assert_eq!(parse_format("vhdx"), Ok(ImageFormat::Vhdx));
+        assert!(parse_format("qed").is_err());
     }
 
     #[test]
