@@ -75,6 +75,8 @@ impl ExtentSink for CheckingSink {
 }
 
 /// The fuzz input as a local file (a memfd), for the random-access readers.
+// vmdk_stream has none (a local vmdk is a descriptor naming its extents).
+#[allow(dead_code)]
 pub fn memfd(name: &std::ffi::CStr, data: &[u8]) -> std::fs::File {
     use std::io::Write;
     let mut file: std::fs::File =
