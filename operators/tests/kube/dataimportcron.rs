@@ -295,9 +295,17 @@ async fn a_failed_import_is_deleted_when_a_new_version_arrives() {
         dvs.get_opt(&first).await.ok()?.is_none().then_some(())
     })
     .await;
-    let st = crons.get("fedora-cron").await.unwrap().status.unwrap();
-    assert_eq!(st.current_imports.len(), 1);
-    assert_eq!(st.current_imports[0].data_volume_name, second);
+    // The status follows in the cron's next status patch.
+    wait_for("the status to list only the new import", || async {
+        let st = crons.get("fedora-cron").await.ok()?.status?;
+        let names: Vec<_> = st
+            .current_imports
+            .iter()
+            .map(|i| &i.data_volume_name)
+            .collect();
+        (names == [&second]).then_some(())
+    })
+    .await;
     task.abort();
 }
 
