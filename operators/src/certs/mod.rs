@@ -218,13 +218,14 @@ fn stale_hooks<'a>(
         .collect()
 }
 
-/// Sets the `caBundle` (base64 `encoded`) of the `stale` webhooks of configuration `name`
-/// (None: the configuration is missing), recording it as injected or missing.
+/// Sets the `caBundle` (base64 `encoded`) of configuration `name`'s webhooks (as `webhooks`
+/// lists them: name and client config) whose bundle is not `bundle`, recording the
+/// configuration as injected, or as missing when it does not exist.
 async fn patch_ca<K>(
     api: &Api<K>,
     name: &str,
-    stale: Option<Vec<String>>,
-    encoded: &str,
+    webhooks: impl FnOnce(K) -> Vec<(String, WebhookClientConfig)>,
+    (bundle, encoded): (&[u8], &str),
     params: &PatchParams,
     (injected, missing): (&mut Vec<String>, &mut Vec<String>),
 ) -> Result<()>
@@ -232,6 +233,10 @@ where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let what = format!("{}/{name}", K::kind(&()));
+    let stale = kubeops::get(api, name).await?.map(|c| {
+        let hooks = webhooks(c);
+        stale_hooks(hooks.iter().map(|(n, c)| (n, c)), bundle)
+    });
     let Some(stale) = stale else {
         missing.push(what);
         return Ok(());
@@ -282,35 +287,35 @@ async fn inject(client: &kube::Client, bundle: &[u8]) -> Result<(Vec<String>, Ve
         names::webhook::HYPERCONVERGED_CONFIG,
         names::webhook::DATAVOLUME_CONFIG,
     ] {
-        let stale = kubeops::get(&validating, name).await?.map(|c| {
+        let webhooks = |c: ValidatingWebhookConfiguration| {
             let hooks = c.webhooks.unwrap_or_default();
-            stale_hooks(hooks.iter().map(|w| (&w.name, &w.client_config)), bundle)
-        });
+            hooks
+                .into_iter()
+                .map(|w| (w.name, w.client_config))
+                .collect()
+        };
+        let out = (&mut injected, &mut missing);
         patch_ca(
             &validating,
             name,
-            stale,
-            &encoded,
+            webhooks,
+            (bundle, &encoded),
             &params,
-            (&mut injected, &mut missing),
+            out,
         )
         .await?;
     }
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let name = names::webhook::DATAVOLUME_MUTATE_CONFIG;
-    let stale = kubeops::get(&mutating, name).await?.map(|c| {
+    let webhooks = |c: MutatingWebhookConfiguration| {
         let hooks = c.webhooks.unwrap_or_default();
-        stale_hooks(hooks.iter().map(|w| (&w.name, &w.client_config)), bundle)
-    });
-    patch_ca(
-        &mutating,
-        name,
-        stale,
-        &encoded,
-        &params,
-        (&mut injected, &mut missing),
-    )
-    .await?;
+        hooks
+            .into_iter()
+            .map(|w| (w.name, w.client_config))
+            .collect()
+    };
+    let name = names::webhook::DATAVOLUME_MUTATE_CONFIG;
+    let out = (&mut injected, &mut missing);
+    patch_ca(&mutating, name, webhooks, (bundle, &encoded), &params, out).await?;
     for what in &injected {
         tracing::info!(%what, "caBundle injected");
     }
