@@ -547,14 +547,7 @@ fn host_assisted(
                     cx.requeue = Some(cx.cfg.progress_interval);
                     cx.transfer_running();
                     // The source pod's progress counter, read as an importer's.
-                    cx.st.progress = Some(match cx.obs.progress {
-                        Some(p) => status::format_progress(p),
-                        None => cx
-                            .st
-                            .progress
-                            .clone()
-                            .unwrap_or_else(|| status::PROGRESS_UNKNOWN.into()),
-                    });
+                    cx.observed_progress();
                     cx.phase(
                         Phase::CloneInProgress,
                         Some((

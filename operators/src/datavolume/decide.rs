@@ -229,6 +229,19 @@ impl Ctx<'_> {
         self.cond(condition::READY, false, reason::TRANSFER_RUNNING, "");
     }
 
+    /// The transfer pod's progress counter as `status.progress`, keeping the last one shown
+    /// while the counter cannot be read.
+    pub(super) fn observed_progress(&mut self) {
+        self.st.progress = Some(match self.obs.progress {
+            Some(p) => status::format_progress(p),
+            None => self
+                .st
+                .progress
+                .clone()
+                .unwrap_or_else(|| PROGRESS_UNKNOWN.into()),
+        });
+    }
+
     /// UploadScheduled: the upload pod is not ready yet.
     fn upload_scheduled(&mut self, pvc: &str) {
         self.phase(
@@ -544,14 +557,7 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
                     format!("Import into {pvc} in progress"),
                 )),
             );
-            cx.st.progress = Some(match cx.obs.progress {
-                Some(p) => status::format_progress(p),
-                None => cx
-                    .st
-                    .progress
-                    .clone()
-                    .unwrap_or_else(|| PROGRESS_UNKNOWN.into()),
-            });
+            cx.observed_progress();
             cx.requeue = Some(cx.cfg.progress_interval);
         }
         ("Running", Work::Upload) => {
