@@ -7,11 +7,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 
-use testkit::nginx::{Nginx, NginxConfig};
 use testkit::qemu::{self, assert_same, qemu_img, qemu_io};
 
 mod common;
+mod disk_formats;
 use common::*;
+use disk_formats::{import_everywhere, sample_converted, sample_stream_vmdk};
 
 /// Grain size of every image qemu-img makes.
 const GRAIN: u64 = 65536;
@@ -51,34 +52,20 @@ fn writes() -> Vec<String> {
     ]
 }
 
-/// The test images, by name: sparse extents (any source) made both ways.
-fn sparse_images(dir: &Path) -> Vec<(String, PathBuf)> {
+/// The test images: sparse extents (any source) made both ways.
+fn sparse_images(dir: &Path) -> Vec<PathBuf> {
     let w = writes();
     let w: Vec<&str> = w.iter().map(String::as_str).collect();
-    let (raw, _) = sample_disk(dir);
     let mut images = Vec::new();
     for sub in ["monolithicSparse", "streamOptimized"] {
-        let name = format!("{sub}-written.vmdk");
-        images.push((
-            name.clone(),
-            create(&dir.join(&name), &format!("subformat={sub}"), ODD_SIZE, &w),
-        ));
+        let options = format!("subformat={sub}");
+        let written = dir.join(format!("{sub}-written.vmdk"));
+        images.push(create(&written, &options, ODD_SIZE, &w));
         let name = format!("{sub}-converted.vmdk");
-        let out = dir.join(&name);
-        qemu_img(&[
-            "convert",
-            "-O",
-            "vmdk",
-            "-o",
-            &format!("subformat={sub}"),
-            arg(&raw),
-            arg(&out),
-        ]);
-        images.push((name, out));
+        images.push(sample_converted(dir, &name, "vmdk", &options));
     }
-    let name = "zeroed-grains.vmdk".to_string();
-    let zeroed = create(
-        &dir.join(&name),
+    images.push(create(
+        &dir.join("zeroed-grains.vmdk"),
         "subformat=monolithicSparse,zeroed_grain=on",
         ODD_SIZE,
         &[
@@ -86,20 +73,21 @@ fn sparse_images(dir: &Path) -> Vec<(String, PathBuf)> {
             &format!("write -z {GRAIN} {GRAIN}"),
             &format!("write -z {} {}", 8 * GRAIN, 2 * GRAIN),
         ],
-    );
-    images.push((name, zeroed));
-    let name = "empty-stream.vmdk".to_string();
-    images.push((
-        name.clone(),
-        create(&dir.join(&name), "subformat=streamOptimized", ODD_SIZE, &[]),
+    ));
+    images.push(create(
+        &dir.join("empty-stream.vmdk"),
+        "subformat=streamOptimized",
+        ODD_SIZE,
+        &[],
     ));
     images
 }
 
-fn reference(image: &Path, work: &Path) -> Vec<u8> {
-    let raw = work.join("reference.raw");
-    qemu::convert_to_raw(image, &raw);
-    fs::read(&raw).unwrap()
+/// `dir/out/disk.img`, its directory created: a target whose directory holds nothing else.
+fn out_target(dir: &Path) -> PathBuf {
+    let target = dir.join("out").join("disk.img");
+    fs::create_dir_all(target.parent().unwrap()).unwrap();
+    target
 }
 
 fn import_stdin(source: &Path, target: &Path) -> Output {
@@ -111,86 +99,11 @@ fn import_stdin(source: &Path, target: &Path) -> Output {
 }
 
 #[test]
-fn sparse_images_equal_qemu_img_from_a_file_stdin_and_under_compression() {
+fn sparse_images_equal_qemu_img_from_a_file_stdin_http_and_compressed() {
     let dir = tempfile::tempdir().unwrap();
-    let work = tempfile::tempdir().unwrap();
-    for (name, image) in sparse_images(dir.path()) {
-        let expected = reference(&image, work.path());
-        let target = work.path().join("disk.img");
-
-        let out = run(&["import", arg(&image), arg(&target), "--json"]);
-        assert_ok(&out);
-        assert_same(
-            &format!("{name} from a file"),
-            &fs::read(&target).unwrap(),
-            &expected,
-        );
-        let report = json(&out);
-        assert_eq!(
-            report["format_chain"],
-            serde_json::json!(["vmdk"]),
-            "{name}"
-        );
-        assert_eq!(report["virtual_size"], expected.len() as u64, "{name}");
-
-        let out = import_stdin(&image, &target);
-        assert_ok(&out);
-        assert_same(
-            &format!("{name} from stdin"),
-            &fs::read(&target).unwrap(),
-            &expected,
-        );
-
-        for (tool, layer) in [
-            (&["gzip", "-c", "-1"][..], "gzip"),
-            (&["xz", "-c", "-0", "-T2"][..], "xz"),
-            (&["zstd", "-c", "-q"][..], "zstd"),
-        ] {
-            let packed = dir.path().join(format!("{name}.{layer}"));
-            compress(tool, &image, &packed);
-            let out = run(&["import", arg(&packed), arg(&target), "--json"]);
-            assert_ok(&out);
-            assert_eq!(
-                json(&out)["format_chain"],
-                serde_json::json!([layer, "vmdk"]),
-                "{name}"
-            );
-            assert_same(
-                &format!("{name} under {layer}"),
-                &fs::read(&target).unwrap(),
-                &expected,
-            );
-        }
-        no_partial_left(work.path());
-    }
-}
-
-#[test]
-fn sparse_images_over_http_equal_qemu_img() {
-    let dir = tempfile::tempdir().unwrap();
-    let images = sparse_images(dir.path());
-    let server = Nginx::start(NginxConfig {
-        root: dir.path().to_path_buf(),
-        ranges: true,
-        ..Default::default()
-    });
-    let work = tempfile::tempdir().unwrap();
-    for (name, image) in images {
-        let expected = reference(&image, work.path());
-        let target = work.path().join("disk.img");
-        let out = run(&[
-            "import",
-            &server.url(&format!("/{name}")),
-            arg(&target),
-            "--json",
-        ]);
-        assert_ok(&out);
-        assert_same(
-            &format!("{name} over http"),
-            &fs::read(&target).unwrap(),
-            &expected,
-        );
-        assert_eq!(json(&out)["format_chain"], serde_json::json!(["vmdk"]));
+    for image in sparse_images(dir.path()) {
+        let expected = qemu::reference_raw(&image, dir.path());
+        import_everywhere(&image, None, "vmdk", &expected);
     }
 }
 
@@ -213,18 +126,94 @@ fn flat_and_split_descriptors_equal_qemu_img_from_their_local_file() {
             ODD_SIZE,
             &w,
         );
-        let expected = reference(&image, work.path());
+        let expected = qemu::reference_raw(&image, work.path());
         let target = work.path().join("disk.img");
         let out = run(&["import", arg(&image), arg(&target), "--json"]);
         assert_ok(&out);
         assert_same(sub, &fs::read(&target).unwrap(), &expected);
         assert_eq!(json(&out)["format_chain"], serde_json::json!(["vmdk"]));
-
-        // The descriptor alone, from standard input: its extents are out of reach.
-        fs::remove_file(&target).unwrap();
-        let out = import_stdin(&image, &target);
-        assert_refused(&out, 11, "local", &target);
     }
+}
+
+/// A local monolithicFlat descriptor of [`ODD_SIZE`], its extent beside it, in its own directory.
+fn flat_descriptor(dir: &Path) -> PathBuf {
+    let sub_dir = dir.join("flat");
+    fs::create_dir(&sub_dir).unwrap();
+    let w = writes();
+    let w: Vec<&str> = w.iter().map(String::as_str).collect();
+    create(
+        &sub_dir.join("d.vmdk"),
+        "subformat=monolithicFlat",
+        ODD_SIZE,
+        &w,
+    )
+}
+
+#[test]
+fn a_descriptor_that_is_not_a_plain_local_file_is_refused_naming_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = flat_descriptor(dir.path());
+    let target = out_target(dir.path());
+    // From standard input: its extents are out of reach.
+    let out = import_stdin(&image, &target);
+    assert_refused(&out, 11, "from a local path", &target);
+    // Compressed, beside its extent: the reason is the compression, not the place.
+    let packed = image.with_extension("vmdk.gz");
+    compress(&["gzip", "-c"], &image, &packed);
+    let out = run(&["import", arg(&packed), arg(&target)]);
+    assert_refused(&out, 11, "it is gzip-compressed", &target);
+    // With --checksum, which would cover the descriptor's text only.
+    let sha = testkit::oci::sha256_digest(&fs::read(&image).unwrap());
+    let out = run(&["import", arg(&image), arg(&target), "--checksum", &sha]);
+    assert_refused(&out, 11, "--checksum would cover only", &target);
+}
+
+#[test]
+fn a_local_descriptor_larger_than_the_requested_size_is_refused_before_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = flat_descriptor(dir.path());
+    let target = out_target(dir.path());
+    let out = run(&["import", arg(&image), arg(&target), "--size", "4Mi"]);
+    assert_refused(&out, 13, &ODD_SECTORS_BYTES.to_string(), &target);
+}
+
+#[test]
+fn flat_extents_at_offsets_into_their_file_equal_qemu_img() {
+    // Three extents of one file: from sector 512, from sector 2560 (ending in a zero run), and
+    // from sector 16000 of the file's 16384, so its last 640 sectors lie past the end of the
+    // file (zeroes, as qemu reads them) after 384 of data.
+    let dir = tempfile::tempdir().unwrap();
+    let (_, mut data) = sample_disk(dir.path());
+    data.rotate_left(4 << 20); // data up to the end of the file
+    let flat_dir = dir.path().join("offsets");
+    fs::create_dir(&flat_dir).unwrap();
+    fs::write(flat_dir.join("x-flat.vmdk"), data).unwrap();
+    let template = fs::read_to_string(flat_descriptor(dir.path())).unwrap();
+    let extents = "RW 2048 FLAT \"x-flat.vmdk\" 512\n\
+                   RW 4096 FLAT \"x-flat.vmdk\" 2560\n\
+                   RW 1024 FLAT \"x-flat.vmdk\" 16000\n";
+    let text: String = template
+        .lines()
+        .map(|l| {
+            if l.starts_with("RW ") {
+                extents.to_string()
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    let image = flat_dir.join("x.vmdk");
+    fs::write(&image, text).unwrap();
+    let expected = qemu::reference_raw(&image, dir.path());
+    assert_eq!(expected.len(), 7168 * 512);
+    let target = dir.path().join("disk.img");
+    let out = run(&["import", arg(&image), arg(&target), "--json"]);
+    assert_ok(&out);
+    assert_same(
+        "flat extents at offsets",
+        &fs::read(&target).unwrap(),
+        &expected,
+    );
 }
 
 #[test]
@@ -340,24 +329,14 @@ fn vmware_stream(qemu: &[u8]) -> Vec<u8> {
 fn a_vmware_stream_with_its_tables_and_footer_after_the_data_equals_qemu_img() {
     let dir = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
-    let (raw, _) = sample_disk(dir.path());
-    let qemu_made = dir.path().join("qemu.vmdk");
-    qemu_img(&[
-        "convert",
-        "-O",
-        "vmdk",
-        "-o",
-        "subformat=streamOptimized",
-        arg(&raw),
-        arg(&qemu_made),
-    ]);
+    let qemu_made = sample_stream_vmdk(dir.path(), "qemu.vmdk");
     let vmware = dir.path().join("vmware.vmdk");
     fs::write(&vmware, vmware_stream(&fs::read(&qemu_made).unwrap())).unwrap();
-    let expected = reference(&vmware, work.path());
+    let expected = qemu::reference_raw(&vmware, work.path());
     assert_same(
         "qemu-img on the rewritten stream",
         &expected,
-        &reference(&qemu_made, work.path()),
+        &qemu::reference_raw(&qemu_made, work.path()),
     );
     let target = work.path().join("disk.img");
     for out in [
@@ -377,8 +356,7 @@ fn a_vmware_stream_with_its_tables_and_footer_after_the_data_equals_qemu_img() {
 fn import_bytes(dir: &Path, name: &str, bytes: &[u8]) -> (Output, PathBuf) {
     let src = dir.join(name);
     fs::write(&src, bytes).unwrap();
-    let target = dir.join("out").join("disk.img");
-    fs::create_dir_all(target.parent().unwrap()).unwrap();
+    let target = out_target(dir);
     let out = quarry()
         .args(["import", arg(&src), arg(&target)])
         .stdout(Stdio::null())
@@ -398,7 +376,6 @@ fn le32(b: &[u8], at: usize) -> u32 {
 #[test]
 fn corrupt_headers_and_tables_exit_12_and_leave_no_target() {
     let dir = tempfile::tempdir().unwrap();
-    let (raw, _) = sample_disk(dir.path());
     let sparse = dir.path().join("sparse.vmdk");
     // 40 MiB: two grain tables.
     qemu_img(&["create", "-q", "-f", "vmdk", arg(&sparse), "40M"]);
@@ -409,16 +386,7 @@ fn corrupt_headers_and_tables_exit_12_and_leave_no_target() {
     );
     let good = fs::read(&sparse).unwrap();
     let gd = u64::from_le_bytes(good[56..64].try_into().unwrap()) as usize * 512;
-    let stream = dir.path().join("stream.vmdk");
-    qemu_img(&[
-        "convert",
-        "-O",
-        "vmdk",
-        "-o",
-        "subformat=streamOptimized",
-        arg(&raw),
-        arg(&stream),
-    ]);
+    let stream = sample_stream_vmdk(dir.path(), "stream.vmdk");
     let stream_good = fs::read(&stream).unwrap();
 
     let mut cases: Vec<(&str, Vec<u8>)> = vec![("truncated header", good[..100].to_vec())];
@@ -486,8 +454,7 @@ fn snapshots_change_tracking_and_cowd_are_refused_with_exit_11() {
         "vmdk",
         arg(&snap),
     ]);
-    let target = dir.path().join("out").join("disk.img");
-    fs::create_dir_all(target.parent().unwrap()).unwrap();
+    let target = out_target(dir.path());
     let out = run(&["import", arg(&snap), arg(&target)]);
     assert_refused(&out, 11, "parent", &target);
 
@@ -524,8 +491,7 @@ fn a_disk_larger_than_the_requested_size_is_refused_before_writing() {
         64 << 20,
         &["write -P 0x1 0 64k"],
     );
-    let target = dir.path().join("out").join("disk.img");
-    fs::create_dir_all(target.parent().unwrap()).unwrap();
+    let target = out_target(dir.path());
     for source in [arg(&image), "-"] {
         let out = quarry()
             .args(["import", source, arg(&target), "--size", "32Mi"])

@@ -194,12 +194,31 @@ fn a_vhd_too_large_for_the_volume_is_refused_before_writing() {
     let dir = tempfile::tempdir().unwrap();
     let image = written_image(dir.path(), "d.vhd", "vpc", "", SIZE);
     assert_fails_everywhere(&image, &["--size", "20Mi"], 13, "does not fit");
-    // A fixed disk's stream states its size only at the end: refused as it grows past the volume.
+}
+
+#[test]
+fn a_fixed_vhd_stream_too_large_is_refused_as_it_is_written_saying_why() {
+    // A fixed disk states its size in its footer, at the end: a local file is refused before
+    // writing; a stream (stdin, or compressed) as its data passes the usable space, with the
+    // reason, and nothing left behind.
+    let dir = tempfile::tempdir().unwrap();
     let fixed = written_image(dir.path(), "f.vhd", "vpc", "subformat=fixed", SIZE);
-    assert_fails_everywhere(
-        &fixed,
-        &["--size", "20Mi", "--format", "vpc"],
-        13,
-        "does not fit",
-    );
+    let target = dir.path().join("out").join("disk.img");
+    fs::create_dir_all(target.parent().unwrap()).unwrap();
+    let too_small = ["--size", "20Mi", "--format", "vpc"];
+    let out = run(&[&["import", arg(&fixed), arg(&target)][..], &too_small].concat());
+    assert_refused(&out, 13, &virtual_size(&fixed, "vpc").to_string(), &target);
+    let packed = dir.path().join("f.vhd.zst");
+    compress(&["zstd", "-q", "-c"], &fixed, &packed);
+    for (what, source, stdin) in [("stdin", "-", Some(&fixed)), ("zstd", arg(&packed), None)] {
+        let mut cmd = quarry();
+        cmd.args(["import", source, arg(&target)]).args(too_small);
+        if let Some(f) = stdin {
+            cmd.stdin(fs::File::open(f).unwrap());
+        }
+        let out = cmd.output().unwrap();
+        assert_refused(&out, 13, "known only at the end of its stream", &target);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("fixed vhd's footer"), "{what}: {err}");
+    }
 }

@@ -17,7 +17,7 @@ use crate::format::qcow2::Qcow2Reader;
 use crate::format::raw::{RawReader, SparseFileReader};
 use crate::format::vdi::VdiReader;
 use crate::format::vhdx::VhdxReader;
-use crate::format::vmdk::VmdkReader;
+use crate::format::vmdk::{StreamedBecause, VmdkReader};
 use crate::format::vpc::VpcReader;
 use crate::format::{self, FormatReader, ImageFormat, ReaderOptions};
 use crate::ova::{self, DiskChoice};
@@ -588,7 +588,20 @@ fn open_layers(
     let (mut decoded, mut layers) = decode::unwrap_layers(raw_stream)?;
     let mut chain: Vec<String> = layers.iter().map(|c| c.as_str().to_string()).collect();
     let mut name = info.name.clone();
-    if req.format.is_none() && ova::is_ova(decoded.head(), &info.name) {
+    let in_ova = req.format.is_none() && ova::is_ova(decoded.head(), &info.name);
+    // Why a vmdk descriptor (readable only as a local file) arrived as a stream.
+    let descriptor_because = match layers.first() {
+        _ if in_ova => StreamedBecause::InOva,
+        Some(layer) => StreamedBecause::Compressed(layer.as_str()),
+        None if matches!(req.source, SourceSpec::File(_))
+            && info.length.is_some()
+            && req.checksum.is_some() =>
+        {
+            StreamedBecause::Checksum
+        }
+        None => StreamedBecause::Remote,
+    };
+    if in_ova {
         let (disk, chosen) = ova::open_disk(Box::new(decoded), req.disk.clone(), &info.name)?;
         let (inner, inner_layers) = decode::unwrap_layers(Box::new(disk))?;
         chain.push("ova".into());
@@ -611,7 +624,15 @@ fn open_layers(
     } else {
         Box::new(decoded)
     };
-    let reader = open_reader(req, format, stream, &layers, source_length, &plan)?;
+    let reader = open_reader(
+        req,
+        format,
+        stream,
+        &layers,
+        source_length,
+        &plan,
+        descriptor_because,
+    )?;
     Ok((reader, chain, format, plan))
 }
 
@@ -649,6 +670,7 @@ fn open_reader(
     layers: &[Compression],
     source_length: Option<u64>,
     plan: &MemoryPlan,
+    descriptor_because: StreamedBecause,
 ) -> Result<Box<dyn FormatReader>> {
     let opts = ReaderOptions {
         spill_dir: spill_dir(req),
@@ -669,7 +691,7 @@ fn open_reader(
         ImageFormat::Vpc => Box::new(VpcReader::new(stream, &opts)?),
         ImageFormat::Vdi => Box::new(VdiReader::new(stream, &opts)?),
         ImageFormat::Vhdx => Box::new(VhdxReader::new(stream, &opts)?),
-        ImageFormat::Vmdk => Box::new(VmdkReader::new(stream, &opts)?),
+        ImageFormat::Vmdk => Box::new(VmdkReader::streamed(stream, &opts, descriptor_because)?),
         other => return Err(refused(other)),
     })
 }

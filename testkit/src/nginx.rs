@@ -170,7 +170,7 @@ fn check_installed(bin: &str, package: &str) {
     );
 }
 
-pub(crate) fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
     l.local_addr().unwrap().port()
 }
@@ -283,7 +283,7 @@ fn launch(dir: &Path, port: u16) -> Result<Child, (bool, String)> {
 }
 
 /// TERM, wait up to 5 s, then KILL; always reaps the child.
-pub(crate) fn stop_child(child: &mut Child) {
+pub fn stop_child(child: &mut Child) {
     if let Ok(Some(_)) = child.try_wait() {
         return;
     }

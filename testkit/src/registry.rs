@@ -205,7 +205,7 @@ impl Drop for Registry {
 }
 
 /// Waits until `port` accepts connections; `Err(true)` when the child exited first.
-pub(crate) fn wait_listening(child: &mut Child, port: u16) -> Result<(), bool> {
+pub fn wait_listening(child: &mut Child, port: u16) -> Result<(), bool> {
     let deadline = Instant::now() + READY_TIMEOUT;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     loop {

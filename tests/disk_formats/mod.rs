@@ -1,14 +1,16 @@
-//! Helpers shared by the vhd and vdi suites: images written by qemu-img and qemu-io, and one
-//! import of each through every source (file, stdin, gzip / xz / zstd, HTTP from nginx), each
-//! compared byte for byte with `qemu-img convert -O raw`.
+//! Helpers shared by the disk format suites (vhd, vdi, vhdx, vmdk, and the remote sources):
+//! images written by qemu-img and qemu-io, and one import of each through every source (file,
+//! stdin, gzip / xz / zstd, HTTP from nginx, S3, a registry layer, an upload), each compared byte
+//! for byte with `qemu-img convert -O raw`.
 #![allow(dead_code)]
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 
 use testkit::nginx::{Nginx, NginxConfig};
-use testkit::qemu::{self, qemu_img, qemu_io};
+pub use testkit::qemu::assert_same;
+use testkit::qemu::{qemu_img, qemu_io};
 
 use super::common::*;
 
@@ -60,14 +62,16 @@ pub fn reference(image: &Path, format: Option<&str>, dir: &Path) -> Vec<u8> {
     bytes
 }
 
-pub fn assert_same(what: &str, got: &[u8], expected: &[u8]) {
-    if let Some(at) = qemu::first_difference(got, expected) {
-        panic!(
-            "{what}: differs from qemu-img at byte {at} (got {} bytes, expected {})",
-            got.len(),
-            expected.len()
-        );
-    }
+/// Runs `cmd`, a `quarry import SOURCE TARGET --json ...`, and checks the JSON report's format
+/// chain and size and `target` against `expected`; removes the target.
+pub fn check_import(what: &str, cmd: &mut Command, target: &Path, chain: &[&str], expected: &[u8]) {
+    let out = output_within(cmd, std::time::Duration::from_secs(120));
+    assert_ok(&out);
+    let report = json(&out);
+    assert_eq!(report["format_chain"], serde_json::json!(chain), "{what}");
+    assert_eq!(report["virtual_size"], expected.len() as u64, "{what}");
+    assert_same(what, &fs::read(target).unwrap(), expected);
+    fs::remove_file(target).unwrap();
 }
 
 /// Imports `source` (a path or URL, or `-` with `stdin`), with `extra` arguments, and checks the
@@ -88,13 +92,7 @@ fn import_one(
     if let Some(file) = stdin {
         cmd.stdin(Stdio::from(fs::File::open(file).unwrap()));
     }
-    let out = output_within(&mut cmd, std::time::Duration::from_secs(120));
-    assert_ok(&out);
-    let report = json(&out);
-    assert_eq!(report["format_chain"], serde_json::json!(chain), "{what}");
-    assert_eq!(report["virtual_size"], expected.len() as u64, "{what}");
-    assert_same(what, &fs::read(&target).unwrap(), expected);
-    fs::remove_file(&target).unwrap();
+    check_import(what, &mut cmd, &target, chain, expected);
 }
 
 /// Imports `image` from a file, from stdin, gzip / xz / zstd compressed (from a file and from
@@ -177,15 +175,32 @@ pub fn import_everywhere(image: &Path, format: Option<&str>, name: &str, expecte
         expected,
         work.path(),
     );
+    no_partial_left(work.path());
 }
 
-/// The suite's sample disk converted by `qemu-img convert -O FORMAT` (qemu-img leaves its zero
-/// runs unallocated), imported from every source.
+/// The suite's sample disk (written into `dir`) converted by `qemu-img convert -O FORMAT -o OPTS`
+/// into `dir/NAME` (qemu-img leaves its zero runs unallocated).
+pub fn sample_converted(dir: &Path, name: &str, format: &str, opts: &str) -> PathBuf {
+    let (raw, _) = sample_disk(dir);
+    let image = dir.join(name);
+    let mut args = vec!["convert", "-O", format];
+    if !opts.is_empty() {
+        args.extend(["-o", opts]);
+    }
+    args.extend([arg(&raw), arg(&image)]);
+    qemu_img(&args);
+    image
+}
+
+/// [`sample_converted`] as streamOptimized vmdk (what OVAs and VMware exports hold).
+pub fn sample_stream_vmdk(dir: &Path, name: &str) -> PathBuf {
+    sample_converted(dir, name, "vmdk", "subformat=streamOptimized")
+}
+
+/// The suite's sample disk converted by `qemu-img convert -O FORMAT`, imported from every source.
 pub fn import_qemu_img_conversion(format: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let (raw, _) = sample_disk(dir.path());
-    let image = dir.path().join(format!("converted.{format}"));
-    qemu_img(&["convert", "-O", format, arg(&raw), arg(&image)]);
+    let image = sample_converted(dir.path(), &format!("converted.{format}"), format, "");
     let expected = reference(&image, None, dir.path());
     import_everywhere(&image, None, format, &expected);
 }
@@ -217,4 +232,26 @@ pub fn patched(image: &Path, name: &str, at: u64, bytes: &[u8]) -> PathBuf {
     let out = image.with_file_name(name);
     fs::write(&out, data).unwrap();
     out
+}
+
+/// One qemu-made image of each format, to import from the remote sources: (image, the format
+/// chain's name for it, qemu-img's raw conversion). A streamOptimized vmdk (what OVAs and
+/// exports hold) converted from the sample disk; a dynamic vhd, vhdx and vdi written by qemu-io.
+pub fn one_of_each_format(dir: &Path) -> Vec<(PathBuf, &'static str, Vec<u8>)> {
+    let mut images = vec![(sample_stream_vmdk(dir, "stream.vmdk"), "vmdk")];
+    for (format, opts) in [
+        ("vpc", "subformat=dynamic"),
+        ("vhdx", "subformat=dynamic,block_size=1M"),
+        ("vdi", ""),
+    ] {
+        let name = format!("written.{format}");
+        images.push((written_image(dir, &name, format, opts, "41000k"), format));
+    }
+    images
+        .into_iter()
+        .map(|(image, name)| {
+            let expected = reference(&image, None, dir);
+            (image, name, expected)
+        })
+        .collect()
 }

@@ -69,8 +69,11 @@ impl FormatReader for RawReader {
 
 /// Copies a raw image from a local regular file, reading only its data extents
 /// (`SEEK_DATA`/`SEEK_HOLE`): holes are reported as zeroes without being read, as qemu-img does.
+/// Bytes past the end of the file read as zeroes, as qemu reads them.
 pub struct SparseFileReader {
     file: std::fs::File,
+    /// Where the disk starts in the file.
+    start: u64,
     length: u64,
 }
 
@@ -78,23 +81,40 @@ impl SparseFileReader {
     /// `length` is the file's size, as its caller already read it, or the size of the disk at
     /// its start (a fixed vhd, whose footer follows).
     pub fn new(file: std::fs::File, length: u64) -> Self {
-        SparseFileReader { file, length }
+        SparseFileReader::at(file, 0, length)
     }
 
-    /// The next data extent at or after `pos`, as `(start, end)`; None when only a hole is left.
+    /// The disk of `length` bytes that starts `start` bytes into `file` (a vmdk flat extent with
+    /// an offset).
+    pub fn at(file: std::fs::File, start: u64, length: u64) -> Self {
+        SparseFileReader {
+            file,
+            start,
+            length,
+        }
+    }
+
+    /// The next data extent at or after disk offset `pos`, as disk offsets `(start, end)`; None
+    /// when only a hole is left.
     fn next_data(&self, pos: u64) -> Result<Option<(u64, u64)>> {
         use nix::unistd::{Whence, lseek};
-        let start = match lseek(&self.file, pos as i64, Whence::SeekData) {
+        let file_pos = i64::try_from(self.start + pos).map_err(|_| {
+            Error::Corrupt(format!(
+                "raw image: offset {} is out of range",
+                self.start + pos
+            ))
+        })?;
+        let start = match lseek(&self.file, file_pos, Whence::SeekData) {
             // Data past `length` (a fixed vhd's footer) is not the disk's.
-            Ok(s) if s as u64 >= self.length => return Ok(None),
-            Ok(s) => s as u64,
+            Ok(s) if s as u64 >= self.start + self.length => return Ok(None),
+            Ok(s) => s as u64 - self.start,
             Err(nix::errno::Errno::ENXIO) => return Ok(None),
             // Filesystems without SEEK_DATA: treat the rest as data.
             Err(nix::errno::Errno::EINVAL) => return Ok(Some((pos, self.length))),
             Err(e) => return Err(Error::io("seeking data in the source", e.into())),
         };
-        let end = match lseek(&self.file, start as i64, Whence::SeekHole) {
-            Ok(e) => e as u64,
+        let end = match lseek(&self.file, (self.start + start) as i64, Whence::SeekHole) {
+            Ok(e) => e as u64 - self.start,
             Err(e) => return Err(Error::io("seeking a hole in the source", e.into())),
         };
         Ok(Some((start, end.min(self.length))))
@@ -125,7 +145,7 @@ impl FormatReader for SparseFileReader {
             while offset < end {
                 let want = (end - offset).min(READ_AHEAD as u64) as usize;
                 self.file
-                    .read_exact_at(&mut buf[..want], offset)
+                    .read_exact_at(&mut buf[..want], self.start + offset)
                     .map_err(|e| Error::from_read(e, "raw image"))?;
                 sink.write_data(offset, &buf[..want])?;
                 offset += want as u64;

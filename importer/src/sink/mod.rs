@@ -115,7 +115,11 @@ impl Bounded<'_> {
             Some(limit) if end > limit => Err(Error::TooSmall {
                 needed: end,
                 available: limit,
-                detail: "the image grew past the target while streaming".into(),
+                // Only an image whose size is unknown until its stream ends gets this far.
+                detail: "its size is known only at the end of its stream (a fixed vhd's footer, \
+                         a compressed raw image), and its data reached that many bytes as it was \
+                         written"
+                    .into(),
             }),
             _ => Ok(()),
         }

@@ -132,7 +132,13 @@ impl Descriptor {
                 .ok_or_else(|| bad("bad sector count"))?;
             let offset = match tail.split_whitespace().collect::<Vec<_>>()[..] {
                 [] => None,
-                [o] => Some(o.parse::<u64>().map_err(|_| bad("bad offset"))?),
+                // The extent must end inside a file qemu can address.
+                [o] => Some(
+                    o.parse::<u64>()
+                        .ok()
+                        .filter(|&o| o <= (i64::MAX as u64) / 512 - sectors)
+                        .ok_or_else(|| bad("bad offset"))?,
+                ),
                 _ => return Err(bad("trailing words")),
             };
             let kind = match (kind, offset) {

@@ -56,6 +56,46 @@ pub enum VmdkError {
     },
     #[error("vmdk marker at {offset:#x}: {why}")]
     BadMarker { offset: u64, why: String },
+    #[error("vmdk: this is a descriptor, whose extents are separate files; {0}")]
+    StreamedDescriptor(StreamedBecause),
+}
+
+/// Why a descriptor reached the reader as a stream rather than as a local file with its extent
+/// files beside it (the one way its extents can be read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamedBecause {
+    /// It came from the network or standard input.
+    Remote,
+    /// It is a local file under this compression layer.
+    Compressed(&'static str),
+    /// It is a local file given with `--checksum`, which covers that one file only.
+    Checksum,
+    /// It is the disk an OVA names.
+    InOva,
+}
+
+impl std::fmt::Display for StreamedBecause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamedBecause::Remote => f.write_str(
+                "import it from a local path with its extent files in the same directory (a \
+                 descriptor cannot be read from the network or standard input)",
+            ),
+            StreamedBecause::Compressed(layer) => write!(
+                f,
+                "it is {layer}-compressed, and a descriptor is read only as an uncompressed \
+                 local file: decompress it beside its extent files, then import it"
+            ),
+            StreamedBecause::Checksum => f.write_str(
+                "--checksum would cover only the descriptor's text, not the disk in its extent \
+                 files: import it without --checksum",
+            ),
+            StreamedBecause::InOva => f.write_str(
+                "the OVA's disk is a descriptor: extract the OVA and import the descriptor from \
+                 the directory its extent files are in",
+            ),
+        }
+    }
 }
 
 impl VmdkError {
@@ -72,6 +112,7 @@ impl VmdkError {
                 | VmdkError::UnsupportedCreateType(_)
                 | VmdkError::HasParent(_)
                 | VmdkError::UnsupportedExtent { .. }
+                | VmdkError::StreamedDescriptor(_)
         )
     }
 }

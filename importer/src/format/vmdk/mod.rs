@@ -10,9 +10,10 @@
 //!
 //! Read: monolithicSparse and streamOptimized (`KDMV` files) from any source and under any
 //! compression; monolithicFlat, vmfs, twoGbMaxExtentFlat and twoGbMaxExtentSparse as a local
-//! descriptor file with its extent files in the same directory. Refused
-//! ([`Error::Unsupported`]): a descriptor that is not a local file (its extents cannot be
-//! fetched), disks with a parent (snapshots and deltas: `parentCID`, `parentFileNameHint`,
+//! descriptor file with its extent files in the same directory (a flat extent from any sector
+//! offset into its file). Refused ([`Error::Unsupported`]): a descriptor that reaches the reader
+//! as a stream (from the network or stdin, compressed, with a checksum to compute, in an OVA:
+//! [`StreamedBecause`] says which), disks with a parent (snapshots and deltas: `parentCID`, `parentFileNameHint`,
 //! seSparse, vmfsSparse), ESX 3 sparse extents (`COWD`), changeTracking files (`-ctk.vmdk`), and
 //! anything else that is not a disk.
 
@@ -37,7 +38,7 @@ mod window;
 mod tests;
 
 pub use descriptor::{Descriptor, Extent, ExtentKind};
-pub use error::VmdkError;
+pub use error::{StreamedBecause, VmdkError};
 pub use header::{Layout, SparseHeader};
 use window::Window;
 
@@ -52,8 +53,8 @@ pub struct VmdkReader {
 enum Part {
     /// A sparse extent (`KDMV`), read forward from its first byte.
     Sparse { header: SparseHeader, win: Window },
-    /// A flat extent: the first `len` bytes of a local file.
-    Flat { file: File, len: u64 },
+    /// A flat extent: `len` bytes of a local file, from `start` on.
+    Flat { file: File, start: u64, len: u64 },
 }
 
 impl Part {
@@ -125,16 +126,20 @@ fn open_sparse(
 impl VmdkReader {
     /// Reads the header of a sparse extent (monolithicSparse or streamOptimized) from the start
     /// of a stream. A descriptor is refused: its extents are files the stream cannot reach.
-    pub fn new(mut reader: Box<dyn Read + Send>, opts: &ReaderOptions) -> Result<Self> {
+    pub fn new(reader: Box<dyn Read + Send>, opts: &ReaderOptions) -> Result<Self> {
+        VmdkReader::streamed(reader, opts, StreamedBecause::Remote)
+    }
+
+    /// [`VmdkReader::new`], saying `because` why a descriptor in the stream cannot be read.
+    pub fn streamed(
+        mut reader: Box<dyn Read + Send>,
+        opts: &ReaderOptions,
+        because: StreamedBecause,
+    ) -> Result<Self> {
         let mut head = Vec::new();
         read_up_to(reader.as_mut(), &mut head, header::DESCRIPTOR_MAGIC.len())?;
         if head.starts_with(header::DESCRIPTOR_MAGIC) {
-            return Err(Error::Unsupported(
-                "vmdk: this is a descriptor, whose extents are separate files: import it from a \
-                 local path with its extent files in the same directory (a descriptor cannot be \
-                 read from the network or standard input)"
-                    .into(),
-            ));
+            return Err(VmdkError::StreamedDescriptor(because).into());
         }
         let part = open_sparse(head, reader, opts.read_ahead)?;
         Ok(VmdkReader {
@@ -169,8 +174,8 @@ impl VmdkReader {
         desc.create_type()?;
         let dir = path.parent().unwrap_or(Path::new("."));
         let mut extents = Vec::new();
-        for (index, extent) in desc.extents()?.iter().enumerate() {
-            extents.push(open_extent(dir, index, extent)?);
+        for extent in &desc.extents()? {
+            extents.push(open_extent(dir, extent)?);
         }
         let virtual_size = extents
             .iter()
@@ -212,8 +217,8 @@ impl VmdkReader {
                         markers::convert(&header, &mut win, self.read_size, &mut shifted)?
                     }
                 },
-                Part::Flat { file, len } => {
-                    Box::new(SparseFileReader::new(file, len)).copy_to(&mut shifted)?;
+                Part::Flat { file, start, len } => {
+                    Box::new(SparseFileReader::at(file, start, len)).copy_to(&mut shifted)?;
                 }
             }
             base += len;
@@ -222,8 +227,8 @@ impl VmdkReader {
     }
 }
 
-/// Opens extent `index` of a descriptor in `dir`.
-fn open_extent(dir: &Path, index: usize, extent: &Extent) -> Result<Part> {
+/// Opens an extent of a descriptor in `dir`.
+fn open_extent(dir: &Path, extent: &Extent) -> Result<Part> {
     let path: PathBuf = dir.join(&extent.file);
     let file = File::open(&path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::InvalidInput(format!(
@@ -233,16 +238,11 @@ fn open_extent(dir: &Path, index: usize, extent: &Extent) -> Result<Part> {
         _ => Error::io(format!("opening vmdk extent {}", path.display()), e),
     })?;
     match extent.kind {
-        ExtentKind::Flat { offset: 0 } => Ok(Part::Flat {
+        ExtentKind::Flat { offset } => Ok(Part::Flat {
             file,
+            start: offset * header::SECTOR,
             len: extent.sectors * header::SECTOR,
         }),
-        ExtentKind::Flat { offset } => Err(VmdkError::UnsupportedExtent {
-            index,
-            line: extent.file.clone(),
-            why: format!("a flat extent starting {offset} sectors into its file is not supported"),
-        }
-        .into()),
         ExtentKind::Sparse => {
             open_sparse(Vec::new(), Box::new(file), READ_AHEAD).map_err(|e| match e {
                 Error::Corrupt(m) => Error::Corrupt(format!("extent {}: {m}", path.display())),

@@ -356,6 +356,12 @@ fn a_descriptor_lists_its_rw_extents_in_order() {
     assert_eq!(e[0].file, "d-f001.vmdk");
     assert_eq!(e[0].sectors, 4192256);
     assert_eq!(e[1].kind, ExtentKind::Flat { offset: 0 });
+    let at =
+        Descriptor::parse(b"createType=\"monolithicFlat\"\nRW 2048 FLAT \"x-flat.vmdk\" 512\n");
+    assert_eq!(
+        at.extents().unwrap()[0].kind,
+        ExtentKind::Flat { offset: 512 }
+    );
 }
 
 #[test]
@@ -404,6 +410,9 @@ fn extents_must_lie_beside_the_descriptor_and_be_flat_or_sparse() {
         ("RW 8 FLAT \"d.vmdk\"", false),
         ("RW 0 SPARSE \"d.vmdk\"", false),
         ("RW 8 SPARSE d.vmdk", false),
+        // An offset that would put the extent's end past what a file can address.
+        ("RW 8 FLAT \"d-flat.vmdk\" 18014398509481977", false),
+        ("RW 8 FLAT \"d-flat.vmdk\" -1", false),
     ] {
         let d = format!("createType=\"monolithicFlat\"\n{line}\n");
         let e = Descriptor::parse(d.as_bytes()).extents().unwrap_err();
