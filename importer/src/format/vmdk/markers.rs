@@ -20,6 +20,8 @@
 //! output (four read sizes at most), and one bit per guest grain (allocated in pages of 4096
 //! grains as grains arrive).
 
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+
 use flate2::{Decompress, FlushDecompress, Status};
 
 use super::error::VmdkError;
@@ -175,14 +177,73 @@ fn inflate_jobs(
     Ok(())
 }
 
+/// Half a batch for the helper thread: its grains' zlib streams copied out of the window (the
+/// window moves on), and the buffers it inflates them into, sent back with the result.
+struct HelperWork {
+    input: Vec<u8>,
+    /// `input[from..to]` per grain.
+    spans: Vec<(usize, usize)>,
+    out: Vec<u8>,
+    lens: Vec<usize>,
+    result: std::result::Result<(), (usize, String)>,
+}
+
+/// The inflating helper thread, started once per extent: a thread spawned per batch would start
+/// behind every other runnable thread on a busy machine (the scheduler's debit for new tasks),
+/// and the batch would wait for it each time.
+struct Helper {
+    work: SyncSender<HelperWork>,
+    done: Receiver<HelperWork>,
+    /// The buffers between batches.
+    spare: Option<HelperWork>,
+}
+
+impl Helper {
+    fn spawn<'scope>(scope: &'scope std::thread::Scope<'scope, '_>, gsize: usize) -> Helper {
+        let (work, inbox) = sync_channel::<HelperWork>(1);
+        let (outbox, done) = sync_channel::<HelperWork>(1);
+        scope.spawn(move || {
+            let mut z = Decompress::new(true);
+            for mut w in inbox {
+                let n = w.spans.len();
+                w.out.resize(n * gsize, 0);
+                w.lens.resize(n, 0);
+                w.result = w.spans.iter().enumerate().try_for_each(|(i, &(from, to))| {
+                    w.lens[i] = inflate_grain(
+                        &mut z,
+                        &w.input[from..to],
+                        &mut w.out[i * gsize..(i + 1) * gsize],
+                    )
+                    .map_err(|e| (i, e))?;
+                    Ok(())
+                });
+                if outbox.send(w).is_err() {
+                    return;
+                }
+            }
+        });
+        Helper {
+            work,
+            done,
+            spare: Some(HelperWork {
+                input: Vec::new(),
+                spans: Vec::new(),
+                out: Vec::new(),
+                lens: Vec::new(),
+                result: Ok(()),
+            }),
+        }
+    }
+}
+
 /// The converter's state between markers.
 struct Converter<'h, 's> {
     h: &'h SparseHeader,
     out: ExtentWriter<'s>,
     written: GrainSet,
-    /// One decoder per inflating thread, kept from grain to grain.
+    /// The calling thread's decoder, kept from grain to grain.
     z: Decompress,
-    helper: Decompress,
+    helper: Helper,
     /// The inflated grains of a batch, and their lengths.
     grains: Vec<u8>,
     lens: Vec<usize>,
@@ -198,30 +259,33 @@ pub(super) fn convert(
     sink: &mut dyn ExtentSink,
 ) -> Result<()> {
     let gsize = h.grain_size() as usize;
-    let mut c = Converter {
-        h,
-        out: ExtentWriter::new(sink),
-        written: GrainSet::new(h.grains()),
-        z: Decompress::new(true),
-        helper: Decompress::new(true),
-        grains: Vec::new(),
-        lens: Vec::new(),
-        jobs: Vec::new(),
-        batch_max: (BATCH_READS * read_size / gsize).max(2),
-    };
     if !win.skip_to(h.grain_offset * SECTOR)? {
         return Err(corrupt(format!(
             "truncated: the first grain at {:#x} is past the end of the image",
             h.grain_offset * SECTOR
         )));
     }
-    while c.batch(win, read_size)? || c.marker(win)? {}
-    let (gs, vsize) = (h.grain_size(), h.virtual_size());
-    let Converter {
-        mut out, written, ..
-    } = c;
-    written.gaps(h.grains(), |a, b| out.zero(a * gs, (b * gs).min(vsize)))?;
-    out.flush()
+    std::thread::scope(|scope| {
+        let mut c = Converter {
+            h,
+            out: ExtentWriter::new(sink),
+            written: GrainSet::new(h.grains()),
+            z: Decompress::new(true),
+            helper: Helper::spawn(scope, gsize),
+            grains: Vec::new(),
+            lens: Vec::new(),
+            jobs: Vec::new(),
+            batch_max: (BATCH_READS * read_size / gsize).max(2),
+        };
+        while c.batch(win, read_size)? || c.marker(win)? {}
+        let (gs, vsize) = (h.grain_size(), h.virtual_size());
+        let Converter {
+            mut out, written, ..
+        } = c;
+        // (Dropping the converter's helper ends its thread.)
+        written.gaps(h.grains(), |a, b| out.zero(a * gs, (b * gs).min(vsize)))?;
+        out.flush()
+    })
 }
 
 impl Converter<'_, '_> {
@@ -270,16 +334,33 @@ impl Converter<'_, '_> {
             .split_at(if n * gsize >= PARALLEL_MIN { n / 2 } else { n });
         let (oa, ob) = self.grains[..n * gsize].split_at_mut(ja.len() * gsize);
         let (la, lb) = self.lens[..n].split_at_mut(ja.len());
-        let (z, helper) = (&mut self.z, &mut self.helper);
         let r = if jb.is_empty() {
-            inflate_jobs(z, view, ja, oa, la)
+            inflate_jobs(&mut self.z, view, ja, oa, la)
         } else {
-            std::thread::scope(|sc| {
-                let other = sc.spawn(|| inflate_jobs(helper, view, jb, ob, lb));
-                let ra = inflate_jobs(z, view, ja, oa, la);
-                let rb = other.join().expect("inflate thread panicked");
-                ra.and(rb.map_err(|(i, e)| (i + ja.len(), e)))
-            })
+            let mut w = self.helper.spare.take().expect("one batch at a time");
+            w.input.clear();
+            w.spans.clear();
+            for j in jb {
+                let from = w.input.len();
+                w.input.extend_from_slice(&view[j.from..j.to]);
+                w.spans.push((from, w.input.len()));
+            }
+            let lost = || (ja.len(), "the inflating thread stopped".to_string());
+            let sent = self.helper.work.send(w).map_err(|_| lost());
+            let ra = inflate_jobs(&mut self.z, view, ja, oa, la);
+            let rb = sent.and_then(|()| self.helper.done.recv().map_err(|_| lost()));
+            match rb {
+                Ok(w) => {
+                    let rb = w.result.clone().map_err(|(i, e)| (i + ja.len(), e));
+                    if rb.is_ok() {
+                        ob.copy_from_slice(&w.out[..ob.len()]);
+                        lb.copy_from_slice(&w.lens);
+                    }
+                    self.helper.spare = Some(w);
+                    ra.and(rb)
+                }
+                Err(e) => ra.and(Err(e)),
+            }
         };
         if let Err((i, e)) = r {
             let j = &self.jobs[i];
