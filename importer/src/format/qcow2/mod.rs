@@ -38,6 +38,7 @@ pub(crate) mod tests;
 
 pub use error::Qcow2Error;
 pub use header::{Compression, Header, MAGIC};
+pub use seek::InflateCost;
 pub use stream::Qcow2Stats;
 
 /// A qcow2 image whose header has been read and validated, ready to convert: from a stream in one
@@ -112,18 +113,8 @@ impl Qcow2Reader {
     /// Reads and validates the header of the image in the local `file` (`length` bytes), to
     /// convert it by random access.
     pub fn open(file: std::fs::File, length: u64) -> Result<Self> {
-        use std::os::unix::fs::FileExt;
-        let mut head = vec![0u8; (1usize << header::MIN_CLUSTER_BITS).min(length as usize)];
-        file.read_exact_at(&mut head, 0)
-            .map_err(|e| Error::from_read(e, "qcow2 image"))?;
-        let want = header::wanted_len(&head).min(length as usize);
-        if want > head.len() {
-            head.resize(want, 0);
-            file.read_exact_at(&mut head, 0)
-                .map_err(|e| Error::from_read(e, "qcow2 image"))?;
-        }
         Ok(Qcow2Reader {
-            header: header::parse(&head)?,
+            header: file_header(&file, length)?,
             input: Input::File { file, length },
         })
     }
@@ -143,6 +134,27 @@ impl Qcow2Reader {
             Input::File { file, length } => seek::convert(&self.header, &file, length, sink),
         }
     }
+}
+
+/// Reads and validates the header of the image in the local `file` (`length` bytes).
+fn file_header(file: &std::fs::File, length: u64) -> Result<Header> {
+    use std::os::unix::fs::FileExt;
+    let mut head = vec![0u8; (1usize << header::MIN_CLUSTER_BITS).min(length as usize)];
+    file.read_exact_at(&mut head, 0)
+        .map_err(|e| Error::from_read(e, "qcow2 image"))?;
+    let want = header::wanted_len(&head).min(length as usize);
+    if want > head.len() {
+        head.resize(want, 0);
+        file.read_exact_at(&mut head, 0)
+            .map_err(|e| Error::from_read(e, "qcow2 image"))?;
+    }
+    header::parse(&head)
+}
+
+/// Inflates every compressed cluster of the qcow2 image in the local `file` (`length` bytes) on
+/// one thread, writing nothing, and tells what it cost: the image's decode bound.
+pub fn inflate_cost(file: &std::fs::File, length: u64) -> Result<InflateCost> {
+    seek::inflate_cost(&file_header(file, length)?, file, length)
 }
 
 impl FormatReader for Qcow2Reader {

@@ -1,13 +1,18 @@
 //! The random-access converter, for qcow2 images in local files.
 //!
 //! Where the image can be read at any offset, nothing has to be held: a planner thread walks the
-//! L1 and L2 tables in guest order and hands data runs and compressed clusters to worker threads,
-//! which read (and inflate) them in parallel, as `qemu-img convert -W` does; the calling thread
-//! writes each piece as it completes (the sink accepts extents in any order). Zero and
-//! unallocated clusters are never read.
+//! L1 and L2 tables in guest order and hands data runs and batches of guest-contiguous compressed
+//! clusters to worker threads, which read (and inflate) them in parallel, as `qemu-img convert -W`
+//! does; the calling thread writes each piece as it completes (the sink accepts extents in any
+//! order). Zero and unallocated clusters are never read.
 //!
-//! Memory: at most [`PIECES`] pieces of up to [`RUN_MAX`] bytes in flight, plus one L2 table, the
-//! active L1 table and the set of L2 table places in the planner.
+//! A batch is inflated into one buffer and written as one extent of up to [`RUN_MAX`] bytes: a
+//! write per cluster (64 KiB) kept the `O_DIRECT` writer busy with small writes, one at a time,
+//! while the inflating threads waited for the writer to take their clusters.
+//!
+//! Memory: at most [`PIECES`] pieces of up to [`RUN_MAX`] bytes in flight (and a batch's
+//! compressed bytes, up to [`SPAN_MAX`], per worker), plus one L2 table, the active L1 table and
+//! the set of L2 table places in the planner.
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -15,6 +20,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use super::Qcow2Stats;
 use super::extent::ExtentWriter;
@@ -26,8 +32,11 @@ use super::roles::FixedRoles;
 use crate::error::{Error, Result};
 use crate::sink::ExtentSink;
 
-/// Longest data run one worker reads at once.
+/// Longest data run one worker reads at once, and most guest bytes of a compressed batch.
 const RUN_MAX: u64 = 2 << 20;
+/// Most host bytes a compressed batch reads at once (its clusters lie in increasing host order
+/// within them, as `qemu-img convert -c` writes them).
+const SPAN_MAX: u64 = 2 * RUN_MAX;
 /// Pieces queued between the planner, the workers and the writer.
 const PIECES: usize = 8;
 
@@ -37,8 +46,11 @@ enum Job {
     Run { guest: u64, host: u64, len: u64 },
     /// A cluster of which only some subclusters are allocated (extended L2 entries).
     Subclusters { target: Target, host: u64 },
-    /// A compressed cluster.
-    Compressed { guest_cluster: u64, c: Compressed },
+    /// Compressed clusters mapping consecutive guest clusters from `guest_cluster` on.
+    Compressed {
+        guest_cluster: u64,
+        clusters: Vec<Compressed>,
+    },
 }
 
 /// Something ready to write.
@@ -59,7 +71,18 @@ struct Shared<'a> {
     spare: Mutex<Vec<Vec<u8>>>,
 }
 
-impl Shared<'_> {
+impl<'a> Shared<'a> {
+    fn new(h: &Header, file: &'a File, file_len: u64) -> Self {
+        Shared {
+            file,
+            file_len,
+            g: ClusterGeometry::of(h),
+            cancel: AtomicBool::new(false),
+            bytes_read: AtomicU64::new(0),
+            spare: Mutex::new(Vec::new()),
+        }
+    }
+
     fn corrupt(&self, what: String) -> Error {
         Error::Corrupt(format!("qcow2 image: {what}"))
     }
@@ -83,6 +106,8 @@ impl Shared<'_> {
         Ok(buf)
     }
 
+    /// A buffer of `len` bytes, for a read or an inflate to fill completely: a reused one keeps
+    /// its old bytes (zeroing megabytes per piece only to overwrite them cost as much as a copy).
     fn buffer(&self, len: usize) -> Vec<u8> {
         let mut buf = self
             .spare
@@ -90,7 +115,6 @@ impl Shared<'_> {
             .ok()
             .and_then(|mut s| s.pop())
             .unwrap_or_default();
-        buf.clear();
         buf.resize(len, 0);
         buf
     }
@@ -111,14 +135,7 @@ pub(super) fn convert(
     file_len: u64,
     sink: &mut dyn ExtentSink,
 ) -> Result<Qcow2Stats> {
-    let shared = Shared {
-        file,
-        file_len,
-        g: ClusterGeometry::of(h),
-        cancel: AtomicBool::new(false),
-        bytes_read: AtomicU64::new(0),
-        spare: Mutex::new(Vec::new()),
-    };
+    let shared = Shared::new(h, file, file_len);
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4));
     let (job_tx, job_rx) = sync_channel::<Job>(PIECES);
     let (piece_tx, piece_rx) = sync_channel::<Result<Piece>>(PIECES);
@@ -150,6 +167,88 @@ pub(super) fn convert(
         held_bytes: 0,
         spilled_bytes: 0,
     })
+}
+
+/// What inflating the compressed clusters of an image costs on one thread, nothing written: the
+/// decode bound of a compressed image (`examples/qcow2_inflate.rs`, used by
+/// `bench/import_bench.py`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InflateCost {
+    pub clusters: u64,
+    /// Host bytes read for them (sector-rounded descriptors).
+    pub compressed_bytes: u64,
+    pub inflated_bytes: u64,
+    /// CPU time of the inflating alone (reading the compressed bytes is not counted).
+    pub cpu: Duration,
+}
+
+/// Inflates every compressed cluster of the image in `file` on the calling thread, as the
+/// converter's workers do, and measures it.
+pub(super) fn inflate_cost(h: &Header, file: &File, file_len: u64) -> Result<InflateCost> {
+    let shared = Shared::new(h, file, file_len);
+    let (job_tx, job_rx) = sync_channel::<Job>(PIECES);
+    let (piece_tx, piece_rx) = sync_channel::<Result<Piece>>(PIECES);
+    std::thread::scope(|s| {
+        let shared = &shared;
+        s.spawn(move || {
+            if let Err(e) = plan(h, shared, &job_tx, &piece_tx) {
+                let _ = piece_tx.send(Err(e));
+            }
+        });
+        // Zero ranges, and the planner's error, arrive as pieces.
+        let planned = s.spawn(move || piece_rx.into_iter().find_map(Result::err));
+        let measured = measure_inflating(shared, h, job_rx);
+        shared.cancel.store(true, Ordering::Relaxed);
+        // A failed inflate stops the planner, which then reports that: the inflate's error
+        // comes first.
+        let planned = planned.join();
+        match (measured, planned) {
+            (Ok(_), Ok(Some(e))) => Err(e),
+            (measured, _) => measured,
+        }
+    })
+}
+
+/// The inflating of [`inflate_cost`]: takes the planner's jobs until there are none (returning
+/// drops `jobs`, which stops the planner after an error).
+fn measure_inflating(shared: &Shared<'_>, h: &Header, jobs: Receiver<Job>) -> Result<InflateCost> {
+    let mut inflater = Inflater::new(h.compression);
+    let mut cost = InflateCost::default();
+    for job in jobs {
+        let Job::Compressed {
+            guest_cluster,
+            clusters,
+        } = job
+        else {
+            continue;
+        };
+        let src = read_batch(shared, &clusters)?;
+        let started = thread_cpu()?;
+        let out = inflate_batch(shared, &mut inflater, guest_cluster, &clusters, &src)?;
+        cost.cpu += thread_cpu()?.saturating_sub(started);
+        cost.clusters += clusters.len() as u64;
+        cost.compressed_bytes += src.bytes.len() as u64;
+        cost.inflated_bytes += out.len() as u64;
+        shared.recycle(src.bytes);
+        shared.recycle(out);
+    }
+    Ok(cost)
+}
+
+/// CPU time the calling thread has used.
+fn thread_cpu() -> Result<Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the timespec it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return Err(Error::io(
+            "reading the thread's CPU time",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
 /// Writes pieces until every other thread is done; the receiver is dropped on return, which
@@ -200,9 +299,17 @@ fn work(
             Job::Subclusters { target, host } => shared
                 .read(host, g.needed_len(target), "data cluster")
                 .map(|buf| Piece::Subclusters { target, buf }),
-            Job::Compressed { guest_cluster, c } => {
-                inflate(shared, &mut inflater, guest_cluster, c)
-            }
+            Job::Compressed {
+                guest_cluster,
+                clusters,
+            } => read_batch(shared, &clusters).and_then(|src| {
+                let buf = inflate_batch(shared, &mut inflater, guest_cluster, &clusters, &src)?;
+                shared.recycle(src.bytes);
+                Ok(Piece::Data {
+                    guest: guest_cluster << g.cluster_bits,
+                    buf,
+                })
+            }),
         };
         if out.send(piece).is_err() {
             return;
@@ -210,46 +317,72 @@ fn work(
     }
 }
 
-/// Reads and inflates one compressed cluster. Bytes past the end of the file read as zeroes, as
-/// in qemu (the last compressed cluster of an image may end mid-sector).
-fn inflate(
-    shared: &Shared<'_>,
-    inflater: &mut Inflater,
-    guest_cluster: u64,
-    c: Compressed,
-) -> Result<Piece> {
-    let g = shared.g;
-    if c.offset >= shared.file_len {
+/// The host bytes of a compressed batch: `[start, start + bytes.len())` of the image.
+struct Span {
+    start: u64,
+    bytes: Vec<u8>,
+}
+
+/// Reads the host span of a batch (the planner keeps it within [`SPAN_MAX`]). Bytes past the end
+/// of the file read as zeroes, as in qemu (the last compressed cluster of an image may end
+/// mid-sector).
+fn read_batch(shared: &Shared<'_>, clusters: &[Compressed]) -> Result<Span> {
+    if let Some(c) = clusters.iter().find(|c| c.offset >= shared.file_len) {
         return Err(shared.corrupt(format!(
             "compressed cluster at {:#x} lies past the end of the image",
             c.offset
         )));
     }
-    let avail = c.len.min(shared.file_len - c.offset);
-    let mut src = shared.read(c.offset, avail, "compressed cluster")?;
-    src.resize(c.len as usize, 0);
-    let mut dst = shared.buffer(g.cluster_size as usize);
-    let goff = guest_cluster << g.cluster_bits;
-    inflater.inflate(&src, &mut dst).map_err(|e| {
-        shared.corrupt(format!(
-            "compressed cluster at {:#x} (guest offset {goff:#x}): {e}",
-            c.offset
-        ))
-    })?;
-    shared.recycle(src);
-    dst.truncate(g.cluster_size.min(g.virtual_size - goff) as usize);
-    Ok(Piece::Data {
-        guest: goff,
-        buf: dst,
-    })
+    let start = clusters.first().map_or(0, |c| c.offset);
+    let end = clusters.iter().map(Compressed::end).max().unwrap_or(start);
+    let mut bytes = shared.read(
+        start,
+        end.min(shared.file_len) - start,
+        "compressed cluster",
+    )?;
+    bytes.resize((end - start) as usize, 0);
+    Ok(Span { start, bytes })
 }
 
-/// The planner's pending output: zero ranges and data runs grow while they stay contiguous.
+/// Inflates a batch read by [`read_batch`] into one buffer of guest bytes (cut at the virtual
+/// size).
+fn inflate_batch(
+    shared: &Shared<'_>,
+    inflater: &mut Inflater,
+    guest_cluster: u64,
+    clusters: &[Compressed],
+    src: &Span,
+) -> Result<Vec<u8>> {
+    let g = shared.g;
+    let cs = g.cluster_size as usize;
+    let mut dst = shared.buffer(clusters.len() * cs);
+    for ((i, c), out) in (0u64..).zip(clusters).zip(dst.chunks_exact_mut(cs)) {
+        let from = (c.offset - src.start) as usize;
+        inflater
+            .inflate(&src.bytes[from..from + c.len as usize], out)
+            .map_err(|e| {
+                shared.corrupt(format!(
+                    "compressed cluster at {:#x} (guest offset {:#x}): {e}",
+                    c.offset,
+                    (guest_cluster + i) << g.cluster_bits
+                ))
+            })?;
+    }
+    let goff = guest_cluster << g.cluster_bits;
+    dst.truncate(dst.len().min((g.virtual_size - goff) as usize));
+    Ok(dst)
+}
+
+/// The planner's pending output: zero ranges, data runs and compressed batches grow while they
+/// stay contiguous.
 struct Planner<'a> {
     jobs: &'a SyncSender<Job>,
     pieces: &'a SyncSender<Result<Piece>>,
+    g: ClusterGeometry,
     zero: Option<(u64, u64)>,
     run: Option<(u64, u64, u64)>,
+    /// First guest cluster and the compressed clusters from there on.
+    batch: Option<(u64, Vec<Compressed>)>,
 }
 
 impl Planner<'_> {
@@ -266,6 +399,7 @@ impl Planner<'_> {
 
     fn zero(&mut self, start: u64, end: u64) -> Result<()> {
         self.flush_run()?;
+        self.flush_batch()?;
         match &mut self.zero {
             Some((_, e)) if *e == start => *e = end,
             _ => {
@@ -278,6 +412,7 @@ impl Planner<'_> {
 
     fn data(&mut self, guest: u64, host: u64, len: u64) -> Result<()> {
         self.flush_zero()?;
+        self.flush_batch()?;
         match &mut self.run {
             Some((g, h, l)) if *g + *l == guest && *h + *l == host && *l + len <= RUN_MAX => {
                 *l += len;
@@ -290,10 +425,42 @@ impl Planner<'_> {
         Ok(())
     }
 
+    fn compressed(&mut self, guest_cluster: u64, c: Compressed) -> Result<()> {
+        self.flush_zero()?;
+        self.flush_run()?;
+        let max_clusters = (RUN_MAX >> self.g.cluster_bits).max(1) as usize;
+        match &mut self.batch {
+            Some((first, clusters))
+                if *first + clusters.len() as u64 == guest_cluster
+                    && clusters.len() < max_clusters
+                    && clusters.last().is_some_and(|last| c.offset >= last.offset)
+                    && c.end() <= clusters[0].offset + SPAN_MAX =>
+            {
+                clusters.push(c);
+            }
+            _ => {
+                self.flush_batch()?;
+                self.batch = Some((guest_cluster, vec![c]));
+            }
+        }
+        Ok(())
+    }
+
     fn other(&mut self, job: Job) -> Result<()> {
         self.flush_zero()?;
         self.flush_run()?;
+        self.flush_batch()?;
         self.job(job)
+    }
+
+    fn flush_batch(&mut self) -> Result<()> {
+        if let Some((guest_cluster, clusters)) = self.batch.take() {
+            self.job(Job::Compressed {
+                guest_cluster,
+                clusters,
+            })?;
+        }
+        Ok(())
     }
 
     fn flush_zero(&mut self) -> Result<()> {
@@ -324,8 +491,10 @@ fn plan(
     let mut p = Planner {
         jobs,
         pieces,
+        g,
         zero: None,
         run: None,
+        batch: None,
     };
     // The whole active L1 table first (capped at 32 MiB by the header check), so that every L2
     // table's place is known before any data is: guest data placed on an L2 table (or on the
@@ -404,13 +573,11 @@ fn plan(
                     },
                     host,
                 })?,
-                Mapping::Compressed(c) => p.other(Job::Compressed {
-                    guest_cluster: gc,
-                    c,
-                })?,
+                Mapping::Compressed(c) => p.compressed(gc, c)?,
             }
         }
     }
     p.flush_zero()?;
-    p.flush_run()
+    p.flush_run()?;
+    p.flush_batch()
 }

@@ -614,13 +614,19 @@ impl<'s> Stream<'s> {
                     j.guest_cluster << g.cluster_bits
                 )));
             }
-            for (i, j) in round.iter().enumerate() {
-                let t = Target {
-                    guest_cluster: j.guest_cluster,
-                    mask: g.full_mask,
-                };
-                self.out
-                    .guest_cluster(&g, t, &self.outbuf[i * cs..(i + 1) * cs])?;
+            // Clusters of consecutive guest clusters lie side by side in the output: one write
+            // each run (a write per cluster made small O_DIRECT writes, one at a time).
+            let mut i = 0;
+            while i < round.len() {
+                let first = round[i].guest_cluster;
+                let mut n = 1;
+                while i + n < round.len() && round[i + n].guest_cluster == first + n as u64 {
+                    n += 1;
+                }
+                let goff = first << g.cluster_bits;
+                let len = ((n * cs) as u64).min(g.virtual_size - goff) as usize;
+                self.out.data(goff, &self.outbuf[i * cs..i * cs + len])?;
+                i += n;
             }
         }
         Ok(())

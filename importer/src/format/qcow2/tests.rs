@@ -307,14 +307,24 @@ fn expect_refused_by_both(img: &[u8], needle: &str) {
 
 /// Converts `img` with the random-access converter, from a temporary file.
 fn from_file(img: &[u8]) -> Result<Vec<u8>> {
-    use std::io::Write;
-    let mut file = tempfile::tempfile().expect("temp file");
-    file.write_all(img).expect("writing the image");
+    from_file_rec(img).map(|rec| rec.bytes)
+}
+
+/// [`from_file`], with the record of the sink's calls.
+fn from_file_rec(img: &[u8]) -> Result<Rec> {
+    let file = temp_file(img);
     let reader = super::Qcow2FileReader::open(file, img.len() as u64)?;
     let mut rec = Rec::new(reader.header.virtual_size);
     reader.convert(&mut rec)?;
     rec.assert_complete();
-    Ok(rec.bytes)
+    Ok(rec)
+}
+
+fn temp_file(img: &[u8]) -> std::fs::File {
+    use std::io::Write;
+    let mut file = tempfile::tempfile().expect("temp file");
+    file.write_all(img).expect("writing the image");
+    file
 }
 
 /// 512-byte clusters, 6 guest clusters: data, unallocated, zero, zero-allocated, data, data.
@@ -911,6 +921,107 @@ fn many_compressed_clusters_inflate_in_parallel_and_errors_name_the_cluster() {
             "compressed cluster at {:#x} (guest offset 0x1e0000)",
             offsets[30]
         )),
+        "{e}"
+    );
+}
+
+/// 48 guest clusters of 64 KiB, the last one partial: 36 compressed clusters back to back (more
+/// than one batch), an unallocated one, a data cluster, 4 compressed clusters stored in reverse
+/// host order, and 6 more back to back. Returns the image, the guest disk and the host offset of
+/// each compressed cluster.
+fn batched_image() -> (Img, Vec<u8>, BTreeMap<u64, u64>) {
+    let cs = 65536u64;
+    let vsize = 48 * cs - 1000;
+    let mut img = Img::v3(16, vsize);
+    img.l1(0, 3 * cs);
+    let mut want = vec![0u8; vsize as usize];
+    let mut offsets = BTreeMap::new();
+    let content = |j: u64, want: &mut Vec<u8>| {
+        let d = pat(j as u8, cs as usize);
+        let from = (j * cs) as usize;
+        let to = (from + cs as usize).min(want.len());
+        want[from..to].copy_from_slice(&d[..to - from]);
+        d
+    };
+    let mut place = |img: &mut Img, j: u64, at: u64, want: &mut Vec<u8>| {
+        let z = deflate(&content(j, want));
+        let e = img.compressed(at, &z);
+        img.l2(3 * cs, j, e);
+        offsets.insert(j, at);
+        at + z.len() as u64
+    };
+    let mut at = 4 * cs + 77;
+    for j in 0..36 {
+        at = place(&mut img, j, at, &mut want);
+    }
+    let data_at = at.next_multiple_of(cs);
+    let d = img.data(data_at, 37);
+    want[(37 * cs) as usize..(38 * cs) as usize].copy_from_slice(&d);
+    img.l2(3 * cs, 37, data_at);
+    let reversed = data_at + cs;
+    let sizes: Vec<u64> = (38..42)
+        .map(|j| deflate(&pat(j as u8, cs as usize)).len() as u64)
+        .collect();
+    let mut at = reversed;
+    for j in (38..42).rev() {
+        place(&mut img, j, at, &mut want);
+        at += sizes[(j - 38) as usize];
+    }
+    for j in 42..48 {
+        at = place(&mut img, j, at, &mut want);
+    }
+    let n = img.b.len().next_multiple_of(512);
+    img.b.resize(n, 0);
+    (img, want, offsets)
+}
+
+#[test]
+fn compressed_clusters_from_a_file_are_written_in_guest_contiguous_batches() {
+    let (img, want, _) = batched_image();
+    assert_eq!(reference(&img.b).unwrap(), want);
+    let rec = from_file_rec(&img.b).unwrap();
+    assert!(
+        rec.bytes == want,
+        "random access differs from the guest disk"
+    );
+    // One write per batch: clusters 0-31 and 32-35, the data cluster, 38, 39 and 40 (each
+    // stored before the one it follows), and 41-47.
+    assert_eq!(rec.data_calls, 7);
+}
+
+#[test]
+fn a_corrupt_cluster_inside_a_batch_is_named() {
+    let (mut img, _, offsets) = batched_image();
+    img.put(offsets[&20], &[0xff; 16]);
+    let e = from_file(&img.b).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::CorruptImage);
+    assert!(
+        e.to_string().contains(&format!(
+            "compressed cluster at {:#x} (guest offset 0x140000)",
+            offsets[&20]
+        )),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_inflate_cost_counts_every_compressed_cluster() {
+    let (img, _, offsets) = batched_image();
+    let cost = super::inflate_cost(&temp_file(&img.b), img.b.len() as u64).unwrap();
+    assert_eq!(cost.clusters, offsets.len() as u64);
+    assert_eq!(cost.inflated_bytes, 46 * 65536 - 1000);
+    assert!(cost.compressed_bytes > 0 && cost.cpu > std::time::Duration::ZERO);
+}
+
+#[test]
+fn the_inflate_cost_of_a_corrupt_cluster_is_its_error() {
+    let (mut img, _, offsets) = batched_image();
+    img.put(offsets[&40], &[0xff; 16]);
+    let e = super::inflate_cost(&temp_file(&img.b), img.b.len() as u64).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::CorruptImage);
+    assert!(
+        e.to_string()
+            .contains(&format!("compressed cluster at {:#x}", offsets[&40])),
         "{e}"
     );
 }
