@@ -2,8 +2,7 @@
 //! nothing may be written outside the target directory, a failed extraction must leave the
 //! target empty, and nothing may panic.
 //!
-//! Run: `cargo +nightly fuzz run archive_extract` from this directory (seed the corpus with tars,
-//! e.g. those `tests/import_archive.rs` builds).
+//! Run: `fuzz/run.sh 300 archive_extract` after `fuzz/seed.sh` (the README's Fuzzing section).
 
 #![no_main]
 
