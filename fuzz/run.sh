@@ -29,8 +29,12 @@ mkdir -p "$TMPDIR" logs
 for t in "${targets[@]}"; do
     mkdir -p "corpus/$t"
     cargo fuzz build -s "${FUZZ_SANITIZER:-address}" "$t"
+    # libFuzzer caps inputs at 1 MiB unless told otherwise, which would cut the vhdx seeds (a
+    # vhdx's metadata and BAT sit at 1 MiB boundaries) and the dynamic vhd ones to headers only.
+    largest=$(find "corpus/$t" -type f -printf '%s\n' | sort -n | tail -1)
+    max_len=$(( ${largest:-0} > 1048576 ? ${largest:-0} : 1048576 ))
     status=0
-    cargo fuzz run -s "${FUZZ_SANITIZER:-address}" "$t" -- \
+    cargo fuzz run -s "${FUZZ_SANITIZER:-address}" "$t" -- -max_len="$max_len" \
         -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -detect_leaks=0 \
         -print_final_stats=1 \
         >"logs/$t.log" 2>&1 || status=$?
