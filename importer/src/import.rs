@@ -589,8 +589,18 @@ fn open_layers(
     let mut chain: Vec<String> = layers.iter().map(|c| c.as_str().to_string()).collect();
     let mut name = info.name.clone();
     if req.format.is_none() && ova::is_ova(decoded.head(), &info.name) {
-        let (disk, chosen) = ova::open_disk(Box::new(decoded), req.disk.clone(), &info.name)?;
+        let opts = ova::OvaOptions {
+            choice: req.disk.clone(),
+            local: match &req.source {
+                SourceSpec::File(path) if layers.is_empty() && path.is_file() => Some(path.clone()),
+                _ => None,
+            },
+            memory_budget: req.memory_budget,
+            spill_dir: spill_dir(req),
+        };
+        let (disk, chosen) = ova::open_disk(Box::new(decoded), opts, &info.name)?;
         let (inner, inner_layers) = decode::unwrap_layers(Box::new(disk))?;
+        chosen.check_layers(&inner_layers, &info.name)?;
         chain.push("ova".into());
         chain.extend(inner_layers.iter().map(|c| c.as_str().to_string()));
         source_length = inner_layers.is_empty().then_some(chosen.size);
