@@ -9,7 +9,9 @@ use std::process::{Command, Stdio};
 use testkit::nginx::{Nginx, NginxConfig};
 
 mod common;
-use common::archive::{check_tree, nothing_of_quarry_left, pack, python_tar, sample_tree};
+use common::archive::{
+    check_tree, check_tree_but_owners, nothing_of_quarry_left, pack, python_tar, sample_tree,
+};
 use common::*;
 
 /// A work directory: `target/` (the volume) and `outside/victim` (what must never change).
@@ -63,7 +65,7 @@ impl Work {
     }
 }
 
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 fn extract(source: &Path, target: &Path, extra: &[&str]) -> std::process::Output {
     let mut args = vec!["import", "--archive", arg(source), arg(target)];
@@ -153,6 +155,7 @@ fn a_good_archive_is_extracted_with_links_modes_and_sparse_files() {
         );
         assert_eq!(report["hard_links"], 1, "{format}: {report}");
         assert_eq!(report["symlinks"], 1, "{format}: {report}");
+        assert_eq!(report["owners_kept"], nix_is_root(), "{format}: {report}");
         check_tree(&w.target());
     }
 }
@@ -322,4 +325,178 @@ fn an_interrupted_commit_is_rolled_back_by_the_next_attempt() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(names, ["fresh"]);
+}
+
+/// Runs `cmd` as the unprivileged user 65534 (nobody) when the tests run as root; as the current
+/// (already unprivileged) user otherwise. Returns the uid and gid the command runs as.
+fn unprivileged(cmd: &mut Command) -> (Command, u32, u32) {
+    if !nix_is_root() {
+        let me = fs::metadata("/proc/self").unwrap();
+        let mut same = Command::new(cmd.get_program());
+        same.args(cmd.get_args());
+        return (same, me.uid(), me.gid());
+    }
+    let mut setpriv = Command::new("setpriv");
+    setpriv
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    (setpriv, 65534, 65534)
+}
+
+/// Gives the work directory to `uid`:`gid` (a test's temp directory is root's, mode 0700).
+fn give(path: &Path, uid: u32, gid: u32) {
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
+}
+
+/// Every entry under `dir` (links not followed) belongs to `uid`:`gid`.
+fn assert_owned_by(dir: &Path, uid: u32, gid: u32) {
+    for entry in fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let meta = fs::symlink_metadata(entry.path()).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.gid()),
+            (uid, gid),
+            "{}",
+            entry.path().display()
+        );
+        if meta.is_dir() {
+            assert_owned_by(&entry.path(), uid, gid);
+        }
+    }
+}
+
+#[test]
+fn without_root_modes_and_contents_are_kept_and_owners_are_the_users() {
+    let w = Work::new();
+    let tree = sample_tree(w.path());
+    // Modes only root could misapply: setuid, setgid, sticky, and a read-only directory (filled
+    // before its mode is applied) holding a read-only file.
+    let special = [
+        ("suid", 0o4755),
+        ("sgid", 0o2750),
+        ("sticky", 0o1777),
+        ("ro", 0o555),
+        ("ro/file", 0o400),
+    ];
+    for (name, _) in special {
+        let path = tree.join(name);
+        if name == "sticky" || name == "ro" {
+            fs::create_dir(&path).unwrap();
+        } else {
+            fs::write(&path, name).unwrap();
+        }
+    }
+    for (name, mode) in special.iter().rev() {
+        fs::set_permissions(tree.join(name), fs::Permissions::from_mode(*mode)).unwrap();
+    }
+    let tar = w.path().join("tree.tar");
+    pack(&tree, &tar, "posix");
+    give(w.path(), 0, 0);
+    let (mut cmd, uid, gid) =
+        unprivileged(quarry().args(["import", "--archive", arg(&tar), arg(&w.target()), "--json"]));
+    give(&w.target(), uid, gid);
+    let out = cmd.output().unwrap();
+    assert_ok(&out);
+    let report = json(&out);
+    assert_eq!(report["owners_kept"], false, "{report}");
+    assert_eq!(report["files"], 7, "{report}");
+    check_tree_but_owners(&w.target());
+    assert_owned_by(&w.target(), uid, gid);
+    for (name, mode) in special {
+        let meta = fs::symlink_metadata(w.target().join(name)).unwrap();
+        assert_eq!(meta.mode() & 0o7777, mode, "{name}");
+    }
+    assert_eq!(fs::read(w.target().join("ro/file")).unwrap(), b"ro/file");
+
+    // A target the user may not write to is a clear error, and nothing is left.
+    let locked = w.path().join("locked");
+    fs::create_dir(&locked).unwrap();
+    give(&locked, uid, gid);
+    fs::set_permissions(&locked, fs::Permissions::from_mode(0o555)).unwrap();
+    let (mut cmd, _, _) =
+        unprivileged(quarry().args(["import", "--archive", arg(&tar), arg(&locked), "--json"]));
+    let out = cmd.output().unwrap();
+    assert_exit(&out, 10);
+    let error = json(&out)["error"].as_str().unwrap().to_string();
+    assert!(error.contains("Permission denied"), "{error}");
+    assert!(error.contains(".quarry-archive-partial"), "{error}");
+    assert_eq!(fs::read_dir(&locked).unwrap().count(), 0);
+}
+
+/// GNU tar's PAX sparse formats 0.0, 0.1 and 1.0 (`--sparse-version`): each extracts to the same
+/// bytes GNU tar extracts, at most as many allocated blocks, and holes kept.
+#[test]
+fn pax_sparse_versions_extract_as_gnu_tar_extracts_them() {
+    let w = Work::new();
+    let tree = w.path().join("sparse-tree");
+    fs::create_dir_all(tree.join("deep")).unwrap();
+    let long = format!("deep/{}", "long-name-".repeat(12));
+    let write = |name: &str, size: u64, data: &[(u64, usize)]| {
+        let f = fs::File::create(tree.join(name)).unwrap();
+        f.set_len(size).unwrap();
+        for (i, &(at, len)) in data.iter().enumerate() {
+            let bytes: Vec<u8> = (0..len).map(|j| (j as u8) ^ (i as u8) | 1).collect();
+            std::os::unix::fs::FileExt::write_all_at(&f, &bytes, at).unwrap();
+        }
+    };
+    let files: Vec<(&str, u64)> = vec![
+        ("middle", 10 << 20),
+        ("ends-in-a-hole", 8 << 20),
+        ("all-hole", 6 << 20),
+        ("many", 16 << 20),
+        ("dense", 3000),
+        (long.as_str(), 5 << 20),
+    ];
+    write("middle", 10 << 20, &[(5_000_000, 3000)]);
+    write("ends-in-a-hole", 8 << 20, &[(0, 64 << 10)]);
+    write("all-hole", 6 << 20, &[]);
+    let mut many: Vec<(u64, usize)> = (0..16).map(|i| ((i << 20) + 4096 * i, 4096)).collect();
+    many.push(((16 << 20) - 100, 100));
+    write("many", 16 << 20, &many);
+    write("dense", 3000, &[(0, 3000)]);
+    write(long.as_str(), 5 << 20, &[(1 << 20, 512)]);
+    for version in ["0.0", "0.1", "1.0"] {
+        let tar = w.path().join(format!("sparse-{version}.tar"));
+        let status = Command::new("tar")
+            .args(["--format=pax", "--sparse", "--sparse-version", version])
+            .args(["-C", arg(&tree), "-cf", arg(&tar), "."])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let by_tar = w.path().join(format!("by-tar-{version}"));
+        fs::create_dir(&by_tar).unwrap();
+        let status = Command::new("tar")
+            .args(["-C", arg(&by_tar), "-xf", arg(&tar)])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let by_quarry = w.path().join(format!("by-quarry-{version}"));
+        let out = extract(&tar, &by_quarry, &["--json"]);
+        assert_ok(&out);
+        assert_eq!(json(&out)["files"], files.len(), "{version}");
+        for (name, size) in &files {
+            let ours = fs::metadata(by_quarry.join(name)).unwrap();
+            let theirs = fs::metadata(by_tar.join(name)).unwrap();
+            assert_eq!(ours.len(), *size, "{version} {name}");
+            assert!(
+                fs::read(by_quarry.join(name)).unwrap() == fs::read(by_tar.join(name)).unwrap(),
+                "{version} {name}: the bytes differ from GNU tar's extraction"
+            );
+            assert!(
+                ours.blocks() <= theirs.blocks(),
+                "{version} {name}: {} blocks allocated, GNU tar {}",
+                ours.blocks(),
+                theirs.blocks()
+            );
+            if *size > 1 << 20 {
+                assert!(
+                    ours.blocks() * 512 < size / 2,
+                    "{version} {name}: not sparse ({} blocks)",
+                    ours.blocks()
+                );
+            }
+        }
+    }
 }

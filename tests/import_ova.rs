@@ -14,12 +14,17 @@ use common::*;
 /// An OVF listing `system` as its first disk and `data` as its second (with a blank disk between,
 /// which has no file).
 fn ovf(system: &str, data: &str) -> String {
+    ovf_with(system, "", data)
+}
+
+/// [`ovf`], with `attrs` (e.g. `ovf:compression="gzip"`) added to `system`'s `<File>`.
+fn ovf_with(system: &str, attrs: &str, data: &str) -> String {
     format!(
         r#"<?xml version="1.0" encoding="UTF-8"?>
 <Envelope xmlns="http://schemas.dmtf.org/ovf/envelope/1" xmlns:ovf="http://schemas.dmtf.org/ovf/envelope/1">
   <References>
     <File ovf:href="{data}" ovf:id="file2"/>
-    <File ovf:href="{system}" ovf:id="file1"/>
+    <File ovf:href="{system}" ovf:id="file1" {attrs}/>
   </References>
   <DiskSection>
     <Info>Virtual disks</Info>
@@ -54,6 +59,25 @@ fn sample_ova(dir: &Path) -> (PathBuf, Vec<u8>, Vec<u8>) {
     let ova = dir.join("vm.ova");
     tar(dir, &ova, &["vm.ovf", "data.img", "system.qcow2"]);
     (ova, system, data)
+}
+
+/// `dir/system.vmdk`, a streamOptimized vmdk of [`sample_disk`], and its raw conversion by
+/// qemu-img (`dir/reference.raw`).
+fn stream_optimized_vmdk(dir: &Path) -> (PathBuf, PathBuf) {
+    let (raw, _) = sample_disk(dir);
+    let vmdk = dir.join("system.vmdk");
+    qemu_img(&[
+        "convert".as_ref(),
+        "-O".as_ref(),
+        "vmdk".as_ref(),
+        "-o".as_ref(),
+        "subformat=streamOptimized".as_ref(),
+        raw.as_os_str(),
+        vmdk.as_os_str(),
+    ]);
+    let reference = dir.join("reference.raw");
+    convert_to_raw(&vmdk, &reference);
+    (vmdk, reference)
 }
 
 #[test]
@@ -129,19 +153,113 @@ fn a_compressed_ova_over_http_streams_its_disk() {
 }
 
 #[test]
-fn an_ova_with_its_descriptor_after_a_disk_is_refused_clearly() {
+fn an_ova_with_its_descriptor_after_its_disks_is_imported_from_a_file() {
     let dir = tempfile::tempdir().unwrap();
-    sample_ova(dir.path());
+    let (_, system, data) = sample_ova(dir.path());
     let late = dir.path().join("late.ova");
-    tar(dir.path(), &late, &["system.qcow2", "vm.ovf"]);
+    tar(dir.path(), &late, &["system.qcow2", "data.img", "vm.ovf"]);
     let target = dir.path().join("out.img");
     let out = run(&["import", arg(&late), arg(&target), "--json"]);
-    assert_exit(&out, 11);
-    let error = json(&out)["error"].as_str().unwrap().to_string();
-    assert!(error.contains("needs its .ovf first"), "{error}");
-    assert!(!target.exists());
+    assert_ok(&out);
+    assert_eq!(fs::read(&target).unwrap(), system);
+    assert_eq!(
+        json(&out)["format_chain"],
+        serde_json::json!(["ova", "qcow2"])
+    );
+    let out = run(&["import", arg(&late), arg(&target), "--disk", "2"]);
+    assert_ok(&out);
+    assert_eq!(fs::read(&target).unwrap(), data);
+}
 
-    // A descriptor naming a file the archive lacks is corrupt.
+#[test]
+fn a_streamed_ova_holds_the_disks_before_its_descriptor() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, system, data) = sample_ova(dir.path());
+    let served = dir.path().join("served");
+    fs::create_dir(&served).unwrap();
+    // The chosen disk before the descriptor (held, then spilled past a 64 KiB budget), and after
+    // it with another disk before (held, then dropped).
+    tar(
+        dir.path(),
+        &served.join("disk-first.ova"),
+        &["system.qcow2", "data.img", "vm.ovf"],
+    );
+    tar(
+        dir.path(),
+        &served.join("disk-after.ova"),
+        &["data.img", "vm.ovf", "system.qcow2"],
+    );
+    compress(
+        &["gzip", "-c"],
+        &served.join("disk-first.ova"),
+        &dir.path().join("disk-first.ova.gz"),
+    );
+    let server = Nginx::start(NginxConfig {
+        root: served.clone(),
+        ranges: true,
+        ..Default::default()
+    });
+    let target = dir.path().join("out.img");
+    for (source, disk, expected) in [
+        (server.url("/disk-first.ova"), "1", &system),
+        (server.url("/disk-first.ova"), "2", &data),
+        (server.url("/disk-after.ova"), "1", &system),
+        (
+            arg(&dir.path().join("disk-first.ova.gz")).into(),
+            "1",
+            &system,
+        ),
+    ] {
+        let out = quarry()
+            .env("QUARRY_LOG", "info")
+            .args(["import", &source, arg(&target), "--disk", disk])
+            .args(["--memory-budget", "64Ki"])
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        assert_eq!(
+            &fs::read(&target).unwrap(),
+            expected,
+            "{source} --disk {disk}"
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let held = stderr
+            .lines()
+            .find(|l| l.contains("streaming the held disk"));
+        if source.contains("disk-after") {
+            assert!(held.is_none(), "{source}: {stderr}");
+        } else {
+            let spilled: u64 = held
+                .and_then(|l| l.split("spilled=").nth(1))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{source}: no hold reported: {stderr}"));
+            assert!(
+                spilled > 0,
+                "{source}: nothing spilled past 64 KiB: {stderr}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_ova_without_a_descriptor_or_its_disk_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    sample_ova(dir.path());
+    let target = dir.path().join("out.img");
+    let bare = dir.path().join("bare.ova");
+    tar(dir.path(), &bare, &["system.qcow2", "data.img"]);
+    let gz = dir.path().join("bare.ova.gz");
+    compress(&["gzip", "-c"], &bare, &gz);
+    for source in [&bare, &gz] {
+        let out = run(&["import", arg(source), arg(&target), "--json"]);
+        assert_exit(&out, 12);
+        let error = json(&out)["error"].as_str().unwrap().to_string();
+        assert!(error.contains("no OVF descriptor"), "{error}");
+        assert!(!target.exists());
+    }
+
+    // A descriptor naming a file the archive lacks.
     fs::write(dir.path().join("vm.ovf"), ovf("missing.qcow2", "data.img")).unwrap();
     let broken = dir.path().join("broken.ova");
     tar(dir.path(), &broken, &["vm.ovf", "data.img"]);
@@ -151,32 +269,64 @@ fn an_ova_with_its_descriptor_after_a_disk_is_refused_clearly() {
 }
 
 #[test]
-fn an_ova_of_a_stream_optimized_vmdk_is_imported() {
+fn a_disk_whose_compression_or_chunks_cannot_be_read_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let (raw, _) = sample_disk(d);
-    let vmdk = d.join("system.vmdk");
-    qemu_img(&[
-        "convert".as_ref(),
-        "-O".as_ref(),
-        "vmdk".as_ref(),
-        "-o".as_ref(),
-        "subformat=streamOptimized".as_ref(),
-        raw.as_os_str(),
-        vmdk.as_os_str(),
-    ]);
-    let reference = d.join("reference.raw");
-    convert_to_raw(&vmdk, &reference);
-    fs::write(d.join("data.img"), b"x").unwrap();
-    fs::write(d.join("vm.ovf"), ovf("system.vmdk", "data.img")).unwrap();
-    let ova = d.join("vm.ova");
-    tar(d, &ova, &["vm.ovf", "system.vmdk", "data.img"]);
+    sample_ova(d);
     let target = d.join("out.img");
-    let out = run(&["import", arg(&ova), arg(&target), "--json"]);
-    assert_ok(&out);
-    assert_eq!(fs::read(&target).unwrap(), fs::read(&reference).unwrap());
-    assert_eq!(
-        json(&out)["format_chain"],
-        serde_json::json!(["ova", "vmdk"])
-    );
+    for (attrs, code, says) in [
+        // Said to be gzip, but stored plain: read as it is, it would be a wrong disk.
+        (r#"ovf:compression="gzip""#, 12, "its bytes are not gzip"),
+        (r#"ovf:compression="bzip2""#, 11, "only gzip"),
+        (r#"ovf:chunkSize="1048576""#, 11, "ovf:chunkSize"),
+    ] {
+        fs::write(
+            d.join("vm.ovf"),
+            ovf_with("system.qcow2", attrs, "data.img"),
+        )
+        .unwrap();
+        let ova = d.join("odd.ova");
+        tar(d, &ova, &["vm.ovf", "system.qcow2", "data.img"]);
+        let out = run(&["import", arg(&ova), arg(&target), "--json"]);
+        assert_exit(&out, code);
+        let error = json(&out)["error"].as_str().unwrap().to_string();
+        assert!(error.contains(says), "{attrs}: {error}");
+        assert!(!target.exists(), "{attrs}");
+    }
+}
+
+/// The streamOptimized vmdk VMware exports, stored plain and gzip-compressed
+/// (`ovf:compression="gzip"`), equals qemu-img's conversion of the vmdk.
+#[test]
+fn an_ova_of_a_stream_optimized_vmdk_is_imported_plain_or_gzip_compressed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (vmdk, reference) = stream_optimized_vmdk(d);
+    compress(&["gzip", "-c"], &vmdk, &d.join("system.vmdk.gz"));
+    fs::write(d.join("data.img"), b"x").unwrap();
+    for (member, attrs, chain) in [
+        ("system.vmdk", "", &["ova", "vmdk"][..]),
+        (
+            "system.vmdk.gz",
+            r#"ovf:compression="gzip""#,
+            &["ova", "gzip", "vmdk"],
+        ),
+    ] {
+        fs::write(d.join("vm.ovf"), ovf_with(member, attrs, "data.img")).unwrap();
+        let ova = d.join("vm.ova");
+        tar(d, &ova, &["vm.ovf", member, "data.img"]);
+        let target = d.join("out.img");
+        let out = run(&["import", arg(&ova), arg(&target), "--json"]);
+        assert_ok(&out);
+        assert!(
+            fs::read(&target).unwrap() == fs::read(&reference).unwrap(),
+            "{member}: not qemu-img's bytes"
+        );
+        assert_eq!(
+            json(&out)["format_chain"],
+            serde_json::json!(chain),
+            "{member}"
+        );
+        fs::remove_file(&target).unwrap();
+    }
 }

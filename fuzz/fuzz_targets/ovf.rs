@@ -1,6 +1,6 @@
 //! Feeds arbitrary text to the OVF descriptor scanner: it may refuse, never panic or loop.
 //!
-//! Run: `cargo +nightly fuzz run ovf` from this directory.
+//! Run: `fuzz/run.sh 300 ovf` after `fuzz/seed.sh` (the README's Fuzzing section).
 
 #![no_main]
 

@@ -2,8 +2,7 @@
 //! (the bytes written to a memfd): neither may panic, hang or allocate without bound, and when
 //! one succeeds it must have reported every guest byte exactly once, within the virtual size.
 //!
-//! Run: `cargo +nightly fuzz run qcow2_stream` from this directory (seed the corpus with
-//! `testdata/make-images.sh corpus/qcow2_stream`).
+//! Run: `fuzz/run.sh 300 qcow2_stream` after `fuzz/seed.sh` (the README's Fuzzing section).
 
 #![no_main]
 

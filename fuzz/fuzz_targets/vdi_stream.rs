@@ -2,8 +2,7 @@
 //! (the bytes written to a memfd): neither may panic, hang or allocate without bound, and when
 //! one succeeds it must have reported every guest byte exactly once, within the virtual size.
 //!
-//! Run: `cargo +nightly fuzz run vdi_stream` from this directory (seed the corpus with a few
-//! `qemu-img create -f vdi` images, `-o static=on` among them).
+//! Run: `fuzz/run.sh 300 vdi_stream` after `fuzz/seed.sh` (the README's Fuzzing section).
 
 #![no_main]
 

@@ -2,9 +2,7 @@
 //! (the bytes written to a memfd): neither may panic, hang or allocate without bound, and when
 //! one succeeds it must have reported every guest byte exactly once, within the virtual size.
 //!
-//! Run: `cargo +nightly fuzz run vhdx_stream` from this directory (seed the corpus with small
-//! images: `qemu-img create -f vhdx -o block_size=1M corpus/vhdx_stream/a.vhdx 8M`, plus a few
-//! `qemu-io -c 'write ...'` on it).
+//! Run: `fuzz/run.sh 300 vhdx_stream` after `fuzz/seed.sh` (the README's Fuzzing section).
 
 #![no_main]
 

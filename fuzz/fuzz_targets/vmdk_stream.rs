@@ -2,8 +2,7 @@
 //! streamOptimized): it may not panic, hang or allocate without bound, and when it succeeds it
 //! must have reported every guest byte exactly once, within the virtual size.
 //!
-//! Run: `cargo +nightly fuzz run vmdk_stream` from this directory (seed the corpus with images
-//! from `qemu-img convert -O vmdk -o subformat=monolithicSparse|streamOptimized`).
+//! Run: `fuzz/run.sh 300 vmdk_stream` after `fuzz/seed.sh` (the README's Fuzzing section).
 
 #![no_main]
 

@@ -3,8 +3,7 @@
 //! bound, and when one succeeds it must have reported every guest byte exactly once, within the
 //! virtual size.
 //!
-//! Run: `cargo +nightly fuzz run vpc_stream` from this directory (seed the corpus with a few
-//! `qemu-img create -f vpc` images, `-o subformat=fixed` among them).
+//! Run: `fuzz/run.sh 300 vpc_stream` after `fuzz/seed.sh` (the README's Fuzzing section).
 
 #![no_main]
 

@@ -602,8 +602,18 @@ fn open_layers(
         None => StreamedBecause::Remote,
     };
     if in_ova {
-        let (disk, chosen) = ova::open_disk(Box::new(decoded), req.disk.clone(), &info.name)?;
+        let opts = ova::OvaOptions {
+            choice: req.disk.clone(),
+            local: match &req.source {
+                SourceSpec::File(path) if layers.is_empty() && path.is_file() => Some(path.clone()),
+                _ => None,
+            },
+            memory_budget: req.memory_budget,
+            spill_dir: spill_dir(req),
+        };
+        let (disk, chosen) = ova::open_disk(Box::new(decoded), opts, &info.name)?;
         let (inner, inner_layers) = decode::unwrap_layers(Box::new(disk))?;
+        chosen.check_layers(&inner_layers, &info.name)?;
         chain.push("ova".into());
         chain.extend(inner_layers.iter().map(|c| c.as_str().to_string()));
         source_length = inner_layers.is_empty().then_some(chosen.size);

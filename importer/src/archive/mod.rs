@@ -49,6 +49,9 @@ pub struct ArchiveReport {
     pub bytes_written: u64,
     #[serde(flatten)]
     pub counts: Counts,
+    /// Whether the archive's owners (uid/gid) were kept: only as root; otherwise every entry
+    /// belongs to the user extracting, as with GNU tar run without root.
+    pub owners_kept: bool,
     /// Checksum of the source bytes, `ALG:HEX`, when one was requested.
     pub source_checksum: Option<String>,
     pub duration_seconds: f64,
@@ -59,7 +62,7 @@ impl ArchiveReport {
     pub fn summary(&self) -> String {
         let c = &self.counts;
         format!(
-            "extracted {} ({}) into {}: {} files, {} directories, {} symbolic links, {} hard links, {} data bytes written in {:.2}s",
+            "extracted {} ({}) into {}: {} files, {} directories, {} symbolic links, {} hard links, {} data bytes written in {:.2}s{}",
             self.source,
             self.format_chain.join(" > "),
             self.target,
@@ -68,7 +71,12 @@ impl ArchiveReport {
             c.symlinks,
             c.hard_links,
             self.bytes_written,
-            self.duration_seconds
+            self.duration_seconds,
+            if self.owners_kept {
+                ""
+            } else {
+                "; owners not kept (not running as root)"
+            }
         )
     }
 }
@@ -142,6 +150,7 @@ pub fn extract_source(
         source_bytes,
         bytes_written: used,
         counts,
+        owners_kept: tree::keeps_owners(),
         source_checksum: checksum.map(|c| c.to_string()),
         duration_seconds: started.elapsed().as_secs_f64(),
     })

@@ -79,7 +79,7 @@ impl<'a> Tree<'a> {
     ) -> Self {
         Tree {
             root,
-            chown: nix::unistd::geteuid().is_root(),
+            chown: keeps_owners(),
             limit,
             target,
             used: 0,
@@ -367,6 +367,11 @@ impl<'a> Tree<'a> {
         }
         Ok((self.root, self.counts, self.used))
     }
+}
+
+/// Whether entries get the archive's owners: only root may give files away.
+pub fn keeps_owners() -> bool {
+    nix::unistd::geteuid().is_root()
 }
 
 fn mtime(meta: &Meta) -> TimeSpec {

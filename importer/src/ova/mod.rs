@@ -9,22 +9,27 @@
 //! The disk then goes through the pipeline like any source: compression layers (an
 //! `ovf:compression="gzip"` file included) and format detection.
 //!
-//! The descriptor must be the archive's first member, as the OVF specification requires of an
-//! OVA (VMware and VirtualBox write it so): an OVA whose descriptor comes later is refused,
-//! saying so, rather than held or spilled.
+//! The OVF specification puts the descriptor first (VMware and VirtualBox write it so), but other
+//! tools do not always. A local uncompressed file is read by seeking from header to header to
+//! find its descriptor wherever it is, then streamed as above. A stream whose descriptor comes
+//! later holds the regular members before it (any of them may be the disk): in memory up to
+//! `--memory-budget`, then in a spill file beside the target, as a stream's early qcow2 data is;
+//! once the descriptor has chosen, the held disk is streamed and the rest dropped.
 //!
 //! An OVA is recognised by its content: a tar (`ustar` magic) whose first member is a `.ovf`, or
-//! a tar whose source is named `.ova` (compression suffixes looked through), so that an OVA with
-//! its descriptor elsewhere is refused by name instead of imported as a raw disk.
+//! a tar whose source is named `.ova` (compression suffixes looked through).
 
 pub mod ovf;
 
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::sync_channel;
 
 use crate::chunks::{self, ChunkReader};
-use crate::decode::BoxRead;
+use crate::decode::{BoxRead, Compression};
 use crate::error::{Error, Result};
+use crate::format::hold::HeldBytes;
+use crate::pipe::read_full;
 use crate::source::registry::layer::normalize;
 use crate::source::registry::{WalkOut, tar_error};
 use ovf::OvfDisk;
@@ -33,6 +38,8 @@ use ovf::OvfDisk;
 const MAX_OVF: u64 = 16 << 20;
 /// Chunks in flight between the tar walk and the import.
 const DEPTH: usize = 16;
+/// Bytes read from the tar per chunk.
+const CHUNK: usize = 128 << 10;
 
 /// Which disk of an OVA to import.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +74,24 @@ pub struct OvaDisk {
     pub count: usize,
     /// Its size in the archive.
     pub size: u64,
+}
+
+impl OvaDisk {
+    /// Checks the compression layers found on the disk's bytes against its descriptor: a disk
+    /// said to be gzip-compressed (`ovf:compression="gzip"`) that is not would otherwise be read
+    /// as an image as it is.
+    pub fn check_layers(&self, layers: &[Compression], source_name: &str) -> Result<()> {
+        if self.disk.compression.as_deref() == Some("gzip")
+            && layers.first() != Some(&Compression::Gzip)
+        {
+            return Err(Error::Corrupt(format!(
+                "OVA {source_name}: the descriptor says the disk {} is gzip-compressed \
+                 (ovf:compression=\"gzip\"), and its bytes are not gzip",
+                self.disk.href
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The name of the first member of the tar whose first block is `head`, when it is a tar.
@@ -126,11 +151,24 @@ pub fn choose(disks: &[OvfDisk], choice: Option<&DiskChoice>) -> Result<(usize, 
     }
 }
 
+/// How an OVA is read, besides its stream.
+#[derive(Debug, Clone, Default)]
+pub struct OvaOptions {
+    /// Which disk (the descriptor's first without one).
+    pub choice: Option<DiskChoice>,
+    /// The OVA as a local uncompressed file: its descriptor is found by seeking, wherever it is.
+    pub local: Option<PathBuf>,
+    /// Disks that come before the descriptor in a stream are held in this much memory, then in
+    /// a spill file in `spill_dir`.
+    pub memory_budget: usize,
+    pub spill_dir: PathBuf,
+}
+
 /// Opens the chosen disk of the OVA `stream` (see the module docs): fails before anything is
-/// written when the descriptor is missing, not first, or does not name the disk.
+/// written when the descriptor is missing or does not name the disk.
 pub fn open_disk(
     stream: BoxRead,
-    choice: Option<DiskChoice>,
+    opts: OvaOptions,
     source_name: &str,
 ) -> Result<(ChunkReader, OvaDisk)> {
     let what = format!("OVA {source_name}");
@@ -145,7 +183,7 @@ pub fn open_disk(
         .name("quarry-ova".into())
         .spawn(move || {
             let mut out = WalkOut::new(found_tx, chunk_tx);
-            let outcome = walk(stream, choice.as_ref(), &mut out, &chosen_tx, &thread_what);
+            let outcome = walk(stream, &opts, &mut out, &chosen_tx, &thread_what);
             out.finish(outcome);
         })
         .map_err(|e| Error::io("spawning the OVA thread", e))?;
@@ -174,67 +212,217 @@ pub fn open_disk(
 
 type Chosen = (usize, usize, OvfDisk);
 
-fn walk(
-    stream: BoxRead,
-    choice: Option<&DiskChoice>,
-    out: &mut WalkOut,
-    chosen_tx: &std::sync::mpsc::SyncSender<Chosen>,
-    what: &str,
-) -> Result<()> {
-    let mut archive = tar::Archive::new(stream);
-    {
-        let mut entries = archive.entries().map_err(|e| tar_error(e, what))?;
-        let first = entries
-            .next()
-            .ok_or_else(|| Error::Corrupt(format!("{what}: an empty tar")))?;
-        let mut first = first.map_err(|e| tar_error(e, what))?;
-        let path = normalize(&first.path_bytes())?;
-        if !path.to_ascii_lowercase().ends_with(".ovf") {
-            return Err(Error::Unsupported(format!(
-                "{what}: its first member is {path}, not the OVF descriptor: an OVA is read in one \
-                 pass and needs its .ovf first (as the OVF specification requires); repack it with \
-                 the .ovf first"
-            )));
-        }
-        if first.size() > MAX_OVF {
-            return Err(Error::Unsupported(format!(
-                "{what}: the OVF descriptor {path} is {} bytes (more than {MAX_OVF})",
-                first.size()
-            )));
-        }
-        let mut xml = String::new();
-        first
-            .read_to_string(&mut xml)
-            .map_err(|e| tar_error(e, what))?;
-        let disks = ovf::disks(&xml).map_err(|e| match e {
+/// The descriptor's disks and the one chosen.
+struct Plan {
+    chosen: Chosen,
+    /// The chosen disk's member name, normalized.
+    member: String,
+}
+
+impl Plan {
+    fn new(xml: &str, choice: Option<&DiskChoice>, what: &str) -> Result<Plan> {
+        let disks = ovf::disks(xml).map_err(|e| match e {
             Error::Corrupt(m) => Error::Corrupt(format!("{what}: {m}")),
             Error::Unsupported(m) => Error::Unsupported(format!("{what}: {m}")),
             other => other,
         })?;
         let (index, disk) = choose(&disks, choice)?;
-        let mut streamed = false;
-        for entry in entries {
-            let mut entry = entry.map_err(|e| tar_error(e, what))?;
-            let path = normalize(&entry.path_bytes())?;
-            if streamed || path != normalize(disk.href.as_bytes())? {
-                continue;
-            }
-            let kind = entry.header().entry_type();
-            if !(kind.is_file() || kind.is_gnu_sparse() || kind.is_contiguous()) {
-                return Err(Error::Unsupported(format!(
-                    "{what}: the disk {path} is not a regular file ({kind:?})"
-                )));
-            }
-            let _ = chosen_tx.send((index, disks.len(), disk.clone()));
-            out.stream_file(path, entry.size(), &mut entry, what)?;
-            streamed = true;
-        }
-        if !streamed {
-            return Err(Error::Corrupt(format!(
-                "{what}: the descriptor's disk {} is not in the archive",
+        if let Some(chunk) = &disk.chunk_size {
+            return Err(Error::Unsupported(format!(
+                "{what}: the disk {} is split into chunks (ovf:chunkSize=\"{chunk}\"), which \
+                 Quarry does not join; export the OVA without chunking",
                 disk.href
             )));
         }
+        match disk.compression.as_deref() {
+            None | Some("identity" | "gzip") => {}
+            Some(other) => {
+                return Err(Error::Unsupported(format!(
+                    "{what}: the disk {} is compressed as {other:?} (ovf:compression); only \
+                     gzip is defined for OVF",
+                    disk.href
+                )));
+            }
+        }
+        let member = normalize(disk.href.as_bytes())?;
+        Ok(Plan {
+            chosen: (index, disks.len(), disk),
+            member,
+        })
+    }
+}
+
+fn is_descriptor(path: &str) -> bool {
+    path.to_ascii_lowercase().ends_with(".ovf")
+}
+
+/// Reads the descriptor member `path` (bounded by [`MAX_OVF`]).
+fn read_descriptor(entry: &mut dyn Read, size: u64, path: &str, what: &str) -> Result<String> {
+    if size > MAX_OVF {
+        return Err(Error::Unsupported(format!(
+            "{what}: the OVF descriptor {path} is {size} bytes (more than {MAX_OVF})"
+        )));
+    }
+    let mut xml = String::new();
+    entry
+        .read_to_string(&mut xml)
+        .map_err(|e| tar_error(e, what))?;
+    Ok(xml)
+}
+
+/// The descriptor of the local tar file `path`, found by seeking from header to header.
+fn local_descriptor(path: &Path, what: &str) -> Result<Option<String>> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(format!("opening {what}"), e))?;
+    let mut archive = tar::Archive::new(file);
+    for entry in archive
+        .entries_with_seek()
+        .map_err(|e| tar_error(e, what))?
+    {
+        let mut entry = entry.map_err(|e| tar_error(e, what))?;
+        let path = normalize(&entry.path_bytes())?;
+        if is_descriptor(&path) {
+            let size = entry.size();
+            return read_descriptor(&mut entry, size, &path, what).map(Some);
+        }
+    }
+    Ok(None)
+}
+
+fn no_descriptor(what: &str) -> Error {
+    Error::Corrupt(format!(
+        "{what}: the archive holds no OVF descriptor (.ovf member)"
+    ))
+}
+
+/// The members a stream passes before its descriptor: each regular file is held (memory, then
+/// a spill file), as any of them may be the disk the descriptor names.
+struct Early {
+    hold: HeldBytes,
+    /// Each member's name, place in the hold and size.
+    members: Vec<(String, u64, u64)>,
+    end: u64,
+}
+
+impl Early {
+    fn hold(&mut self, path: String, entry: &mut dyn Read, what: &str) -> Result<()> {
+        let start = self.end;
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = read_full(&mut &mut *entry, &mut buf).map_err(|e| tar_error(e, what))?;
+            if n == 0 {
+                break;
+            }
+            self.hold.add(self.end, &buf[..n])?;
+            self.end += n as u64;
+        }
+        self.members.push((path, start, self.end - start));
+        Ok(())
+    }
+}
+
+/// Reads `[at, end)` back out of a hold.
+struct HeldReader<'a> {
+    hold: &'a HeldBytes,
+    at: u64,
+    end: u64,
+    buf: Vec<u8>,
+}
+
+impl Read for HeldReader<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let n = (self.end - self.at).min(out.len() as u64);
+        if n == 0 {
+            return Ok(0);
+        }
+        let held = self
+            .hold
+            .read(self.at, n, &mut self.buf)
+            .map_err(Error::into_io)?;
+        if !held {
+            return Err(std::io::Error::other("a held OVA member is missing"));
+        }
+        out[..n as usize].copy_from_slice(&self.buf);
+        self.at += n;
+        Ok(n as usize)
+    }
+}
+
+fn walk(
+    stream: BoxRead,
+    opts: &OvaOptions,
+    out: &mut WalkOut,
+    chosen_tx: &std::sync::mpsc::SyncSender<Chosen>,
+    what: &str,
+) -> Result<()> {
+    let choice = opts.choice.as_ref();
+    let mut plan = match &opts.local {
+        Some(path) => {
+            let xml = local_descriptor(path, what)?.ok_or_else(|| no_descriptor(what))?;
+            Some(Plan::new(&xml, choice, what)?)
+        }
+        None => None,
+    };
+    let mut early = Early {
+        hold: HeldBytes::new(opts.memory_budget, opts.spill_dir.clone()),
+        members: Vec::new(),
+        end: 0,
+    };
+    let mut streamed = false;
+    let mut archive = tar::Archive::new(stream);
+    for entry in archive.entries().map_err(|e| tar_error(e, what))? {
+        let mut entry = entry.map_err(|e| tar_error(e, what))?;
+        let path = normalize(&entry.path_bytes())?;
+        let kind = entry.header().entry_type();
+        let regular = kind.is_file() || kind.is_gnu_sparse() || kind.is_contiguous();
+        let Some(p) = &plan else {
+            if is_descriptor(&path) {
+                let size = entry.size();
+                let xml = read_descriptor(&mut entry, size, &path, what)?;
+                let p = Plan::new(&xml, choice, what)?;
+                if let Some((_, at, size)) = early.members.iter().find(|m| m.0 == p.member) {
+                    tracing::info!(
+                        held = early.hold.held_bytes,
+                        spilled = early.hold.spilled_bytes,
+                        "the OVA's descriptor came after its disk: streaming the held disk"
+                    );
+                    let _ = chosen_tx.send(p.chosen.clone());
+                    let mut held = HeldReader {
+                        hold: &early.hold,
+                        at: *at,
+                        end: at + size,
+                        buf: Vec::new(),
+                    };
+                    out.stream_file(p.member.clone(), *size, &mut held, what)?;
+                    streamed = true;
+                }
+                early.hold.clear();
+                early.members.clear();
+                plan = Some(p);
+            } else if regular {
+                early.hold(path, &mut entry, what)?;
+            }
+            continue;
+        };
+        if streamed || path != p.member {
+            continue;
+        }
+        if !regular {
+            return Err(Error::Unsupported(format!(
+                "{what}: the disk {path} is not a regular file ({kind:?})"
+            )));
+        }
+        let _ = chosen_tx.send(p.chosen.clone());
+        out.stream_file(path, entry.size(), &mut entry, what)?;
+        streamed = true;
+    }
+    let Some(p) = plan else {
+        return Err(no_descriptor(what));
+    };
+    if !streamed {
+        return Err(Error::Corrupt(format!(
+            "{what}: the descriptor's disk {} is not in the archive",
+            p.chosen.2.href
+        )));
     }
     let mut rest = archive.into_inner();
     std::io::copy(&mut rest, &mut std::io::sink()).map_err(|e| tar_error(e, what))?;
@@ -250,6 +438,7 @@ mod tests {
             id: id.into(),
             href: href.into(),
             compression: None,
+            chunk_size: None,
         }
     }
 

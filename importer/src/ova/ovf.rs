@@ -17,6 +17,8 @@ pub struct OvfDisk {
     pub href: String,
     /// `ovf:compression` of its file (`gzip` when compressed), if any.
     pub compression: Option<String>,
+    /// `ovf:chunkSize` of its file: the file is split into members `HREF.000000000`, ....
+    pub chunk_size: Option<String>,
 }
 
 /// One start tag: its local name and attributes (local names, decoded values).
@@ -119,6 +121,7 @@ pub fn disks(xml: &str) -> Result<Vec<OvfDisk>> {
                 id: f.attr("id").unwrap_or(href).to_string(),
                 href: href.to_string(),
                 compression: f.attr("compression").map(str::to_string),
+                chunk_size: f.attr("chunkSize").map(str::to_string),
             });
         }
     } else {
@@ -140,6 +143,7 @@ pub fn disks(xml: &str) -> Result<Vec<OvfDisk>> {
                 id: id.to_string(),
                 href: href.to_string(),
                 compression: f.attr("compression").map(str::to_string),
+                chunk_size: f.attr("chunkSize").map(str::to_string),
             });
         }
     }
