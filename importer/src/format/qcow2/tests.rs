@@ -931,7 +931,8 @@ fn many_compressed_clusters_inflate_in_parallel_and_errors_name_the_cluster() {
 /// each compressed cluster.
 fn batched_image() -> (Img, Vec<u8>, BTreeMap<u64, u64>) {
     let cs = 65536u64;
-    let vsize = 48 * cs - 1000;
+    // A whole number of sectors, as qcow2 sizes are; the last cluster stays partial.
+    let vsize = 48 * cs - 1024;
     let mut img = Img::v3(16, vsize);
     img.l1(0, 3 * cs);
     let mut want = vec![0u8; vsize as usize];
@@ -1009,7 +1010,7 @@ fn the_inflate_cost_counts_every_compressed_cluster() {
     let (img, _, offsets) = batched_image();
     let cost = super::inflate_cost(&temp_file(&img.b), img.b.len() as u64).unwrap();
     assert_eq!(cost.clusters, offsets.len() as u64);
-    assert_eq!(cost.inflated_bytes, 46 * 65536 - 1000);
+    assert_eq!(cost.inflated_bytes, 46 * 65536 - 1024);
     assert!(cost.compressed_bytes > 0 && cost.cpu > std::time::Duration::ZERO);
 }
 
