@@ -2,21 +2,28 @@
 //! registry's layer walk, an upload's request body, a pipeline stage) and a blocking [`Read`].
 //!
 //! The producer sends [`Bytes`] into a bounded channel ([`ChunkSender`], from async code or a
-//! plain thread) and says how the stream ended: [`ChunkSender::end`] (complete and checked) or
-//! [`ChunkSender::fail`]. A producer that goes away without either is an interruption: the
-//! reader fails with the message given to [`channel`]. The reader ([`ChunkReader`]) hands out
-//! the chunks' bytes as they are, without an intermediate buffer, so the bytes cross exactly one
-//! channel between the thread that received them and the one that decodes them.
+//! plain thread) and says how the stream ended: [`ChunkSender::end`] (complete and checked),
+//! [`ChunkSender::fail`], or [`ChunkSender::fail_io_blocking`] (a pipeline stage's input failed:
+//! the reader returns that `io::Error` as it is). A producer that goes away without either is an
+//! interruption: the reader fails with the message given to [`channel`]. The reader
+//! ([`ChunkReader`]) hands out the chunks' bytes as they are, without an intermediate buffer, so
+//! the bytes cross exactly one channel between the thread that received them and the one that
+//! decodes them.
 //!
 //! `read` blocks the calling thread (parking it until the next chunk): call it from a plain
 //! thread, not from an async task. It does not panic when the caller happens to be inside a
 //! runtime (unlike tokio's `blocking_recv`).
+//!
+//! Every chunk costs the reader a wake-up: a producer of network frames (a few KiB each over
+//! HTTP/1.1 or TLS) batches the frames it already has with [`Coalesce`] before sending them.
 
 use std::io::{self, Read};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, Bytes, BytesMut};
+use futures_util::Stream;
 use tokio::sync::mpsc;
 
 use crate::source::{ByteSource, SourceInfo};
@@ -26,7 +33,8 @@ enum Chunk {
     Data(Bytes),
     /// The stream is complete (and, where the producer checks it, of the right length).
     End,
-    Failed(Error),
+    /// A [`crate::Error`] carried inside (see [`Error::into_io`]), or a stage input's own error.
+    Failed(io::Error),
 }
 
 /// The producing half. Dropping it without [`ChunkSender::end`] interrupts the stream.
@@ -44,7 +52,31 @@ pub struct ChunkReader {
 enum State {
     Open,
     Done,
-    Failed(ErrorKind, String),
+    Failed(Reported),
+}
+
+/// A failure the reader returned once, repeated (of the same kind) on later reads.
+enum Reported {
+    Quarry(ErrorKind, String),
+    Io(io::ErrorKind, String),
+}
+
+impl Reported {
+    fn of(e: &io::Error) -> Self {
+        match e.get_ref().and_then(|inner| inner.downcast_ref::<Error>()) {
+            Some(inner) => Reported::Quarry(inner.kind(), inner.to_string()),
+            None => Reported::Io(e.kind(), e.to_string()),
+        }
+    }
+
+    fn again(&self) -> io::Error {
+        match self {
+            Reported::Quarry(kind, msg) => {
+                again(*kind, format!("{msg} (already reported)")).into_io()
+            }
+            Reported::Io(kind, msg) => io::Error::new(*kind, format!("{msg} (already reported)")),
+        }
+    }
 }
 
 /// A channel of at most `depth` chunks in flight; `interrupted` is the message (source
@@ -78,7 +110,13 @@ impl ChunkSender {
 
     /// Ends the stream with `e`.
     pub async fn fail(&self, e: Error) {
-        let _ = self.0.send(Chunk::Failed(e)).await;
+        let _ = self.0.send(Chunk::Failed(e.into_io())).await;
+    }
+
+    /// Ends the stream with `e` as it is, from a plain thread: a pipeline stage's input failed,
+    /// and the consumer classifies the error as if it had read that input itself.
+    pub fn fail_io_blocking(&self, e: io::Error) {
+        let _ = block_on(self.0.send(Chunk::Failed(e)));
     }
 
     /// [`ChunkSender::end`] or [`ChunkSender::fail`] from a plain thread.
@@ -107,23 +145,22 @@ impl ChunkReader {
             match &self.state {
                 State::Open => {}
                 State::Done => return Ok(None),
-                State::Failed(kind, msg) => {
-                    return Err(again(*kind, format!("{msg} (already reported)")).into_io());
-                }
+                State::Failed(reported) => return Err(reported.again()),
             }
-            match block_on(self.rx.recv()) {
-                Some(Chunk::Data(b)) => self.current = b,
-                Some(Chunk::End) => self.state = State::Done,
-                Some(Chunk::Failed(e)) => {
-                    self.state = State::Failed(e.kind(), e.to_string());
-                    return Err(e.into_io());
+            let failure = match block_on(self.rx.recv()) {
+                Some(Chunk::Data(b)) => {
+                    self.current = b;
+                    continue;
                 }
-                None => {
-                    let e = Error::SourceUnavailable(self.interrupted.clone());
-                    self.state = State::Failed(e.kind(), e.to_string());
-                    return Err(e.into_io());
+                Some(Chunk::End) => {
+                    self.state = State::Done;
+                    continue;
                 }
-            }
+                Some(Chunk::Failed(e)) => e,
+                None => Error::SourceUnavailable(self.interrupted.clone()).into_io(),
+            };
+            self.state = State::Failed(Reported::of(&failure));
+            return Err(failure);
         }
     }
 }
@@ -192,6 +229,94 @@ impl ByteSource for ChunkSource {
     }
 }
 
+/// Batch size of [`Coalesce`].
+pub const BATCH: usize = 256 << 10;
+
+/// Gathers the frames a body stream already has ready (HTTP/1.1 bodies come in frames of a few
+/// KiB) into batches of up to [`BATCH`] bytes, so each hop and the thread reading the chunks
+/// handle a few large chunks instead of many small ones. It never waits for more: when the inner
+/// stream is not ready, what is gathered goes out at once. A batch never grows past [`BATCH`]
+/// (a frame that would overflow it starts the next one), and a frame of [`BATCH`] or more passes
+/// as it is, so no chunk is larger than the larger of the two. Bytes that came before an error
+/// or the end are yielded first, the error or end after them.
+pub struct Coalesce<S, E> {
+    inner: S,
+    pending: BytesMut,
+    /// What comes after the pending bytes: the inner stream's end or error, or a frame too large
+    /// to join them.
+    held: Option<Option<Result<Bytes, E>>>,
+    finished: bool,
+}
+
+impl<S, E> Coalesce<S, E> {
+    pub fn new(inner: S) -> Self {
+        Coalesce {
+            inner,
+            pending: BytesMut::new(),
+            held: None,
+            finished: false,
+        }
+    }
+
+    /// The pending bytes as one chunk, `then` held for the next poll.
+    fn flush(&mut self, then: Option<Option<Result<Bytes, E>>>) -> Poll<Option<Result<Bytes, E>>> {
+        self.held = then;
+        Poll::Ready(Some(Ok(self.pending.split().freeze())))
+    }
+}
+
+impl<S, E> Stream for Coalesce<S, E>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+    E: Unpin,
+{
+    type Item = Result<Bytes, E>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if let Some(held) = this.held.take() {
+            this.finished = held.is_none();
+            return Poll::Ready(held);
+        }
+        if this.finished {
+            return Poll::Ready(None);
+        }
+        loop {
+            match Pin::new(&mut this.inner).poll_next(cx) {
+                Poll::Ready(Some(Ok(chunk))) if this.pending.is_empty() => {
+                    if chunk.len() >= BATCH {
+                        return Poll::Ready(Some(Ok(chunk)));
+                    }
+                    this.pending.reserve(BATCH);
+                    this.pending.extend_from_slice(&chunk);
+                }
+                Poll::Ready(Some(Ok(chunk))) if this.pending.len() + chunk.len() > BATCH => {
+                    if chunk.len() >= BATCH {
+                        return this.flush(Some(Some(Ok(chunk))));
+                    }
+                    let full = this.pending.split().freeze();
+                    this.pending.reserve(BATCH);
+                    this.pending.extend_from_slice(&chunk);
+                    return Poll::Ready(Some(Ok(full)));
+                }
+                Poll::Ready(Some(Ok(chunk))) => {
+                    this.pending.extend_from_slice(&chunk);
+                    if this.pending.len() == BATCH {
+                        return this.flush(None);
+                    }
+                }
+                Poll::Ready(last) if this.pending.is_empty() => {
+                    this.finished = last.is_none();
+                    return Poll::Ready(last);
+                }
+                Poll::Ready(last) => return this.flush(Some(last)),
+                Poll::Pending if this.pending.is_empty() => return Poll::Pending,
+                Poll::Pending => return this.flush(None),
+            }
+        }
+    }
+}
+
 /// Polls `fut` to completion on the calling thread, parking it in between.
 fn block_on<F: Future>(fut: F) -> F::Output {
     struct Unpark(std::thread::Thread);
@@ -216,7 +341,80 @@ fn block_on<F: Future>(fut: F) -> F::Output {
 
 #[cfg(test)]
 mod tests {
+    use futures_util::StreamExt;
+
     use super::*;
+
+    fn frames(n: usize, size: usize) -> Vec<Result<Bytes, String>> {
+        (0..n)
+            .map(|i| Ok(Bytes::from(vec![i as u8; size])))
+            .collect()
+    }
+
+    fn tokio_stream_like<T>(
+        mut rx: tokio::sync::mpsc::Receiver<T>,
+    ) -> impl Stream<Item = T> + Unpin {
+        Box::pin(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)))
+    }
+
+    #[tokio::test]
+    async fn ready_frames_are_batched_and_keep_their_order() {
+        let input = frames(200, 4096);
+        let expected: Vec<u8> = input.iter().flat_map(|f| f.clone().unwrap()).collect();
+        let out: Vec<_> = Coalesce::new(futures_util::stream::iter(input))
+            .collect()
+            .await;
+        assert!(out.iter().all(|b| b.as_ref().unwrap().len() <= BATCH));
+        assert_eq!(out.len(), (200 * 4096_usize).div_ceil(BATCH));
+        let bytes: Vec<u8> = out.into_iter().flat_map(|b| b.unwrap()).collect();
+        assert_eq!(bytes, expected);
+    }
+
+    #[tokio::test]
+    async fn bytes_before_an_error_come_out_before_it() {
+        let mut input = frames(3, 1000);
+        input.push(Err("reset".to_string()));
+        input.extend(frames(1, 10));
+        let out: Vec<_> = Coalesce::new(futures_util::stream::iter(input))
+            .collect()
+            .await;
+        assert_eq!(out.len(), 3, "{out:?}");
+        assert_eq!(out[0].as_ref().unwrap().len(), 3000);
+        assert_eq!(out[1].as_ref().unwrap_err(), "reset");
+        assert_eq!(out[2].as_ref().unwrap().len(), 10);
+    }
+
+    /// A batch never outgrows [`BATCH`]: a frame that would overflow it starts the next batch,
+    /// and a frame of a batch's size or more passes as it is (the same bytes, not a copy).
+    #[tokio::test]
+    async fn no_batch_outgrows_the_larger_of_a_batch_and_a_frame() {
+        let big = Bytes::from(vec![9u8; BATCH + 5]);
+        let big_at = big.as_ptr();
+        let mut input = frames(3, 100 << 10);
+        input.push(Ok(Bytes::from_static(b"0123456789")));
+        input.push(Ok(big));
+        let sent: Vec<u8> = input.iter().flat_map(|f| f.clone().unwrap()).collect();
+        let out: Vec<Bytes> = Coalesce::new(futures_util::stream::iter(input))
+            .map(Result::unwrap)
+            .collect()
+            .await;
+        let sizes: Vec<usize> = out.iter().map(Bytes::len).collect();
+        assert_eq!(sizes, [200 << 10, (100 << 10) + 10, BATCH + 5]);
+        assert_eq!(out[2].as_ptr(), big_at);
+        assert_eq!(out.concat(), sent);
+    }
+
+    #[tokio::test]
+    async fn nothing_waits_for_a_full_batch() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, String>>(4);
+        let mut s = Coalesce::new(tokio_stream_like(rx));
+        tx.send(Ok(Bytes::from_static(b"abc"))).await.unwrap();
+        let first = s.next().await.unwrap().unwrap();
+        assert_eq!(&first[..], b"abc");
+        drop(tx);
+        assert!(s.next().await.is_none());
+        assert!(s.next().await.is_none());
+    }
 
     /// One hop: the bytes a producer thread sends are the very bytes the reader hands out (the
     /// same allocation, no stage or copy in between), and the end comes through after them.
@@ -255,6 +453,23 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::SourceUnavailable);
         assert!(e.to_string().contains("the upload was interrupted"), "{e}");
         let again = rx.read(&mut [0u8; 4]).unwrap_err();
+        assert!(again.to_string().contains("already reported"), "{again}");
+    }
+
+    /// A pipeline stage's input error reaches the reader unchanged (its kind and message are
+    /// what the user sees); a later read repeats its kind.
+    #[test]
+    fn an_io_failure_reaches_the_reader_as_it_is() {
+        let (tx, mut rx) = channel(1, "x");
+        std::thread::spawn(move || {
+            tx.fail_io_blocking(io::Error::new(io::ErrorKind::InvalidData, "bad deflate"));
+        });
+        let err = rx.read(&mut [0u8; 4]).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert_eq!(err.to_string(), "bad deflate");
+        assert!(err.get_ref().is_none_or(|inner| !inner.is::<Error>()));
+        let again = rx.read(&mut [0u8; 4]).unwrap_err();
+        assert_eq!(again.kind(), io::ErrorKind::InvalidData);
         assert!(again.to_string().contains("already reported"), "{again}");
     }
 

@@ -36,10 +36,14 @@ use crate::source::{ByteSource, SourceInfo, SourceSpec};
 /// CDI's default filesystem overhead for filesystem volumes, as a fraction.
 pub const DEFAULT_FILESYSTEM_OVERHEAD: f64 = 0.06;
 
-/// One import, as requested.
+/// One import, as requested: where its bytes come from, where they go and how.
+///
+/// `S` is the source: a [`SourceSpec`] the import opens itself ([`import`]), or `()` in the
+/// request of a caller that opens the source and hands it over ([`import_from`]: an upload's
+/// body, a blank disk's nothing).
 #[derive(Debug, Clone)]
-pub struct ImportRequest {
-    pub source: SourceSpec,
+pub struct ImportRequest<S = SourceSpec> {
+    pub source: S,
     /// A `disk.img` path (created or replaced) or a block device.
     pub target: PathBuf,
     /// Requested volume size in bytes.
@@ -62,8 +66,8 @@ pub struct ImportRequest {
     pub disk: Option<DiskChoice>,
 }
 
-impl ImportRequest {
-    pub fn new(source: SourceSpec, target: impl Into<PathBuf>) -> Self {
+impl<S> ImportRequest<S> {
+    pub fn new(source: S, target: impl Into<PathBuf>) -> Self {
         ImportRequest {
             source,
             target: target.into(),
@@ -143,7 +147,7 @@ struct Capacity {
     is_block: bool,
 }
 
-fn capacity(req: &ImportRequest) -> Result<Capacity> {
+fn capacity<S>(req: &ImportRequest<S>) -> Result<Capacity> {
     let is_block = block::is_block_device(&req.target);
     let overhead = req.filesystem_overhead.unwrap_or(if is_block {
         0.0
@@ -278,35 +282,33 @@ impl MemoryPlan {
     }
 }
 
-/// Runs one import to completion. `progress` is updated as it goes.
+/// Runs one import to completion, reading the source `req` names. `progress` is updated as it
+/// goes.
 pub fn import(req: &ImportRequest, progress: Arc<Progress>) -> Result<ImportReport> {
-    run(req, None, progress)
+    run(req, progress, |progress| match open_local_file(req)? {
+        Some(opened) => Ok(opened),
+        None => open_stream(req, req.source.open(&req.http)?, progress),
+    })
 }
 
-/// Runs one import of a source the caller opened itself (an upload's body) to completion;
-/// `req.source` is not read.
-pub fn import_source(
-    req: &ImportRequest,
+/// Runs one import of a source the caller opened itself (an upload's body) to completion.
+pub fn import_from(
     source: Box<dyn ByteSource>,
+    req: &ImportRequest<()>,
     progress: Arc<Progress>,
 ) -> Result<ImportReport> {
-    run(req, Some(source), progress)
+    run(req, progress, |progress| open_stream(req, source, progress))
 }
 
-fn run(
-    req: &ImportRequest,
-    source: Option<Box<dyn ByteSource>>,
+/// Checks the target's capacity, opens the source with `open`, and copies the image over.
+fn run<S>(
+    req: &ImportRequest<S>,
     progress: Arc<Progress>,
+    open: impl FnOnce(&Arc<Progress>) -> Result<Opened>,
 ) -> Result<ImportReport> {
     let started = Instant::now();
     let capacity = capacity(req)?;
-    let opened = match source {
-        Some(source) => open_stream(req, source, &progress)?,
-        None => match open_local_file(req)? {
-            Some(opened) => opened,
-            None => open_stream(req, req.source.open(&req.http)?, &progress)?,
-        },
-    };
+    let opened = open(&progress)?;
     let Opened {
         reader,
         chain,
@@ -503,8 +505,8 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
 
 /// Opens the source as a stream: a reading (and hashing) stage, compression layers peeled on a
 /// decoding stage, and the format reader on top.
-fn open_stream(
-    req: &ImportRequest,
+fn open_stream<S>(
+    req: &ImportRequest<S>,
     source: Box<dyn ByteSource>,
     progress: &Arc<Progress>,
 ) -> Result<Opened> {
@@ -578,8 +580,8 @@ pub(crate) fn read_source(
 /// format and the memory plan.
 type OpenedLayers = (Box<dyn FormatReader>, Vec<String>, ImageFormat, MemoryPlan);
 
-fn open_layers(
-    req: &ImportRequest,
+fn open_layers<S>(
+    req: &ImportRequest<S>,
     info: &SourceInfo,
     raw_stream: decode::BoxRead,
     stages: &mut Stages,
@@ -646,8 +648,8 @@ fn open_layers(
     Ok((reader, chain, format, plan))
 }
 
-fn open_sink(
-    req: &ImportRequest,
+fn open_sink<S>(
+    req: &ImportRequest<S>,
     capacity: &Capacity,
     virtual_size: Option<u64>,
     bounce: Bounce,
@@ -673,8 +675,8 @@ fn open_sink(
     Ok(sink)
 }
 
-fn open_reader(
-    req: &ImportRequest,
+fn open_reader<S>(
+    req: &ImportRequest<S>,
     format: ImageFormat,
     stream: Box<dyn std::io::Read + Send>,
     layers: &[Compression],
@@ -709,7 +711,7 @@ fn open_reader(
 /// The format of the (decoded) image whose first bytes are `head`: the requested one, else the
 /// one its magic (or a `.dmg` name) says. Each import names its format here, once: a local file
 /// after seeing it is not compressed, a stream after its compression layers are peeled.
-fn image_format(req: &ImportRequest, head: &[u8], name: &str) -> ImageFormat {
+fn image_format<S>(req: &ImportRequest<S>, head: &[u8], name: &str) -> ImageFormat {
     req.format
         .unwrap_or_else(|| format::detect_named(head, name))
 }
@@ -731,7 +733,7 @@ fn refused(format: ImageFormat) -> Error {
 
 /// Spill files live beside a file target (on the volume being filled), or in the temp directory
 /// for block devices.
-fn spill_dir(req: &ImportRequest) -> PathBuf {
+fn spill_dir<S>(req: &ImportRequest<S>) -> PathBuf {
     match req.target.parent() {
         Some(p) if !p.as_os_str().is_empty() && !block::is_block_device(&req.target) => {
             p.to_path_buf()
@@ -744,6 +746,21 @@ fn spill_dir(req: &ImportRequest) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request that names no source imports the one handed over: a blank disk is nothing,
+    /// imported into a volume of the usable size.
+    #[test]
+    fn a_request_without_a_source_imports_the_one_handed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("disk.img");
+        let mut req = ImportRequest::new((), &target);
+        req.size = Some(1 << 20);
+        let blank = Box::new(crate::source::Blank::default());
+        let report = import_from(blank, &req, Arc::new(Progress::default())).unwrap();
+        assert_eq!((report.source.as_str(), report.source_bytes), ("blank", 0));
+        let usable = usable_space(1 << 20, DEFAULT_FILESYSTEM_OVERHEAD);
+        assert_eq!(std::fs::metadata(&target).unwrap().len(), usable);
+    }
 
     #[test]
     fn xz_anywhere_makes_the_plan_lean() {

@@ -1,17 +1,19 @@
 //! Pipeline stages: a thread that reads one stream and hands its bytes, in bounded chunks, to the
-//! next stage through a bounded channel. Memory between two stages is at most
-//! [`StageBuffers::memory`], whatever the image size: the reader hands each emptied chunk back to the
-//! stage for reuse, so a long import does not churn the allocator. A source whose bytes already
-//! come through a channel from a thread of its own ([`crate::chunks`]) gets no stage thread:
-//! [`feed`] observes its chunks where the consumer reads them.
+//! next stage through the one chunk channel ([`crate::chunks`]). Memory between two stages is at
+//! most [`StageBuffers::memory`], whatever the image size: a chunk's buffer goes back to the stage
+//! when the reader drops the chunk, so a long import does not churn the allocator. A source whose
+//! bytes already come through a channel from a thread of its own gets no stage thread: [`feed`]
+//! observes its chunks where the consumer reads them.
 
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::mpsc::{SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 
-use crate::chunks::ChunkReader;
+use bytes::Bytes;
+
+use crate::chunks::{self, ChunkReader};
 
 /// Chunk size handed between stages.
 pub const CHUNK_SIZE: usize = 256 << 10;
@@ -42,50 +44,6 @@ impl StageBuffers {
     /// one being read (the stage allocates no more, see [`spawn_with`]).
     pub const fn memory(self) -> usize {
         (self.depth + 2) * self.chunk
-    }
-}
-
-type Chunk = io::Result<Vec<u8>>;
-
-/// The receiving end of a stage: a blocking [`Read`].
-pub struct ChannelReader {
-    rx: Receiver<Chunk>,
-    /// Emptied chunks go back to the stage for reuse.
-    recycle: SyncSender<Vec<u8>>,
-    current: Vec<u8>,
-    pos: usize,
-    done: bool,
-}
-
-impl Read for ChannelReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.pos == self.current.len() {
-            if self.done {
-                return Ok(0);
-            }
-            match self.rx.recv() {
-                Ok(Ok(chunk)) => {
-                    let used = std::mem::replace(&mut self.current, chunk);
-                    if used.capacity() > 0 {
-                        let _ = self.recycle.try_send(used);
-                    }
-                    self.pos = 0;
-                }
-                Ok(Err(e)) => {
-                    self.done = true;
-                    return Err(e);
-                }
-                // The stage ended without an error: end of stream.
-                Err(_) => {
-                    self.done = true;
-                    return Ok(0);
-                }
-            }
-        }
-        let n = buf.len().min(self.current.len() - self.pos);
-        buf[..n].copy_from_slice(&self.current[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(n)
     }
 }
 
@@ -184,7 +142,7 @@ pub fn feed<O: ChunkObserver>(chunks: ChunkReader, observer: O) -> (FedReader<O>
 }
 
 /// Starts a thread that reads `input` in chunks, shows each to `observer`, and sends it on.
-pub fn spawn<R, O>(name: &str, input: R, observer: O) -> (ChannelReader, Stage<O>)
+pub fn spawn<R, O>(name: &str, input: R, observer: O) -> (ChunkReader, Stage<O>)
 where
     R: Read + Send + 'static,
     O: ChunkObserver,
@@ -192,90 +150,107 @@ where
     spawn_with(name, input, observer, StageBuffers::DEFAULT)
 }
 
-/// [`spawn`] with the given chunk size and depth.
+/// [`spawn`] with the given chunk size and depth. An error reading `input` reaches the reader as
+/// the `io::Error` it is (its kind and message say what the input was).
 pub fn spawn_with<R, O>(
     name: &str,
     mut input: R,
     mut observer: O,
     buffers: StageBuffers,
-) -> (ChannelReader, Stage<O>)
+) -> (ChunkReader, Stage<O>)
 where
     R: Read + Send + 'static,
     O: ChunkObserver,
 {
     let StageBuffers { depth, chunk: size } = buffers;
-    let (tx, rx) = sync_channel::<Chunk>(depth.max(1));
-    // Every chunk the stage ever allocates fits in the recycling channel, so the consumer never
-    // has to drop one, and the stage waits for one to come back instead of allocating anew
-    // (fresh chunks freed on another thread fragment the heap into tens of MiB over an import).
+    let (tx, reader) = chunks::channel(
+        depth,
+        format!("the {name} stage stopped before the end of its input"),
+    );
+    // Every buffer the stage ever allocates fits in the return channel, so a dropped chunk's
+    // buffer always finds its way back, and the stage waits for one instead of allocating anew
+    // (fresh buffers freed on another thread fragment the heap into tens of MiB over an import).
     let pool = depth.max(1) + 2;
-    let (recycle, recycled) = sync_channel::<Vec<u8>>(pool);
+    let (home, returned) = sync_channel::<Vec<u8>>(pool);
     let cancel = Arc::new(AtomicBool::new(false));
     let stop = cancel.clone();
     let handle = thread::Builder::new()
         .name(format!("quarry-{name}"))
         .spawn(move || {
-            let mut tx: Option<SyncSender<Chunk>> = Some(tx);
+            // None once the consumer is gone: the stage reads on alone for the observer.
+            let mut consumer = Some(tx);
             let mut allocated = 0;
-            // Once the consumer is gone, one chunk serves for the rest of the input.
-            let mut spare: Option<Vec<u8>> = None;
             loop {
                 if stop.load(Ordering::Relaxed) {
                     return Err(io::Error::other("stage cancelled"));
                 }
-                let mut chunk = match spare.take().map_or_else(|| recycled.try_recv(), Ok) {
-                    Ok(chunk) => chunk,
+                let mut buf = match returned.try_recv() {
+                    Ok(buf) => buf,
                     Err(_) if allocated < pool => {
                         allocated += 1;
                         Vec::new()
                     }
-                    // All chunks are out: the consumer hands one back once it has read it, or
-                    // is gone (then the stage reads on alone for the observer).
-                    Err(_) => recycled.recv().unwrap_or_default(),
+                    // All buffers are out: the consumer drops a chunk once it has read it.
+                    Err(_) => returned.recv().unwrap_or_default(),
                 };
-                chunk.resize(size, 0);
-                let n = match read_full(&mut input, &mut chunk) {
+                // A returned buffer is already this long: resizing writes nothing.
+                buf.resize(size, 0);
+                let n = match read_full(&mut input, &mut buf) {
                     Ok(n) => n,
                     Err(e) => {
+                        let Some(tx) = consumer.take() else {
+                            return Err(e);
+                        };
                         let copy = io::Error::new(e.kind(), e.to_string());
-                        if let Some(tx) = tx.take() {
-                            let _ = tx.send(Err(e));
-                            return Err(copy);
-                        }
-                        return Err(e);
+                        tx.fail_io_blocking(e);
+                        return Err(copy);
                     }
                 };
                 if n == 0 {
+                    if let Some(tx) = consumer {
+                        tx.finish_blocking(Ok(()));
+                    }
                     return Ok(observer);
                 }
-                chunk.truncate(n);
-                observer.observe(&chunk);
-                match &tx {
-                    Some(sender) => {
-                        if let Err(returned) = sender.send(Ok(chunk)) {
-                            // The consumer is done: keep reading so the observer sees every byte.
-                            tx = None;
-                            spare = returned.0.ok();
-                        }
-                    }
-                    None => spare = Some(chunk),
+                observer.observe(&buf[..n]);
+                let chunk = Bytes::from_owner(Lent {
+                    buf,
+                    len: n,
+                    home: home.clone(),
+                });
+                // A chunk the consumer did not take is dropped here, and its buffer comes back.
+                if consumer.as_ref().is_some_and(|tx| !tx.send_blocking(chunk)) {
+                    consumer = None;
                 }
             }
         })
         .expect("spawning a pipeline thread");
-    let reader = ChannelReader {
-        rx,
-        recycle,
-        current: Vec::new(),
-        pos: 0,
-        done: false,
-    };
     (
         reader,
         Stage {
             kind: StageKind::Thread { handle, cancel },
         },
     )
+}
+
+/// A stage's buffer lent out as a chunk: back to the stage when the last [`Bytes`] of it drops.
+struct Lent {
+    buf: Vec<u8>,
+    len: usize,
+    home: SyncSender<Vec<u8>>,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        // Fails only once the stage is gone (the buffer is then freed).
+        let _ = self.home.try_send(std::mem::take(&mut self.buf));
+    }
 }
 
 /// Reads until `buf` is full or the stream ends.
@@ -393,6 +368,29 @@ mod tests {
         // The consumer stopped early: finishing reads the rest for the observer.
         assert_eq!(stage.finish().unwrap().0, 10 * 4096);
         producer.join().unwrap();
+    }
+
+    /// A stage that dies mid-stream (its input panicked) leaves the consumer an error, never what
+    /// would pass for the end of the stream.
+    #[test]
+    fn a_stage_that_dies_is_no_clean_end() {
+        struct Dies(u32);
+        impl Read for Dies {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                self.0 += 1;
+                assert!(self.0 <= 3, "the input died");
+                buf[0] = 1;
+                Ok(1)
+            }
+        }
+        let small = StageBuffers { depth: 2, chunk: 2 };
+        let (mut rx, stage) = spawn_with("t", Dies(0), (), small);
+        let mut out = Vec::new();
+        let err = crate::Error::from_read(rx.read_to_end(&mut out).unwrap_err(), "x");
+        assert_eq!(err.kind(), crate::ErrorKind::SourceUnavailable, "{err}");
+        assert!(err.to_string().contains("the t stage stopped"), "{err}");
+        assert_eq!(out, [1, 1]);
+        assert!(stage.finish().is_err());
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! Serving an axum router: plain TCP or TLS (optionally requiring client certificates signed by
 //! a given CA; the TLS setup is [`netkit::tls`]'s), HTTP/1.1 and h2 on the same port (ALPN under TLS, prior knowledge in clear),
-//! with a graceful stop that lets answers in flight finish; and [`Coalesce`], which batches the
-//! small frames of a request body.
+//! with a graceful stop that lets answers in flight finish.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -11,7 +10,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::Stream;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
@@ -182,75 +181,6 @@ pub async fn terminated() {
     }
 }
 
-/// Batch size of [`Coalesce`].
-pub const BATCH: usize = 256 << 10;
-
-/// Gathers the frames a body stream already has ready (HTTP/1.1 bodies come in frames of a few
-/// KiB) into batches of up to [`BATCH`] bytes, so each hop and the pipeline thread handle a few
-/// large chunks instead of many small ones. It never waits for more: when the inner stream is not
-/// ready, what is gathered goes out at once. Bytes that came before an error or the end are
-/// yielded first, the error or end after them.
-pub struct Coalesce<S, E> {
-    inner: S,
-    pending: BytesMut,
-    /// The inner stream's end or error, held back until the pending bytes are out.
-    last: Option<Option<Result<Bytes, E>>>,
-    finished: bool,
-}
-
-impl<S, E> Coalesce<S, E> {
-    pub fn new(inner: S) -> Self {
-        Coalesce {
-            inner,
-            pending: BytesMut::new(),
-            last: None,
-            finished: false,
-        }
-    }
-}
-
-impl<S, E> Stream for Coalesce<S, E>
-where
-    S: Stream<Item = Result<Bytes, E>> + Unpin,
-    E: Unpin,
-{
-    type Item = Result<Bytes, E>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        if let Some(last) = this.last.take() {
-            this.finished = last.is_none();
-            return Poll::Ready(last);
-        }
-        if this.finished {
-            return Poll::Ready(None);
-        }
-        loop {
-            if this.pending.len() >= BATCH {
-                return Poll::Ready(Some(Ok(this.pending.split().freeze())));
-            }
-            match Pin::new(&mut this.inner).poll_next(cx) {
-                Poll::Ready(Some(Ok(chunk))) => {
-                    if this.pending.is_empty() && chunk.len() >= BATCH {
-                        return Poll::Ready(Some(Ok(chunk)));
-                    }
-                    this.pending.extend_from_slice(&chunk);
-                }
-                Poll::Ready(last) => {
-                    if this.pending.is_empty() {
-                        this.finished = last.is_none();
-                        return Poll::Ready(last);
-                    }
-                    this.last = Some(last);
-                    return Poll::Ready(Some(Ok(this.pending.split().freeze())));
-                }
-                Poll::Pending if this.pending.is_empty() => return Poll::Pending,
-                Poll::Pending => return Poll::Ready(Some(Ok(this.pending.split().freeze()))),
-            }
-        }
-    }
-}
-
 /// A plain-text answer: CDI's servers answer errors with a message body that says what went wrong.
 pub fn text(
     status: axum::http::StatusCode,
@@ -319,19 +249,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn ready_frames_are_batched_and_keep_their_order() {
-        let input = frames(200, 4096);
-        let expected: Vec<u8> = input.iter().flat_map(|f| f.clone().unwrap()).collect();
-        let out: Vec<_> = Coalesce::new(futures_util::stream::iter(input))
-            .collect()
-            .await;
-        assert!(out.iter().all(|b| b.as_ref().unwrap().len() <= BATCH));
-        assert_eq!(out.len(), (200 * 4096_usize).div_ceil(BATCH));
-        let bytes: Vec<u8> = out.into_iter().flat_map(|b| b.unwrap()).collect();
-        assert_eq!(bytes, expected);
-    }
-
-    #[tokio::test]
     async fn a_lent_stream_dropped_unread_is_taken_back_whole() {
         let (lent, back) = Reclaim::new(futures_util::stream::iter(frames(3, 8)));
         let mut lent = lent;
@@ -343,37 +260,5 @@ mod tests {
         let rest: Vec<_> = back.take_back().expect("still there").collect().await;
         assert_eq!(rest.len(), 2);
         assert!(back.take_back().is_none(), "taken once");
-    }
-
-    #[tokio::test]
-    async fn bytes_before_an_error_come_out_before_it() {
-        let mut input = frames(3, 1000);
-        input.push(Err("reset".to_string()));
-        input.extend(frames(1, 10));
-        let out: Vec<_> = Coalesce::new(futures_util::stream::iter(input))
-            .collect()
-            .await;
-        assert_eq!(out.len(), 3, "{out:?}");
-        assert_eq!(out[0].as_ref().unwrap().len(), 3000);
-        assert_eq!(out[1].as_ref().unwrap_err(), "reset");
-        assert_eq!(out[2].as_ref().unwrap().len(), 10);
-    }
-
-    #[tokio::test]
-    async fn nothing_waits_for_a_full_batch() {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, String>>(4);
-        let mut s = Coalesce::new(tokio_stream_like(rx));
-        tx.send(Ok(Bytes::from_static(b"abc"))).await.unwrap();
-        let first = s.next().await.unwrap().unwrap();
-        assert_eq!(&first[..], b"abc");
-        drop(tx);
-        assert!(s.next().await.is_none());
-        assert!(s.next().await.is_none());
-    }
-
-    fn tokio_stream_like<T>(
-        mut rx: tokio::sync::mpsc::Receiver<T>,
-    ) -> impl Stream<Item = T> + Unpin {
-        Box::pin(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)))
     }
 }

@@ -171,7 +171,7 @@ async fn relay(proxy: &Proxy, req: Request) -> Response {
     // The body is lent to the client, and taken back to be drained if it was never sent.
     let (lent, unsent) = crate::net::Reclaim::new(body);
     if method != Method::HEAD && method != Method::GET {
-        let body = crate::net::Coalesce::new(lent);
+        let body = importer::chunks::Coalesce::new(lent);
         upstream = upstream.body(reqwest::Body::wrap_stream(body));
     }
     let answer = match upstream.send().await {

@@ -52,7 +52,7 @@ use importer::checksum::Checksum;
 use importer::chunks::{ChunkSender, ChunkSource};
 use importer::import::ImportRequest;
 use importer::progress::Progress;
-use importer::source::{ByteSource, SourceInfo, SourceSpec};
+use importer::source::{ByteSource, SourceInfo};
 use tokio::sync::watch;
 
 use crate::clone::{CLONE_LENGTH, CONTENT_TYPE_HEADER, CloneKind};
@@ -454,7 +454,7 @@ fn start(app: &Arc<App>, ask: &Ask) -> Session {
     let (tx, chunks) =
         importer::chunks::channel(CHANNEL_DEPTH, "the upload was interrupted and not resumed");
     let total = ask.image_length();
-    // The import reads the body's chunks straight from this channel (`req.source` is not read).
+    // The import reads the body's chunks straight from this channel.
     let info = SourceInfo {
         name: "upload".into(),
         length: total,
@@ -471,7 +471,8 @@ fn start(app: &Arc<App>, ask: &Ask) -> Session {
             image: crate::clone::decode::decode(kind, source),
         }),
     };
-    let mut req = ImportRequest::new(SourceSpec::Stdin, &cfg.target);
+    // The request names no source: the body is handed over.
+    let mut req = ImportRequest::new((), &cfg.target);
     if ask.clone.is_some() {
         // A clone carries a volume's raw bytes, whatever they start with.
         req.format = Some(importer::format::ImageFormat::Raw);
@@ -487,9 +488,9 @@ fn start(app: &Arc<App>, ask: &Ask) -> Session {
         .spawn(move || {
             let progress = Arc::new(Progress::default());
             let result = if archive {
-                importer::archive::extract_source(&req, source, progress).map(|r| r.summary())
+                importer::archive::extract_from(source, &req, progress).map(|r| r.summary())
             } else {
-                importer::import::import_source(&req, source, progress).map(|r| r.summary())
+                importer::import::import_from(source, &req, progress).map(|r| r.summary())
             };
             match &result {
                 Ok(summary) => tracing::info!("upload written: {summary}"),
@@ -527,7 +528,7 @@ async fn pump<E: std::fmt::Display + Unpin>(
     mut skip: u64,
 ) -> Pumped {
     // One wake-up of the pipeline thread per batch, not per HTTP frame.
-    let mut body = crate::net::Coalesce::new(body);
+    let mut body = importer::chunks::Coalesce::new(body);
     loop {
         let next = match tokio::time::timeout(app.config.idle_timeout, body.next()).await {
             Ok(next) => next,

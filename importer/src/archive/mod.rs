@@ -88,8 +88,16 @@ pub fn extract(req: &ImportRequest, progress: Arc<Progress>) -> Result<ArchiveRe
 }
 
 /// Extracts a tar from a source the caller opened (an upload's body) into `req.target`.
-pub fn extract_source(
-    req: &ImportRequest,
+pub fn extract_from(
+    source: Box<dyn ByteSource>,
+    req: &ImportRequest<()>,
+    progress: Arc<Progress>,
+) -> Result<ArchiveReport> {
+    extract_source(req, source, progress)
+}
+
+fn extract_source<S>(
+    req: &ImportRequest<S>,
     source: Box<dyn ByteSource>,
     progress: Arc<Progress>,
 ) -> Result<ArchiveReport> {
@@ -158,7 +166,7 @@ pub fn extract_source(
 
 /// What the extracted files may take: the requested size minus the filesystem overhead, and
 /// never more than the free space of the filesystem the target is on.
-fn capacity(req: &ImportRequest) -> Result<Option<(u64, String)>> {
+fn capacity<S>(req: &ImportRequest<S>) -> Result<Option<(u64, String)>> {
     let overhead = req
         .filesystem_overhead
         .unwrap_or(DEFAULT_FILESYSTEM_OVERHEAD);

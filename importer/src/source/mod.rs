@@ -34,6 +34,30 @@ pub trait ByteSource: Read + Send {
 }
 pub mod file;
 
+/// No bytes: a blank disk is an import of nothing into a volume of the requested size.
+pub struct Blank(SourceInfo);
+
+impl Default for Blank {
+    fn default() -> Self {
+        Blank(SourceInfo {
+            name: "blank".into(),
+            length: Some(0),
+        })
+    }
+}
+
+impl Read for Blank {
+    fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+        Ok(0)
+    }
+}
+
+impl ByteSource for Blank {
+    fn info(&self) -> &SourceInfo {
+        &self.0
+    }
+}
+
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};

@@ -1,6 +1,7 @@
 //! `quarry apply -f dv.yaml` and `quarry get dv` without a cluster: the same [`decide`] state
 //! machine, driven by local stand-ins. The PVC is a volume of the [`provisioner`] in a pool
-//! directory; the importer pod is an in-process [`importer::import::import`] on a thread whose
+//! directory; the importer pod is an in-process [`importer::import::import`] (or, for a blank
+//! disk, [`importer::import::import_from`] of nothing) on a thread whose
 //! outcome becomes the pod's phase and exit code. Statuses are YAML files in a state directory.
 
 use std::path::{Path, PathBuf};
@@ -8,10 +9,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use importer::archive::{extract, extract_from};
 use importer::cli::ArgsError;
-use importer::import::{ImportRequest, import};
+use importer::import::{ImportRequest, import, import_from};
 use importer::progress::Progress;
-use importer::source::SourceSpec;
+use importer::source::{Blank, SourceSpec};
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateTerminated, ContainerStatus, PersistentVolumeClaim,
     PersistentVolumeClaimStatus, Pod, PodStatus,
@@ -341,6 +343,28 @@ pub fn open_pool(pool: &Path) -> Result<Provisioner> {
 
 type Worker = JoinHandle<importer::Result<()>>;
 
+/// What the local importer pod runs: an import of a named source, or of a blank disk.
+enum Job {
+    Named(ImportRequest),
+    Blank(ImportRequest<()>),
+}
+
+impl Job {
+    /// The import, or with `archive` the extraction into the volume's directory.
+    fn run(self, archive: bool, progress: Arc<Progress>) -> importer::Result<()> {
+        match (self, archive) {
+            (Job::Named(req), false) => import(&req, progress).map(drop),
+            (Job::Named(req), true) => extract(&req, progress).map(drop),
+            (Job::Blank(req), false) => {
+                import_from(Box::new(Blank::default()), &req, progress).map(drop)
+            }
+            (Job::Blank(req), true) => {
+                extract_from(Box::new(Blank::default()), &req, progress).map(drop)
+            }
+        }
+    }
+}
+
 /// Runs a DataVolume to Succeeded or Failed against the local pool, writing its status as it
 /// goes; `progress` is shared with the caller (for a progress bar).
 pub fn apply(
@@ -460,31 +484,25 @@ pub fn apply(
             } else {
                 dir.join(provisioner::pool::BLOCK_FILE)
             };
-            let req = match source(&dv.spec)? {
-                Source::Import(i) => import_request(
+            let job = match source(&dv.spec)? {
+                Source::Import(i) => Job::Named(import_request(
                     &i,
                     target,
                     &claim(&dv, &cfg, &StorageDefaults::Builtin)?,
                     dv.spec.preallocation == Some(true),
                     opts,
-                )?,
+                )?),
                 _ => {
-                    let mut r = ImportRequest::new(SourceSpec::File("/dev/null".into()), target);
+                    let mut r = ImportRequest::new((), target);
                     let c = claim(&dv, &cfg, &StorageDefaults::Builtin)?;
                     r.size = Some(c.size);
                     r.filesystem_overhead = Some(c.overhead);
-                    r
+                    Job::Blank(r)
                 }
             };
             reset(&progress);
             let p = progress.clone();
-            worker = Some(std::thread::spawn(move || {
-                if archive {
-                    importer::archive::extract(&req, p).map(drop)
-                } else {
-                    import(&req, p).map(drop)
-                }
-            }));
+            worker = Some(std::thread::spawn(move || job.run(archive, p)));
             pod = Some(local_pod(&dv, "Running", None));
             continue;
         }

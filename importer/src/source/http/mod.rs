@@ -8,9 +8,12 @@
 //! bounded channel of [`HttpOptions::chunk_depth`] chunks ([`crate::chunks`]). [`Read`] on the
 //! other side blocks on that channel; the import takes the channel itself
 //! ([`ByteSource::take_chunks`]) and decodes straight from it, so a body byte crosses one
-//! channel between this thread and the decoder. Memory is bounded by `chunk_depth` × the
-//! largest chunk hyper hands out ([`LARGEST_CHUNK`]; TLS records make most chunks 16 KiB); the
-//! kernel's socket buffer keeps the transfer going while the decoder is busy. A runtime per source keeps the
+//! channel between this thread and the decoder. The body frames hyper already has (TLS records
+//! make most of them 16 KiB) go as one chunk of up to [`crate::chunks::BATCH`]
+//! ([`crate::chunks::Coalesce`]), so the decoder wakes once per batch, not per frame, and a
+//! frame is never held back waiting for the next. Memory is bounded by `chunk_depth` × the
+//! largest chunk, hyper's largest frame ([`LARGEST_CHUNK`]); the kernel's socket buffer keeps
+//! the transfer going while the decoder is busy. A runtime per source keeps the
 //! source independent of whatever runtime (or none) the caller has, and a slow consumer only
 //! blocks its own transfer. `Read` blocks the calling thread (parking it until the next chunk):
 //! call it from a plain thread, as the pipeline does, not from an async task.
@@ -131,3 +134,6 @@ impl ByteSource for HttpSource {
         self.0.take_chunks()
     }
 }
+
+// A coalesced batch is no larger than hyper's largest frame: the memory bound above holds.
+const _: () = assert!(crate::chunks::BATCH <= LARGEST_CHUNK);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Buf;
+use futures_util::StreamExt;
 use reqwest::header::{self, HeaderMap, HeaderName};
 use reqwest::{Client, Response, StatusCode, Url};
 use sha2::{Digest, Sha256};
@@ -13,7 +14,7 @@ use tracing::{debug, warn};
 
 use super::client::{HttpRequest, RequestSigner, strip_userinfo};
 use super::retry::{Failure, backoff_delay, classify_error, is_transient, retry, retry_after};
-use crate::chunks::ChunkSender;
+use crate::chunks::{ChunkSender, Coalesce};
 use crate::error::chain;
 use crate::source::SourceInfo;
 use crate::{Error, Result};
@@ -454,9 +455,11 @@ impl Transfer {
     async fn pump(&mut self, body: Body) -> Result<(), Failure> {
         let Body { resp, start, end } = body;
         let mut pos = start;
-        let Some(mut resp) = resp else {
+        let Some(resp) = resp else {
             return Ok(());
         };
+        // The frames hyper has ready go downstream as one chunk: one wake-up of the decoder.
+        let mut frames = Coalesce::new(Box::pin(resp.bytes_stream()));
         let resume_at = self.delivered;
         let mut reread = (start < resume_at && self.delivered_digest.is_some()).then(Sha256::new);
         // The rate is measured over windows of `idle_timeout` spent waiting for the network (time
@@ -466,7 +469,7 @@ impl Transfer {
             let asked = tokio::time::Instant::now();
             let next = tokio::select! {
                 _ = self.tx.closed() => return Err(Failure::Closed),
-                r = tokio::time::timeout(self.idle_timeout, resp.chunk()) => r,
+                r = tokio::time::timeout(self.idle_timeout, frames.next()) => r,
             };
             window.0 += asked.elapsed();
             let mut chunk = match next {
@@ -476,14 +479,14 @@ impl Transfer {
                         self.idle_timeout
                     )));
                 }
-                Ok(Err(e)) => {
+                Ok(Some(Err(e))) => {
                     return Err(retry(format!(
                         "body broke at byte {pos}: {}",
                         chain(&e.without_url())
                     )));
                 }
-                Ok(Ok(None)) => break,
-                Ok(Ok(Some(c))) => c,
+                Ok(None) => break,
+                Ok(Some(Ok(c))) => c,
             };
             let chunk_start = pos;
             pos += chunk.len() as u64;
