@@ -5,7 +5,7 @@
 //! there is any, and format parsing plus positional writes on the calling thread; bounded channels
 //! sit between them ([`crate::pipe`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -287,7 +287,13 @@ impl MemoryPlan {
 pub fn import(req: &ImportRequest, progress: Arc<Progress>) -> Result<ImportReport> {
     run(req, progress, |progress| match open_local_file(req)? {
         Some(opened) => Ok(opened),
-        None => open_stream(req, req.source.open(&req.http)?, progress),
+        None => {
+            let local_file = match &req.source {
+                SourceSpec::File(path) => Some(path.as_path()),
+                _ => None,
+            };
+            open_stream(req, local_file, req.source.open(&req.http)?, progress)
+        }
     })
 }
 
@@ -297,7 +303,9 @@ pub fn import_from(
     req: &ImportRequest<()>,
     progress: Arc<Progress>,
 ) -> Result<ImportReport> {
-    run(req, progress, |progress| open_stream(req, source, progress))
+    run(req, progress, |progress| {
+        open_stream(req, None, source, progress)
+    })
 }
 
 /// Checks the target's capacity, opens the source with `open`, and copies the image over.
@@ -504,14 +512,16 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
 }
 
 /// Opens the source as a stream: a reading (and hashing) stage, compression layers peeled on a
-/// decoding stage, and the format reader on top.
+/// decoding stage, and the format reader on top. `local_file` is the source's path when it is a
+/// local file read as a stream (compressed, or an OVA).
 fn open_stream<S>(
     req: &ImportRequest<S>,
+    local_file: Option<&Path>,
     source: Box<dyn ByteSource>,
     progress: &Arc<Progress>,
 ) -> Result<Opened> {
     let (raw_stream, mut stages, info) = read_source(req.checksum.as_ref(), source, progress)?;
-    match open_layers(req, &info, raw_stream, &mut stages) {
+    match open_layers(req, local_file, &info, raw_stream, &mut stages) {
         Ok((reader, mut chain, format, plan)) => {
             chain.push(format.as_str().to_string());
             Ok(Opened {
@@ -582,6 +592,7 @@ type OpenedLayers = (Box<dyn FormatReader>, Vec<String>, ImageFormat, MemoryPlan
 
 fn open_layers<S>(
     req: &ImportRequest<S>,
+    local_file: Option<&Path>,
     info: &SourceInfo,
     raw_stream: decode::BoxRead,
     stages: &mut Stages,
@@ -595,10 +606,7 @@ fn open_layers<S>(
     let descriptor_because = match layers.first() {
         _ if in_ova => StreamedBecause::InOva,
         Some(layer) => StreamedBecause::Compressed(layer.as_str()),
-        None if matches!(req.source, SourceSpec::File(_))
-            && info.length.is_some()
-            && req.checksum.is_some() =>
-        {
+        None if local_file.is_some() && info.length.is_some() && req.checksum.is_some() => {
             StreamedBecause::Checksum
         }
         None => StreamedBecause::Remote,
@@ -606,10 +614,9 @@ fn open_layers<S>(
     if in_ova {
         let opts = ova::OvaOptions {
             choice: req.disk.clone(),
-            local: match &req.source {
-                SourceSpec::File(path) if layers.is_empty() && path.is_file() => Some(path.clone()),
-                _ => None,
-            },
+            local: local_file
+                .filter(|path| layers.is_empty() && path.is_file())
+                .map(Path::to_path_buf),
             memory_budget: req.memory_budget,
             spill_dir: spill_dir(req),
         };
