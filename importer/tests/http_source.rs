@@ -388,33 +388,6 @@ fn chunked_body_has_unknown_length() {
     assert_same(&got, &data);
 }
 
-/// Frames that are ready together reach the reader as one chunk, not one wake-up each: the
-/// fault server sends its chunked body in 64 KiB chunks, each a frame of its own.
-#[test]
-fn frames_ready_together_reach_the_reader_as_one_chunk() {
-    let data = random_bytes(4 * MIB, 12);
-    let fault = FaultServer::start(FaultConfig::new(data.clone()).chunked(true));
-    let url = fault.url("/disk.img");
-    let (got, sizes) = bounded(30, move || {
-        let mut src = HttpSource::open(&url, &opts()).unwrap();
-        let mut chunks = src.take_chunks().expect("HTTP bytes come as chunks");
-        // The body piles up in the socket buffers meanwhile: its frames are ready together.
-        std::thread::sleep(Duration::from_millis(300));
-        let (mut got, mut sizes) = (Vec::new(), Vec::new());
-        while let Some(chunk) = chunks.next_chunk().unwrap() {
-            sizes.push(chunk.len());
-            got.extend_from_slice(&chunk);
-        }
-        (got, sizes)
-    });
-    assert_same(&got, &data);
-    assert!(sizes.iter().any(|&n| n > 64 << 10), "{sizes:?}");
-    assert!(
-        sizes.iter().all(|&n| n <= importer::chunks::BATCH),
-        "{sizes:?}"
-    );
-}
-
 // ---------------------------------------------------------------- faults
 
 #[test]

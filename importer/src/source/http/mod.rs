@@ -8,10 +8,11 @@
 //! bounded channel of [`HttpOptions::chunk_depth`] chunks ([`crate::chunks`]). [`Read`] on the
 //! other side blocks on that channel; the import takes the channel itself
 //! ([`ByteSource::take_chunks`]) and decodes straight from it, so a body byte crosses one
-//! channel between this thread and the decoder. The body frames hyper already has (TLS records
-//! make most of them 16 KiB) go as one chunk of up to [`crate::chunks::BATCH`]
-//! ([`crate::chunks::Coalesce`]), so the decoder wakes once per batch, not per frame, and a
-//! frame is never held back waiting for the next. Memory is bounded by `chunk_depth` × the
+//! channel between this thread and the decoder. Frames that are ready at the same poll go as one
+//! chunk of up to [`crate::chunks::BATCH`] ([`crate::chunks::Coalesce`]), and a frame is never
+//! held back waiting for the next. hyper hands the body over one frame at a time, so this
+//! rarely joins frames; joining those that arrive while the channel is full would need the pump
+//! to read on while it waits for room. Memory is bounded by `chunk_depth` × the
 //! largest chunk, hyper's largest frame ([`LARGEST_CHUNK`]); the kernel's socket buffer keeps
 //! the transfer going while the decoder is busy. A runtime per source keeps the
 //! source independent of whatever runtime (or none) the caller has, and a slow consumer only

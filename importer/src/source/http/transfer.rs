@@ -458,7 +458,7 @@ impl Transfer {
         let Some(resp) = resp else {
             return Ok(());
         };
-        // The frames hyper has ready go downstream as one chunk: one wake-up of the decoder.
+        // Frames hyper has ready at the same poll go downstream as one chunk.
         let mut frames = Coalesce::new(Box::pin(resp.bytes_stream()));
         let resume_at = self.delivered;
         let mut reread = (start < resume_at && self.delivered_digest.is_some()).then(Sha256::new);
