@@ -699,8 +699,12 @@ def bound_tools(row: Row, gzip_tool: str, b: BoundInputs) -> list[Tool]:
     tools = [Tool("floor: dd oflag=direct of the data bytes", floor, bound="floor")]
 
     def to_null(argv_of, label, finish=None):
+        # A tool with `finish` reads its own report from stdout; the others' output is the
+        # decoded bytes, thrown away.
+        sink = None if finish else Path(os.devnull)
+
         def f(src, out, s, s2):
-            return [Stage([Proc(argv_of(b.corpus / row.input))], stdout=Path(os.devnull))]
+            return [Stage([Proc(argv_of(b.corpus / row.input))], stdout=sink)]
         tools.append(Tool(f"decode: {label}", f, bound="decode", finish=finish))
 
     if row.access == "registry":
