@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use importer::format::vhdx::structure_checksum;
-use testkit::qemu::{qemu_img, qemu_io, reference_raw};
+use testkit::qemu::{assert_same_as_qemu, qemu_img, qemu_io, reference_raw};
 
 mod common;
 mod disk_formats;
@@ -241,16 +241,7 @@ fn an_image_with_4096_byte_logical_sectors_reads_as_its_512_byte_original() {
         assert_eq!(fs::metadata(got).unwrap().len(), size, "{what}");
         // The sizes are checked equal, so compare checks every byte (qemu-img reading the
         // original vhdx).
-        qemu_img(&[
-            "compare",
-            "-q",
-            "-f",
-            "raw",
-            "-F",
-            "vhdx",
-            arg(got),
-            arg(&image),
-        ]);
+        assert_same_as_qemu(got, &image, "vhdx");
     }
 }
 

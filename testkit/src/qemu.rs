@@ -27,6 +27,16 @@ pub fn qemu_img<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
     run(Command::new("qemu-img").args(args))
 }
 
+/// Asserts that the raw disk `raw` holds what qemu reads from `image` (of `format`), with
+/// `qemu-img compare` (which reads only where either has data; a size mismatch fails it unless
+/// the extra part is zero).
+pub fn assert_same_as_qemu(raw: &Path, image: &Path, format: &str) {
+    run(Command::new("qemu-img")
+        .args(["compare", "-q", "-f", "raw", "-F", format])
+        .arg(raw)
+        .arg(image));
+}
+
 /// `qemu-io -f FORMAT -c CMD... IMAGE`, checked (qemu-io exits 0 even when a command fails, so
 /// its output is checked for errors too); returns stdout.
 pub fn qemu_io(format: &str, image: &Path, cmds: &[&str]) -> String {
