@@ -287,13 +287,12 @@ impl MemoryPlan {
 pub fn import(req: &ImportRequest, progress: Arc<Progress>) -> Result<ImportReport> {
     run(req, progress, |progress| match open_local_file(req)? {
         Some(opened) => Ok(opened),
-        None => {
-            let local_file = match &req.source {
-                SourceSpec::File(path) => Some(path.as_path()),
-                _ => None,
-            };
-            open_stream(req, local_file, req.source.open(&req.http)?, progress)
-        }
+        None => open_stream(
+            req,
+            req.source.local_file(),
+            req.source.open(&req.http)?,
+            progress,
+        ),
     })
 }
 
@@ -461,7 +460,7 @@ impl Stages {
 /// (a checksum needs every byte in order): raw images are read by their data extents only,
 /// qcow2 and vhdx images by random access, tables first, as `qemu-img convert` does.
 fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
-    let SourceSpec::File(path) = &req.source else {
+    let Some(path) = req.source.local_file() else {
         return Ok(None);
     };
     if req.checksum.is_some()

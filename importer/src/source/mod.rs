@@ -58,7 +58,7 @@ impl ByteSource for Blank {
     }
 }
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
@@ -107,6 +107,14 @@ impl SourceSpec {
             )));
         }
         Ok(SourceSpec::File(PathBuf::from(spec)))
+    }
+
+    /// The path of a local file source.
+    pub fn local_file(&self) -> Option<&Path> {
+        match self {
+            SourceSpec::File(path) => Some(path),
+            _ => None,
+        }
     }
 
     /// Opens the source.
