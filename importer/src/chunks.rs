@@ -241,8 +241,11 @@ pub const BATCH: usize = 256 << 10;
 /// or the end are yielded first, the error or end after them.
 pub struct Coalesce<S, E> {
     inner: S,
+    /// A lone frame, kept as it is: it is copied into `pending` only if another joins it, so a
+    /// stream that hands over one frame at a time costs no copy.
+    first: Option<Bytes>,
     pending: BytesMut,
-    /// What comes after the pending bytes: the inner stream's end or error, or a frame too large
+    /// What comes after the gathered bytes: the inner stream's end or error, or a frame too large
     /// to join them.
     held: Option<Option<Result<Bytes, E>>>,
     finished: bool,
@@ -252,16 +255,22 @@ impl<S, E> Coalesce<S, E> {
     pub fn new(inner: S) -> Self {
         Coalesce {
             inner,
+            first: None,
             pending: BytesMut::new(),
             held: None,
             finished: false,
         }
     }
 
-    /// The pending bytes as one chunk, `then` held for the next poll.
-    fn flush(&mut self, then: Option<Option<Result<Bytes, E>>>) -> Poll<Option<Result<Bytes, E>>> {
-        self.held = then;
-        Poll::Ready(Some(Ok(self.pending.split().freeze())))
+    fn gathered(&self) -> usize {
+        self.first.as_ref().map_or(self.pending.len(), Bytes::len)
+    }
+
+    /// The gathered bytes as one chunk.
+    fn take(&mut self) -> Bytes {
+        self.first
+            .take()
+            .unwrap_or_else(|| self.pending.split().freeze())
     }
 }
 
@@ -283,35 +292,41 @@ where
         }
         loop {
             match Pin::new(&mut this.inner).poll_next(cx) {
-                Poll::Ready(Some(Ok(chunk))) if this.pending.is_empty() => {
+                Poll::Ready(Some(Ok(chunk))) if this.gathered() == 0 => {
                     if chunk.len() >= BATCH {
                         return Poll::Ready(Some(Ok(chunk)));
                     }
-                    this.pending.reserve(BATCH);
-                    this.pending.extend_from_slice(&chunk);
+                    this.first = Some(chunk);
                 }
-                Poll::Ready(Some(Ok(chunk))) if this.pending.len() + chunk.len() > BATCH => {
+                Poll::Ready(Some(Ok(chunk))) if this.gathered() + chunk.len() > BATCH => {
+                    let full = this.take();
                     if chunk.len() >= BATCH {
-                        return this.flush(Some(Some(Ok(chunk))));
+                        this.held = Some(Some(Ok(chunk)));
+                    } else {
+                        this.first = Some(chunk);
                     }
-                    let full = this.pending.split().freeze();
-                    this.pending.reserve(BATCH);
-                    this.pending.extend_from_slice(&chunk);
                     return Poll::Ready(Some(Ok(full)));
                 }
                 Poll::Ready(Some(Ok(chunk))) => {
+                    if let Some(first) = this.first.take() {
+                        this.pending.reserve(BATCH);
+                        this.pending.extend_from_slice(&first);
+                    }
                     this.pending.extend_from_slice(&chunk);
                     if this.pending.len() == BATCH {
-                        return this.flush(None);
+                        return Poll::Ready(Some(Ok(this.take())));
                     }
                 }
-                Poll::Ready(last) if this.pending.is_empty() => {
+                Poll::Ready(last) if this.gathered() == 0 => {
                     this.finished = last.is_none();
                     return Poll::Ready(last);
                 }
-                Poll::Ready(last) => return this.flush(Some(last)),
-                Poll::Pending if this.pending.is_empty() => return Poll::Pending,
-                Poll::Pending => return this.flush(None),
+                Poll::Ready(last) => {
+                    this.held = Some(last);
+                    return Poll::Ready(Some(Ok(this.take())));
+                }
+                Poll::Pending if this.gathered() == 0 => return Poll::Pending,
+                Poll::Pending => return Poll::Ready(Some(Ok(this.take()))),
             }
         }
     }
@@ -368,6 +383,18 @@ mod tests {
         assert_eq!(out.len(), (200 * 4096_usize).div_ceil(BATCH));
         let bytes: Vec<u8> = out.into_iter().flat_map(|b| b.unwrap()).collect();
         assert_eq!(bytes, expected);
+    }
+
+    /// A frame with nothing ready to join it goes out as it came: the same bytes, not a copy.
+    #[tokio::test]
+    async fn a_lone_frame_passes_uncopied() {
+        let frame = Bytes::from(vec![7u8; 4096]);
+        let input: Vec<Result<Bytes, String>> = vec![Ok(frame.clone())];
+        let out: Vec<_> = Coalesce::new(futures_util::stream::iter(input))
+            .collect()
+            .await;
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].as_ref().unwrap().as_ptr(), frame.as_ptr());
     }
 
     #[tokio::test]
