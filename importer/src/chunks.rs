@@ -15,15 +15,16 @@
 //! runtime (unlike tokio's `blocking_recv`).
 //!
 //! Every chunk costs the reader a wake-up: a producer of network frames (a few KiB each over
-//! HTTP/1.1 or TLS) batches the frames it already has with [`Coalesce`] before sending them.
+//! HTTP/1.1 or TLS) gathers them with [`Forward`] (or [`Coalesce`]) before sending them.
 
 use std::io::{self, Read};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use tokio::sync::mpsc;
 
 use crate::source::{ByteSource, SourceInfo};
@@ -229,24 +230,84 @@ impl ByteSource for ChunkSource {
     }
 }
 
-/// Batch size of [`Coalesce`].
+/// Batch size of [`Coalesce`] and [`Forward`].
 pub const BATCH: usize = 256 << 10;
 
-/// Gathers the frames a body stream already has ready (HTTP/1.1 bodies come in frames of a few
-/// KiB) into batches of up to [`BATCH`] bytes, so each hop and the thread reading the chunks
-/// handle a few large chunks instead of many small ones. It never waits for more: when the inner
-/// stream is not ready, what is gathered goes out at once. A batch never grows past [`BATCH`]
-/// (a frame that would overflow it starts the next one), and a frame of [`BATCH`] or more passes
-/// as it is, so no chunk is larger than the larger of the two. Bytes that came before an error
-/// or the end are yielded first, the error or end after them.
-pub struct Coalesce<S, E> {
-    inner: S,
-    /// A lone frame, kept as it is: it is copied into `pending` only if another joins it, so a
-    /// stream that hands over one frame at a time costs no copy.
+/// Frames gathered into batches of up to [`BATCH`] bytes. A lone frame is kept as it is and
+/// copied only when another joins it, so a stream that hands over one frame at a time costs no
+/// copy. A frame that would overflow the batch starts the next one (the gathered bytes become
+/// ready to go), and a frame of [`BATCH`] or more is a batch by itself: no batch is larger than
+/// the larger of the two.
+#[derive(Default)]
+struct Batch {
+    /// A batch closed by a frame that did not fit into it.
+    ready: Option<Bytes>,
     first: Option<Bytes>,
     pending: BytesMut,
-    /// What comes after the gathered bytes: the inner stream's end or error, or a frame too large
-    /// to join them.
+}
+
+impl Batch {
+    fn gathered(&self) -> usize {
+        self.first.as_ref().map_or(self.pending.len(), Bytes::len)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ready.is_none() && self.gathered() == 0
+    }
+
+    /// Adds `frame`. Take what is full ([`Batch::take_full`]) before pushing again.
+    fn push(&mut self, frame: Bytes) {
+        debug_assert!(self.ready.is_none(), "a full batch was not taken");
+        let gathered = self.gathered();
+        if gathered > 0 && gathered + frame.len() > BATCH {
+            self.ready = Some(self.take_gathered());
+        }
+        if let Some(first) = self.first.take() {
+            self.pending.reserve(BATCH);
+            self.pending.extend_from_slice(&first);
+        }
+        if self.pending.is_empty() {
+            self.first = Some(frame);
+        } else {
+            self.pending.extend_from_slice(&frame);
+        }
+    }
+
+    /// A batch that is full (or closed by a frame that did not fit), if any.
+    fn take_full(&mut self) -> Option<Bytes> {
+        self.ready
+            .take()
+            .or_else(|| (self.gathered() >= BATCH).then(|| self.take_gathered()))
+    }
+
+    /// What is gathered, a batch at a time, full or not.
+    fn take(&mut self) -> Option<Bytes> {
+        self.ready
+            .take()
+            .or_else(|| (self.gathered() > 0).then(|| self.take_gathered()))
+    }
+
+    fn take_gathered(&mut self) -> Bytes {
+        self.first
+            .take()
+            .unwrap_or_else(|| self.pending.split().freeze())
+    }
+}
+
+/// Gathers the frames a body stream already has ready (HTTP/1.1 bodies come in frames of a few
+/// KiB) into batches (see [`Batch`]), so each hop and the thread reading the chunks handle a few
+/// large chunks instead of many small ones. It never waits for more: when the inner stream is not
+/// ready, what is gathered goes out at once. Bytes that came before an error or the end are
+/// yielded first, the error or end after them.
+///
+/// Most streams (hyper's bodies among them) hand over one frame per poll, so this batches only
+/// where the consumer is slower than the producer's polls; a producer that feeds a
+/// [`ChunkSender`] uses [`Forward`], which also gathers the frames arriving while the channel is
+/// full.
+pub struct Coalesce<S, E> {
+    inner: S,
+    batch: Batch,
+    /// What comes after the gathered bytes: the inner stream's end or error.
     held: Option<Option<Result<Bytes, E>>>,
     finished: bool,
 }
@@ -255,22 +316,10 @@ impl<S, E> Coalesce<S, E> {
     pub fn new(inner: S) -> Self {
         Coalesce {
             inner,
-            first: None,
-            pending: BytesMut::new(),
+            batch: Batch::default(),
             held: None,
             finished: false,
         }
-    }
-
-    fn gathered(&self) -> usize {
-        self.first.as_ref().map_or(self.pending.len(), Bytes::len)
-    }
-
-    /// The gathered bytes as one chunk.
-    fn take(&mut self) -> Bytes {
-        self.first
-            .take()
-            .unwrap_or_else(|| self.pending.split().freeze())
     }
 }
 
@@ -283,7 +332,14 @@ where
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
+        if let Some(full) = this.batch.take_full() {
+            return Poll::Ready(Some(Ok(full)));
+        }
         if let Some(held) = this.held.take() {
+            if let Some(rest) = this.batch.take() {
+                this.held = Some(held);
+                return Poll::Ready(Some(Ok(rest)));
+            }
             this.finished = held.is_none();
             return Poll::Ready(held);
         }
@@ -292,42 +348,148 @@ where
         }
         loop {
             match Pin::new(&mut this.inner).poll_next(cx) {
-                Poll::Ready(Some(Ok(chunk))) if this.gathered() == 0 => {
-                    if chunk.len() >= BATCH {
-                        return Poll::Ready(Some(Ok(chunk)));
-                    }
-                    this.first = Some(chunk);
-                }
-                Poll::Ready(Some(Ok(chunk))) if this.gathered() + chunk.len() > BATCH => {
-                    let full = this.take();
-                    if chunk.len() >= BATCH {
-                        this.held = Some(Some(Ok(chunk)));
-                    } else {
-                        this.first = Some(chunk);
-                    }
-                    return Poll::Ready(Some(Ok(full)));
-                }
-                Poll::Ready(Some(Ok(chunk))) => {
-                    if let Some(first) = this.first.take() {
-                        this.pending.reserve(BATCH);
-                        this.pending.extend_from_slice(&first);
-                    }
-                    this.pending.extend_from_slice(&chunk);
-                    if this.pending.len() == BATCH {
-                        return Poll::Ready(Some(Ok(this.take())));
+                Poll::Ready(Some(Ok(frame))) => {
+                    this.batch.push(frame);
+                    if let Some(full) = this.batch.take_full() {
+                        return Poll::Ready(Some(Ok(full)));
                     }
                 }
-                Poll::Ready(last) if this.gathered() == 0 => {
-                    this.finished = last.is_none();
-                    return Poll::Ready(last);
+                Poll::Ready(last) => match this.batch.take() {
+                    Some(rest) => {
+                        this.held = Some(last);
+                        return Poll::Ready(Some(Ok(rest)));
+                    }
+                    None => {
+                        this.finished = last.is_none();
+                        return Poll::Ready(last);
+                    }
+                },
+                Poll::Pending => {
+                    return match this.batch.take() {
+                        Some(rest) => Poll::Ready(Some(Ok(rest))),
+                        None => Poll::Pending,
+                    };
                 }
-                Poll::Ready(last) => {
-                    this.held = Some(last);
-                    return Poll::Ready(Some(Ok(this.take())));
-                }
-                Poll::Pending if this.gathered() == 0 => return Poll::Pending,
-                Poll::Pending => return Poll::Ready(Some(Ok(this.take()))),
             }
+        }
+    }
+}
+
+/// What [`Forward::next`] found.
+#[derive(Debug)]
+pub enum Forwarded<E> {
+    /// A frame: the caller checks it and hands what it keeps to [`Forward::push`].
+    Frame(Bytes),
+    /// The stream ended; everything pushed has been sent.
+    End,
+    /// The stream failed; everything pushed before has been sent.
+    Failed(E),
+    /// No frame came within the idle timeout, and nothing pushed waits to be sent.
+    Idle,
+    /// The reader is gone.
+    Closed,
+}
+
+/// Moves a body's frames into a [`ChunkSender`] in batches (see [`Batch`]). While a batch waits
+/// for room in the channel, the frames that arrive in the meantime join it, so a consumer that
+/// falls behind gets a few large chunks rather than a queue of small ones (hyper hands a body
+/// over one frame at a time: frames are seldom ready together, but they pile up while the
+/// channel is full). Memory stays bounded: a full batch waits for room before more is read.
+///
+/// The caller's loop: [`Forward::next`], check the frame (offsets, digests, limits), then
+/// [`Forward::push`]. Everything pushed has been sent when `next` reports the end or a failure;
+/// a caller that gives up for a reason of its own and wants the bytes delivered calls
+/// [`Forward::flush`].
+pub struct Forward<S> {
+    frames: S,
+    batch: Batch,
+    network_wait: Duration,
+}
+
+impl<S, E> Forward<S>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+{
+    pub fn new(frames: S) -> Self {
+        Forward {
+            frames,
+            batch: Batch::default(),
+            network_wait: Duration::ZERO,
+        }
+    }
+
+    /// Total time spent waiting for frames with nothing to send (time blocked on a full channel
+    /// is not counted: a slow consumer is not the producer's fault).
+    pub fn network_wait(&self) -> Duration {
+        self.network_wait
+    }
+
+    /// Adds a checked frame to the batch.
+    pub fn push(&mut self, frame: Bytes) {
+        if !frame.is_empty() {
+            self.batch.push(frame);
+        }
+    }
+
+    /// Sends everything pushed; false when the reader is gone.
+    pub async fn flush(&mut self, tx: &ChunkSender) -> bool {
+        while let Some(batch) = self.batch.take() {
+            if !tx.send(batch).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The next frame, sending the batch as soon as the channel has room. Waits at most `idle`
+    /// for a frame when nothing is left to send.
+    pub async fn next(&mut self, tx: &ChunkSender, idle: Duration) -> Forwarded<E> {
+        loop {
+            if let Some(full) = self.batch.take_full() {
+                if !tx.send(full).await {
+                    return Forwarded::Closed;
+                }
+                continue;
+            }
+            let item = if self.batch.is_empty() {
+                let asked = tokio::time::Instant::now();
+                let next = tokio::select! {
+                    _ = tx.closed() => return Forwarded::Closed,
+                    next = tokio::time::timeout(idle, self.frames.next()) => next,
+                };
+                self.network_wait += asked.elapsed();
+                match next {
+                    Ok(item) => item,
+                    Err(_) => return Forwarded::Idle,
+                }
+            } else {
+                // Frames first: those already there join the batch before it goes.
+                tokio::select! {
+                    biased;
+                    item = self.frames.next() => item,
+                    permit = tx.0.reserve() => match permit {
+                        Ok(permit) => {
+                            if let Some(batch) = self.batch.take() {
+                                permit.send(Chunk::Data(batch));
+                            }
+                            continue;
+                        }
+                        Err(_) => return Forwarded::Closed,
+                    },
+                }
+            };
+            return match item {
+                Some(Ok(frame)) => Forwarded::Frame(frame),
+                last => {
+                    if !self.flush(tx).await {
+                        return Forwarded::Closed;
+                    }
+                    match last {
+                        Some(Err(e)) => Forwarded::Failed(e),
+                        _ => Forwarded::End,
+                    }
+                }
+            };
         }
     }
 }
@@ -441,6 +603,109 @@ mod tests {
         drop(tx);
         assert!(s.next().await.is_none());
         assert!(s.next().await.is_none());
+    }
+
+    /// Drives a [`Forward`] the way a body pump does, ending the chunk stream as the frames did.
+    fn forward_all(
+        frames: impl Stream<Item = Result<Bytes, String>> + Unpin + Send + 'static,
+        tx: ChunkSender,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut fwd = Forward::new(frames);
+            loop {
+                match fwd.next(&tx, Duration::from_secs(60)).await {
+                    Forwarded::Frame(frame) => fwd.push(frame),
+                    Forwarded::End => return tx.end().await,
+                    Forwarded::Failed(e) => return tx.fail(Error::SourceUnavailable(e)).await,
+                    other => panic!("{other:?}"),
+                }
+            }
+        })
+    }
+
+    fn read_all(mut rx: ChunkReader) -> (Vec<Bytes>, Option<io::Error>) {
+        let mut chunks = Vec::new();
+        loop {
+            match rx.next_chunk() {
+                Ok(Some(chunk)) => chunks.push(chunk),
+                Ok(None) => return (chunks, None),
+                Err(e) => return (chunks, Some(e)),
+            }
+        }
+    }
+
+    /// Frames that come one at a time (as hyper hands a body over) while the channel is full
+    /// join one batch: the reader, once it reads, gets two chunks for ten frames.
+    #[tokio::test]
+    async fn frames_arriving_while_the_channel_is_full_go_out_as_one_chunk() {
+        let (tx, rx) = channel(1, "interrupted");
+        let (frame_tx, frame_rx) = tokio::sync::mpsc::channel::<Result<Bytes, String>>(1);
+        let forwarder = forward_all(tokio_stream_like(frame_rx), tx);
+        let sent: Vec<Bytes> = (0..10u8).map(|i| Bytes::from(vec![i; 4096])).collect();
+        for frame in &sent {
+            frame_tx.send(Ok(frame.clone())).await.unwrap();
+            // One frame at a time: the next is sent only once the forwarder has taken this one.
+            while frame_tx.capacity() < frame_tx.max_capacity() {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(frame_tx);
+        let (chunks, failure) = tokio::task::spawn_blocking(move || read_all(rx))
+            .await
+            .unwrap();
+        forwarder.abort();
+        assert!(failure.is_none(), "{failure:?}");
+        let sizes: Vec<usize> = chunks.iter().map(Bytes::len).collect();
+        assert_eq!(sizes, [4096, 9 * 4096]);
+        assert_eq!(chunks.concat(), sent.concat());
+        assert_eq!(
+            chunks[0].as_ptr(),
+            sent[0].as_ptr(),
+            "a lone frame is not copied"
+        );
+    }
+
+    /// A failing body's bytes are all sent before its failure, so a resume starts after them.
+    #[tokio::test]
+    async fn bytes_pushed_before_a_failure_reach_the_reader() {
+        let (tx, rx) = channel(1, "interrupted");
+        let reader = tokio::task::spawn_blocking(move || read_all(rx));
+        let mut input = frames(3, 1000);
+        input.push(Err("connection reset".to_string()));
+        let forwarder = forward_all(futures_util::stream::iter(input), tx);
+        let (chunks, failure) = reader.await.unwrap();
+        forwarder.abort();
+        assert_eq!(chunks.concat().len(), 3000);
+        let e = Error::from_read(
+            failure.expect("the failure comes after the bytes"),
+            "source",
+        );
+        assert!(e.to_string().contains("connection reset"), "{e}");
+    }
+
+    /// A full batch waits for room before more frames are read: with the reader stalled, the
+    /// forwarder holds at most the channel's chunks and one batch.
+    #[tokio::test]
+    async fn a_stalled_reader_stops_the_reading_of_frames() {
+        let (tx, rx) = channel(1, "interrupted");
+        let pulled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = pulled.clone();
+        let endless = futures_util::stream::repeat_with(move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok::<_, String>(Bytes::from(vec![1u8; 64 << 10]))
+        });
+        let forwarder = forward_all(endless, tx);
+        for _ in 0..200 {
+            tokio::task::yield_now().await;
+        }
+        let per_batch = BATCH / (64 << 10);
+        // One batch in the channel's slot, one full batch waiting for room, nothing more.
+        assert_eq!(
+            pulled.load(std::sync::atomic::Ordering::Relaxed),
+            2 * per_batch
+        );
+        forwarder.abort();
+        drop(rx);
     }
 
     /// One hop: the bytes a producer thread sends are the very bytes the reader hands out (the

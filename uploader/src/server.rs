@@ -47,9 +47,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::{Buf, Bytes};
-use futures_util::{Stream, StreamExt};
+use futures_util::Stream;
 use importer::checksum::Checksum;
-use importer::chunks::{ChunkSender, ChunkSource};
+use importer::chunks::{ChunkSender, ChunkSource, Forward, Forwarded};
 use importer::import::ImportRequest;
 use importer::progress::Progress;
 use importer::source::{ByteSource, SourceInfo};
@@ -528,18 +528,16 @@ async fn pump<E: std::fmt::Display + Unpin>(
     mut skip: u64,
 ) -> Pumped {
     // One wake-up of the pipeline thread per batch, not per HTTP frame.
-    let mut body = importer::chunks::Coalesce::new(body);
+    let mut body = Forward::new(body);
     loop {
-        let next = match tokio::time::timeout(app.config.idle_timeout, body.next()).await {
-            Ok(next) => next,
-            Err(_) => {
+        let mut chunk = match body.next(&session.tx, app.config.idle_timeout).await {
+            Forwarded::Frame(chunk) => chunk,
+            Forwarded::End => return Pumped::Complete,
+            Forwarded::Failed(e) => return Pumped::Interrupted(e.to_string()),
+            Forwarded::Closed => return Pumped::PipelineEnded,
+            Forwarded::Idle => {
                 return Pumped::Interrupted(format!("no bytes for {:?}", app.config.idle_timeout));
             }
-        };
-        let mut chunk = match next {
-            None => return Pumped::Complete,
-            Some(Err(e)) => return Pumped::Interrupted(e.to_string()),
-            Some(Ok(chunk)) => chunk,
         };
         if skip > 0 {
             let n = chunk.len().min(usize::try_from(skip).unwrap_or(usize::MAX));
@@ -557,9 +555,7 @@ async fn pump<E: std::fmt::Display + Unpin>(
                 "the body holds more than the announced {total} bytes"
             ));
         }
-        if !session.tx.send(chunk).await {
-            return Pumped::PipelineEnded;
-        }
+        body.push(chunk);
         session.received += len;
     }
 }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Buf;
-use futures_util::StreamExt;
 use reqwest::header::{self, HeaderMap, HeaderName};
 use reqwest::{Client, Response, StatusCode, Url};
 use sha2::{Digest, Sha256};
@@ -14,7 +13,7 @@ use tracing::{debug, warn};
 
 use super::client::{HttpRequest, RequestSigner, strip_userinfo};
 use super::retry::{Failure, backoff_delay, classify_error, is_transient, retry, retry_after};
-use crate::chunks::{ChunkSender, Coalesce};
+use crate::chunks::{ChunkSender, Forward, Forwarded};
 use crate::error::chain;
 use crate::source::SourceInfo;
 use crate::{Error, Result};
@@ -458,48 +457,48 @@ impl Transfer {
         let Some(resp) = resp else {
             return Ok(());
         };
-        // Frames hyper has ready at the same poll go downstream as one chunk.
-        let mut frames = Coalesce::new(Box::pin(resp.bytes_stream()));
+        // Frames that arrive while the decoder is busy go downstream as one chunk.
+        let mut frames = Forward::new(Box::pin(resp.bytes_stream()));
         let resume_at = self.delivered;
         let mut reread = (start < resume_at && self.delivered_digest.is_some()).then(Sha256::new);
         // The rate is measured over windows of `idle_timeout` spent waiting for the network (time
         // blocked on a slow consumer downstream does not count against the server).
         let mut window = (Duration::ZERO, pos);
         loop {
-            let asked = tokio::time::Instant::now();
-            let next = tokio::select! {
-                _ = self.tx.closed() => return Err(Failure::Closed),
-                r = tokio::time::timeout(self.idle_timeout, frames.next()) => r,
-            };
-            window.0 += asked.elapsed();
-            let mut chunk = match next {
-                Err(_) => {
+            let mut chunk = match frames.next(&self.tx, self.idle_timeout).await {
+                Forwarded::Frame(chunk) => chunk,
+                Forwarded::End => break,
+                Forwarded::Closed => return Err(Failure::Closed),
+                Forwarded::Idle => {
                     return Err(retry(format!(
                         "no data for {:?} at byte {pos}",
                         self.idle_timeout
                     )));
                 }
-                Ok(Some(Err(e))) => {
+                Forwarded::Failed(e) => {
                     return Err(retry(format!(
                         "body broke at byte {pos}: {}",
                         chain(&e.without_url())
                     )));
                 }
-                Ok(None) => break,
-                Ok(Some(Ok(c))) => c,
             };
             let chunk_start = pos;
             pos += chunk.len() as u64;
-            let (waited, from) = window;
+            let (waited_before, from) = window;
+            let waited = frames.network_wait() - waited_before;
             if waited >= self.idle_timeout {
                 let got = pos - from;
                 if (got as f64) < self.min_rate as f64 * waited.as_secs_f64() {
+                    // What was delivered so far counts for the resume.
+                    if !frames.flush(&self.tx).await {
+                        return Err(Failure::Closed);
+                    }
                     return Err(retry(format!(
                         "{got} bytes in {waited:.1?} at byte {pos}, slower than the minimum of {} bytes/s",
                         self.min_rate
                     )));
                 }
-                window = (Duration::ZERO, pos);
+                window = (frames.network_wait(), pos);
             }
             if let Some(len) = self.length
                 && pos > len
@@ -528,9 +527,7 @@ impl Transfer {
                 digest.update(&chunk);
             }
             self.delivered = pos;
-            if !self.tx.send(chunk).await {
-                return Err(Failure::Closed);
-            }
+            frames.push(chunk);
         }
         let expected = end.or(self.length);
         if let Some(expected) = expected
