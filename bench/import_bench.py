@@ -58,12 +58,13 @@ tools are not competitors; they are left out of quarry/best, and kept with --qua
           xz decodes in parallel; a single-block file decodes on one thread all the same),
           `<gzip> -dc` and `zstd -dc > /dev/null` for single-stream gzip and zstd (one thread;
           pigz's inflate is single-threaded too), the gzip layer of the registry row likewise, and
-          for compressed qcow2 the CPU seconds of inflating every compressed cluster on one thread
-          (`qcow2_inflate`, an example of the importer crate: `cargo build --release -p importer
-          --example qcow2_inflate`, built if missing) divided by the cores.
-A row's bound is the larger of the two (decoding and writing overlap); the table gives it and
-quarry/bound beside each quarry build's time.  The streamOptimized vmdk row has no decode bound
-(floor only).
+          for compressed qcow2 and streamOptimized vmdk the CPU seconds of inflating every
+          compressed cluster or grain on one thread (`inflate_cost`, an example of the importer
+          crate: `cargo build --release -p importer --example inflate_cost`, built if missing)
+          divided by the cores;
+  transfer  for HTTP rows, `curl -o /dev/null URL`: the body's bytes received and thrown away.
+A row's bound is the largest of these (receiving, decoding and writing overlap); the table gives
+it and quarry/bound beside each quarry build's time.
 
 Targets (from the issues): quarry at least as fast as the best competitor on every row (ratio
 <= 1.00), faster on streamed and compressed inputs (ratio < 1.00), within 1.25x of the row's bound,
@@ -610,7 +611,8 @@ class Tool:
     name: str
     stages: object  # callable(src, out, scratch, scratch2) -> list[Stage]
     quarry: bool = False
-    # Not a competitor: "floor" or "decode", one part of the row's bound (see the docstring).
+    # Not a competitor: "floor", "decode" or "transfer", one part of the row's bound (see the
+    # docstring).
     bound: str = ""
     # Turns the measurement into the bound's time (the qcow2 decode bound: CPU / cores).
     finish: object = None  # callable(Measure) -> None
@@ -668,19 +670,19 @@ class BoundInputs:
     """What the bound tools read, filled in once the corpus is built."""
     data_bytes: dict = dataclasses.field(default_factory=dict)  # corpus file -> its data bytes
     corpus: Path = Path(".")
-    inflate: str = "qcow2_inflate"  # the decode-only benchmark of compressed qcow2 clusters
+    inflate: str = "inflate_cost"  # the decode-only benchmark of compressed clusters and grains
     cores: int = 1
 
 
 def inflate_cpu_per_core(cores: int):
-    """The decode bound of a compressed qcow2 image from `qcow2_inflate`'s report."""
+    """The decode bound of a compressed qcow2 or vmdk image from `inflate_cost`'s report."""
     def finish(m: Measure) -> None:
         if m.error:
             return
         try:
             cpu = json.loads(m.stdout.strip().splitlines()[-1])["cpu_seconds"]
         except (ValueError, IndexError, KeyError, TypeError):
-            m.error = f"qcow2_inflate printed no cpu_seconds: {m.stdout[-200:]!r}"
+            m.error = f"inflate_cost printed no cpu_seconds: {m.stdout[-200:]!r}"
             return
         m.wall = cpu / cores
     return finish
@@ -697,6 +699,13 @@ def bound_tools(row: Row, gzip_tool: str, b: BoundInputs) -> list[Tool]:
                              "status=none"])])]
 
     tools = [Tool("floor: dd oflag=direct of the data bytes", floor, bound="floor")]
+
+    if row.access == "http":
+        # Every byte of the body crosses the loopback connection: an HTTP import cannot finish
+        # before curl has received the body and thrown it away.
+        def transfer(src, out, s, s2):
+            return [Stage([Proc(["curl", "-sSf", "-o", os.devnull, src])])]
+        tools.append(Tool("transfer: curl -o /dev/null URL", transfer, bound="transfer"))
 
     def to_null(argv_of, label, finish=None):
         # A tool with `finish` reads its own report from stdout; the others' output is the
@@ -719,8 +728,8 @@ def bound_tools(row: Row, gzip_tool: str, b: BoundInputs) -> list[Tool]:
         to_null(lambda src: [gzip_tool, "-dc", src], f"{gzip_tool} -dc > /dev/null")
     elif row.input.endswith(".zst"):
         to_null(lambda src: ["zstd", "-dc", src], "zstd -dc > /dev/null")
-    elif row.input in ("disk-zlib.qcow2", "disk-zstd.qcow2"):
-        to_null(lambda src: [b.inflate, src], f"qcow2_inflate CPU / {b.cores} cores",
+    elif row.input in ("disk-zlib.qcow2", "disk-zstd.qcow2", "disk-stream.vmdk"):
+        to_null(lambda src: [b.inflate, src], f"inflate_cost CPU / {b.cores} cores",
                 inflate_cpu_per_core(b.cores))
     return tools
 
@@ -1077,7 +1086,7 @@ def main() -> int:
                     "~30 CPU-minutes per file on this machine kind]")
     ap.add_argument("--inflate-bench", metavar="PATH", help="the decode-only benchmark of "
                     "compressed qcow2 clusters [default: the repo's target/release/examples/"
-                    "qcow2_inflate, built with cargo build --release if missing]")
+                    "inflate_cost, built with cargo build --release if missing]")
     ap.add_argument("--list", action="store_true", help="list the rows and exit")
     ap.add_argument("--corpus-only", action="store_true", help="build the corpus and exit")
     args = ap.parse_args()
@@ -1149,10 +1158,10 @@ def main() -> int:
     bounds.corpus = corpus_dir
     if any(t.finish for r in rows for t in r.tools):
         try:
-            bounds.inflate = find_example(args.inflate_bench, "qcow2_inflate")
+            bounds.inflate = find_example(args.inflate_bench, "inflate_cost")
         except subprocess.CalledProcessError as e:
             # The rows run all the same; their decode bound is reported as failed.
-            log(f"building qcow2_inflate failed ({e}): no decode bound for compressed qcow2")
+            log(f"building inflate_cost failed ({e}): no decode bound for compressed qcow2 and vmdk")
 
     workdir = args.workdir or (corpus_dir / "run")
     workdir.mkdir(parents=True, exist_ok=True)

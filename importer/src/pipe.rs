@@ -47,6 +47,18 @@ impl StageBuffers {
     }
 }
 
+/// Lowers the calling thread's scheduling priority (nice 10) for CPU-bound helpers (inflating
+/// workers): on a machine with fewer cores than runnable threads, the thread that feeds the
+/// device then runs as soon as it has work, so the device does not wait behind decoding that can
+/// wait. Best effort: a failure changes nothing but the order.
+pub fn lower_priority() {
+    // SAFETY: gettid and setpriority take no pointers.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
+    }
+}
+
 /// What a stage does with each chunk besides passing it on (hashing, counting progress).
 pub trait ChunkObserver: Send + 'static {
     fn observe(&mut self, chunk: &[u8]);

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 pub mod blocks;
+pub mod cost;
 pub(crate) mod hold;
 pub mod qcow2;
 pub mod raw;

@@ -36,9 +36,9 @@ mod stream;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use crate::format::cost::InflateCost;
 pub use error::Qcow2Error;
 pub use header::{Compression, Header, MAGIC};
-pub use seek::InflateCost;
 pub use stream::Qcow2Stats;
 
 /// A qcow2 image whose header has been read and validated, ready to convert: from a stream in one

@@ -20,7 +20,6 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use super::Qcow2Stats;
 use super::extent::ExtentWriter;
@@ -30,6 +29,7 @@ use super::inflate::Inflater;
 use super::l2::{self, Compressed, Mapping};
 use super::roles::FixedRoles;
 use crate::error::{Error, Result};
+use crate::format::cost::InflateCost;
 use crate::sink::ExtentSink;
 
 /// Longest data run one worker reads at once, and most guest bytes of a compressed batch.
@@ -169,19 +169,6 @@ pub(super) fn convert(
     })
 }
 
-/// What inflating the compressed clusters of an image costs on one thread, nothing written: the
-/// decode bound of a compressed image (`examples/qcow2_inflate.rs`, used by
-/// `bench/import_bench.py`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct InflateCost {
-    pub clusters: u64,
-    /// Host bytes read for them (sector-rounded descriptors).
-    pub compressed_bytes: u64,
-    pub inflated_bytes: u64,
-    /// CPU time of the inflating alone (reading the compressed bytes is not counted).
-    pub cpu: Duration,
-}
-
 /// Inflates every compressed cluster of the image in `file` on the calling thread, as the
 /// converter's workers do, and measures it.
 pub(super) fn inflate_cost(h: &Header, file: &File, file_len: u64) -> Result<InflateCost> {
@@ -223,32 +210,15 @@ fn measure_inflating(shared: &Shared<'_>, h: &Header, jobs: Receiver<Job>) -> Re
             continue;
         };
         let src = read_batch(shared, &clusters)?;
-        let started = thread_cpu()?;
-        let out = inflate_batch(shared, &mut inflater, guest_cluster, &clusters, &src)?;
-        cost.cpu += thread_cpu()?.saturating_sub(started);
-        cost.clusters += clusters.len() as u64;
-        cost.compressed_bytes += src.bytes.len() as u64;
-        cost.inflated_bytes += out.len() as u64;
+        let out = cost.measure(clusters.len() as u64, src.bytes.len(), || {
+            let out = inflate_batch(shared, &mut inflater, guest_cluster, &clusters, &src)?;
+            let len = out.len();
+            Ok((out, len))
+        })?;
         shared.recycle(src.bytes);
         shared.recycle(out);
     }
     Ok(cost)
-}
-
-/// CPU time the calling thread has used.
-fn thread_cpu() -> Result<Duration> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime only writes the timespec it is given.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return Err(Error::io(
-            "reading the thread's CPU time",
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
 /// Writes pieces until every other thread is done; the receiver is dropped on return, which
@@ -284,6 +254,7 @@ fn work(
 ) {
     let g = shared.g;
     let mut inflater = Inflater::new(h.compression);
+    crate::pipe::lower_priority();
     loop {
         let job = match jobs.lock() {
             Ok(rx) => match rx.recv() {

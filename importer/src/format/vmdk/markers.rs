@@ -28,6 +28,7 @@ use super::error::VmdkError;
 use super::header::{GRAIN_MARKER_LEN, Marker, SECTOR, SparseHeader, parse_marker};
 use super::window::Window;
 use crate::error::{Error, Result};
+use crate::format::cost::InflateCost;
 use crate::format::qcow2::extent::ExtentWriter;
 use crate::sink::ExtentSink;
 
@@ -112,6 +113,49 @@ pub(super) fn inflate_grain(
             z.total_out()
         )),
         Err(e) => Err(format!("zlib: {e}")),
+    }
+}
+
+/// Inflates every grain of the streamOptimized extent behind `win` (at its start) on the calling
+/// thread, writing nothing, and measures it: the extent's decode bound.
+pub(super) fn inflate_cost(h: &SparseHeader, win: &mut Window) -> Result<InflateCost> {
+    let mut cost = InflateCost::default();
+    if !win.skip_to(h.grain_offset * SECTOR)? {
+        return Ok(cost);
+    }
+    let mut z = Decompress::new(true);
+    let mut grain = vec![0u8; h.grain_size() as usize];
+    loop {
+        let at = win.pos();
+        let head = win.peek(16)?;
+        if head.len() < GRAIN_MARKER_LEN {
+            return Ok(cost);
+        }
+        match parse_marker(head, at)? {
+            Marker::EndOfStream => return Ok(cost),
+            Marker::Grain { lba, size } => {
+                check_grain(h, at, lba, size)?;
+                let end = GRAIN_MARKER_LEN + size as usize;
+                let view = win.peek(end)?;
+                if view.len() < end {
+                    return Err(corrupt(format!(
+                        "truncated: the grain at {at:#x} is cut short"
+                    )));
+                }
+                let src = &view[GRAIN_MARKER_LEN..];
+                cost.measure(1, src.len(), || {
+                    let n = inflate_grain(&mut z, src, &mut grain)
+                        .map_err(|why| corrupt(format!("the grain at {at:#x}: {why}")))?;
+                    Ok(((), n))
+                })?;
+                win.consume(end.next_multiple_of(SECTOR as usize) as u64)?;
+            }
+            Marker::GrainTable { sectors }
+            | Marker::GrainDirectory { sectors }
+            | Marker::Footer { sectors } => {
+                win.skip_to(metadata_end(at, sectors)?)?;
+            }
+        }
     }
 }
 

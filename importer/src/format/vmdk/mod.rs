@@ -96,11 +96,17 @@ fn not_a_disk(head: &[u8]) -> Error {
 /// Reads the sparse extent header at the start of `reader` and the embedded descriptor, and
 /// refuses an extent with a parent.
 /// `head` holds the first bytes, read already.
-fn open_sparse(
+fn open_sparse(head: Vec<u8>, reader: Box<dyn Read + Send>, read_size: usize) -> Result<Part> {
+    let (header, win) = sparse_extent(head, reader, read_size)?;
+    Ok(Part::Sparse { header, win })
+}
+
+/// [`open_sparse`]'s header and window.
+fn sparse_extent(
     mut head: Vec<u8>,
     mut reader: Box<dyn Read + Send>,
     read_size: usize,
-) -> Result<Part> {
+) -> Result<(SparseHeader, Window)> {
     read_up_to(reader.as_mut(), &mut head, header::SECTOR as usize)?;
     if !head.starts_with(&header::MAGIC) {
         if head.len() < 4 {
@@ -117,10 +123,21 @@ fn open_sparse(
             Descriptor::parse(text).check_parent()?;
         }
     }
-    Ok(Part::Sparse {
-        header: h,
-        win: Window::new(head, reader, read_size),
-    })
+    Ok((h, Window::new(head, reader, read_size)))
+}
+
+/// Inflates every grain of the streamOptimized vmdk in the local `file` on one thread, writing
+/// nothing, and tells what it cost: the image's decode bound.
+pub fn inflate_cost(mut file: File) -> Result<crate::format::cost::InflateCost> {
+    file.seek(SeekFrom::Start(0))
+        .map_err(|e| Error::io("seeking the vmdk image", e))?;
+    let (header, mut win) = sparse_extent(Vec::new(), Box::new(file), READ_AHEAD)?;
+    if header.layout()? != Layout::Markers {
+        return Err(Error::InvalidInput(
+            "vmdk: not a streamOptimized extent, so it has no compressed grains".into(),
+        ));
+    }
+    markers::inflate_cost(&header, &mut win)
 }
 
 impl VmdkReader {

@@ -713,3 +713,46 @@ fn a_descriptor_cowd_or_unknown_bytes_in_a_stream_are_refused() {
     let e = convert(FLAT.as_bytes()).unwrap_err();
     assert!(e.to_string().contains("local"), "{e}");
 }
+
+// ---- the decode bound (inflate_cost) ----
+
+fn temp_file(img: &[u8]) -> std::fs::File {
+    use std::io::Write;
+    let mut file = tempfile::tempfile().expect("temp file");
+    file.write_all(img).expect("writing the image");
+    file
+}
+
+#[test]
+fn the_inflate_cost_counts_every_grain_and_skips_the_metadata() {
+    let (img, _) = stream_image();
+    let (a, b, c, _) = three_grains();
+    let cost = super::inflate_cost(temp_file(&img)).unwrap();
+    assert_eq!(cost.clusters, 3);
+    assert_eq!(cost.inflated_bytes, (a.len() + b.len() + c.len()) as u64);
+    let compressed = [&a, &b, &c].map(|g| zlib(g).len()).iter().sum::<usize>();
+    assert_eq!(cost.compressed_bytes, compressed as u64);
+}
+
+#[test]
+fn the_inflate_cost_of_a_corrupt_grain_is_its_error() {
+    let h = H::stream_optimized();
+    let mut img = h.bytes();
+    grain(&mut img, 0, &zlib(&pattern(4096, 1)));
+    let second = img.len();
+    grain(&mut img, 8, &[0xff; 40]);
+    let e = super::inflate_cost(temp_file(&img)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::CorruptImage);
+    assert!(
+        e.to_string().contains(&format!("grain at {second:#x}")),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_inflate_cost_of_an_uncompressed_extent_is_refused() {
+    let (img, _) = sparse_image();
+    let e = super::inflate_cost(temp_file(&img)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    assert!(e.to_string().contains("not a streamOptimized"), "{e}");
+}
