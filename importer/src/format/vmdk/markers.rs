@@ -13,8 +13,9 @@
 //! on a grain boundary, and a grain larger than two grains compressed are corruption.
 //!
 //! Speed: the grains whose bytes are in the read window are inflated as a batch, on two threads
-//! when the batch is large (1 MiB of output or more), and consecutive grains are written with one
-//! call.
+//! when the batch is large (1 MiB of output or more): this thread inflates and writes the first
+//! half while a helper inflates the second, whose grains are then written from the helper's
+//! buffer. Consecutive grains are written with one call.
 //!
 //! Memory: the read window (one read size, or one grain and its marker when larger), a batch's
 //! output (four read sizes at most), and one bit per guest grain (allocated in pages of 4096
@@ -280,6 +281,56 @@ impl Helper {
     }
 }
 
+fn corrupt_grain(h: &SparseHeader, job: &Job, why: &str) -> Error {
+    corrupt(format!(
+        "the grain for guest offset {:#x} at {:#x}: {why}",
+        job.grain * h.grain_size(),
+        job.at
+    ))
+}
+
+/// Writes inflated grains: checks each (its length, that no marker wrote it before) and writes
+/// consecutive full grains with one call.
+struct Grains<'a, 'h, 's> {
+    h: &'h SparseHeader,
+    out: &'a mut ExtentWriter<'s>,
+    written: &'a mut GrainSet,
+}
+
+impl Grains<'_, '_, '_> {
+    /// `inflated` holds `jobs`' grains one grain size apart, `lens` their lengths.
+    fn write(&mut self, jobs: &[Job], inflated: &[u8], lens: &[usize]) -> Result<()> {
+        let h = self.h;
+        let gsize = h.grain_size() as usize;
+        let n = jobs.len();
+        let mut i = 0;
+        while i < n {
+            let first = i;
+            loop {
+                let j = &jobs[i];
+                let need = h.grain_len(j.grain) as usize;
+                if lens[i] < need {
+                    let why = format!("inflates to {} bytes, short of {need}", lens[i]);
+                    return Err(corrupt_grain(h, j, &why));
+                }
+                if !self.written.insert(j.grain) {
+                    return Err(corrupt_grain(h, j, "a second grain for it"));
+                }
+                i += 1;
+                if i == n || need != gsize || jobs[i].grain != j.grain + 1 {
+                    break;
+                }
+            }
+            let g = jobs[first].grain;
+            let len = ((i - first - 1) * gsize) as u64 + h.grain_len(jobs[i - 1].grain);
+            let from = first * gsize;
+            self.out
+                .data(g * h.grain_size(), &inflated[from..from + len as usize])?;
+        }
+        Ok(())
+    }
+}
+
 /// The converter's state between markers.
 struct Converter<'h, 's> {
     h: &'h SparseHeader,
@@ -333,13 +384,6 @@ pub(super) fn convert(
 }
 
 impl Converter<'_, '_> {
-    fn corrupt_grain(&self, at: u64, grain: u64, why: &str) -> Error {
-        corrupt(format!(
-            "the grain for guest offset {:#x} at {at:#x}: {why}",
-            grain * self.h.grain_size()
-        ))
-    }
-
     /// Converts the grains at the window's position whose bytes are all in the next read size,
     /// up to the first other marker; false when there are none.
     fn batch(&mut self, win: &mut Window, read_size: usize) -> Result<bool> {
@@ -371,16 +415,24 @@ impl Converter<'_, '_> {
         }
         let gsize = h.grain_size() as usize;
         let n = self.jobs.len();
-        self.grains.resize(n * gsize, 0);
-        self.lens.resize(n, 0);
-        let (ja, jb) = self
-            .jobs
-            .split_at(if n * gsize >= PARALLEL_MIN { n / 2 } else { n });
-        let (oa, ob) = self.grains[..n * gsize].split_at_mut(ja.len() * gsize);
-        let (la, lb) = self.lens[..n].split_at_mut(ja.len());
-        let r = if jb.is_empty() {
+        let half = if n * gsize >= PARALLEL_MIN { n / 2 } else { n };
+        self.grains.resize(half * gsize, 0);
+        self.lens.resize(half, 0);
+        let (ja, jb) = self.jobs.split_at(half);
+        let oa = &mut self.grains[..ja.len() * gsize];
+        let la = &mut self.lens[..ja.len()];
+        let mut grains = Grains {
+            h,
+            out: &mut self.out,
+            written: &mut self.written,
+        };
+        if jb.is_empty() {
             inflate_jobs(&mut self.z, view, ja, oa, la)
+                .map_err(|(i, e)| corrupt_grain(h, &ja[i], &e))?;
+            grains.write(ja, oa, la)?;
         } else {
+            // The helper inflates the second half while this thread inflates and writes the
+            // first, then its grains are written from its own buffer.
             let mut w = self.helper.spare.take().expect("one batch at a time");
             w.input.clear();
             w.spans.clear();
@@ -389,51 +441,21 @@ impl Converter<'_, '_> {
                 w.input.extend_from_slice(&view[j.from..j.to]);
                 w.spans.push((from, w.input.len()));
             }
-            let lost = || (ja.len(), "the inflating thread stopped".to_string());
-            let sent = self.helper.work.send(w).map_err(|_| lost());
-            let ra = inflate_jobs(&mut self.z, view, ja, oa, la);
-            let rb = sent.and_then(|()| self.helper.done.recv().map_err(|_| lost()));
-            match rb {
-                Ok(w) => {
-                    let rb = w.result.clone().map_err(|(i, e)| (i + ja.len(), e));
-                    if rb.is_ok() {
-                        ob.copy_from_slice(&w.out[..ob.len()]);
-                        lb.copy_from_slice(&w.lens);
-                    }
-                    self.helper.spare = Some(w);
-                    ra.and(rb)
-                }
-                Err(e) => ra.and(Err(e)),
-            }
-        };
-        if let Err((i, e)) = r {
-            let j = &self.jobs[i];
-            return Err(self.corrupt_grain(j.at, j.grain, &e));
-        }
-        // Write in order, consecutive full grains in one call.
-        let mut i = 0;
-        while i < n {
-            let first = i;
-            loop {
-                let j = &self.jobs[i];
-                let need = h.grain_len(j.grain) as usize;
-                if self.lens[i] < need {
-                    let why = format!("inflates to {} bytes, short of {need}", self.lens[i]);
-                    return Err(self.corrupt_grain(j.at, j.grain, &why));
-                }
-                if !self.written.insert(j.grain) {
-                    return Err(self.corrupt_grain(j.at, j.grain, "a second grain for it"));
-                }
-                i += 1;
-                if i == n || need != gsize || self.jobs[i].grain != j.grain + 1 {
-                    break;
-                }
-            }
-            let g = self.jobs[first].grain;
-            let len = ((i - first - 1) * gsize) as u64 + h.grain_len(self.jobs[i - 1].grain);
-            let from = first * gsize;
-            self.out
-                .data(g * h.grain_size(), &self.grains[from..from + len as usize])?;
+            let lost = || corrupt_grain(h, &jb[0], "the inflating thread stopped");
+            self.helper.work.send(w).map_err(|_| lost())?;
+            let first = inflate_jobs(&mut self.z, view, ja, oa, la)
+                .map_err(|(i, e)| corrupt_grain(h, &ja[i], &e))
+                .and_then(|()| grains.write(ja, oa, la));
+            // Take the helper's buffers back before anything fails.
+            let w = self.helper.done.recv().map_err(|_| lost())?;
+            let second = first.and_then(|()| {
+                w.result
+                    .clone()
+                    .map_err(|(i, e)| corrupt_grain(h, &jb[i], &e))
+            });
+            let written = second.and_then(|()| grains.write(jb, &w.out, &w.lens));
+            self.helper.spare = Some(w);
+            written?;
         }
         win.consume(off as u64)?;
         Ok(true)
@@ -501,25 +523,20 @@ impl Converter<'_, '_> {
                 }
                 let gsize = h.grain_size() as usize;
                 self.grains.resize(gsize, 0);
-                let n = inflate_grain(
-                    &mut self.z,
-                    &view[GRAIN_MARKER_LEN..total],
-                    &mut self.grains[..gsize],
-                )
-                .map_err(|e| self.corrupt_grain(at, grain, &e))?;
-                let need = h.grain_len(grain) as usize;
-                if n < need {
-                    return Err(self.corrupt_grain(
-                        at,
-                        grain,
-                        &format!("inflates to {n} bytes, short of {need}"),
-                    ));
+                let job = Job {
+                    at,
+                    from: GRAIN_MARKER_LEN,
+                    to: total,
+                    grain,
+                };
+                let n = inflate_grain(&mut self.z, &view[job.from..job.to], &mut self.grains)
+                    .map_err(|e| corrupt_grain(h, &job, &e))?;
+                Grains {
+                    h,
+                    out: &mut self.out,
+                    written: &mut self.written,
                 }
-                if !self.written.insert(grain) {
-                    return Err(self.corrupt_grain(at, grain, "a second grain for it"));
-                }
-                self.out
-                    .data(grain * h.grain_size(), &self.grains[..need])?;
+                .write(&[job], &self.grains, &[n])?;
                 win.consume((total as u64).next_multiple_of(SECTOR))?;
             }
         }

@@ -3,7 +3,9 @@
 
 use std::io::Cursor;
 
-use super::header::{GD_AT_END, GrainEntry, Marker, flags, grain_entry, parse_marker};
+use super::header::{
+    GD_AT_END, GRAIN_MARKER_LEN, GrainEntry, Marker, flags, grain_entry, parse_marker,
+};
 use super::*;
 use crate::error::ErrorKind;
 
@@ -755,4 +757,57 @@ fn the_inflate_cost_of_an_uncompressed_extent_is_refused() {
     let e = super::inflate_cost(temp_file(&img)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidInput);
     assert!(e.to_string().contains("not a streamOptimized"), "{e}");
+}
+
+// ---- batches inflated on two threads ----
+
+/// 40 grains of 64 KiB, each behind its marker in guest order (a batch of 2.5 MiB: two halves,
+/// the second inflated by the helper thread); the disk, and where each grain's marker is.
+fn large_stream_image() -> (Vec<u8>, Vec<u8>, Vec<usize>) {
+    let h = H {
+        capacity: 40 * 128,
+        granularity: 128,
+        gtes: 512,
+        ..H::stream_optimized()
+    };
+    let mut img = h.bytes();
+    let mut disk = Vec::new();
+    let mut at = Vec::new();
+    for g in 0..40u64 {
+        let data = pattern(64 << 10, g as u8 + 1);
+        at.push(img.len());
+        grain(&mut img, g * 128, &zlib(&data));
+        disk.extend(data);
+    }
+    (img, disk, at)
+}
+
+fn convert_in_large_batches(img: &[u8]) -> Result<Vec<u8>> {
+    let opts = ReaderOptions {
+        read_ahead: 4 << 20,
+        ..ReaderOptions::default()
+    };
+    let r = VmdkReader::new(Box::new(Cursor::new(img.to_vec())), &opts)?;
+    let mut disk = Disk::new(r.virtual_size as usize);
+    r.convert(&mut disk)?;
+    Ok(disk.bytes)
+}
+
+#[test]
+fn both_halves_of_a_large_batch_land_at_their_grains() {
+    let (img, disk, _) = large_stream_image();
+    assert_eq!(convert_in_large_batches(&img).unwrap(), disk);
+}
+
+#[test]
+fn a_corrupt_grain_in_either_half_of_a_batch_is_named() {
+    for bad in [5usize, 30] {
+        let (mut img, _, at) = large_stream_image();
+        // The grain's zlib header, broken.
+        img[at[bad] + GRAIN_MARKER_LEN] = 0xff;
+        let e = convert_in_large_batches(&img).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::CorruptImage);
+        let named = format!("guest offset {:#x} at {:#x}", bad << 16, at[bad]);
+        assert!(e.to_string().contains(&named), "grain {bad}: {e}");
+    }
 }
