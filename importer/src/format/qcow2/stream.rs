@@ -556,8 +556,9 @@ impl<'s> Stream<'s> {
         ))
     }
 
-    /// Inflates the compressed clusters whose bytes are all in the window, on two threads when
-    /// there is enough work, and writes them in order.
+    /// Inflates the compressed clusters whose bytes are all in the window and writes them: on two
+    /// threads when there is enough work, this one writing its half while a helper inflates the
+    /// other.
     fn compressed_ready(&mut self) -> Result<()> {
         let end = self.buf_end();
         let limit = self.pos.min(end);
@@ -592,45 +593,68 @@ impl<'s> Stream<'s> {
                 buf: &self.buf[..self.buf_len],
                 start: self.buf_start,
             };
-            let (a, b) = round.split_at(round.len() / 2);
-            let (out_a, out_b) = self.outbuf.split_at_mut(a.len() * cs);
-            let inflater = &mut self.inflater;
-            let helper = &mut self.helper;
-            let r = if round.len() * cs >= PARALLEL_MIN && !a.is_empty() {
-                std::thread::scope(|sc| {
-                    let h = sc.spawn(|| inflate_jobs(helper, &win, b, out_b, cs));
-                    let ra = inflate_jobs(inflater, &win, a, out_a, cs);
-                    let rb = h.join().expect("inflate thread panicked");
-                    ra.and(rb.map_err(|(i, e)| (i + a.len(), e)))
-                })
-            } else {
-                inflate_jobs(inflater, &win, round, &mut self.outbuf, cs)
-            };
-            if let Err((i, e)) = r {
-                let j = &round[i];
-                return Err(Error::Corrupt(format!(
+            let named = |j: &Job, e: String| {
+                Error::Corrupt(format!(
                     "qcow2: compressed cluster at {:#x} (guest offset {:#x}): {e}",
                     j.start,
                     j.guest_cluster << g.cluster_bits
-                )));
-            }
-            // Clusters of consecutive guest clusters lie side by side in the output: one write
-            // each run (a write per cluster made small O_DIRECT writes, one at a time).
-            let mut i = 0;
-            while i < round.len() {
-                let first = round[i].guest_cluster;
-                let mut n = 1;
-                while i + n < round.len() && round[i + n].guest_cluster == first + n as u64 {
-                    n += 1;
-                }
-                let goff = first << g.cluster_bits;
-                let len = ((n * cs) as u64).min(g.virtual_size - goff) as usize;
-                self.out.data(goff, &self.outbuf[i * cs..i * cs + len])?;
-                i += n;
+                ))
+            };
+            let inflater = &mut self.inflater;
+            let out = &mut self.out;
+            if round.len() * cs >= PARALLEL_MIN && round.len() >= 2 {
+                // The helper inflates the second half while this thread inflates and writes the
+                // first.
+                let (a, b) = round.split_at(round.len() / 2);
+                let (out_a, out_b) = self.outbuf.split_at_mut(a.len() * cs);
+                let helper = &mut self.helper;
+                let win = &win;
+                std::thread::scope(|sc| {
+                    let second = sc.spawn(move || {
+                        let r = inflate_jobs(helper, win, b, out_b, cs);
+                        (r, out_b)
+                    });
+                    let first = inflate_jobs(inflater, win, a, out_a, cs)
+                        .map_err(|(i, e)| named(&a[i], e))
+                        .and_then(|()| write_runs(out, &g, a, out_a));
+                    let (r, out_b) = second.join().expect("inflate thread panicked");
+                    first?;
+                    r.map_err(|(i, e)| named(&b[i], e))?;
+                    write_runs(out, &g, b, out_b)
+                })?;
+            } else {
+                inflate_jobs(inflater, &win, round, &mut self.outbuf, cs)
+                    .map_err(|(i, e)| named(&round[i], e))?;
+                write_runs(out, &g, round, &self.outbuf)?;
             }
         }
         Ok(())
     }
+}
+
+/// Writes the inflated clusters of `jobs` (one cluster size apart in `inflated`): those of
+/// consecutive guest clusters with one call (a write per cluster made small `O_DIRECT` writes,
+/// one at a time).
+fn write_runs(
+    out: &mut ExtentWriter<'_>,
+    g: &ClusterGeometry,
+    jobs: &[Job],
+    inflated: &[u8],
+) -> Result<()> {
+    let cs = g.cluster_size as usize;
+    let mut i = 0;
+    while i < jobs.len() {
+        let first = jobs[i].guest_cluster;
+        let mut n = 1;
+        while i + n < jobs.len() && jobs[i + n].guest_cluster == first + n as u64 {
+            n += 1;
+        }
+        let goff = first << g.cluster_bits;
+        let len = ((n * cs) as u64).min(g.virtual_size - goff) as usize;
+        out.data(goff, &inflated[i * cs..i * cs + len])?;
+        i += n;
+    }
+    Ok(())
 }
 
 /// Output bytes inflated per round (bounds the output buffer).

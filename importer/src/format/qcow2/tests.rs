@@ -910,19 +910,23 @@ fn many_compressed_clusters_inflate_in_parallel_and_errors_name_the_cluster() {
         want.extend(d);
     }
     assert_eq!(stream(&img.b).unwrap(), want);
-    // Corrupt one cluster in the second half (inflated by the helper thread).
-    img.put(offsets[30], &[0xff; 16]);
-    let e = stream_with(&img.b, &opts(1 << 20), usize::MAX)
-        .err()
-        .unwrap();
-    assert_eq!(e.kind(), ErrorKind::CorruptImage);
-    assert!(
-        e.to_string().contains(&format!(
-            "compressed cluster at {:#x} (guest offset 0x1e0000)",
-            offsets[30]
-        )),
-        "{e}"
-    );
+    // Corrupt one cluster in the first half (inflated and written by the reading thread), then
+    // one in the second (inflated by the helper thread).
+    for bad in [5usize, 30] {
+        let mut b = img.b.clone();
+        let at = offsets[bad] as usize;
+        b[at..at + 16].copy_from_slice(&[0xff; 16]);
+        let e = stream_with(&b, &opts(1 << 20), usize::MAX).err().unwrap();
+        assert_eq!(e.kind(), ErrorKind::CorruptImage);
+        assert!(
+            e.to_string().contains(&format!(
+                "compressed cluster at {:#x} (guest offset {:#x})",
+                offsets[bad],
+                bad << 16
+            )),
+            "{e}"
+        );
+    }
 }
 
 /// 48 guest clusters of 64 KiB, the last one partial: 36 compressed clusters back to back (more
