@@ -614,7 +614,8 @@ class Tool:
     # Not a competitor: "floor", "decode" or "transfer", one part of the row's bound (see the
     # docstring).
     bound: str = ""
-    # Turns the measurement into the bound's time (the qcow2 decode bound: CPU / cores).
+    # Turns the measurement into the bound's time (the compressed qcow2 and vmdk decode bound:
+    # CPU / cores).
     finish: object = None  # callable(Measure) -> None
     # Not a competitor: another quarry build (--baseline), timed in the same run for a
     # before/after comparison.
@@ -689,7 +690,8 @@ def inflate_cpu_per_core(cores: int):
 
 
 def bound_tools(row: Row, gzip_tool: str, b: BoundInputs) -> list[Tool]:
-    """The write floor of `row`'s data and, for compressed inputs, its decode time."""
+    """The write floor of `row`'s data, for HTTP rows the body's transfer, and for compressed
+    inputs the decode time."""
     def floor(src, out, s, s2):
         # The bytes every zero-skipping importer must write, as one sequential O_DIRECT stream
         # with fsync: no importer of this row can finish sooner on this device.

@@ -37,7 +37,7 @@ fn main() -> ExitCode {
             println!(
                 "{}",
                 serde_json::json!({
-                    "pieces": cost.clusters,
+                    "pieces": cost.pieces,
                     "compressed_bytes": cost.compressed_bytes,
                     "inflated_bytes": cost.inflated_bytes,
                     "cpu_seconds": cost.cpu.as_secs_f64(),

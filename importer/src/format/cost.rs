@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct InflateCost {
     /// Compressed pieces inflated.
-    pub clusters: u64,
+    pub pieces: u64,
     /// Host bytes read for them.
     pub compressed_bytes: u64,
     pub inflated_bytes: u64,
@@ -31,7 +31,7 @@ impl InflateCost {
         let started = thread_cpu()?;
         let (made, inflated) = inflate()?;
         self.cpu += thread_cpu()?.saturating_sub(started);
-        self.clusters += pieces;
+        self.pieces += pieces;
         self.compressed_bytes += compressed as u64;
         self.inflated_bytes += inflated as u64;
         Ok(made)

@@ -1013,7 +1013,7 @@ fn a_corrupt_cluster_inside_a_batch_is_named() {
 fn the_inflate_cost_counts_every_compressed_cluster() {
     let (img, _, offsets) = batched_image();
     let cost = super::inflate_cost(&temp_file(&img.b), img.b.len() as u64).unwrap();
-    assert_eq!(cost.clusters, offsets.len() as u64);
+    assert_eq!(cost.pieces, offsets.len() as u64);
     assert_eq!(cost.inflated_bytes, 46 * 65536 - 1024);
     assert!(cost.compressed_bytes > 0 && cost.cpu > std::time::Duration::ZERO);
 }

@@ -135,21 +135,14 @@ pub(super) fn inflate_cost(h: &SparseHeader, win: &mut Window) -> Result<Inflate
         match parse_marker(head, at)? {
             Marker::EndOfStream => return Ok(cost),
             Marker::Grain { lba, size } => {
-                check_grain(h, at, lba, size)?;
-                let end = GRAIN_MARKER_LEN + size as usize;
-                let view = win.peek(end)?;
-                if view.len() < end {
-                    return Err(corrupt(format!(
-                        "truncated: the grain at {at:#x} is cut short"
-                    )));
-                }
-                let src = &view[GRAIN_MARKER_LEN..];
+                let (job, view) = whole_grain(h, win, at, lba, size)?;
+                let src = &view[job.from..job.to];
                 cost.measure(1, src.len(), || {
                     let n = inflate_grain(&mut z, src, &mut grain)
-                        .map_err(|why| corrupt(format!("the grain at {at:#x}: {why}")))?;
+                        .map_err(|why| corrupt_grain(h, &job, &why))?;
                     Ok(((), n))
                 })?;
-                win.consume(end.next_multiple_of(SECTOR as usize) as u64)?;
+                win.consume((job.to as u64).next_multiple_of(SECTOR))?;
             }
             Marker::GrainTable { sectors }
             | Marker::GrainDirectory { sectors }
@@ -158,6 +151,34 @@ pub(super) fn inflate_cost(h: &SparseHeader, win: &mut Window) -> Result<Inflate
             }
         }
     }
+}
+
+/// The grain whose marker at `at` (its window position) says `lba` and `size`, checked against
+/// the geometry, and the window's view of the marker and its whole zlib stream
+/// (`view[job.from..job.to]`).
+fn whole_grain<'w>(
+    h: &SparseHeader,
+    win: &'w mut Window,
+    at: u64,
+    lba: u64,
+    size: u32,
+) -> Result<(Job, &'w [u8])> {
+    check_grain(h, at, lba, size)?;
+    let total = GRAIN_MARKER_LEN + size as usize;
+    let view = win.peek(total)?;
+    if view.len() < total {
+        return Err(corrupt(format!(
+            "truncated: the grain for guest offset {:#x} at {at:#x} is cut short",
+            lba * SECTOR
+        )));
+    }
+    let job = Job {
+        at,
+        from: GRAIN_MARKER_LEN,
+        to: total,
+        grain: lba / h.granularity,
+    };
+    Ok((job, view))
 }
 
 /// Where the metadata of `sectors` sectors behind the marker at `at` ends.
@@ -419,8 +440,7 @@ impl Converter<'_, '_> {
         self.grains.resize(half * gsize, 0);
         self.lens.resize(half, 0);
         let (ja, jb) = self.jobs.split_at(half);
-        let oa = &mut self.grains[..ja.len() * gsize];
-        let la = &mut self.lens[..ja.len()];
+        let (oa, la) = (&mut self.grains[..], &mut self.lens[..]);
         let mut grains = Grains {
             h,
             out: &mut self.out,
@@ -511,24 +531,8 @@ impl Converter<'_, '_> {
             }
             Marker::Grain { lba, size } => {
                 // Larger than a batch's window: alone, with a window of its own size.
-                check_grain(h, at, lba, size)?;
-                let total = GRAIN_MARKER_LEN + size as usize;
-                let grain = lba / h.granularity;
-                let view = win.peek(total)?;
-                if view.len() < total {
-                    return Err(corrupt(format!(
-                        "truncated: the grain for guest offset {:#x} at {at:#x} is cut short",
-                        lba * SECTOR
-                    )));
-                }
-                let gsize = h.grain_size() as usize;
-                self.grains.resize(gsize, 0);
-                let job = Job {
-                    at,
-                    from: GRAIN_MARKER_LEN,
-                    to: total,
-                    grain,
-                };
+                let (job, view) = whole_grain(h, win, at, lba, size)?;
+                self.grains.resize(h.grain_size() as usize, 0);
                 let n = inflate_grain(&mut self.z, &view[job.from..job.to], &mut self.grains)
                     .map_err(|e| corrupt_grain(h, &job, &e))?;
                 Grains {
@@ -536,8 +540,8 @@ impl Converter<'_, '_> {
                     out: &mut self.out,
                     written: &mut self.written,
                 }
-                .write(&[job], &self.grains, &[n])?;
-                win.consume((total as u64).next_multiple_of(SECTOR))?;
+                .write(std::slice::from_ref(&job), &self.grains, &[n])?;
+                win.consume((job.to as u64).next_multiple_of(SECTOR))?;
             }
         }
         Ok(true)

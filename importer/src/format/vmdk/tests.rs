@@ -730,7 +730,7 @@ fn the_inflate_cost_counts_every_grain_and_skips_the_metadata() {
     let (img, _) = stream_image();
     let (a, b, c, _) = three_grains();
     let cost = super::inflate_cost(temp_file(&img)).unwrap();
-    assert_eq!(cost.clusters, 3);
+    assert_eq!(cost.pieces, 3);
     assert_eq!(cost.inflated_bytes, (a.len() + b.len() + c.len()) as u64);
     let compressed = [&a, &b, &c].map(|g| zlib(g).len()).iter().sum::<usize>();
     assert_eq!(cost.compressed_bytes, compressed as u64);
@@ -745,10 +745,9 @@ fn the_inflate_cost_of_a_corrupt_grain_is_its_error() {
     grain(&mut img, 8, &[0xff; 40]);
     let e = super::inflate_cost(temp_file(&img)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::CorruptImage);
-    assert!(
-        e.to_string().contains(&format!("grain at {second:#x}")),
-        "{e}"
-    );
+    // Named as the import names it: its guest offset and its place.
+    let named = format!("the grain for guest offset 0x1000 at {second:#x}");
+    assert!(e.to_string().contains(&named), "{e}");
 }
 
 #[test]
