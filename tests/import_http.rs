@@ -269,3 +269,48 @@ fn a_body_shorter_than_its_content_length_never_succeeds() {
     assert!(!target.exists());
     no_partial_left(out_dir.path());
 }
+
+/// Load, bounded: this many imports from one nginx at once.
+const CONCURRENT_IMPORTS: usize = 8;
+
+/// Many downloads at once (raw and xz, so some decoders fall behind the network and frames pile
+/// up into batches): every target holds exactly the disk, and nothing else is left beside it.
+#[test]
+fn concurrent_imports_each_write_the_disk_and_leave_nothing_else() {
+    let (dir, data) = served_dir();
+    let server = Nginx::start(nginx(dir.path()));
+    let out_dir = tempfile::tempdir().unwrap();
+    let runs: Vec<_> = (0..CONCURRENT_IMPORTS)
+        .map(|i| {
+            let target_dir = out_dir.path().join(format!("volume-{i}"));
+            fs::create_dir_all(&target_dir).unwrap();
+            let name = if i % 2 == 0 {
+                "/disk.raw"
+            } else {
+                "/disk.raw.xz"
+            };
+            let mut cmd = quarry();
+            cmd.args(["import", &server.url(name)])
+                .arg(target_dir.join("disk.img"))
+                .arg("--json");
+            let run = std::thread::spawn(move || {
+                output_within(&mut cmd, std::time::Duration::from_secs(120))
+            });
+            (target_dir, run)
+        })
+        .collect();
+    for (target_dir, run) in runs {
+        let out = run.join().unwrap();
+        assert_ok(&out);
+        let left: Vec<_> = fs::read_dir(&target_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["disk.img"], "{}", target_dir.display());
+        assert!(
+            fs::read(target_dir.join("disk.img")).unwrap() == data,
+            "{} differs from the served disk",
+            target_dir.display()
+        );
+    }
+}
