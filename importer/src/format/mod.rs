@@ -9,6 +9,7 @@ use std::path::PathBuf;
 pub mod blocks;
 pub mod cost;
 pub(crate) mod hold;
+pub mod inflate_pool;
 pub mod qcow2;
 pub mod raw;
 pub mod vdi;

@@ -6,6 +6,7 @@ use flate2::{Decompress, FlushDecompress};
 use zstd::stream::raw::{DParameter, Decoder, InBuffer, Operation, OutBuffer};
 
 use super::header::Compression;
+use crate::format::inflate_pool::PieceDecoder;
 
 /// Largest zstd window accepted (8 MiB): qemu's frames never need more than a cluster (2 MiB at
 /// most), and the window is what a hostile frame could make the decoder allocate.
@@ -66,6 +67,13 @@ impl Inflater {
                 r
             }
         }
+    }
+}
+
+/// The pool's workers inflate whole clusters: a piece is good only when it fills its cluster.
+impl PieceDecoder for Inflater {
+    fn decode(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize, String> {
+        self.inflate(src, dst).map(|()| dst.len())
     }
 }
 

@@ -26,7 +26,8 @@
 //!
 //! Memory: a read window of [`ReaderOptions::read_ahead`] plus up to three clusters, the L1 table (capped at 32 MiB),
 //! one map entry per pending L2 table / data cluster / compressed cluster (that is, bounded by the
-//! L2 tables seen), and the hold's memory budget. Work is proportional to the stream length plus the
+//! L2 tables seen), the hold's memory budget, and the [`InflatePool`]'s batches of compressed
+//! clusters in flight. Work is proportional to the stream length plus the
 //! number of guest clusters (the caller checks the virtual size against the target first).
 
 use std::collections::BTreeMap;
@@ -34,13 +35,14 @@ use std::io::{self, Read};
 
 use super::extent::ExtentWriter;
 use super::geometry::{ClusterGeometry, Target};
-use super::header::Header;
+use super::header::{Compression, Header};
 use super::inflate::Inflater;
 use super::l2::{self, Mapping, SECTOR};
 use super::roles::FixedRoles;
 use crate::error::{Error, Result};
 use crate::format::ReaderOptions;
 use crate::format::hold::HeldBytes;
+use crate::format::inflate_pool::{Batch, InflatePool};
 use crate::sink::ExtentSink;
 
 /// What a conversion did, for logs and tests.
@@ -96,10 +98,14 @@ pub(crate) struct Stream<'s> {
     out: ExtentWriter<'s>,
     /// Pending contiguous data write: guest offset, window offset, length.
     run: (u64, usize, usize),
+    /// Inflates held compressed clusters (on this thread).
     inflater: Inflater,
-    /// The second inflate thread's decoder.
-    helper: Inflater,
-    outbuf: Vec<u8>,
+    compression: Compression,
+    /// Inflates the compressed clusters that pass, started at the first.
+    pool: Option<InflatePool<Job>>,
+    /// A batch of compressed clusters failed (corrupt, or the write): the batches in flight
+    /// after it are not written.
+    batch_failed: bool,
     cluster_buf: Vec<u8>,
     scratch: Vec<u8>,
     table_buf: Vec<u8>,
@@ -144,8 +150,9 @@ impl<'s> Stream<'s> {
             out: ExtentWriter::new(sink),
             run: (0, 0, 0),
             inflater: Inflater::new(h.compression),
-            helper: Inflater::new(h.compression),
-            outbuf: Vec::new(),
+            compression: h.compression,
+            pool: None,
+            batch_failed: false,
             cluster_buf: vec![0; cs as usize],
             scratch: Vec::new(),
             table_buf: Vec::new(),
@@ -155,6 +162,31 @@ impl<'s> Stream<'s> {
     }
 
     pub fn run(mut self) -> Result<Qcow2Stats> {
+        let read = self.read();
+        // A problem met reading lies past every compressed cluster in flight: those are written
+        // (or found corrupt) first, as one thread reading in order would have.
+        if read.is_ok() || !self.batch_failed {
+            while let Some(done) = self
+                .pool
+                .as_mut()
+                .map(|p| p.next_done())
+                .transpose()?
+                .flatten()
+            {
+                self.write_batch(done)?;
+            }
+        }
+        read?;
+        self.out.flush()?;
+        Ok(Qcow2Stats {
+            bytes_read: self.buf_end(),
+            held_bytes: self.hold.held_bytes,
+            spilled_bytes: self.hold.spilled_bytes,
+        })
+    }
+
+    /// Reads the stream to its end, handing compressed clusters to the pool.
+    fn read(&mut self) -> Result<()> {
         while !self.done() {
             self.fill()?;
             let end = self.buf_end();
@@ -170,13 +202,7 @@ impl<'s> Stream<'s> {
                 return Err(self.truncated());
             }
         }
-        self.flush_run()?;
-        self.out.flush()?;
-        Ok(Qcow2Stats {
-            bytes_read: self.buf_end(),
-            held_bytes: self.hold.held_bytes,
-            spilled_bytes: self.hold.spilled_bytes,
-        })
+        self.flush_run()
     }
 
     fn buf_end(&self) -> u64 {
@@ -556,9 +582,8 @@ impl<'s> Stream<'s> {
         ))
     }
 
-    /// Inflates the compressed clusters whose bytes are all in the window and writes them: on two
-    /// threads when there is enough work, this one writing its half while a helper inflates the
-    /// other.
+    /// Hands the compressed clusters whose bytes are all in the window to the pool, in batches,
+    /// and writes the batches that come back.
     fn compressed_ready(&mut self) -> Result<()> {
         let end = self.buf_end();
         let limit = self.pos.min(end);
@@ -571,64 +596,54 @@ impl<'s> Stream<'s> {
         if self.ready.is_empty() {
             return Ok(());
         }
-        let g = self.g;
-        let cs = g.cluster_size as usize;
-        let jobs: Vec<Job> = self
-            .ready
-            .iter()
-            .map(|k| {
+        let cs = self.g.cluster_size as usize;
+        let per_batch = (BATCH_OUT / cs).max(1);
+        let ready = std::mem::take(&mut self.ready);
+        for keys in ready.chunks(per_batch) {
+            let kind = self.compression;
+            let pool = match &mut self.pool {
+                Some(p) => p,
+                None => self
+                    .pool
+                    .insert(InflatePool::new(cs, move || Inflater::new(kind))?),
+            };
+            let mut batch = pool.batch();
+            for k in keys {
                 let n = self.compressed.remove(k).expect("listed above");
-                Job {
+                let from = (k.0 - self.buf_start) as usize;
+                // Past the end of the stream reads as zeroes, as in qemu (the last compressed
+                // cluster of an image may end mid-sector): the batch pads it.
+                let to = (n.end.min(end) - self.buf_start) as usize;
+                let job = Job {
                     start: k.0,
-                    end: n.end,
                     guest_cluster: n.guest_cluster,
-                }
-            })
-            .collect();
-        // Bounded output per round: at most INFLATE_ROUND bytes of clusters (and 2 clusters).
-        let per_round = (INFLATE_ROUND / cs).max(2);
-        for round in jobs.chunks(per_round) {
-            self.outbuf.resize(round.len() * cs, 0);
-            let win = Window {
-                buf: &self.buf[..self.buf_len],
-                start: self.buf_start,
-            };
-            let named = |j: &Job, e: String| {
-                Error::Corrupt(format!(
-                    "qcow2: compressed cluster at {:#x} (guest offset {:#x}): {e}",
-                    j.start,
-                    j.guest_cluster << g.cluster_bits
-                ))
-            };
-            let inflater = &mut self.inflater;
-            let out = &mut self.out;
-            if round.len() * cs >= PARALLEL_MIN && round.len() >= 2 {
-                // The helper inflates the second half while this thread inflates and writes the
-                // first.
-                let (a, b) = round.split_at(round.len() / 2);
-                let (out_a, out_b) = self.outbuf.split_at_mut(a.len() * cs);
-                let helper = &mut self.helper;
-                let win = &win;
-                std::thread::scope(|sc| {
-                    let second = sc.spawn(move || {
-                        let r = inflate_jobs(helper, win, b, out_b, cs);
-                        (r, out_b)
-                    });
-                    let first = inflate_jobs(inflater, win, a, out_a, cs)
-                        .map_err(|(i, e)| named(&a[i], e))
-                        .and_then(|()| write_runs(out, &g, a, out_a));
-                    let (r, out_b) = second.join().expect("inflate thread panicked");
-                    first?;
-                    r.map_err(|(i, e)| named(&b[i], e))?;
-                    write_runs(out, &g, b, out_b)
-                })?;
-            } else {
-                inflate_jobs(inflater, &win, round, &mut self.outbuf, cs)
-                    .map_err(|(i, e)| named(&round[i], e))?;
-                write_runs(out, &g, round, &self.outbuf)?;
+                };
+                batch.push(job, &self.buf[from..to], (n.end - k.0) as usize);
+            }
+            if let Some(done) = pool.submit(batch)? {
+                self.write_batch(done)?;
             }
         }
+        self.ready = ready;
         Ok(())
+    }
+
+    /// Writes an inflated batch of compressed clusters, or names its corrupt one.
+    fn write_batch(&mut self, done: Batch<Job>) -> Result<()> {
+        let g = self.g;
+        let written = match done.decoded() {
+            Ok((inflated, _)) => write_runs(&mut self.out, &g, done.tags(), inflated),
+            Err((j, why)) => Err(Error::Corrupt(format!(
+                "qcow2: compressed cluster at {:#x} (guest offset {:#x}): {why}",
+                j.start,
+                j.guest_cluster << g.cluster_bits
+            ))),
+        };
+        self.batch_failed |= written.is_err();
+        if let Some(pool) = &mut self.pool {
+            pool.recycle(done);
+        }
+        written
     }
 }
 
@@ -657,46 +672,12 @@ fn write_runs(
     Ok(())
 }
 
-/// Output bytes inflated per round (bounds the output buffer).
-const INFLATE_ROUND: usize = 16 << 20;
-/// Rounds with less output than this inflate on the calling thread alone.
-const PARALLEL_MIN: usize = 1 << 20;
+/// Most guest bytes of one batch of compressed clusters handed to the pool.
+const BATCH_OUT: usize = 2 << 20;
 
-/// A compressed cluster whose bytes are in the window.
+/// A compressed cluster handed to the pool: where its bytes start in the stream, and the guest
+/// cluster they inflate to.
 struct Job {
     start: u64,
-    end: u64,
     guest_cluster: u64,
-}
-
-/// The read window: `buf[0]` is stream offset `start`.
-struct Window<'a> {
-    buf: &'a [u8],
-    start: u64,
-}
-
-/// Inflates `jobs` into consecutive clusters of `out`; on failure, the job's index and why.
-fn inflate_jobs(
-    inflater: &mut Inflater,
-    win: &Window<'_>,
-    jobs: &[Job],
-    out: &mut [u8],
-    cs: usize,
-) -> std::result::Result<(), (usize, String)> {
-    for (i, j) in jobs.iter().enumerate() {
-        let from = (j.start - win.start) as usize;
-        let dst = &mut out[i * cs..(i + 1) * cs];
-        let win_end = win.start + win.buf.len() as u64;
-        let r = if j.end <= win_end {
-            inflater.inflate(&win.buf[from..(j.end - win.start) as usize], dst)
-        } else {
-            // Past the end of the stream reads as zeroes, as in qemu (the last compressed
-            // cluster of an image may end mid-sector).
-            let mut src = win.buf[from..].to_vec();
-            src.resize((j.end - j.start) as usize, 0);
-            inflater.inflate(&src, dst)
-        };
-        r.map_err(|e| (i, e))?;
-    }
-    Ok(())
 }

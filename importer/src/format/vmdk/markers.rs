@@ -12,16 +12,14 @@
 //! into a one-grain buffer requires; a guest grain written twice, a grain outside the disk or not
 //! on a grain boundary, and a grain larger than two grains compressed are corruption.
 //!
-//! Speed: the grains whose bytes are in the read window are inflated as a batch, on two threads
-//! when the batch is large (1 MiB of output or more): this thread inflates and writes the first
-//! half while a helper inflates the second, whose grains are then written from the helper's
-//! buffer. Consecutive grains are written with one call.
+//! Speed: the grains whose bytes are in the read window are copied out as a batch (up to
+//! [`BATCH_OUT`] of guest bytes) for the [`InflatePool`]'s threads, one per core, while this
+//! thread reads on and writes the batches that come back, in stream order. Consecutive grains are
+//! written with one call.
 //!
-//! Memory: the read window (one read size, or one grain and its marker when larger), a batch's
-//! output (four read sizes at most), and one bit per guest grain (allocated in pages of 4096
-//! grains as grains arrive).
-
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+//! Memory: the read window (one read size, or one grain and its marker when larger), the pool's
+//! batches in flight, and one bit per guest grain (allocated in pages of 4096 grains as grains
+//! arrive).
 
 use flate2::{Decompress, FlushDecompress, Status};
 
@@ -30,6 +28,7 @@ use super::header::{GRAIN_MARKER_LEN, Marker, SECTOR, SparseHeader, parse_marker
 use super::window::Window;
 use crate::error::{Error, Result};
 use crate::format::cost::InflateCost;
+use crate::format::inflate_pool::{Batch, InflatePool, PieceDecoder};
 use crate::format::qcow2::extent::ExtentWriter;
 use crate::sink::ExtentSink;
 
@@ -92,6 +91,21 @@ impl GrainSet {
             f(start, g)?;
         }
         Ok(())
+    }
+}
+
+/// Each inflating thread's decoder, kept from grain to grain.
+struct GrainInflater(Decompress);
+
+impl GrainInflater {
+    fn new() -> GrainInflater {
+        GrainInflater(Decompress::new(true))
+    }
+}
+
+impl PieceDecoder for GrainInflater {
+    fn decode(&mut self, src: &[u8], dst: &mut [u8]) -> std::result::Result<usize, String> {
+        inflate_grain(&mut self.0, src, dst)
     }
 }
 
@@ -196,12 +210,11 @@ fn metadata_end(at: u64, sectors: u64) -> Result<u64> {
         })
 }
 
-/// Output of one batch at most, in read sizes: grains are inflated a batch at a time.
-const BATCH_READS: usize = 4;
-/// Batches with less output than this inflate on the calling thread alone.
-const PARALLEL_MIN: usize = 1 << 20;
+/// Most guest bytes of one batch of grains handed to the inflating threads.
+const BATCH_OUT: usize = 2 << 20;
 
-/// A grain whose marker and data lie in the window: `view[from..to]` is its zlib stream.
+/// A grain whose marker and data lie in the window: `view[from..to]` is its zlib stream (`from`
+/// and `to` are window positions, stale once the window moves on).
 struct Job {
     at: u64,
     from: usize,
@@ -224,82 +237,6 @@ fn check_grain(h: &SparseHeader, at: u64, lba: u64, size: u32) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// Inflates `jobs` into consecutive grains of `out`, their lengths into `lens`; on failure, the
-/// job's index and why.
-fn inflate_jobs(
-    z: &mut Decompress,
-    view: &[u8],
-    jobs: &[Job],
-    out: &mut [u8],
-    lens: &mut [usize],
-) -> std::result::Result<(), (usize, String)> {
-    let gsize = out.len() / jobs.len().max(1);
-    for (i, j) in jobs.iter().enumerate() {
-        lens[i] = inflate_grain(z, &view[j.from..j.to], &mut out[i * gsize..(i + 1) * gsize])
-            .map_err(|e| (i, e))?;
-    }
-    Ok(())
-}
-
-/// Half a batch for the helper thread: its grains' zlib streams copied out of the window (the
-/// window moves on), and the buffers it inflates them into, sent back with the result.
-struct HelperWork {
-    input: Vec<u8>,
-    /// `input[from..to]` per grain.
-    spans: Vec<(usize, usize)>,
-    out: Vec<u8>,
-    lens: Vec<usize>,
-    result: std::result::Result<(), (usize, String)>,
-}
-
-/// The inflating helper thread, started once per extent: a thread spawned per batch would start
-/// behind every other runnable thread on a busy machine (the scheduler's debit for new tasks),
-/// and the batch would wait for it each time.
-struct Helper {
-    work: SyncSender<HelperWork>,
-    done: Receiver<HelperWork>,
-    /// The buffers between batches.
-    spare: Option<HelperWork>,
-}
-
-impl Helper {
-    fn spawn<'scope>(scope: &'scope std::thread::Scope<'scope, '_>, gsize: usize) -> Helper {
-        let (work, inbox) = sync_channel::<HelperWork>(1);
-        let (outbox, done) = sync_channel::<HelperWork>(1);
-        scope.spawn(move || {
-            let mut z = Decompress::new(true);
-            for mut w in inbox {
-                let n = w.spans.len();
-                w.out.resize(n * gsize, 0);
-                w.lens.resize(n, 0);
-                w.result = w.spans.iter().enumerate().try_for_each(|(i, &(from, to))| {
-                    w.lens[i] = inflate_grain(
-                        &mut z,
-                        &w.input[from..to],
-                        &mut w.out[i * gsize..(i + 1) * gsize],
-                    )
-                    .map_err(|e| (i, e))?;
-                    Ok(())
-                });
-                if outbox.send(w).is_err() {
-                    return;
-                }
-            }
-        });
-        Helper {
-            work,
-            done,
-            spare: Some(HelperWork {
-                input: Vec::new(),
-                spans: Vec::new(),
-                out: Vec::new(),
-                lens: Vec::new(),
-                result: Ok(()),
-            }),
-        }
-    }
 }
 
 fn corrupt_grain(h: &SparseHeader, job: &Job, why: &str) -> Error {
@@ -357,14 +294,12 @@ struct Converter<'h, 's> {
     h: &'h SparseHeader,
     out: ExtentWriter<'s>,
     written: GrainSet,
-    /// The calling thread's decoder, kept from grain to grain.
-    z: Decompress,
-    helper: Helper,
-    /// The inflated grains of a batch, and their lengths.
-    grains: Vec<u8>,
-    lens: Vec<usize>,
-    jobs: Vec<Job>,
+    pool: InflatePool<Job>,
+    /// Most grains per batch.
     batch_max: usize,
+    /// A batch failed (a corrupt grain, or the write): the batches in flight after it are not
+    /// written.
+    write_failed: bool,
 }
 
 /// Converts the streamOptimized extent behind `win` (at its start) into `sink`, at extent offsets.
@@ -381,39 +316,46 @@ pub(super) fn convert(
             h.grain_offset * SECTOR
         )));
     }
-    std::thread::scope(|scope| {
-        let mut c = Converter {
-            h,
-            out: ExtentWriter::new(sink),
-            written: GrainSet::new(h.grains()),
-            z: Decompress::new(true),
-            helper: Helper::spawn(scope, gsize),
-            grains: Vec::new(),
-            lens: Vec::new(),
-            jobs: Vec::new(),
-            batch_max: (BATCH_READS * read_size / gsize).max(2),
-        };
+    let mut c = Converter {
+        h,
+        out: ExtentWriter::new(sink),
+        written: GrainSet::new(h.grains()),
+        pool: InflatePool::new(gsize, GrainInflater::new)?,
+        batch_max: (BATCH_OUT / gsize).max(1),
+        write_failed: false,
+    };
+    let mut read = || -> Result<()> {
         while c.batch(win, read_size)? || c.marker(win)? {}
-        let (gs, vsize) = (h.grain_size(), h.virtual_size());
-        let Converter {
-            mut out, written, ..
-        } = c;
-        // (Dropping the converter's helper ends its thread.)
-        written.gaps(h.grains(), |a, b| out.zero(a * gs, (b * gs).min(vsize)))?;
-        out.flush()
-    })
+        Ok(())
+    };
+    let read = read();
+    // A problem met reading lies past every grain in flight: those are written (or found
+    // corrupt) first, as one thread reading in order would have.
+    if read.is_ok() || !c.write_failed {
+        while let Some(done) = c.pool.next_done()? {
+            c.write(done)?;
+        }
+    }
+    read?;
+    let (gs, vsize) = (h.grain_size(), h.virtual_size());
+    let Converter {
+        mut out, written, ..
+    } = c;
+    written.gaps(h.grains(), |a, b| out.zero(a * gs, (b * gs).min(vsize)))?;
+    out.flush()
 }
 
 impl Converter<'_, '_> {
-    /// Converts the grains at the window's position whose bytes are all in the next read size,
-    /// up to the first other marker; false when there are none.
+    /// Hands the grains at the window's position whose bytes are all in the next read size, up
+    /// to the first other marker, to the inflating threads as a batch, and writes the batch that
+    /// comes back, if one does; false when there are none.
     fn batch(&mut self, win: &mut Window, read_size: usize) -> Result<bool> {
         let h = self.h;
         let start = win.pos();
         let view = win.peek(read_size)?;
-        self.jobs.clear();
+        let mut batch = self.pool.batch();
         let mut off = 0usize;
-        while off + 16 <= view.len() && self.jobs.len() < self.batch_max {
+        while off + 16 <= view.len() && batch.len() < self.batch_max {
             let at = start + off as u64;
             let Marker::Grain { lba, size } = parse_marker(&view[off..off + 16], at)? else {
                 break;
@@ -423,62 +365,47 @@ impl Converter<'_, '_> {
             if to > view.len() {
                 break;
             }
-            self.jobs.push(Job {
+            let from = off + GRAIN_MARKER_LEN;
+            let job = Job {
                 at,
-                from: off + GRAIN_MARKER_LEN,
+                from,
                 to,
                 grain: lba / h.granularity,
-            });
+            };
+            batch.push(job, &view[from..to], to - from);
             off = to.next_multiple_of(SECTOR as usize);
         }
-        if self.jobs.is_empty() {
+        if batch.is_empty() {
+            self.pool.recycle(batch);
             return Ok(false);
         }
-        let gsize = h.grain_size() as usize;
-        let n = self.jobs.len();
-        let half = if n * gsize >= PARALLEL_MIN { n / 2 } else { n };
-        self.grains.resize(half * gsize, 0);
-        self.lens.resize(half, 0);
-        let (ja, jb) = self.jobs.split_at(half);
-        let (oa, la) = (&mut self.grains[..], &mut self.lens[..]);
-        let mut grains = Grains {
-            h,
-            out: &mut self.out,
-            written: &mut self.written,
-        };
-        if jb.is_empty() {
-            inflate_jobs(&mut self.z, view, ja, oa, la)
-                .map_err(|(i, e)| corrupt_grain(h, &ja[i], &e))?;
-            grains.write(ja, oa, la)?;
-        } else {
-            // The helper inflates the second half while this thread inflates and writes the
-            // first, then its grains are written from its own buffer.
-            let mut w = self.helper.spare.take().expect("one batch at a time");
-            w.input.clear();
-            w.spans.clear();
-            for j in jb {
-                let from = w.input.len();
-                w.input.extend_from_slice(&view[j.from..j.to]);
-                w.spans.push((from, w.input.len()));
-            }
-            let lost = || corrupt_grain(h, &jb[0], "the inflating thread stopped");
-            self.helper.work.send(w).map_err(|_| lost())?;
-            let first = inflate_jobs(&mut self.z, view, ja, oa, la)
-                .map_err(|(i, e)| corrupt_grain(h, &ja[i], &e))
-                .and_then(|()| grains.write(ja, oa, la));
-            // Take the helper's buffers back before anything fails.
-            let w = self.helper.done.recv().map_err(|_| lost())?;
-            let second = first.and_then(|()| {
-                w.result
-                    .clone()
-                    .map_err(|(i, e)| corrupt_grain(h, &jb[i], &e))
-            });
-            let written = second.and_then(|()| grains.write(jb, &w.out, &w.lens));
-            self.helper.spare = Some(w);
-            written?;
-        }
         win.consume(off as u64)?;
+        self.submit(batch)?;
         Ok(true)
+    }
+
+    /// Hands `batch` to the inflating threads, and writes the one that comes back, if any.
+    fn submit(&mut self, batch: Batch<Job>) -> Result<()> {
+        match self.pool.submit(batch)? {
+            Some(done) => self.write(done),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes an inflated batch, or names its corrupt grain.
+    fn write(&mut self, done: Batch<Job>) -> Result<()> {
+        let written = match done.decoded() {
+            Ok((inflated, lens)) => Grains {
+                h: self.h,
+                out: &mut self.out,
+                written: &mut self.written,
+            }
+            .write(done.tags(), inflated, lens),
+            Err((job, why)) => Err(corrupt_grain(self.h, job, why)),
+        };
+        self.write_failed |= written.is_err();
+        self.pool.recycle(done);
+        written
     }
 
     /// Handles the one marker at the window's position: metadata, the end, or a grain too large
@@ -532,16 +459,11 @@ impl Converter<'_, '_> {
             Marker::Grain { lba, size } => {
                 // Larger than a batch's window: alone, with a window of its own size.
                 let (job, view) = whole_grain(h, win, at, lba, size)?;
-                self.grains.resize(h.grain_size() as usize, 0);
-                let n = inflate_grain(&mut self.z, &view[job.from..job.to], &mut self.grains)
-                    .map_err(|e| corrupt_grain(h, &job, &e))?;
-                Grains {
-                    h,
-                    out: &mut self.out,
-                    written: &mut self.written,
-                }
-                .write(std::slice::from_ref(&job), &self.grains, &[n])?;
-                win.consume((job.to as u64).next_multiple_of(SECTOR))?;
+                let (from, to) = (job.from, job.to);
+                let mut batch = self.pool.batch();
+                batch.push(job, &view[from..to], to - from);
+                win.consume((to as u64).next_multiple_of(SECTOR))?;
+                self.submit(batch)?;
             }
         }
         Ok(true)
