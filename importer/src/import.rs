@@ -703,7 +703,7 @@ fn open_reader<S>(
             } else {
                 None
             },
-            opts.read_ahead,
+            opts.read_ahead.min(format::COPY_READ),
         )),
         ImageFormat::Qcow2 => Box::new(Qcow2Reader::new(stream, &opts)?),
         ImageFormat::Vpc => Box::new(VpcReader::new(stream, &opts)?),

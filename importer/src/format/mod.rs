@@ -75,6 +75,11 @@ pub struct ReaderOptions {
 /// The default [`ReaderOptions::read_ahead`]: large, so each write is large.
 pub const READ_AHEAD: usize = 2 << 20;
 
+/// Most that readers copying a stream straight to the sink (raw, vhdx payload) read at once:
+/// small enough that the bytes are still in the CPU cache when the sink scans them for zeroes
+/// and copies them out; the file sink gathers consecutive writes into large ones anyway.
+pub const COPY_READ: usize = 256 << 10;
+
 impl Default for ReaderOptions {
     fn default() -> Self {
         ReaderOptions {

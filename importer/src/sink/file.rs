@@ -82,7 +82,7 @@ impl FileSink {
     fn complete_partial(&mut self, size: u64) -> Result<()> {
         if let Some(direct) = self.direct.take() {
             direct
-                .finish()
+                .finish(&self.file)
                 .map_err(|e| Error::io(format!("writing {}", self.partial.display()), e))?;
         }
         self.file

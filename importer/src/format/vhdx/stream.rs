@@ -196,7 +196,7 @@ impl Stream {
     /// Converts the rest of the stream into `sink`.
     pub fn run(mut self, sink: &mut dyn ExtentSink) -> Result<VhdxStats> {
         self.resolve_held_bat(sink)?;
-        let mut buf = vec![0u8; self.read_ahead];
+        let mut buf = vec![0u8; self.read_ahead.min(crate::format::COPY_READ)];
         while !self.done() {
             let n = read_full(&mut self.reader, &mut buf)?;
             if n == 0 {
