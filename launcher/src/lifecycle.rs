@@ -598,13 +598,15 @@ mod tests {
     #[tokio::test]
     async fn stop_during_start_up_kills_qemu() {
         let dir = tempfile::tempdir().unwrap();
-        // A "qemu" that never opens its QMP socket; it records its pid first.
+        // A "qemu" that never opens its QMP socket; it records its pid first. The pid file
+        // appears by rename, whole: a redirect creates it empty before the pid is written, and a
+        // stop at that moment left the test reading an empty file.
         let script = dir.path().join("hang.sh");
         let pidfile = dir.path().join("hang.pid");
         std::fs::write(
             &script,
             format!(
-                "#!/bin/sh\necho $$ > {}\nexec sleep 60\n",
+                "#!/bin/sh\necho $$ > {0}.tmp\nmv {0}.tmp {0}\nexec sleep 60\n",
                 pidfile.display()
             ),
         )

@@ -120,9 +120,11 @@ struct Lane<T> {
 /// Worker threads decoding batches of pieces of `piece` bytes, handed back in order.
 pub struct InflatePool<T> {
     lanes: Vec<Lane<T>>,
-    /// The lane of the next batch handed over.
-    next: usize,
-    /// The lanes of the batches in flight, oldest first.
+    /// Pieces in flight per lane: a batch goes to the least loaded lane (batches differ in size,
+    /// and taking turns gave one worker the large ones).
+    load: Vec<usize>,
+    /// The lanes of the batches in flight, oldest first (each lane decodes in order, so the
+    /// oldest batch in flight is the next its lane hands back).
     in_flight: VecDeque<usize>,
     spare: Vec<Batch<T>>,
 }
@@ -133,9 +135,11 @@ impl<T: Send + 'static> InflatePool<T> {
     pub fn new<D: PieceDecoder>(piece: usize, make: impl Fn() -> D) -> Result<Self> {
         let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4));
         let mut lanes = Vec::with_capacity(workers);
+        // Room for every batch in flight, so neither side ever waits on a queue.
+        let room = workers * DEPTH;
         for i in 0..workers {
-            let (work, inbox) = sync_channel::<Batch<T>>(DEPTH);
-            let (outbox, done) = sync_channel::<Batch<T>>(DEPTH);
+            let (work, inbox) = sync_channel::<Batch<T>>(room);
+            let (outbox, done) = sync_channel::<Batch<T>>(room);
             let mut decoder = make();
             let thread = std::thread::Builder::new()
                 .name(format!("inflate-{i}"))
@@ -157,8 +161,8 @@ impl<T: Send + 'static> InflatePool<T> {
             });
         }
         Ok(InflatePool {
+            load: vec![0; lanes.len()],
             lanes,
-            next: 0,
             in_flight: VecDeque::new(),
             spare: Vec::new(),
         })
@@ -178,15 +182,17 @@ impl<T: Send + 'static> InflatePool<T> {
         }
     }
 
-    /// Hands `batch` over; when every worker has [`DEPTH`] batches, waits for the oldest and
-    /// returns it decoded.
+    /// Hands `batch` over; when [`DEPTH`] batches per worker are in flight, waits for the oldest
+    /// and returns it decoded.
     pub fn submit(&mut self, batch: Batch<T>) -> Result<Option<Batch<T>>> {
         if batch.is_empty() {
             self.recycle(batch);
             return Ok(None);
         }
-        let lane = self.next;
-        self.next = (self.next + 1) % self.lanes.len();
+        let lane = (0..self.lanes.len())
+            .min_by_key(|&l| self.load[l])
+            .expect("at least two lanes");
+        self.load[lane] += batch.len();
         let Some(work) = self.lanes[lane].work.as_ref() else {
             return Err(stopped());
         };
@@ -205,11 +211,9 @@ impl<T: Send + 'static> InflatePool<T> {
         let Some(lane) = self.in_flight.pop_front() else {
             return Ok(None);
         };
-        self.lanes[lane]
-            .done
-            .recv()
-            .map(Some)
-            .map_err(|_| stopped())
+        let batch = self.lanes[lane].done.recv().map_err(|_| stopped())?;
+        self.load[lane] -= batch.len();
+        Ok(Some(batch))
     }
 }
 
@@ -276,8 +280,12 @@ mod tests {
                 seen.push(t);
             }
         };
+        // batches of 1 to 7 pieces, so lanes take them out of turn
+        let mut first = 0;
         for k in 0..50 {
-            let b = batch_of(&mut pool, k * 3, 3);
+            let n = k * 5 % 7 + 1;
+            let b = batch_of(&mut pool, first, n);
+            first += n;
             if let Some(done) = pool.submit(b).unwrap() {
                 check(&done);
                 pool.recycle(done);
@@ -286,7 +294,7 @@ mod tests {
         while let Some(done) = pool.next_done().unwrap() {
             check(&done);
         }
-        assert_eq!(seen, (0..150).collect::<Vec<_>>());
+        assert_eq!(seen, (0..first).collect::<Vec<_>>());
     }
 
     #[test]
@@ -316,6 +324,20 @@ mod tests {
         }
         // every batch before the corrupt one came back first
         assert_eq!(failed, Some((999, "marked corrupt".to_string(), 24)));
+    }
+
+    #[test]
+    fn a_batch_goes_to_the_least_loaded_lane() {
+        let mut pool = InflatePool::new(16, || Repeat).unwrap();
+        for (first, n) in [(0, 8), (8, 1), (9, 1)] {
+            let b = batch_of(&mut pool, first, n);
+            assert!(pool.submit(b).unwrap().is_none());
+        }
+        // taking turns would have put the third batch beside the large one (9 pieces)
+        assert_eq!(pool.load.iter().sum::<usize>(), 10);
+        assert_eq!(pool.load.iter().max(), Some(&8), "{:?}", pool.load);
+        while pool.next_done().unwrap().is_some() {}
+        assert!(pool.load.iter().all(|&l| l == 0));
     }
 
     #[test]

@@ -20,10 +20,11 @@ use super::{VhdxStats, le64};
 use crate::error::{Error, Result};
 use crate::sink::ExtentSink;
 
-/// Longest data run read at once.
-const RUN_MAX: u64 = 8 << 20;
+/// Longest data run read at once: the sink gathers consecutive runs into its own large writes,
+/// so larger reads would only take memory (whole 32 MiB blocks took the import to 100 MiB).
+const RUN_MAX: u64 = 2 << 20;
 /// Runs read ahead of the writer.
-const IN_FLIGHT: usize = 3;
+const IN_FLIGHT: usize = 4;
 
 /// An opened image: its layout and metadata, read.
 pub(super) struct Opened {
@@ -127,15 +128,29 @@ impl Opened {
                         .into());
                     }
                     data.push((host, index, block));
-                    match steps.last_mut() {
-                        Some(Step::Data {
-                            guest: sg,
-                            host: sh,
-                            len: l,
-                        }) if *sg + *l == guest && *sh + *l == host && *l + len <= RUN_MAX => {
-                            *l += len
+                    // In runs of at most RUN_MAX: a block (32 MiB by default) is split too.
+                    let mut at = 0;
+                    while at < len {
+                        let (guest, host) = (guest + at, host + at);
+                        let piece = (len - at).min(RUN_MAX);
+                        match steps.last_mut() {
+                            Some(Step::Data {
+                                guest: sg,
+                                host: sh,
+                                len: l,
+                            }) if *sg + *l == guest
+                                && *sh + *l == host
+                                && *l + piece <= RUN_MAX =>
+                            {
+                                *l += piece
+                            }
+                            _ => steps.push(Step::Data {
+                                guest,
+                                host,
+                                len: piece,
+                            }),
                         }
-                        _ => steps.push(Step::Data { guest, host, len }),
+                        at += piece;
                     }
                 }
             }
@@ -155,7 +170,12 @@ impl Opened {
     pub fn convert(self, sink: &mut dyn ExtentSink) -> Result<VhdxStats> {
         let steps = self.plan()?;
         let (tx, rx) = sync_channel::<Result<(u64, Vec<u8>)>>(IN_FLIGHT);
-        let (spare_tx, spare_rx) = sync_channel::<Vec<u8>>(IN_FLIGHT + 2);
+        // A fixed set of buffers goes round: one being read, the queue, one being written.
+        let buffers = IN_FLIGHT + 2;
+        let (spare_tx, spare_rx) = sync_channel::<Vec<u8>>(buffers);
+        for _ in 0..buffers {
+            let _ = spare_tx.send(Vec::with_capacity(RUN_MAX as usize));
+        }
         let file = &self.file;
         let data_read = std::thread::scope(|s| {
             let runs = steps.iter().filter_map(|st| match *st {
@@ -164,7 +184,8 @@ impl Opened {
             });
             s.spawn(move || {
                 for (guest, host, len) in runs {
-                    let mut buf = spare_rx.try_recv().unwrap_or_default();
+                    // (the writer is gone when no buffer comes back)
+                    let Ok(mut buf) = spare_rx.recv() else { return };
                     buf.resize(len as usize, 0);
                     let r = file
                         .read_exact_at(&mut buf, host)
@@ -206,7 +227,7 @@ fn write(
                 })??;
                 sink.write_data(guest, &buf)?;
                 data += buf.len() as u64;
-                let _ = spare.try_send(buf);
+                let _ = spare.send(buf);
             }
         }
     }

@@ -663,3 +663,26 @@ fn mutated_images_never_panic() {
         }
     }
 }
+
+/// The random-access converter reads (and so holds) at most 2 MiB at a time: two adjacent
+/// 8 MiB blocks arrive as eight writes, not two of a block each.
+#[test]
+fn local_blocks_are_read_in_runs_of_at_most_2_mib() {
+    use std::io::Write;
+    let image = Image {
+        block_size: 8 * MIB as u32,
+        virtual_size: 16 * MIB,
+        ..Image::default()
+    }
+    .data(0, 4 * MIB)
+    .data(1, 12 * MIB);
+    let img = image.build();
+    let mut f = tempfile::tempfile().unwrap();
+    f.write_all(&img).unwrap();
+    let r = VhdxReader::open(f, img.len() as u64).unwrap();
+    let mut sink = Rec::new(r.geometry().disk_size);
+    r.convert(&mut sink).unwrap();
+    sink.assert_complete();
+    assert_eq!(sink.data_calls, 8);
+    assert!(sink.bytes == image.expected());
+}
