@@ -273,23 +273,32 @@ impl Drop for DirectWriter {
 mod tests {
     use super::*;
 
+    /// A new file in a temporary directory, its buffered descriptor and a direct writer to it;
+    /// None where the filesystem has no `O_DIRECT`.
+    fn open(bounce: Bounce) -> Option<(tempfile::TempDir, std::path::PathBuf, File, DirectWriter)> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let buffered = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let Some(direct) = DirectWriter::open(&path, bounce) else {
+            eprintln!("skipping: no O_DIRECT on this filesystem");
+            return None;
+        };
+        Some((dir, path, buffered, direct))
+    }
+
     #[test]
     fn unaligned_writes_land_exactly() {
         for bounce in [Bounce::FULL, Bounce::LEAN] {
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("f");
-            let buffered = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&path)
-                .unwrap();
-            buffered.set_len(16 << 20).unwrap();
-            let Some(mut direct) = DirectWriter::open(&path, bounce) else {
-                eprintln!("skipping: no O_DIRECT on this filesystem");
+            let Some((_dir, path, buffered, mut direct)) = open(bounce) else {
                 return;
             };
+            buffered.set_len(16 << 20).unwrap();
             let mut expected = vec![0u8; 16 << 20];
             for (offset, len, byte) in [
                 (1000u64, 200_000usize, 1u8),
@@ -311,17 +320,7 @@ mod tests {
     /// and a write elsewhere, a small one included, lands too.
     #[test]
     fn consecutive_small_writes_are_gathered_into_full_buffers() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        let buffered = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        let Some(mut direct) = DirectWriter::open(&path, Bounce::FULL) else {
-            eprintln!("skipping: no O_DIRECT on this filesystem");
+        let Some((_dir, path, buffered, mut direct)) = open(Bounce::FULL) else {
             return;
         };
         let mut expected = vec![0u8; 12 << 20];
