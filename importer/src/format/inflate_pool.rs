@@ -7,7 +7,8 @@
 //! So the window is refilled, and decoded pieces written, while every core decodes, and a corrupt
 //! piece is reported after everything before it was written, whatever thread decoded it.
 //!
-//! Memory: at most [`DEPTH`] batches per worker in flight, plus the one being written.
+//! Memory: at most [`DEPTH`] batches per worker in flight (in all, whichever workers hold them),
+//! plus the one being written and two spare.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
@@ -226,7 +227,7 @@ fn stopped() -> Error {
 
 impl<T> Drop for InflatePool<T> {
     fn drop(&mut self) {
-        // Closing the work queues ends the workers, after their current batch.
+        // Closing the work queues ends the workers once they have decoded what is queued.
         for lane in &mut self.lanes {
             drop(lane.work.take());
         }

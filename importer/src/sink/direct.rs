@@ -187,32 +187,24 @@ impl DirectWriter {
             let head = ((offset.next_multiple_of(ALIGN as u64) - offset) as usize).min(data.len());
             buffered.write_all_at(&data[..head], offset)?;
             (data, offset) = (&data[head..], offset + head as u64);
-            if data.is_empty() {
-                return Ok(());
-            }
-            self.gather = Some(Gather {
-                buf: self.free.recv().map_err(|_| lost())?,
-                at: offset,
-                len: 0,
-            });
         }
-        while let Some(g) = self.gather.as_mut() {
+        while !data.is_empty() {
+            if self.gather.is_none() {
+                let buf = self.free.recv().map_err(|_| lost())?;
+                self.gather = Some(Gather {
+                    buf,
+                    at: offset,
+                    len: 0,
+                });
+            }
+            let g = self.gather.as_mut().expect("gathering");
             let n = (self.bounce - g.len).min(data.len());
             g.buf.window(g.len + n)[g.len..].copy_from_slice(&data[..n]);
             g.len += n;
-            data = &data[n..];
-            if g.len < self.bounce {
-                break;
-            }
-            let full = self.gather.take().expect("gathering");
-            let next = full.at + full.len as u64;
-            self.send(full.buf, full.len, full.at)?;
-            if !data.is_empty() {
-                self.gather = Some(Gather {
-                    buf: self.free.recv().map_err(|_| lost())?,
-                    at: next,
-                    len: 0,
-                });
+            (data, offset) = (&data[n..], offset + n as u64);
+            if g.len == self.bounce {
+                let full = self.gather.take().expect("gathering");
+                self.send(full.buf, full.len, full.at)?;
             }
         }
         Ok(())

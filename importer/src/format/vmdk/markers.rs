@@ -299,7 +299,7 @@ struct Converter<'h, 's> {
     batch_max: usize,
     /// A batch failed (a corrupt grain, or the write): the batches in flight after it are not
     /// written.
-    write_failed: bool,
+    batch_failed: bool,
 }
 
 /// Converts the streamOptimized extent behind `win` (at its start) into `sink`, at extent offsets.
@@ -322,7 +322,7 @@ pub(super) fn convert(
         written: GrainSet::new(h.grains()),
         pool: InflatePool::new(gsize, GrainInflater::new)?,
         batch_max: (BATCH_OUT / gsize).max(1),
-        write_failed: false,
+        batch_failed: false,
     };
     let mut read = || -> Result<()> {
         while c.batch(win, read_size)? || c.marker(win)? {}
@@ -331,7 +331,7 @@ pub(super) fn convert(
     let read = read();
     // A problem met reading lies past every grain in flight: those are written (or found
     // corrupt) first, as one thread reading in order would have.
-    if read.is_ok() || !c.write_failed {
+    if read.is_ok() || !c.batch_failed {
         while let Some(done) = c.pool.next_done()? {
             c.write(done)?;
         }
@@ -403,7 +403,7 @@ impl Converter<'_, '_> {
             .write(done.tags(), inflated, lens),
             Err((job, why)) => Err(corrupt_grain(self.h, job, why)),
         };
-        self.write_failed |= written.is_err();
+        self.batch_failed |= written.is_err();
         self.pool.recycle(done);
         written
     }
