@@ -273,22 +273,40 @@ fn a_body_shorter_than_its_content_length_never_succeeds() {
 /// Load, bounded: this many imports from one nginx at once.
 const CONCURRENT_IMPORTS: usize = 8;
 
-/// Many downloads at once (raw and xz, so some decoders fall behind the network and frames pile
-/// up into batches): every target holds exactly the disk, and nothing else is left beside it.
+/// Many downloads at once (raw, xz and zlib-compressed qcow2, so some decoders fall behind the
+/// network and frames pile up into batches, and several inflate pools run side by side): every
+/// target holds exactly the disk, and nothing else is left beside it.
 #[test]
 fn concurrent_imports_each_write_the_disk_and_leave_nothing_else() {
     let (dir, data) = served_dir();
+    // The sample disk is random, which qemu-img stores uncompressed: text compresses.
+    let text: Vec<u8> = (0u32..)
+        .flat_map(|i| format!("line {i} of a compressible disk\n").into_bytes())
+        .take(8 << 20)
+        .collect();
+    let text_raw = dir.path().join("text.raw");
+    fs::write(&text_raw, &text).unwrap();
+    testkit::qemu::qemu_img(&[
+        "convert".as_ref(),
+        "-f".as_ref(),
+        "raw".as_ref(),
+        "-O".as_ref(),
+        "qcow2".as_ref(),
+        "-c".as_ref(),
+        text_raw.as_os_str(),
+        dir.path().join("text-zlib.qcow2").as_os_str(),
+    ]);
     let server = Nginx::start(nginx(dir.path()));
     let out_dir = tempfile::tempdir().unwrap();
     let runs: Vec<_> = (0..CONCURRENT_IMPORTS)
         .map(|i| {
             let target_dir = out_dir.path().join(format!("volume-{i}"));
             fs::create_dir_all(&target_dir).unwrap();
-            let name = if i % 2 == 0 {
-                "/disk.raw"
-            } else {
-                "/disk.raw.xz"
-            };
+            let (name, expected) = [
+                ("/disk.raw", &data),
+                ("/disk.raw.xz", &data),
+                ("/text-zlib.qcow2", &text),
+            ][i % 3];
             let mut cmd = quarry();
             cmd.args(["import", &server.url(name)])
                 .arg(target_dir.join("disk.img"))
@@ -296,10 +314,10 @@ fn concurrent_imports_each_write_the_disk_and_leave_nothing_else() {
             let run = std::thread::spawn(move || {
                 output_within(&mut cmd, std::time::Duration::from_secs(120))
             });
-            (target_dir, run)
+            (target_dir, expected, run)
         })
         .collect();
-    for (target_dir, run) in runs {
+    for (target_dir, expected, run) in runs {
         let out = run.join().unwrap();
         assert_ok(&out);
         let left: Vec<_> = fs::read_dir(&target_dir)
@@ -308,7 +326,7 @@ fn concurrent_imports_each_write_the_disk_and_leave_nothing_else() {
             .collect();
         assert_eq!(left, ["disk.img"], "{}", target_dir.display());
         assert!(
-            fs::read(target_dir.join("disk.img")).unwrap() == data,
+            fs::read(target_dir.join("disk.img")).unwrap() == *expected,
             "{} differs from the served disk",
             target_dir.display()
         );
