@@ -202,12 +202,20 @@ fn measure_inflating(shared: &Shared<'_>, h: &Header, jobs: Receiver<Job>) -> Re
     let mut inflater = Inflater::new(h.compression);
     let mut cost = InflateCost::default();
     for job in jobs {
-        let Job::Compressed {
-            guest_cluster,
-            clusters,
-        } = job
-        else {
-            continue;
+        let (guest_cluster, clusters) = match job {
+            Job::Compressed {
+                guest_cluster,
+                clusters,
+            } => (guest_cluster, clusters),
+            // Written as read: only the phased bound's stretches count them.
+            Job::Run { len, .. } => {
+                cost.stored(len);
+                continue;
+            }
+            Job::Subclusters { .. } => {
+                cost.stored(shared.g.cluster_size);
+                continue;
+            }
         };
         let src = read_batch(shared, &clusters)?;
         let out = cost.measure(clusters.len() as u64, src.bytes.len(), || {
