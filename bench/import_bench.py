@@ -66,7 +66,8 @@ tools are not competitors; they are left out of quarry/best, and kept with --qua
   transfer  for HTTP rows, `curl -o /dev/null URL`: the body's bytes received and thrown away;
   phased  where the parts' shares vary along the image: the sum, over stretches of 64 MiB read or
           written, of the slowest part's share in the stretch (the floor and the transfer shared
-          out by the bytes written and read there, the decode by inflate_cost's CPU per stretch).
+          out by the bytes written and read there, the decode by inflate_cost's CPU per stretch;
+          over HTTP the receiving's CPU, curl's user+sys, shares the cores with the decoding).
           An importer with bounded memory (under 100 MiB) can decode or receive ahead of the
           device only by what it holds, so the image's incompressible stretches are the device's
           and its well-compressed ones the cores' (or, for a raw body over HTTP, its zero
@@ -715,7 +716,7 @@ def phased_bound(parts: dict, cores: int, data_stretches: list | None) -> float 
     body that is a raw disk whose data lies unevenly (`data_stretches`)."""
     floor, transfer, decode = parts.get("floor"), parts.get("transfer"), parts.get("decode")
     if decode and decode.stretches:
-        stretches = [(read, written, cpu / cores) for read, written, cpu in decode.stretches]
+        stretches = decode.stretches
     elif transfer and data_stretches:
         # the body is the whole disk, zeroes and all: every stretch is received whole
         stretches = [(STRETCH, written, 0.0) for written in data_stretches]
@@ -723,9 +724,13 @@ def phased_bound(parts: dict, cores: int, data_stretches: list | None) -> float 
         return None
     read = sum(r for r, _, _ in stretches) or 1
     written = sum(w for _, w, _ in stretches) or 1
+    # Receiving takes CPU on the same cores as decoding (curl's, the kernel's copies included;
+    # the server's is not counted): where the cores are the limit, the two add up.
+    receive_cpu = transfer.user + transfer.sys if transfer else 0.0
     return sum(max(floor.wall * w / written if floor else 0.0,
-                   transfer.wall * r / read if transfer else 0.0, t)
-               for r, w, t in stretches)
+                   transfer.wall * r / read if transfer else 0.0,
+                   (cpu + receive_cpu * r / read) / cores if cpu else 0.0)
+               for r, w, cpu in stretches)
 
 
 def bound_tools(row: Row, gzip_tool: str, b: BoundInputs) -> list[Tool]:

@@ -339,7 +339,8 @@ impl Read for HeldReader<'_> {
             .read(self.at, n, &mut self.buf)
             .map_err(Error::into_io)?;
         if !held {
-            return Err(std::io::Error::other("a held OVA member is missing"));
+            let missing = std::io::Error::other("a held member is missing from the hold");
+            return Err(Error::io("reading an OVA member back", missing).into_io());
         }
         out[..n as usize].copy_from_slice(&self.buf);
         self.at += n;

@@ -713,14 +713,15 @@ fn walk_layers(plan: &Plan, http: &HttpOptions, out: &mut WalkOut) -> Result<()>
     )))
 }
 
-/// Errors out of the tar reader: ours (HTTP, digest) keep their kind, the rest is a bad layer.
+/// Errors out of the tar reader (layers, OVAs): its own complaints about the archive (plain
+/// `Other` errors with a message) are a bad archive; ours (HTTP, digest, a spill file read back)
+/// and the system's keep their kind, so a local read failure is not called corruption.
 pub(crate) fn tar_error(e: io::Error, what: &str) -> Error {
-    match Error::from_read(e, what) {
-        Error::Io { cause, .. } => {
-            Error::Corrupt(format!("{what}: not a valid tar layer: {cause}"))
-        }
-        other => other,
+    let ours = e.get_ref().is_some_and(|inner| inner.is::<Error>());
+    if !ours && e.raw_os_error().is_none() && e.kind() == io::ErrorKind::Other {
+        return Error::Corrupt(format!("{what}: not a valid tar archive: {e}"));
     }
+    Error::from_read(e, what)
 }
 
 /// Reads one layer tarball; streams the visible disk file if it has one, refusing a second.
@@ -762,4 +763,69 @@ fn scan_layer(
     let mut rest = archive.into_inner();
     io::copy(&mut rest, &mut io::sink()).map_err(|e| tar_error(e, what))?;
     Ok((found.is_some(), here))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    fn first_entry_error(archive: &[u8]) -> io::Error {
+        let mut tar = tar::Archive::new(archive);
+        let mut entries = tar.entries().expect("the iterator");
+        match entries.next() {
+            Some(Err(e)) => e,
+            _ => panic!("the tar reader took a broken header"),
+        }
+    }
+
+    #[test]
+    fn the_tar_readers_complaint_is_a_bad_archive() {
+        let mut block = [0u8; 1024];
+        block[..9].copy_from_slice(b"disk.qcow");
+        block[257..263].copy_from_slice(b"ustar\0");
+        block[148..156].copy_from_slice(b"0000001\0"); // not the header's checksum
+        let e = tar_error(first_entry_error(&block), "layer sha256:ab");
+        assert_eq!(e.kind(), ErrorKind::CorruptImage);
+        assert!(
+            e.to_string()
+                .contains("layer sha256:ab: not a valid tar archive:"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_spill_file_that_fails_to_read_back_is_a_local_failure() {
+        let eio = io::Error::from_raw_os_error(libc::EIO);
+        let e = tar_error(
+            Error::io("reading the spill file", eio).into_io(),
+            "OVA a.ova",
+        );
+        assert_eq!(e.kind(), ErrorKind::Io);
+        assert!(!e.to_string().contains("tar"), "{e}");
+    }
+
+    #[test]
+    fn a_system_read_failure_is_a_local_failure() {
+        let e = tar_error(io::Error::from_raw_os_error(libc::EIO), "OVA a.ova");
+        assert_eq!(e.kind(), ErrorKind::Io);
+        assert!(e.to_string().contains("reading OVA a.ova"), "{e}");
+    }
+
+    #[test]
+    fn our_source_errors_keep_their_kind() {
+        let gone = Error::SourceUnavailable("the registry stopped answering".into());
+        let e = tar_error(gone.into_io(), "layer sha256:ab");
+        assert_eq!(e.kind(), ErrorKind::SourceUnavailable);
+    }
+
+    #[test]
+    fn a_cut_short_archive_is_truncated() {
+        let e = tar_error(
+            io::Error::new(io::ErrorKind::UnexpectedEof, "end of stream"),
+            "OVA a.ova",
+        );
+        assert_eq!(e.kind(), ErrorKind::CorruptImage);
+        assert!(e.to_string().contains("truncated"), "{e}");
+    }
 }
