@@ -243,6 +243,32 @@ fn a_streamed_ova_holds_the_disks_before_its_descriptor() {
 }
 
 #[test]
+fn an_ova_on_stdin_with_its_disk_before_its_descriptor_is_known_by_its_disk() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, system, data) = sample_ova(dir.path());
+    let late = dir.path().join("late.ova");
+    tar(dir.path(), &late, &["system.qcow2", "data.img", "vm.ovf"]);
+    let target = dir.path().join("out.img");
+    for (disk, expected) in [("1", &system), ("2", &data)] {
+        let mut child = quarry()
+            .args(["import", "-", arg(&target), "--disk", disk, "--json"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&fs::read(&late).unwrap()).unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        assert_ok(&out);
+        assert_eq!(&fs::read(&target).unwrap(), expected, "--disk {disk}");
+        let chain = &json(&out)["format_chain"];
+        assert_eq!(chain[0], "ova", "{chain}");
+    }
+}
+
+#[test]
 fn an_ova_without_a_descriptor_or_its_disk_is_corrupt() {
     let dir = tempfile::tempdir().unwrap();
     sample_ova(dir.path());

@@ -17,7 +17,9 @@
 //! once the descriptor has chosen, the held disk is streamed and the rest dropped.
 //!
 //! An OVA is recognised by its content: a tar (`ustar` magic) whose first member is a `.ovf`, or
-//! a tar whose source is named `.ova` (compression suffixes looked through).
+//! another part of an OVF package (a manifest, a certificate, a vmdk, vhd, vhdx, vdi or qcow2
+//! disk: the descriptor comes later), or a tar whose source is named `.ova` (compression suffixes
+//! looked through).
 
 pub mod ovf;
 
@@ -103,15 +105,19 @@ fn first_member(head: &[u8]) -> Option<&[u8]> {
     Some(&name[..name.iter().position(|&b| b == 0).unwrap_or(100)])
 }
 
+/// The other parts of an OVF package: a tar that starts with one of them is an OVA whose
+/// descriptor comes later (a tar holding a disk image is no raw disk, and a stream has no `.ova`
+/// name to go by). A disk stored gzip-compressed keeps its name with `.gz` added.
+const PACKAGE_PARTS: [&str; 7] = [".mf", ".cert", ".vmdk", ".vhd", ".vhdx", ".vdi", ".qcow2"];
+
 /// Whether a (decoded) stream starting with `head`, from a source named `name`, is an OVA.
 pub fn is_ova(head: &[u8], name: &str) -> bool {
     let Some(first) = first_member(head) else {
         return false;
     };
-    if String::from_utf8_lossy(first)
-        .to_ascii_lowercase()
-        .ends_with(".ovf")
-    {
+    let first = String::from_utf8_lossy(first).to_ascii_lowercase();
+    let part = first.strip_suffix(".gz").unwrap_or(&first);
+    if first.ends_with(".ovf") || PACKAGE_PARTS.iter().any(|p| part.ends_with(p)) {
         return true;
     }
     let name = name.to_ascii_lowercase();
@@ -471,5 +477,28 @@ mod tests {
         assert!(!is_ova(&head, "x.tar"));
         assert!(is_ova(&head, "http://h/export.OVA.gz?sig=1"));
         assert!(!is_ova(&[0u8; 512], "x.ova"));
+    }
+
+    #[test]
+    fn a_tar_that_starts_with_another_package_part_is_an_ova_whatever_its_name() {
+        for first in [
+            "disk1.vmdk",
+            "VM.MF",
+            "vm.cert",
+            "d.vhdx",
+            "d.qcow2",
+            "disk1.vmdk.gz",
+        ] {
+            let mut head = vec![0u8; 512];
+            head[..first.len()].copy_from_slice(first.as_bytes());
+            head[257..262].copy_from_slice(b"ustar");
+            assert!(is_ova(&head, "-"), "{first}");
+        }
+        for first in ["disk.img", "notes.txt", "vm.ovf.bak"] {
+            let mut head = vec![0u8; 512];
+            head[..first.len()].copy_from_slice(first.as_bytes());
+            head[257..262].copy_from_slice(b"ustar");
+            assert!(!is_ova(&head, "-"), "{first}");
+        }
     }
 }
