@@ -61,6 +61,14 @@ fn sample_ova(dir: &Path) -> (PathBuf, Vec<u8>, Vec<u8>) {
     (ova, system, data)
 }
 
+/// [`sample_ova`]'s members with the descriptor last (`dir/late.ova`).
+fn late_ova(dir: &Path) -> (PathBuf, Vec<u8>, Vec<u8>) {
+    let (_, system, data) = sample_ova(dir);
+    let late = dir.join("late.ova");
+    tar(dir, &late, &["system.qcow2", "data.img", "vm.ovf"]);
+    (late, system, data)
+}
+
 /// `dir/system.vmdk`, a streamOptimized vmdk of [`sample_disk`], and its raw conversion by
 /// qemu-img (`dir/reference.raw`).
 fn stream_optimized_vmdk(dir: &Path) -> (PathBuf, PathBuf) {
@@ -155,9 +163,7 @@ fn a_compressed_ova_over_http_streams_its_disk() {
 #[test]
 fn an_ova_with_its_descriptor_after_its_disks_is_imported_from_a_file() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, system, data) = sample_ova(dir.path());
-    let late = dir.path().join("late.ova");
-    tar(dir.path(), &late, &["system.qcow2", "data.img", "vm.ovf"]);
+    let (late, system, data) = late_ova(dir.path());
     let target = dir.path().join("out.img");
     let out = run(&["import", arg(&late), arg(&target), "--json"]);
     assert_ok(&out);
@@ -246,9 +252,7 @@ fn a_streamed_ova_holds_the_disks_before_its_descriptor() {
 fn an_ova_on_stdin_with_its_disk_before_its_descriptor_is_known_by_its_disk() {
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
-    let (_, system, data) = sample_ova(dir.path());
-    let late = dir.path().join("late.ova");
-    tar(dir.path(), &late, &["system.qcow2", "data.img", "vm.ovf"]);
+    let (late, system, data) = late_ova(dir.path());
     let target = dir.path().join("out.img");
     for (disk, expected) in [("1", &system), ("2", &data)] {
         let mut child = quarry()
