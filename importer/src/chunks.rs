@@ -759,7 +759,7 @@ mod tests {
         let err = rx.read(&mut [0u8; 4]).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         assert_eq!(err.to_string(), "bad deflate");
-        assert!(err.get_ref().is_none_or(|inner| !inner.is::<Error>()));
+        assert!(!Error::carried_by(&err));
         let again = rx.read(&mut [0u8; 4]).unwrap_err();
         assert_eq!(again.kind(), io::ErrorKind::InvalidData);
         assert!(again.to_string().contains("already reported"), "{again}");

@@ -175,13 +175,18 @@ impl Error {
         io::Error::other(self)
     }
 
+    /// Whether `err` carries one of ours through an [`io::Read`] boundary ([`Error::into_io`]).
+    pub(crate) fn carried_by(err: &io::Error) -> bool {
+        err.get_ref().is_some_and(|inner| inner.is::<Error>())
+    }
+
     /// Classifies an error that came out of reading the (decoded) image stream.
     ///
     /// Errors raised by Quarry's own stages keep their kind; a premature end of the stream is a
     /// truncated image; decoder complaints (`InvalidData`/`InvalidInput`) are corruption of the
     /// named layer; anything else is a local I/O failure.
     pub fn from_read(err: io::Error, what: &str) -> Self {
-        if err.get_ref().is_some_and(|inner| inner.is::<Error>()) {
+        if Error::carried_by(&err) {
             return *err
                 .into_inner()
                 .expect("checked above")

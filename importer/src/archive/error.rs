@@ -64,7 +64,7 @@ impl ArchiveError {
     /// An error out of reading the tar stream: the source's and decoders' errors keep their
     /// kind, anything else the tar reader says makes the archive malformed at `entry`.
     pub fn reading(e: io::Error, entry: Option<&str>) -> Self {
-        if e.get_ref().is_some_and(|inner| inner.is::<Error>()) {
+        if Error::carried_by(&e) {
             return ArchiveError::Source(Error::from_read(e, "archive"));
         }
         match (entry, e.kind()) {

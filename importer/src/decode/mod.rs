@@ -101,8 +101,7 @@ struct DecoderErrors<R> {
 impl<R: Read> Read for DecoderErrors<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.inner.read(buf).map_err(|e| {
-            let from_decoder = !self.input_failed.load(Ordering::Relaxed)
-                && !e.get_ref().is_some_and(|inner| inner.is::<Error>());
+            let from_decoder = !self.input_failed.load(Ordering::Relaxed) && !Error::carried_by(&e);
             if !from_decoder {
                 return e;
             }
@@ -219,7 +218,7 @@ impl Read for GzMembers<'_> {
                 return Ok(0);
             };
             let n = match decoder.read(buf) {
-                Err(e) if self.following && e.get_ref().is_none_or(|i| !i.is::<Error>()) => {
+                Err(e) if self.following && !Error::carried_by(&e) => {
                     return Err(Self::trailing(&format!("not another gzip member: {e}")));
                 }
                 r => r?,

@@ -717,8 +717,7 @@ fn walk_layers(plan: &Plan, http: &HttpOptions, out: &mut WalkOut) -> Result<()>
 /// `Other` errors with a message) are a bad archive; ours (HTTP, digest, a spill file read back)
 /// and the system's keep their kind, so a local read failure is not called corruption.
 pub(crate) fn tar_error(e: io::Error, what: &str) -> Error {
-    let ours = e.get_ref().is_some_and(|inner| inner.is::<Error>());
-    if !ours && e.raw_os_error().is_none() && e.kind() == io::ErrorKind::Other {
+    if !Error::carried_by(&e) && e.raw_os_error().is_none() && e.kind() == io::ErrorKind::Other {
         return Error::Corrupt(format!("{what}: not a valid tar archive: {e}"));
     }
     Error::from_read(e, what)
