@@ -1,7 +1,7 @@
 //! `quarry controller --leader-elect` as the Deployments run it, against the real API server:
 //! of two replicas (identities from $POD_NAME) one leads; SIGTERM makes the leader stop and
 //! release its Lease, and the other replica takes over. Skips, saying why, where
-//! `../shared/kube` or etcd is absent.
+//! the locally built kube-apiserver (`~/.cache/kubelab`) or etcd is absent.
 
 mod common;
 

@@ -179,6 +179,36 @@ pub struct HostPathArgs {
     /// ($POD_NAME), else quay.io/quarry/quarry:latest].
     #[arg(long)]
     pub image: Option<String>,
+    /// The pool of the HostPathProvisioner made at start when there is none (NAME=PATH), so
+    /// that the bundle alone gives a working driver; empty: make none.
+    #[arg(long, default_value = crate::deploy::DEFAULT_POOL, value_parser = parse_default_pool)]
+    pub default_pool: DefaultPool,
+    /// node-driver-registrar image.
+    #[arg(long, default_value_t = Settings::default().registrar_image)]
+    pub registrar_image: String,
+    /// csi-provisioner image.
+    #[arg(long, default_value_t = Settings::default().provisioner_image)]
+    pub provisioner_image: String,
+    /// csi-snapshotter image.
+    #[arg(long, default_value_t = Settings::default().snapshotter_image)]
+    pub snapshotter_image: String,
+    /// csi-resizer image.
+    #[arg(long, default_value_t = Settings::default().resizer_image)]
+    pub resizer_image: String,
+}
+
+/// `--default-pool`: a pool's name and path, or none.
+#[derive(Clone, Debug)]
+pub struct DefaultPool(pub Option<(String, String)>);
+
+/// `NAME=PATH`, or none for an empty value.
+fn parse_default_pool(s: &str) -> std::result::Result<DefaultPool, String> {
+    if s.is_empty() {
+        return Ok(DefaultPool(None));
+    }
+    s.split_once('=')
+        .map(|(n, p)| DefaultPool(Some((n.to_string(), p.to_string()))))
+        .ok_or_else(|| format!("{s:?} is not NAME=PATH"))
 }
 
 fn parse_class_overhead(s: &str) -> std::result::Result<(String, f64), String> {
@@ -319,8 +349,14 @@ async fn run_controller(which: Which, client: kube::Client, metrics: Arc<Metrics
             let settings = Settings {
                 namespace: a.namespace,
                 image: image.unwrap_or_else(|| crate::deploy::DEFAULT_IMAGE.into()),
-                ..Settings::default()
+                registrar_image: a.registrar_image,
+                provisioner_image: a.provisioner_image,
+                snapshotter_image: a.snapshotter_image,
+                resizer_image: a.resizer_image,
             };
+            if let Some(pool) = a.default_pool.0 {
+                crate::hostpath::controller::ensure_one(&client, pool).await?;
+            }
             crate::hostpath::controller::run(client, settings, metrics).await
         }
         Which::Certs(a) => {

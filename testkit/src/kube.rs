@@ -1,5 +1,5 @@
-//! A real Kubernetes API server for tests: Debian's etcd and the `kube-apiserver` of
-//! `<checkout>/../shared/kube/` (v1.24), on 127.0.0.1 with free ports, openssl-made certificates,
+//! A real Kubernetes API server for tests: Debian's etcd and the `kube-apiserver` built on this
+//! machine into [`artifacts_dir`] (1.28 or later), on 127.0.0.1 with free ports, openssl-made certificates,
 //! a token file with one admin user (`system:masters`), RBAC authorization, Pod Security
 //! admission, and the front-proxy flags an aggregated API server needs.
 //!
@@ -11,9 +11,9 @@
 //!   test runner (nextest, or the `cargo test` process itself) exits.
 //! - [`KubeApiServer::start`]: a server of the test's own, stopped by PID when dropped.
 //!
-//! Both return `None` after printing why (`skipping: ...`) when `../shared/kube/kube-apiserver.xz`
-//! or `etcd` is absent, so the suite passes on machines without them. The binary is unpacked
-//! once into a cache directory under the system temp dir.
+//! Both return `None` after printing why (`skipping: ...`) when that `kube-apiserver` (plain or
+//! `.xz`) or `etcd` is absent, so the suite passes on machines without them. An `.xz` binary is
+//! unpacked once into a cache directory under the system temp dir.
 //!
 //! There is no scheduler, kubelet or controller-manager: tests play those parts by writing status
 //! subresources themselves.
@@ -44,18 +44,30 @@ pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const START_ATTEMPTS: usize = 3;
 
-/// Where the shared peers live, relative to this crate: `<checkout>/../shared`.
-fn shared_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared")
+/// Where the test cluster's binaries are built and kept (never in a repository):
+/// `$KUBELAB_ARTIFACTS`, else `~/.cache/kubelab` (see `../shared/kube/README.md`).
+pub fn artifacts_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("KUBELAB_ARTIFACTS") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    PathBuf::from(home).join(".cache/kubelab")
+}
+
+/// `NAME` or `NAME.xz` in the artifacts directory, whichever is there.
+pub fn artifact(name: &str) -> Option<PathBuf> {
+    let dir = artifacts_dir();
+    [dir.join(name), dir.join(format!("{name}.xz"))]
+        .into_iter()
+        .find(|p| p.is_file())
 }
 
 /// Why the API server cannot run here, if it cannot.
 pub fn skip_reason() -> Option<String> {
-    let xz = shared_dir().join("kube/kube-apiserver.xz");
-    if !xz.is_file() {
+    if artifact("kube-apiserver").is_none() {
         return Some(format!(
-            "{} is absent (the real kube-apiserver is provided in ../shared/kube/)",
-            xz.display()
+            "no kube-apiserver in {} (built locally from Kubernetes' sources: ../shared/kube/README.md)",
+            artifacts_dir().display()
         ));
     }
     if which("etcd").is_none() {
@@ -76,10 +88,15 @@ fn which(cmd: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The unpacked `kube-apiserver`, from the cache (unpacked on first use, atomically).
+/// The `kube-apiserver` to run: the artifact itself, or an `.xz` one unpacked once into a
+/// cache (atomically; each unpacking writes a file of its own, so that no thread executes a
+/// file another is still writing).
 fn apiserver_binary() -> Result<PathBuf, String> {
-    let xz = shared_dir().join("kube/kube-apiserver.xz");
-    let meta = fs::metadata(&xz).map_err(|e| format!("{}: {e}", xz.display()))?;
+    let src = artifact("kube-apiserver").ok_or_else(|| "no kube-apiserver".to_string())?;
+    if src.extension().is_none_or(|e| e != "xz") {
+        return Ok(src);
+    }
+    let meta = fs::metadata(&src).map_err(|e| format!("{}: {e}", src.display()))?;
     let mtime = meta
         .modified()
         .ok()
@@ -91,23 +108,22 @@ fn apiserver_binary() -> Result<PathBuf, String> {
     if bin.is_file() {
         return Ok(bin);
     }
-    let tmp = cache.join(format!("kube-apiserver.{}.part", std::process::id()));
+    let tmp = cache.join(format!("kube-apiserver.{:x}.part", unique()));
     let out = fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o755)
         .open(&tmp)
         .map_err(|e| format!("creating {}: {e}", tmp.display()))?;
     let status = Command::new("xz")
         .arg("-dc")
-        .arg(&xz)
+        .arg(&src)
         .stdout(out)
         .status()
         .map_err(|e| format!("running xz: {e}"))?;
     if !status.success() {
         let _ = fs::remove_file(&tmp);
-        return Err(format!("xz -dc {} failed: {status}", xz.display()));
+        return Err(format!("xz -dc {} failed: {status}", src.display()));
     }
     fs::rename(&tmp, &bin).map_err(|e| format!("moving {}: {e}", tmp.display()))?;
     Ok(bin)
@@ -328,18 +344,23 @@ impl KubeApiServer {
     }
 
     fn client_from(&self, yaml: &str) -> kube::Client {
-        let kc = Kubeconfig::from_yaml(yaml).expect("testkit kubeconfig parses");
-        let cfg = futures_executor_block_on(kube::Config::from_custom_kubeconfig(
-            kc,
-            &KubeConfigOptions::default(),
-        ))
-        .expect("testkit kubeconfig loads");
-        kube::Client::try_from(cfg).expect("a kube client (needs a tokio runtime)")
+        client_from(yaml)
     }
 }
 
+/// A client from a kubeconfig whose user has a token (loading it never waits).
+pub(crate) fn client_from(yaml: &str) -> kube::Client {
+    let kc = Kubeconfig::from_yaml(yaml).expect("testkit kubeconfig parses");
+    let cfg = futures_executor_block_on(kube::Config::from_custom_kubeconfig(
+        kc,
+        &KubeConfigOptions::default(),
+    ))
+    .expect("testkit kubeconfig loads");
+    kube::Client::try_from(cfg).expect("a kube client (needs a tokio runtime)")
+}
+
 /// A process-unique, time-seeded number for names.
-fn unique() -> u64 {
+pub(crate) fn unique() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     let t = std::time::SystemTime::now()
@@ -692,10 +713,8 @@ mod tests {
             return;
         };
         let version = server.client().apiserver_version().await.unwrap();
-        assert_eq!(
-            (version.major.as_str(), version.minor.as_str()),
-            ("1", "24")
-        );
+        let minor: u32 = version.minor.trim_end_matches('+').parse().unwrap();
+        assert!(version.major == "1" && minor >= 28, "{version:?}");
         let port: u16 = server.url().rsplit(':').next().unwrap().parse().unwrap();
         drop(server);
         assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());

@@ -2,7 +2,7 @@
 //! (400 when missing or not a JWT, 401 when its signature, times or claims are wrong, 431 when
 //! the header is too large to hold one), then streams the request to the upload server of the
 //! PVC the token names, and streams the answer back. Nothing is buffered. The upload server's address comes from a template (CDI's default
-//! `https://cdi-upload-{pvc}.{namespace}.svc:8443`) or from static `NAMESPACE/PVC=URL` routes;
+//! `https://cdi-upload-{pvc}.{namespace}.svc`) or from static `NAMESPACE/PVC=URL` routes;
 //! a PVC with no route, or a server that cannot be reached, gets 503. CORS preflights are
 //! answered so browsers can upload.
 
@@ -24,7 +24,7 @@ use crate::{UPLOAD_CHECKSUM, UPLOAD_LENGTH, UPLOAD_OFFSET, UPLOAD_STATE};
 use importer::error::chain;
 
 /// CDI's upload server address for a PVC.
-pub const DEFAULT_TEMPLATE: &str = "https://cdi-upload-{pvc}.{namespace}.svc:8443";
+pub const DEFAULT_TEMPLATE: &str = "https://cdi-upload-{pvc}.{namespace}.svc";
 
 /// Longest `Authorization` header read (CDI's tokens are under 2 KiB); longer ones get 431.
 const MAX_AUTHORIZATION: usize = 16 << 10;
@@ -301,7 +301,7 @@ mod tests {
         let t = Upstreams::Template(DEFAULT_TEMPLATE.into());
         assert_eq!(
             t.url("vms", "disk").unwrap(),
-            "https://cdi-upload-disk.vms.svc:8443"
+            "https://cdi-upload-disk.vms.svc"
         );
         let (key, url) = Upstreams::parse_route("vms/disk=http://127.0.0.1:1234/").unwrap();
         let s = Upstreams::Static([(key, url)].into());

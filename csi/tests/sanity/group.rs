@@ -88,9 +88,9 @@ async fn capabilities_advertise_groups_get_snapshot_and_modify() {
             _ => None,
         })
         .collect();
-    for want in [csc::rpc::Type::GetSnapshot, csc::rpc::Type::ModifyVolume] {
-        assert!(rpcs.contains(&(want as i32)), "{want:?} not advertised");
-    }
+    assert!(rpcs.contains(&(csc::rpc::Type::ModifyVolume as i32)));
+    // served (below) but not advertised: sidecars on CSI 1.11 crash on the unknown value
+    assert!(!rpcs.contains(&(csc::rpc::Type::GetSnapshot as i32)));
     let plugin = s
         .identity()
         .get_plugin_capabilities(pb::GetPluginCapabilitiesRequest {})

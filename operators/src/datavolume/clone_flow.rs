@@ -78,6 +78,9 @@ pub struct CloneObserved {
     pub source_pvc: Option<PersistentVolumeClaim>,
     /// The source VolumeSnapshot (a `spec.source.snapshot`).
     pub source_snapshot: Option<VolumeSnapshot>,
+    /// The node of the PVC the source snapshot was taken of (its selected node), where a
+    /// node-local driver keeps the snapshot: the restored PVC is placed there.
+    pub snapshot_node: Option<String>,
     /// The smart clone's temporary VolumeSnapshot.
     pub temp_snapshot: Option<VolumeSnapshot>,
     /// The host-assisted clone source pod.
@@ -147,8 +150,8 @@ fn volume_mode(p: &PersistentVolumeClaim) -> Option<&str> {
     p.spec.as_ref()?.volume_mode.as_deref()
 }
 
-/// Bytes the DataVolume asks for, before any filesystem overhead (a clone's target is compared
-/// with its source as asked; a clone copies the source's overhead along).
+/// Bytes the DataVolume asks for, before any filesystem overhead (a clone copies the source's
+/// overhead along, so a target that asks for its source's size needs no expansion).
 fn requested(dv: &crate::api::DataVolume, claim: &Claim) -> u64 {
     let resources = match (&dv.spec.storage, &dv.spec.pvc) {
         (Some(s), _) => s.resources.as_ref(),
@@ -209,7 +212,10 @@ pub(super) fn decide_clone(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim) {
                 },
                 target_volume_mode: Some(claim.mode.as_str()),
                 source_size: source_size(src.kind, o),
-                target_size: Some(requested(cx.dv, claim)),
+                // the claim as it is made (a `storage` request inflated for filesystem overhead,
+                // as the source's was when this controller made it): PVC bytes against PVC
+                // bytes, so a target that asks for its source's size is never too small
+                target_size: Some(claim.size),
                 allow_expansion: f.allow_expansion,
                 cross_namespace: src_ns != dv_ns,
                 target_on_source_node: None,
@@ -250,7 +256,10 @@ pub(super) fn decide_clone(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim) {
 /// CSI clone and snapshot restore: the driver copies; Quarry creates and waits.
 fn by_driver(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim, strategy: Strategy, from: &str) {
     let o = &cx.obs.clone;
-    let node = o.source_pvc.as_ref().and_then(node_of).map(String::from);
+    let node = match src.kind {
+        SourceKind::Pvc => o.source_pvc.as_ref().and_then(node_of).map(String::from),
+        SourceKind::Snapshot => o.snapshot_node.clone(),
+    };
     let size = source_size(src.kind, o).unwrap_or(claim.size);
     let (data_source, phase, ev, message) = match (src.kind, strategy) {
         (SourceKind::Snapshot, _) => (
@@ -286,6 +295,17 @@ fn by_driver(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim, strategy: Strat
     if target.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
         // Said again on every look: the DataVolume read may predate the last status write.
         pending_target(cx);
+        if cx.obs.wait_for_first_consumer && objects::node_of(target).is_none() {
+            // no node to put it on (a snapshot of unknown origin): it binds with its consumer
+            cx.cond(
+                condition::RUNNING,
+                false,
+                reason::WAIT_FOR_FIRST_CONSUMER,
+                "the PVC waits for its first consumer",
+            );
+            cx.st.phase = Some(Phase::WaitForFirstConsumer);
+            return;
+        }
         cx.phase(phase, Some((false, ev, message)));
         return;
     }
@@ -983,6 +1003,28 @@ mod tests {
         assert_eq!(d.status.phase, Some(Phase::Failed));
         assert!(objects_of(&d).is_empty());
         assert_eq!(events(&d), [(true, "ErrIncompatiblePVC".to_string())]);
+    }
+
+    #[test]
+    fn a_source_made_by_a_storage_request_clones_into_the_same_request() {
+        // The source DataVolume asked for 1Gi: its PVC was inflated for filesystem overhead.
+        let inflated = crate::datavolume::pvc::required_space(GI, 0.055);
+        let mut o = with_pvc("csi-clone");
+        o.source_pvc = Some(claim_pvc("Bound", inflated, Some(inflated)));
+        let mut dv = pvc_clone("vms");
+        let d = step(&mut dv, &observed(None, None, o));
+        assert_ne!(d.status.phase, Some(Phase::Failed), "{:?}", events(&d));
+        assert_eq!(
+            created_pvc(&d)
+                .spec
+                .as_ref()
+                .unwrap()
+                .data_source
+                .as_ref()
+                .unwrap()
+                .kind,
+            "PersistentVolumeClaim"
+        );
     }
 
     #[test]

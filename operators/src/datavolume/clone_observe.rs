@@ -53,6 +53,18 @@ pub async fn observe(
         SourceKind::Snapshot => {
             let api: Api<VolumeSnapshot> = Api::namespaced(client.clone(), &src_ns);
             o.source_snapshot = kubeops::get(&api, &c.name).await?;
+            let origin = o
+                .source_snapshot
+                .as_ref()
+                .and_then(|s| s.spec.source.persistent_volume_claim_name.clone());
+            if let Some(origin) = origin {
+                let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &src_ns);
+                o.snapshot_node = kubeops::get(&api, &origin)
+                    .await?
+                    .as_ref()
+                    .and_then(objects::node_of)
+                    .map(String::from);
+            }
         }
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &dv_ns);

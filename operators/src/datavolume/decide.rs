@@ -4,7 +4,8 @@
 //!
 //! Import: Pending → PVCBound → ImportScheduled → ImportInProgress → Succeeded | Failed.
 //! Upload: Pending → PVCBound → UploadScheduled → UploadReady → Succeeded | Failed.
-//! A PVC whose StorageClass binds WaitForFirstConsumer shows WaitForFirstConsumer until bound.
+//! A PVC whose StorageClass binds WaitForFirstConsumer shows WaitForFirstConsumer until bound,
+//! unless the DataVolume asks to bind at once (then its pod is the first consumer).
 
 use std::time::Duration;
 
@@ -456,7 +457,13 @@ pub(super) fn claim_ready(cx: &mut Ctx<'_>, claim: &Claim) -> bool {
             if !cx.obs.wait_for_first_consumer {
                 return false;
             }
-            if cx.cfg.honor_wait_for_first_consumer {
+            let immediate = cx
+                .dv
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(super::ANN_IMMEDIATE_BINDING));
+            if cx.cfg.honor_wait_for_first_consumer && !immediate {
                 cx.cond(
                     condition::RUNNING,
                     false,
@@ -571,7 +578,8 @@ fn follow_pod(cx: &mut Ctx<'_>, p: &Pod, work: Work) {
                         format!("Upload into {pvc} ready"),
                     )),
                 );
-            } else {
+            } else if cx.st.phase != Some(Phase::UploadReady) {
+                // a server that was ready and is not any more is writing out a finished upload
                 cx.upload_scheduled(&pvc);
             }
         }

@@ -52,6 +52,9 @@ pub const ANN_UPLOAD_TARGET: &str = "cdi.kubevirt.io/storage.upload.target";
 /// CDI's PVC annotation naming the volume's content type (`kubevirt` or `archive`); virtctl
 /// checks it before an archive upload.
 pub const ANN_CONTENT_TYPE: &str = "cdi.kubevirt.io/storage.contentType";
+/// DataVolume annotation (CDI's): bind the PVC at once, the importer being its first consumer,
+/// even where WaitForFirstConsumer is honoured (DataImportCrons set it on their imports).
+pub const ANN_IMMEDIATE_BINDING: &str = "cdi.kubevirt.io/storage.bind.immediate.requested";
 /// DataVolume annotation: keep the PVC when the DataVolume is deleted.
 pub const ANN_RETAIN_PVC: &str = "quarry.kubevirt.io/retainPVC";
 /// Upload pod label: the UID of the PVC it fills (CDI's; the upload Service selects on it).

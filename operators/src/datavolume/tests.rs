@@ -218,6 +218,14 @@ fn wait_for_first_consumer_is_honoured_or_the_importer_binds_the_pvc() {
         Some("WaitForFirstConsumer")
     );
 
+    // a DataImportCron's import asks to bind at once: the importer is its first consumer
+    let mut immediate = dv.clone();
+    immediate.metadata.annotations =
+        Some([(super::ANN_IMMEDIATE_BINDING.to_string(), "true".to_string())].into());
+    let d = step(&mut immediate, &o, &cfg);
+    created_pod(&d);
+    assert_eq!(d.status.phase, Some(Phase::Pending));
+
     cfg.honor_wait_for_first_consumer = false;
     let d = step(&mut dv, &o, &cfg);
     created_pod(&d);
@@ -478,6 +486,12 @@ fn the_upload_sequence_creates_pod_and_service_and_removes_both() {
     let d = step(&mut dv, &with_svc(&bound, Some(&up)), &cfg);
     assert_eq!(d.status.phase, Some(Phase::UploadReady));
     assert_eq!(events(&d), [(false, "UploadReady".to_string())]);
+
+    // the server stops being ready while it writes out a finished upload: no step back
+    up.status.as_mut().unwrap().conditions = None;
+    let d = step(&mut dv, &with_svc(&bound, Some(&up)), &cfg);
+    assert_eq!(d.status.phase, Some(Phase::UploadReady));
+    assert!(events(&d).is_empty(), "{:?}", events(&d));
 
     let mut done = exited(0, "");
     done.metadata.name = Some("cdi-upload-fedora".into());
@@ -769,6 +783,9 @@ fn upload_pod_runs_the_upload_server_with_tls_and_the_service_maps_443() {
         port.target_port,
         Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(8443))
     );
+    // the upload proxy's default upstream dials this Service's port (https: 443)
+    let t = uploader::proxy::DEFAULT_TEMPLATE;
+    assert!(t.starts_with("https://") && t.ends_with(".svc"), "{t}");
 }
 
 #[test]

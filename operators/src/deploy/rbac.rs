@@ -237,7 +237,12 @@ fn hostpath() -> Access {
     const HPP: &str = "hostpathprovisioner.kubevirt.io";
     const RBAC: &str = "rbac.authorization.k8s.io";
     let mut cluster = vec![
-        rule(&[HPP], &["hostpathprovisioners"], &["get", "list", "watch"]),
+        // `create`: the default one, when there is none (`--default-pool`)
+        rule(
+            &[HPP],
+            &["hostpathprovisioners"],
+            &["get", "list", "watch", "create"],
+        ),
         rule(
             &[HPP],
             &["hostpathprovisioners/status"],

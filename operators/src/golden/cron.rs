@@ -29,7 +29,7 @@ pub mod annotation {
     /// When the source was last polled (RFC 3339).
     pub const LAST_CRON_TIME: &str = "cdi.kubevirt.io/storage.import.lastCronTime";
     /// Import DataVolumes bind at once, without waiting for a consumer.
-    pub const IMMEDIATE_BINDING: &str = "cdi.kubevirt.io/storage.bind.immediate.requested";
+    pub const IMMEDIATE_BINDING: &str = crate::datavolume::ANN_IMMEDIATE_BINDING;
 }
 
 /// The label marking a cron's objects for deletion with it (`retentionPolicy: None`).

@@ -183,6 +183,18 @@ pub fn error_policy(hpp: Arc<HostPathProvisioner>, err: &Error, ctx: Arc<Context
     )
 }
 
+/// Makes the HostPathProvisioner `hostpath-provisioner` with one pool when none exists, as HCO
+/// makes its children: the bundle then gives a working driver, and the CR stays the one owner
+/// of the driver's objects (an admin's edits to it are never undone; an existing one is kept).
+pub async fn ensure_one(client: &Client, (name, path): (String, String)) -> Result<()> {
+    let api: Api<HostPathProvisioner> = Api::all(client.clone());
+    if !api.list(&Default::default()).await?.items.is_empty() {
+        return Ok(());
+    }
+    let hpp = crate::deploy::hostpath_provisioner(&name, &path);
+    kubeops::create(&api, &hpp, &kubeops::manager(CONTROLLER)).await
+}
+
 /// Runs the controller until the process stops.
 pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>) {
     let hpps: Api<HostPathProvisioner> = Api::all(client.clone());

@@ -1,7 +1,6 @@
 //! The CSI driver objects a HostPathProvisioner asks for: the per-node DaemonSet (`quarry csi`
 //! with the node-driver-registrar, csi-provisioner, csi-snapshotter and csi-resizer sidecars),
-//! the CSIDriver, one StorageClass per pool, the pool ConfigMap and RBAC. `quarry gen-deploy` writes the same objects (for a
-//! default CR) into `deploy/csi/`.
+//! the CSIDriver, one StorageClass per pool, the pool ConfigMap and RBAC, all owned by the CR.
 
 use std::collections::BTreeMap;
 
@@ -310,7 +309,8 @@ pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverO
             volume_mounts: Some(vec![mount("socket-dir", "/csi", false)]),
             ..Default::default()
         },
-        // each node's snapshotter handles the snapshots of its own volumes
+        // each node's snapshotter handles the snapshots of its own volumes: the
+        // snapshot-controller must run with --enable-distributed-snapshotting to label them
         Container {
             name: "csi-snapshotter".into(),
             image: Some(s.snapshotter_image.clone()),
@@ -320,7 +320,8 @@ pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverO
                 "--node-deployment=true".into(),
                 "--leader-election=false".into(),
                 "--extra-create-metadata=true".into(),
-                "--feature-gates=CSIVolumeGroupSnapshot=true".into(),
+                // no CSIVolumeGroupSnapshot gate: with it, csi-snapshotter v8 handles nothing
+                // until the groupsnapshot.storage.k8s.io CRDs exist, and many clusters lack them
             ]),
             env: Some(vec![field_env("NODE_NAME", "spec.nodeName")]),
             volume_mounts: Some(vec![mount("socket-dir", "/csi", false)]),
@@ -336,7 +337,8 @@ pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverO
                 "--csi-address=/csi/csi.sock".into(),
                 "--leader-election=false".into(),
                 "--handle-volume-inuse-error=false".into(),
-                "--feature-gates=VolumeAttributesClass=true".into(),
+                // no VolumeAttributesClass gate: the API is v1beta1 from 1.31 and off by
+                // default until 1.34, and the resizer logs list errors where it is absent
             ]),
             volume_mounts: Some(vec![mount("socket-dir", "/csi", false)]),
             ..Default::default()
@@ -444,26 +446,37 @@ pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverO
             ),
             rule(
                 &["snapshot.storage.k8s.io"],
-                &[
-                    "volumesnapshotclasses",
-                    "volumegroupsnapshotclasses",
-                    "volumegroupsnapshots",
-                ],
+                &["volumesnapshotclasses"],
                 &["get", "list", "watch"],
             ),
             rule(
                 &["snapshot.storage.k8s.io"],
-                &["volumesnapshotcontents", "volumegroupsnapshotcontents"],
+                &["volumesnapshotcontents"],
                 &[
                     "get", "list", "watch", "create", "update", "patch", "delete",
                 ],
             ),
             rule(
                 &["snapshot.storage.k8s.io"],
+                &["volumesnapshotcontents/status"],
+                &["update", "patch"],
+            ),
+            // group snapshots live in their own API group (external-snapshotter v8)
+            rule(
+                &["groupsnapshot.storage.k8s.io"],
+                &["volumegroupsnapshotclasses", "volumegroupsnapshots"],
+                &["get", "list", "watch"],
+            ),
+            rule(
+                &["groupsnapshot.storage.k8s.io"],
+                &["volumegroupsnapshotcontents"],
                 &[
-                    "volumesnapshotcontents/status",
-                    "volumegroupsnapshotcontents/status",
+                    "get", "list", "watch", "create", "update", "patch", "delete",
                 ],
+            ),
+            rule(
+                &["groupsnapshot.storage.k8s.io"],
+                &["volumegroupsnapshotcontents/status"],
                 &["update", "patch"],
             ),
             rule(
@@ -602,9 +615,9 @@ mod tests {
             ]
         );
         let args = |i: usize| pod.containers[i].args.clone().unwrap();
-        assert!(args(3).contains(&"--feature-gates=CSIVolumeGroupSnapshot=true".to_string()));
         assert!(args(3).contains(&"--node-deployment=true".to_string()));
-        assert!(args(4).contains(&"--feature-gates=VolumeAttributesClass=true".to_string()));
+        // gates for APIs that Kubernetes 1.28 does not serve stay off
+        assert!(!(args(3).iter().chain(&args(4))).any(|a| a.starts_with("--feature-gates")));
         assert_eq!(pod.containers[0].args.as_ref().unwrap()[0], "csi");
         // The image runs as 107 by default; the driver needs root.
         let driver = pod.containers[0].security_context.clone().unwrap();

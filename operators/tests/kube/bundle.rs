@@ -57,7 +57,6 @@ async fn the_whole_bundle_applies_its_pods_are_admitted_and_each_component_needs
     // 1. Every file, in the generated order (namespace, CRDs, the rest), is accepted.
     let files = deploy::manifests(DEFAULT_IMAGE).unwrap();
     let mut templates = Vec::new();
-    let mut daemon_set = None;
     for (rel, _) in &files {
         if rel.ends_with("kustomization.yaml") {
             continue;
@@ -74,7 +73,6 @@ async fn the_whole_bundle_applies_its_pods_are_admitted_and_each_component_needs
                     obj["metadata"]["name"].as_str().unwrap().to_string(),
                     obj["spec"]["template"].clone(),
                 )),
-                Some("DaemonSet") => daemon_set = Some(obj["spec"]["template"].clone()),
                 _ => {}
             }
         }
@@ -116,11 +114,20 @@ async fn the_whole_bundle_applies_its_pods_are_admitted_and_each_component_needs
             .await
             .unwrap_or_else(|e| panic!("{name}'s pod under restricted: {e}"));
     }
-    let csi = pod_from(&daemon_set.expect("the CSI DaemonSet"), "quarry-csi");
+    // The CSI DaemonSet is the HostPathProvisioner controller's, from its default CR.
+    let (pool, path) = deploy::DEFAULT_POOL.split_once('=').unwrap();
+    let hpp = deploy::hostpath_provisioner(pool, path);
+    let driver = operators::hostpath::objects::driver_objects(&hpp, &Default::default()).unwrap();
+    let template = serde_json::to_value(&driver.daemon_set.spec.unwrap().template).unwrap();
+    let csi = pod_from(&template, "quarry-csi");
     match pods.create(&PostParams::default(), &csi).await {
         Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{e:?}"),
         other => panic!("the CSI pod under restricted: {other:?}"),
     }
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), NAMESPACE);
+    sas.create(&PostParams::default(), &driver.service_account)
+        .await
+        .unwrap();
     Api::<Pod>::namespaced(admin.clone(), NAMESPACE)
         .create(&PostParams::default(), &csi)
         .await
@@ -214,14 +221,19 @@ async fn hostpath(admin: &Client, client: Client) {
             .as_deref(),
         Some("registry.example/quarry:own")
     );
+    // with no HostPathProvisioner, the controller makes the default one (under its own RBAC)
+    let (pool, path) = deploy::DEFAULT_POOL.split_once('=').unwrap();
+    operators::hostpath::controller::ensure_one(&client, (pool.into(), path.into()))
+        .await
+        .unwrap();
     let ctl = tokio::spawn(operators::hostpath::controller::run(
         client,
         Default::default(),
         Arc::default(),
     ));
-    let hpp = deploy::default_hostpath_provisioner();
     let hpps: Api<HostPathProvisioner> = Api::all(admin.clone());
-    let created = hpps.create(&PostParams::default(), &hpp).await.unwrap();
+    let created = hpps.get("hostpath-provisioner").await.unwrap();
+    assert_eq!(created.spec.storage_pools[0].path, path);
     let ds: Api<DaemonSet> = Api::namespaced(admin.clone(), NAMESPACE);
     wait_for("the controller owning the CSI DaemonSet", || async {
         let d = ds.get("quarry-csi").await.ok()?;
@@ -480,8 +492,8 @@ async fn kubectl_apply_k_of_an_overlay_installs_the_bundle_with_its_image() {
         .filter_map(|l| l.trim().strip_prefix("image: "))
         .collect();
     let ours = images.iter().filter(|i| i.contains("quarry")).count();
-    // Six Deployments and the CSI driver's own container.
-    assert_eq!(ours, 7, "{images:?}");
+    // Six Deployments (the CSI driver takes the hostpath controller's own image at run time).
+    assert_eq!(ours, 6, "{images:?}");
     assert!(
         images
             .iter()
@@ -539,10 +551,14 @@ async fn kubectl_apply_k_of_an_overlay_installs_the_bundle_with_its_image() {
             d.name_any()
         );
     }
-    Api::<DaemonSet>::namespaced(admin.clone(), NAMESPACE)
-        .get("quarry-csi")
-        .await
-        .unwrap();
+    // the CSI DaemonSet is the HostPathProvisioner controller's, not the bundle's
+    assert!(
+        Api::<DaemonSet>::namespaced(admin.clone(), NAMESPACE)
+            .get_opt("quarry-csi")
+            .await
+            .unwrap()
+            .is_none()
+    );
     for (rel, _) in deploy::manifests(DEFAULT_IMAGE).unwrap() {
         if rel.starts_with("deploy/crds") {
             let name = rel.file_stem().unwrap().to_str().unwrap().to_string();

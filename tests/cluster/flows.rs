@@ -1,0 +1,149 @@
+//! DataVolume workflows on the node: imports, uploads, clones, snapshots.
+
+use std::time::Instant;
+
+use crate::support::{
+    FileServer, assert_disk, cluster, dv_yaml, event_reasons, qcow2_image, wait_succeeded,
+};
+
+/// An HTTP qcow2.xz from a server on the node's address lands in a filesystem volume with
+/// qemu-img's bytes; the phases are CDI's; the time is set against `quarry import` here.
+#[test]
+fn http_qcow2_xz_import_writes_the_disk() {
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let image = qcow2_image(dir.path(), &["xz", "-c"]);
+    let server = FileServer::start(c, dir.path());
+    let ns = c.namespace("http", &[]);
+    let url = format!("{}/disk.qcow2.xz", server.url);
+    let start = Instant::now();
+    c.apply(&dv_yaml(
+        &ns,
+        "web",
+        &format!("    http:\n      url: {url}"),
+        "64Mi",
+        false,
+    ));
+    let took = wait_succeeded(c, &ns, "web", start);
+    assert_disk(c, &ns, "web", &image, false);
+    let reasons = event_reasons(c, &ns, "DataVolume", "web");
+    for want in ["Pending", "Bound", "ImportScheduled", "ImportSucceeded"] {
+        assert!(
+            reasons.iter().any(|r| r == want),
+            "no {want} event: {reasons:?}"
+        );
+    }
+    eprintln!("http qcow2.xz DataVolume: {took:.1?} from creation to Succeeded");
+}
+
+/// `volumeMode: Block`: the raw disk is the device's first bytes.
+#[test]
+fn http_import_into_a_block_volume() {
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let image = qcow2_image(dir.path(), &[]);
+    let server = FileServer::start(c, dir.path());
+    let ns = c.namespace("block", &[]);
+    let url = format!("{}/disk.qcow2", server.url);
+    c.apply(&dv_yaml(
+        &ns,
+        "dev",
+        &format!("    http:\n      url: {url}"),
+        "64Mi",
+        true,
+    ));
+    wait_succeeded(c, &ns, "dev", Instant::now());
+    assert_disk(c, &ns, "dev", &image, true);
+}
+
+/// A blank DataVolume is an all-zero disk of the volume's size.
+#[test]
+fn a_blank_volume_reads_as_zeros() {
+    let Some(c) = cluster() else { return };
+    let ns = c.namespace("blank", &[]);
+    c.apply(&dv_yaml(&ns, "empty", "    blank: {}", "32Mi", false));
+    wait_succeeded(c, &ns, "empty", Instant::now());
+    let (_, zeros) = crate::support::read_disk(c, &ns, "empty", 0, false);
+    assert!(zeros, "a blank disk.img holds data");
+}
+
+/// Upload as `virtctl image-upload` does it: a token from the aggregated API, then a POST to the
+/// upload proxy's Service, which passes it to the DataVolume's upload server.
+#[test]
+fn upload_through_the_token_api_and_the_proxy() {
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let image = qcow2_image(dir.path(), &[]);
+    let ns = c.namespace("upload", &[]);
+    c.apply(&dv_yaml(&ns, "up", "    upload: {}", "64Mi", false));
+    c.wait_for(
+        &ns,
+        "dv/up",
+        "{.status.phase}",
+        "UploadReady",
+        crate::support::DV_LIMIT,
+    );
+    let token = crate::support::upload_token(c, &ns, "up");
+    let status = crate::support::post_upload(c, &token, &image.path);
+    assert_eq!(status, "200", "the proxy's answer");
+    wait_succeeded(c, &ns, "up", Instant::now());
+    assert_disk(c, &ns, "up", &image, false);
+    let reasons = event_reasons(c, &ns, "DataVolume", "up");
+    let scheduled = reasons.iter().filter(|r| *r == "UploadScheduled").count();
+    assert!(
+        scheduled <= 1,
+        "UploadScheduled more than once: {reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r == "UploadSucceeded"),
+        "{reasons:?}"
+    );
+}
+
+/// A CSI clone into a DataVolume of its source's size, then a snapshot of the source restored
+/// into another: both hold the source's disk.
+#[test]
+fn csi_clone_and_snapshot_restore_hold_the_source_disk() {
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let image = qcow2_image(dir.path(), &["gzip", "-c"]);
+    let server = FileServer::start(c, dir.path());
+    let ns = c.namespace("clone", &[]);
+    let url = format!("{}/disk.qcow2.gzip", server.url);
+    c.apply(&dv_yaml(
+        &ns,
+        "src",
+        &format!("    http:\n      url: {url}"),
+        "64Mi",
+        false,
+    ));
+    wait_succeeded(c, &ns, "src", Instant::now());
+
+    let source = format!("    pvc:\n      namespace: {ns}\n      name: src");
+    c.apply(&dv_yaml(&ns, "copy", &source, "64Mi", false));
+    wait_succeeded(c, &ns, "copy", Instant::now());
+    assert_disk(c, &ns, "copy", &image, false);
+
+    crate::support::snapshot_class(c);
+    c.apply(&format!(
+        "apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {{name: snap, namespace: {ns}}}
+spec:
+  volumeSnapshotClassName: {class}
+  source: {{persistentVolumeClaimName: src}}
+",
+        class = crate::support::SNAPSHOT_CLASS
+    ));
+    c.wait_for(
+        &ns,
+        "volumesnapshot/snap",
+        "{.status.readyToUse}",
+        "true",
+        crate::support::DV_LIMIT,
+    );
+    let source = format!("    snapshot:\n      namespace: {ns}\n      name: snap");
+    c.apply(&dv_yaml(&ns, "restored", &source, "64Mi", false));
+    wait_succeeded(c, &ns, "restored", Instant::now());
+    assert_disk(c, &ns, "restored", &image, false);
+}

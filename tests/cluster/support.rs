@@ -1,0 +1,285 @@
+//! What the cluster tests share: the cluster, a file server on the node's address, DataVolume
+//! manifests, and a pod that reads a volume's bytes as a VM would.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use testkit::cluster::Cluster;
+
+/// How long a DataVolume may take to finish on the node.
+pub const DV_LIMIT: Duration = Duration::from_secs(300);
+
+/// The shared cluster with Quarry installed, or `None` (the test returns, skipped).
+pub fn cluster() -> Option<&'static Cluster> {
+    Cluster::shared(env!("CARGO_BIN_EXE_quarry"))
+}
+
+/// A static file server on the node's address (where pods reach the host), stopped when dropped.
+pub struct FileServer {
+    child: Child,
+    /// `http://NODE_IP:PORT`.
+    pub url: String,
+}
+
+impl FileServer {
+    /// Serves `dir`.
+    pub fn start(c: &Cluster, dir: &Path) -> FileServer {
+        let port = TcpListener::bind((c.node_ip.as_str(), 0))
+            .and_then(|l| l.local_addr())
+            .expect("a free port on the node's address")
+            .port();
+        let child = Command::new("python3")
+            .args(["-m", "http.server", &port.to_string(), "--bind", &c.node_ip])
+            .arg("--directory")
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 -m http.server");
+        let url = format!("http://{}:{port}", c.node_ip);
+        let start = Instant::now();
+        while std::net::TcpStream::connect((c.node_ip.as_str(), port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{url} never answered"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        FileServer { child, url }
+    }
+}
+
+impl Drop for FileServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A test image: the file to serve and qemu-img's raw conversion of it.
+pub struct Image {
+    /// The image as served or uploaded.
+    pub path: PathBuf,
+    /// The sha256 of `qemu-img convert -O raw` of it.
+    pub raw_sha256: String,
+    /// Its virtual size.
+    pub raw_len: u64,
+}
+
+/// [`crate::common::sample_qcow2`] (8 MiB of data and holes), compressed with `compress`
+/// (`["xz", "-c"]`, or nothing for the plain qcow2).
+pub fn qcow2_image(dir: &Path, compress: &[&str]) -> Image {
+    let (qcow2, expected) = crate::common::sample_qcow2(dir);
+    let path = if compress.is_empty() {
+        qcow2
+    } else {
+        let out = dir.join(format!("disk.qcow2.{}", compress[0]));
+        crate::common::compress(compress, &qcow2, &out);
+        out
+    };
+    Image {
+        path,
+        raw_sha256: hex::encode(Sha256::digest(&expected)),
+        raw_len: expected.len() as u64,
+    }
+}
+
+/// A DataVolume of `size` with `source` (YAML mapping lines, indented for `spec.source`), bound
+/// at once (the importer is the PVC's first consumer, as DataImportCrons ask), `block` for
+/// `volumeMode: Block`.
+pub fn dv_yaml(ns: &str, name: &str, source: &str, size: &str, block: bool) -> String {
+    let mode = if block { "Block" } else { "Filesystem" };
+    format!(
+        "apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataVolume
+metadata:
+  name: {name}
+  namespace: {ns}
+  annotations:
+    cdi.kubevirt.io/storage.bind.immediate.requested: \"true\"
+spec:
+  source:
+{source}
+  storage:
+    volumeMode: {mode}
+    resources:
+      requests:
+        storage: {size}
+"
+    )
+}
+
+/// Waits for the DataVolume's phase to be `Succeeded`: the time it took from `since`.
+pub fn wait_succeeded(c: &Cluster, ns: &str, name: &str, since: Instant) -> Duration {
+    c.wait_for(
+        ns,
+        &format!("dv/{name}"),
+        "{.status.phase}",
+        "Succeeded",
+        DV_LIMIT,
+    );
+    since.elapsed()
+}
+
+/// The reasons of the events about `object` (KIND/NAME) in `ns`, oldest first.
+pub fn event_reasons(c: &Cluster, ns: &str, kind: &str, name: &str) -> Vec<String> {
+    let out = c.kubectl_ok(&[
+        "-n",
+        ns,
+        "get",
+        "events",
+        "--field-selector",
+        &format!("involvedObject.kind={kind},involvedObject.name={name}"),
+        "--sort-by=.metadata.creationTimestamp",
+        "-o",
+        "jsonpath={range .items[*]}{.reason}{\"\\n\"}{end}",
+    ]);
+    out.lines().map(str::to_string).collect()
+}
+
+/// What a VM would see: a pod mounts the PVC (a filesystem volume's `disk.img`, or the block
+/// device) and reads it. Returns the sha256 of its first `len` bytes and whether every byte
+/// after them is zero (the disk grown to the volume).
+pub fn read_disk(c: &Cluster, ns: &str, pvc: &str, len: u64, block: bool) -> (String, bool) {
+    let pod = format!("read-{pvc}");
+    let (volume, disk) = if block {
+        (
+            "volumeDevices: [{name: d, devicePath: /dev/disk0}]",
+            "/dev/disk0",
+        )
+    } else {
+        (
+            "volumeMounts: [{name: d, mountPath: /pvc}]",
+            "/pvc/disk.img",
+        )
+    };
+    let script = format!(
+        "head -c {len} {disk} | sha256sum | cut -d' ' -f1; \
+         tail -c +{} {disk} | tr -d '\\000' | wc -c",
+        len + 1
+    );
+    c.apply(&format!(
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: {pod}, namespace: {ns}}}
+spec:
+  restartPolicy: Never
+  securityContext: {{runAsNonRoot: true, runAsUser: 107, fsGroup: 107, seccompProfile: {{type: RuntimeDefault}}}}
+  containers:
+  - name: read
+    image: docker.io/library/busybox:1.35
+    command: [sh, -c, {script:?}]
+    securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}
+    {volume}
+  volumes:
+  - name: d
+    persistentVolumeClaim: {{claimName: {pvc}}}
+"
+    ));
+    c.wait_for(
+        ns,
+        &format!("pod/{pod}"),
+        "{.status.phase}",
+        "Succeeded",
+        DV_LIMIT,
+    );
+    let logs = c.kubectl_ok(&["-n", ns, "logs", &pod]);
+    c.kubectl_ok(&["-n", ns, "delete", "pod", &pod, "--wait=false"]);
+    let mut lines = logs.lines();
+    let sha = lines.next().unwrap_or_default().trim().to_string();
+    let nonzero_after = lines.next().unwrap_or_default().trim().to_string();
+    (sha, nonzero_after == "0")
+}
+
+/// Asserts the volume holds `image`'s disk (then zeros), as a pod reads it.
+pub fn assert_disk(c: &Cluster, ns: &str, pvc: &str, image: &Image, block: bool) {
+    let (sha, zeros_after) = read_disk(c, ns, pvc, image.raw_len, block);
+    assert_eq!(sha, image.raw_sha256, "{ns}/{pvc}: the disk's bytes");
+    assert!(zeros_after, "{ns}/{pvc}: bytes past the disk are not zero");
+}
+
+/// An upload token for `pvc`, from the token API behind the aggregation layer (as virtctl asks).
+pub fn upload_token(c: &Cluster, ns: &str, pvc: &str) -> String {
+    let yaml = format!(
+        "apiVersion: upload.cdi.kubevirt.io/v1beta1
+kind: UploadTokenRequest
+metadata: {{name: {pvc}, namespace: {ns}}}
+spec: {{pvcName: {pvc}}}
+"
+    );
+    let mut child = c
+        .command("kubectl")
+        .args(["create", "-f", "-", "-o", "jsonpath={.status.token}"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(yaml.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "UploadTokenRequest: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8(out.stdout).unwrap();
+    assert!(token.split('.').count() == 3, "not a JWT: {token:?}");
+    token
+}
+
+/// POSTs `file` to the upload proxy's Service as virtctl does: the HTTP status.
+pub fn post_upload(c: &Cluster, token: &str, file: &Path) -> String {
+    let ip = c.kubectl_ok(&[
+        "-n",
+        testkit::cluster::NAMESPACE,
+        "get",
+        "service",
+        "quarry-uploadproxy",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ]);
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-k",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "POST",
+        ])
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .args(["-H", "Content-Type: application/octet-stream"])
+        .arg("--data-binary")
+        .arg(format!("@{}", file.display()))
+        .arg(format!("https://{ip}/v1beta1/upload"))
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The VolumeSnapshotClass of the driver that the README tells admins to create.
+pub const SNAPSHOT_CLASS: &str = "hostpath-csi-snapshots";
+
+/// Creates [`SNAPSHOT_CLASS`] (idempotent).
+pub fn snapshot_class(c: &Cluster) {
+    c.apply(&format!(
+        "apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata: {{name: {SNAPSHOT_CLASS}}}
+driver: kubevirt.io.hostpath-provisioner
+deletionPolicy: Delete
+"
+    ));
+}
