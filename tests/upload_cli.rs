@@ -437,7 +437,7 @@ fn refusals_have_cdis_status_codes_and_leave_no_complete_looking_target() {
     let gone = format!("vms/gone=http://127.0.0.1:{}", free_port());
     let v = Volume::start(
         &["--size", "64Mi", "--keep-serving"],
-        &["--upstream", &gone],
+        &["--upstream", &gone, "--upstream-wait", "1s"],
     );
     let (d, vol, target, private) = (v.dir(), &v.vol, &v.target, &v.private);
     let (other_key, _) = testkit::tls::rsa_key_pair(d, "intruder");
@@ -485,11 +485,18 @@ fn refusals_have_cdis_status_codes_and_leave_no_complete_looking_target() {
         post(&url, &token(private, "other-ns", "disk"), &long).0,
         503
     );
+    let asked = Instant::now();
     let (code, body) = post(&url, &token(private, "vms", "gone"), &long);
     assert_eq!(
         (code, body.contains("not reachable")),
         (503, true),
         "{body}"
+    );
+    // refused connections were tried again for the proxy's --upstream-wait (1s here)
+    assert!(
+        asked.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        asked.elapsed()
     );
     nothing();
 
@@ -1753,4 +1760,39 @@ fn an_archive_volume_extracts_uploads_on_cdis_archive_path_and_through_the_proxy
     let (code, body) = post(&url, "unused", &gz);
     assert_eq!(code, 400, "{body}");
     assert!(!vol3.join("disk.img").exists());
+}
+
+/// A server made ready just before its Service routes to it: the proxy tries the refused
+/// connection again instead of answering 503 at once, and the upload lands whole.
+#[test]
+fn the_proxy_waits_for_an_upload_server_that_is_not_listening_yet() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (private, public) = testkit::tls::rsa_key_pair(d, "signer");
+    let target = d.join("disk.img");
+    let port = free_port();
+    let route = format!("vms/disk=http://127.0.0.1:{port}");
+    let px = proxy(d, &public, &[], &["--upstream", &route]);
+    let (qcow2, expected) = sample_qcow2(d);
+    let late = {
+        let (target, log) = (target.clone(), d.join("late-server.log"));
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1500));
+            let listen = format!("127.0.0.1:{port}");
+            let args = [
+                "upload-server",
+                "--target",
+                arg(&target),
+                "--listen",
+                &listen,
+            ];
+            let mut srv = Proc::start("upload-server", &args, port, &log);
+            srv.wait_exit()
+        })
+    };
+    let url = format!("http://127.0.0.1:{}/v1beta1/upload", px.port);
+    let (code, body) = post(&url, &token(&private, "vms", "disk"), &qcow2);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(late.join().unwrap(), 0);
+    assert_same(&target, &expected);
 }

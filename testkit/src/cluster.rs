@@ -294,6 +294,9 @@ fn shared(quarry: &Path) -> Result<Cluster, String> {
         return describe(&dir);
     }
     let _ = fs::remove_file(&ready);
+    // From here the cluster is this run's: an earlier run's watcher leaves it alone.
+    let owner_file = state.join("owner");
+    fs::write(&owner_file, owner.to_string()).map_err(|e| format!("writing owner: {e}"))?;
     let log = state.join("setup.log");
     let _ = fs::remove_file(&log);
     let sh = cluster_sh();
@@ -303,10 +306,14 @@ fn shared(quarry: &Path) -> Result<Cluster, String> {
         Command::new("bash").arg(&sh).arg("down").arg(&dir),
         &log,
     )?;
-    // The watcher outlives this test process: it takes the cluster down when the runner exits.
+    // The watcher outlives this test process: it takes the cluster down when the runner exits,
+    // under the lock, unless a later run has taken the cluster over by then.
     let script = format!(
-        "while kill -0 {owner} 2>/dev/null; do sleep 2; done; rm -f '{ready}'; \
-         bash '{sh}' down '{dir}' >>'{log}' 2>&1",
+        "while kill -0 {owner} 2>/dev/null; do sleep 2; done; \
+         exec flock '{lock}' sh -c '[ \"$(cat {owner_file})\" = {owner} ] || exit 0; \
+         rm -f {ready}; bash {sh} down {dir} >>{log} 2>&1'",
+        lock = state.join("lock").display(),
+        owner_file = owner_file.display(),
         ready = ready.display(),
         sh = sh.display(),
         dir = dir.display(),

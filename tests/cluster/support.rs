@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 use testkit::cluster::Cluster;
 
+/// The StorageClass of the HostPathProvisioner's default pool.
+pub const CLASS: &str = "hostpath-csi-local";
 /// How long a DataVolume may take to finish on the node.
 pub const DV_LIMIT: Duration = Duration::from_secs(300);
 
@@ -105,6 +107,7 @@ spec:
   source:
 {source}
   storage:
+    storageClassName: {CLASS}
     volumeMode: {mode}
     resources:
       requests:
@@ -282,4 +285,83 @@ driver: kubevirt.io.hostpath-provisioner
 deletionPolicy: Delete
 "
     ));
+}
+
+/// A raw disk `name` in `dir` of 4 MiB whose bytes follow `seed` (a new seed: new bytes and
+/// a new modification time, as a new version of a served file has).
+pub fn raw_image(dir: &Path, name: &str, seed: u64) -> Image {
+    let mut data = vec![0u8; 4 << 20];
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for chunk in data.chunks_mut(4096).step_by(3) {
+        for b in chunk.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+    }
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.new"));
+    std::fs::write(&tmp, &data).unwrap();
+    let mtime =
+        std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + seed * 3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&tmp)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    Image {
+        path,
+        raw_sha256: hex::encode(Sha256::digest(&data)),
+        raw_len: data.len() as u64,
+    }
+}
+
+/// Waits until the DataSource `name` points at a PVC other than `not` whose DataVolume has
+/// succeeded: that PVC's name.
+pub fn data_source_pvc(c: &Cluster, ns: &str, name: &str, not: Option<&str>) -> String {
+    let start = Instant::now();
+    loop {
+        let pvc = c.kubectl_ok(&[
+            "-n",
+            ns,
+            "get",
+            "datasource",
+            name,
+            "--ignore-not-found",
+            "-o",
+            "jsonpath={.spec.source.pvc.name}",
+        ]);
+        if !pvc.is_empty() && Some(pvc.as_str()) != not {
+            let phase = c.kubectl(&[
+                "-n",
+                ns,
+                "get",
+                "dv",
+                &pvc,
+                "-o",
+                "jsonpath={.status.phase}",
+            ]);
+            if String::from_utf8_lossy(&phase.stdout) == "Succeeded" {
+                return pvc;
+            }
+        }
+        if start.elapsed() > DV_LIMIT {
+            let dump = c.kubectl(&[
+                "-n",
+                ns,
+                "get",
+                "dataimportcron,datasource,dv,pvc,events",
+                "-o",
+                "wide",
+            ]);
+            panic!(
+                "DataSource {ns}/{name} never pointed at a new import (not {not:?}):\n{}",
+                String::from_utf8_lossy(&dump.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }

@@ -111,6 +111,10 @@ pub struct ProxyArgs {
     /// Trust this CA (PEM) for the upload servers' certificates.
     #[arg(long, value_name = "PEM")]
     pub upstream_ca: Option<PathBuf>,
+    /// How long a refused connection to an upload server is tried again before the answer is
+    /// 503 (a server just made ready may not be behind its Service yet).
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub upstream_wait: Duration,
     /// Client certificate (PEM) presented to upload servers (mutual TLS; with --client-key).
     #[arg(long, value_name = "PEM", requires = "client_key")]
     pub client_cert: Option<PathBuf>,
@@ -327,6 +331,7 @@ pub fn run_proxy(args: ProxyArgs) -> Result<()> {
         public_key,
         upstreams,
         client,
+        upstream_wait: args.upstream_wait,
     });
     runtime()?.block_on(async move {
         let listener = net::bind(args.listen).await?;

@@ -29,6 +29,8 @@ pub const DEFAULT_TEMPLATE: &str = "https://cdi-upload-{pvc}.{namespace}.svc";
 /// Longest `Authorization` header read (CDI's tokens are under 2 KiB); longer ones get 431.
 const MAX_AUTHORIZATION: usize = 16 << 10;
 
+/// The pause between those tries.
+const UPSTREAM_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
 /// How long an idle connection to an upload server is kept for reuse.
 const UPSTREAM_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -87,6 +89,8 @@ pub struct Proxy {
     pub upstreams: Upstreams,
     /// The client to upload servers, following rotated certificate files.
     pub client: crate::reload::ReloadingUpstream,
+    /// How long a refused connection to an upload server is tried again (then 503).
+    pub upstream_wait: std::time::Duration,
 }
 
 /// The proxy's router.
@@ -163,24 +167,37 @@ async fn relay(proxy: &Proxy, req: Request) -> Response {
             headers.insert(HeaderName::from_static(name), v.clone());
         }
     }
-    let mut upstream = proxy
-        .client
-        .get()
-        .request(method.clone(), &url)
-        .headers(headers);
-    // The body is lent to the client, and taken back to be drained if it was never sent.
-    let (lent, unsent) = crate::net::Reclaim::new(body);
-    if method != Method::HEAD && method != Method::GET {
-        let body = importer::chunks::Coalesce::new(lent);
-        upstream = upstream.body(reqwest::Body::wrap_stream(body));
-    }
-    let answer = match upstream.send().await {
-        Ok(answer) => answer,
-        Err(e) => {
-            if let Some(body) = unsent.take_back() {
-                crate::net::drain(body);
+    // A server just made ready may not be behind its Service yet (the endpoints and the node's
+    // proxy rules follow the pod's readiness): a refused connection is tried again for a while,
+    // the body being untouched until the connection is made.
+    let deadline = tokio::time::Instant::now() + proxy.upstream_wait;
+    let mut body = Some(body);
+    let answer = loop {
+        let mut upstream = proxy
+            .client
+            .get()
+            .request(method.clone(), &url)
+            .headers(headers.clone());
+        // The body is lent to the client, and taken back if it was never sent.
+        let (lent, unsent) = crate::net::Reclaim::new(body.take().expect("the body is back"));
+        if method != Method::HEAD && method != Method::GET {
+            let body = importer::chunks::Coalesce::new(lent);
+            upstream = upstream.body(reqwest::Body::wrap_stream(body));
+        }
+        match upstream.send().await {
+            Ok(answer) => break answer,
+            Err(e) => {
+                let back = unsent.take_back();
+                if e.is_connect() && tokio::time::Instant::now() < deadline && back.is_some() {
+                    body = back;
+                    tokio::time::sleep(UPSTREAM_RETRY).await;
+                    continue;
+                }
+                if let Some(body) = back {
+                    crate::net::drain(body);
+                }
+                return forwarding_failed(&pvc, &e);
             }
-            return forwarding_failed(&pvc, &e);
         }
     };
     let mut resp = Response::builder().status(answer.status().as_u16());

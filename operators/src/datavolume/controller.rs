@@ -68,6 +68,9 @@ pub struct Context {
     scraped: Mutex<HashMap<String, Instant>>,
     /// Pod creations refused in a row, by DataVolume UID (their back-off).
     refused: Mutex<HashMap<String, u32>>,
+    /// The last event published, by DataVolume UID (reason, message): a decision made from a
+    /// DataVolume read before its last status write repeats the phase change, not the event.
+    announced: Mutex<HashMap<String, (String, String)>>,
 }
 
 impl Context {
@@ -89,6 +92,7 @@ impl Context {
             metrics_port: POD_PORT as u16,
             scraped: Mutex::default(),
             refused: Mutex::default(),
+            announced: Mutex::default(),
         }
     }
 
@@ -130,6 +134,21 @@ impl Context {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(uid);
+        self.announced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
+    }
+
+    /// Whether `e` differs from the last event published for `uid` (and if so, records it).
+    fn news(&self, uid: &str, e: &Event) -> bool {
+        let mut announced = self.announced.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (e.reason.clone(), e.message.clone());
+        if announced.get(uid) == Some(&key) {
+            return false;
+        }
+        announced.insert(uid.to_string(), key);
+        true
     }
 }
 
@@ -556,6 +575,9 @@ fn is_refusal(code: u16) -> bool {
 
 /// Records an event on the DataVolume; best effort (a lost event must not stall the volume).
 async fn publish(ctx: &Context, dv: &DataVolume, e: Event) {
+    if !ctx.news(dv.metadata.uid.as_deref().unwrap_or_default(), &e) {
+        return;
+    }
     kubeops::publish_event(
         &ctx.client,
         &dv.object_ref(&()),

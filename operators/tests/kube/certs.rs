@@ -511,6 +511,7 @@ async fn upload_through_proxy(
         public_key,
         upstreams: uploader::proxy::Upstreams::Static(routes),
         client,
+        upstream_wait: std::time::Duration::from_secs(1),
     });
     let listener = uploader::net::bind("127.0.0.1:0".parse().unwrap())
         .await
