@@ -38,12 +38,15 @@ pub struct NginxConfig<'a> {
     pub limit_rate: Option<u64>,
     /// Extra directives pasted into the `server { }` block as they are.
     pub extra: String,
+    /// The IPv4 address to listen on (None: 127.0.0.1), e.g. a test cluster's node address.
+    pub address: Option<std::net::Ipv4Addr>,
 }
 
 /// A running nginx. Stopped (TERM, wait, KILL) when dropped.
 pub struct Nginx {
     dir: TempDir,
     child: Child,
+    host: std::net::Ipv4Addr,
     port: u16,
     scheme: &'static str,
 }
@@ -77,19 +80,21 @@ impl Nginx {
             );
         }
         let mut last_err = String::new();
+        let host = cfg.address.unwrap_or(std::net::Ipv4Addr::LOCALHOST);
         for _ in 0..START_ATTEMPTS {
             let port = free_port();
             std::fs::write(
                 dir.path().join("nginx.conf"),
-                render(&cfg, dir.path(), port),
+                render(&cfg, dir.path(), host, port),
             )
             .expect("writing nginx.conf");
             let _ = std::fs::remove_file(dir.path().join("nginx.pid"));
-            match launch(dir.path(), port) {
+            match launch(dir.path(), host, port) {
                 Ok(child) => {
                     return Nginx {
                         dir,
                         child,
+                        host,
                         port,
                         scheme: if cfg.tls.is_some() { "https" } else { "http" },
                     };
@@ -105,9 +110,9 @@ impl Nginx {
         panic!("testkit: nginx did not start: {last_err}");
     }
 
-    /// `http(s)://127.0.0.1:PORT` + `path` (which should start with `/`).
+    /// `http(s)://ADDRESS:PORT` + `path` (which should start with `/`).
     pub fn url(&self, path: &str) -> String {
-        format!("{}://127.0.0.1:{}{}", self.scheme, self.port, path)
+        format!("{}://{}:{}{}", self.scheme, self.host, self.port, path)
     }
 
     /// The same URL with `localhost` as the host name.
@@ -175,16 +180,16 @@ pub fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
-fn render(cfg: &NginxConfig<'_>, dir: &Path, port: u16) -> String {
+fn render(cfg: &NginxConfig<'_>, dir: &Path, host: std::net::Ipv4Addr, port: u16) -> String {
     let d = dir.display();
     let mut server = String::new();
     match cfg.tls {
         Some(ca) => {
-            server += &format!("listen 127.0.0.1:{port} ssl http2;\n");
+            server += &format!("listen {host}:{port} ssl http2;\n");
             server += &format!("ssl_certificate {};\n", ca.cert_pem().display());
             server += &format!("ssl_certificate_key {};\n", ca.key_pem().display());
         }
-        None => server += &format!("listen 127.0.0.1:{port};\n"),
+        None => server += &format!("listen {host}:{port};\n"),
     }
     server += "server_name localhost;\n";
     server += &format!("root {};\n", cfg.root.display());
@@ -225,7 +230,7 @@ fn render(cfg: &NginxConfig<'_>, dir: &Path, port: u16) -> String {
 }
 
 /// Starts nginx and waits for readiness. `Err((bind_race, message))`.
-fn launch(dir: &Path, port: u16) -> Result<Child, (bool, String)> {
+fn launch(dir: &Path, host: std::net::Ipv4Addr, port: u16) -> Result<Child, (bool, String)> {
     let errlog = dir.join("startup.log");
     let mut child = Command::new("nginx")
         .arg("-e")
@@ -261,11 +266,8 @@ fn launch(dir: &Path, port: u16) -> Result<Child, (bool, String)> {
             .and_then(|s| s.trim().parse::<u32>().ok())
             == Some(child.id());
         if pid_written
-            && TcpStream::connect_timeout(
-                &SocketAddr::from(([127, 0, 0, 1], port)),
-                Duration::from_secs(1),
-            )
-            .is_ok()
+            && TcpStream::connect_timeout(&SocketAddr::from((host, port)), Duration::from_secs(1))
+                .is_ok()
         {
             return Ok(child);
         }

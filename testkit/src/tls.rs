@@ -22,6 +22,12 @@ impl TestCa {
     /// Makes a fresh CA and server certificate. Panics with a clear message when `openssl` is
     /// missing or fails.
     pub fn new() -> TestCa {
+        TestCa::for_ip(None)
+    }
+
+    /// [`TestCa::new`] whose server certificate also names `ip` (a test cluster's node address).
+    pub fn for_ip(ip: Option<&str>) -> TestCa {
+        let extra = ip.map(|ip| format!(", IP:{ip}")).unwrap_or_default();
         let dir = tempfile::Builder::new()
             .prefix("testkit-ca-")
             .tempdir()
@@ -32,12 +38,14 @@ impl TestCa {
             d,
             "/CN=localhost",
             ("key.pem", "cert.pem"),
-            "subjectAltName = IP:127.0.0.1, DNS:localhost\n\
-             basicConstraints = critical, CA:FALSE\n\
-             keyUsage = critical, digitalSignature, keyEncipherment\n\
-             extendedKeyUsage = serverAuth\n\
-             subjectKeyIdentifier = hash\n\
-             authorityKeyIdentifier = keyid\n",
+            &format!(
+                "subjectAltName = IP:127.0.0.1, DNS:localhost{extra}\n\
+                 basicConstraints = critical, CA:FALSE\n\
+                 keyUsage = critical, digitalSignature, keyEncipherment\n\
+                 extendedKeyUsage = serverAuth\n\
+                 subjectKeyIdentifier = hash\n\
+                 authorityKeyIdentifier = keyid\n"
+            ),
         );
         TestCa { dir }
     }

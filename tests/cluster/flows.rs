@@ -306,3 +306,141 @@ spec:
         std::thread::sleep(std::time::Duration::from_secs(1));
     }
 }
+
+/// HTTPS with the server's CA from a ConfigMap (`certConfigMap`) and basic auth from a Secret
+/// (`secretRef`, CDI's `accessKeyId`/`secretKey` keys), from nginx on the node's address.
+#[test]
+fn https_import_with_a_ca_config_map_and_basic_auth() {
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let image = qcow2_image(dir.path(), &["xz", "-c"]);
+    let ca = testkit::tls::TestCa::for_ip(Some(&c.node_ip));
+    let nginx = testkit::nginx::Nginx::start(testkit::nginx::NginxConfig {
+        root: dir.path().into(),
+        ranges: true,
+        tls: Some(&ca),
+        basic_auth: Some(("importer".into(), "s3cret".into())),
+        address: Some(c.node_ip.parse().unwrap()),
+        ..Default::default()
+    });
+    let ns = c.namespace("https", &[]);
+    c.kubectl_ok(&[
+        "-n",
+        &ns,
+        "create",
+        "configmap",
+        "web-ca",
+        &format!("--from-file=ca.pem={}", ca.ca_pem().display()),
+    ]);
+    c.kubectl_ok(&[
+        "-n",
+        &ns,
+        "create",
+        "secret",
+        "generic",
+        "web-creds",
+        "--from-literal=accessKeyId=importer",
+        "--from-literal=secretKey=s3cret",
+    ]);
+    let source = format!(
+        "    http:\n      url: {}\n      certConfigMap: web-ca\n      secretRef: web-creds",
+        nginx.url("/disk.qcow2.xz")
+    );
+    c.apply(&dv_yaml(&ns, "secure", &source, "64Mi", false));
+    wait_succeeded(c, &ns, "secure", Instant::now());
+    assert_disk(c, &ns, "secure", &image, false);
+}
+
+/// `contentType: archive`: a tar.gz's files land in the volume, a disk image among them as a
+/// file; no `disk.img` is made.
+#[test]
+fn an_archive_is_extracted_into_the_volume() {
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    std::fs::write(tree.join("a.txt"), "hello from the archive\n").unwrap();
+    let big: Vec<u8> = (0..3u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+        .collect();
+    std::fs::write(tree.join("sub/b.bin"), &big).unwrap();
+    let tar = dir.path().join("files.tar.gz");
+    let out = std::process::Command::new("tar")
+        .arg("-czf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(&tree)
+        .args(["a.txt", "sub"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let server = FileServer::start(c, dir.path());
+    let ns = c.namespace("archive", &[]);
+    let yaml = dv_yaml(
+        &ns,
+        "files",
+        &format!("    http:\n      url: {}/files.tar.gz", server.url),
+        "32Mi",
+        false,
+    )
+    .replace(
+        "spec:\n  source:",
+        "spec:\n  contentType: archive\n  source:",
+    );
+    c.apply(&yaml);
+    wait_succeeded(c, &ns, "files", Instant::now());
+    let listing = crate::support::in_volume(
+        c,
+        &ns,
+        "files",
+        "cd /pvc && sha256sum a.txt sub/b.bin && ls -a /pvc | sort | tr '\\n' ' '",
+    );
+    let want_a = crate::support::sha256_hex(b"hello from the archive\n");
+    let want_b = crate::support::sha256_hex(&big);
+    assert!(listing.contains(&format!("{want_a}  a.txt")), "{listing}");
+    assert!(
+        listing.contains(&format!("{want_b}  sub/b.bin")),
+        "{listing}"
+    );
+    assert!(!listing.contains("disk.img"), "{listing}");
+}
+
+/// `sourceRef` to a DataSource naming a PVC: the clone holds the PVC's disk; a larger target is
+/// grown (its disk.img keeps the source's bytes, then zeros).
+#[test]
+fn a_source_ref_clone_into_a_larger_target_is_grown() {
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let image = qcow2_image(dir.path(), &[]);
+    let server = FileServer::start(c, dir.path());
+    let ns = c.namespace("sourceref", &[]);
+    c.apply(&dv_yaml(
+        &ns,
+        "golden",
+        &format!("    http:\n      url: {}/disk.qcow2", server.url),
+        "64Mi",
+        false,
+    ));
+    wait_succeeded(c, &ns, "golden", Instant::now());
+    c.apply(&format!(
+        "apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataSource
+metadata: {{name: fedora, namespace: {ns}}}
+spec:
+  source:
+    pvc: {{namespace: {ns}, name: golden}}
+"
+    ));
+    let yaml = dv_yaml(&ns, "vm-disk", "", "128Mi", false).replace(
+        "spec:\n  source:\n\n",
+        &format!(
+            "spec:\n  sourceRef:\n    kind: DataSource\n    name: fedora\n    namespace: {ns}\n"
+        ),
+    );
+    c.apply(&yaml);
+    wait_succeeded(c, &ns, "vm-disk", Instant::now());
+    assert_disk(c, &ns, "vm-disk", &image, false);
+    let size = crate::support::in_volume(c, &ns, "vm-disk", "stat -c %s /pvc/disk.img");
+    let size: u64 = size.trim().parse().unwrap();
+    assert!(size > 100 << 20, "disk.img was not grown: {size} bytes");
+}

@@ -365,3 +365,47 @@ pub fn data_source_pvc(c: &Cluster, ns: &str, name: &str, not: Option<&str>) -> 
         std::thread::sleep(Duration::from_secs(1));
     }
 }
+
+/// The sha256 of `bytes`, in hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Runs `script` in a restricted busybox pod with the PVC at `/pvc`: what it printed.
+pub fn in_volume(c: &Cluster, ns: &str, pvc: &str, script: &str) -> String {
+    let pod = format!("look-{:x}", testkit_unique());
+    c.apply(&format!(
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: {pod}, namespace: {ns}}}
+spec:
+  restartPolicy: Never
+  securityContext: {{runAsNonRoot: true, runAsUser: 107, fsGroup: 107, seccompProfile: {{type: RuntimeDefault}}}}
+  containers:
+  - name: look
+    image: docker.io/library/busybox:1.35
+    command: [sh, -c, {script:?}]
+    securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}
+    volumeMounts: [{{name: d, mountPath: /pvc}}]
+  volumes:
+  - name: d
+    persistentVolumeClaim: {{claimName: {pvc}}}
+"
+    ));
+    c.wait_for(
+        ns,
+        &format!("pod/{pod}"),
+        "{.status.phase}",
+        "Succeeded",
+        DV_LIMIT,
+    );
+    let logs = c.kubectl_ok(&["-n", ns, "logs", &pod]);
+    c.kubectl_ok(&["-n", ns, "delete", "pod", &pod, "--wait=false"]);
+    logs
+}
+
+fn testkit_unique() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    std::process::id().wrapping_mul(65599) ^ N.fetch_add(1, Ordering::Relaxed)
+}
