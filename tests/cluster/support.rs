@@ -290,7 +290,12 @@ deletionPolicy: Delete
 /// A raw disk `name` in `dir` of 4 MiB whose bytes follow `seed` (a new seed: new bytes and
 /// a new modification time, as a new version of a served file has).
 pub fn raw_image(dir: &Path, name: &str, seed: u64) -> Image {
-    let mut data = vec![0u8; 4 << 20];
+    raw_image_of(dir, name, 4 << 20, seed)
+}
+
+/// [`raw_image`] of `len` bytes.
+pub fn raw_image_of(dir: &Path, name: &str, len: usize, seed: u64) -> Image {
+    let mut data = vec![0u8; len];
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     for chunk in data.chunks_mut(4096).step_by(3) {
         for b in chunk.iter_mut() {
