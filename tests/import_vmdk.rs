@@ -12,7 +12,10 @@ use testkit::qemu::{self, assert_same, assert_same_as_qemu, qemu_img, qemu_io};
 mod common;
 mod disk_formats;
 use common::*;
-use disk_formats::{import_everywhere, sample_converted, sample_stream_vmdk};
+use disk_formats::{
+    assert_fails_everywhere, import_everywhere, sample_converted, sample_stream_vmdk,
+};
+use testkit::nginx::{Nginx, NginxConfig};
 
 /// Grain size of every image qemu-img makes.
 const GRAIN: u64 = 65536;
@@ -491,4 +494,158 @@ fn a_disk_larger_than_the_requested_size_is_refused_before_writing() {
             .unwrap();
         assert_refused(&out, 13, &(64u64 << 20).to_string(), &target);
     }
+}
+
+/// `quarry import` of `image` fails with `code` naming `what` from a file, stdin and HTTP.
+fn fails_from_file_stdin_and_http(image: &Path, code: i32, what: &str) {
+    assert_fails_everywhere(image, &[], code, what);
+    let server = Nginx::start(NginxConfig {
+        root: image.parent().unwrap().to_path_buf(),
+        ranges: true,
+        ..Default::default()
+    });
+    let url = server.url(&format!(
+        "/{}",
+        image.file_name().unwrap().to_string_lossy()
+    ));
+    let work = tempfile::tempdir().unwrap();
+    let target = work.path().join("disk.img");
+    let out = run(&["import", &url, arg(&target)]);
+    assert_refused(&out, code, what, &target);
+}
+
+/// A 1 MiB disk with data at 0 and 64k, converted to streamOptimized by qemu-img.
+fn two_grain_stream(dir: &Path) -> PathBuf {
+    let raw = dir.join("two.raw");
+    let f = fs::File::create(&raw).unwrap();
+    f.set_len(1 << 20).unwrap();
+    qemu_io(
+        "raw",
+        &raw,
+        &["write -P 0x61 0 64k", "write -P 0x62 64k 64k"],
+    );
+    let image = dir.join("two.vmdk");
+    qemu_img(&[
+        "convert",
+        "-O",
+        "vmdk",
+        "-o",
+        "subformat=streamOptimized",
+        arg(&raw),
+        arg(&image),
+    ]);
+    image
+}
+
+#[test]
+fn a_truncated_stream_optimized_image_is_corrupt_from_a_file_stdin_and_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = two_grain_stream(dir.path());
+    let whole = fs::read(&image).unwrap();
+    let vmware = vmware_stream(&whole);
+    let cuts = dir.path().join("cuts");
+    fs::create_dir(&cuts).unwrap();
+    // qemu-img's layout cut before and inside its grains; VMware's cut before its trailer, inside
+    // it and before its end-of-stream marker.
+    let mut images = Vec::new();
+    for len in [65536, 0x10200] {
+        images.push((format!("qemu-{len}.vmdk"), whole[..len].to_vec()));
+    }
+    for len in [
+        65536,
+        vmware.len() - 1536,
+        vmware.len() - 900,
+        vmware.len() - 512,
+    ] {
+        images.push((format!("vmware-{len}.vmdk"), vmware[..len].to_vec()));
+    }
+    for (name, bytes) in images {
+        let path = cuts.join(&name);
+        fs::write(&path, &bytes).unwrap();
+        let qemu = std::process::Command::new("qemu-img")
+            .args(["convert", "-O", "raw", arg(&path)])
+            .arg(dir.path().join("qemu.raw"))
+            .output()
+            .unwrap();
+        assert!(!qemu.status.success(), "{name}: qemu-img reads it");
+        fails_from_file_stdin_and_http(&path, 12, "truncated");
+        fs::remove_file(&path).unwrap();
+    }
+}
+
+#[test]
+fn a_stream_optimized_image_written_in_several_sessions_equals_qemu_img() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("sessions.vmdk");
+    create(&image, "subformat=streamOptimized", 1 << 20, &[]);
+    // Each qemu-io run is a session: each appends its grain after zero sectors.
+    qemu_io("vmdk", &image, &["write -P 0xaa 0 64k"]);
+    qemu_io("vmdk", &image, &["write -P 0xbb 512k 64k"]);
+    let expected = qemu::reference_raw(&image, dir.path());
+    assert!(expected[512 << 10..].starts_with(&[0xbb; 4096]));
+    import_everywhere(&image, None, "vmdk", &expected);
+}
+
+/// The place of each grain of a qemu-img streamOptimized image, by its grain tables.
+fn grain_places(image: &[u8]) -> Vec<usize> {
+    let gd = le64(image, 56) as usize * 512;
+    let gtes = le32(image, 44) as usize;
+    let tables = (le64(image, 12).div_ceil(le64(image, 20)) as usize).div_ceil(gtes);
+    let mut places = Vec::new();
+    for t in 0..tables {
+        let gt = le32(image, gd + 4 * t) as usize * 512;
+        for j in 0..gtes {
+            match le32(image, gt + 4 * j) {
+                0 => {}
+                s => places.push(s as usize * 512),
+            }
+        }
+    }
+    places.sort();
+    places
+}
+
+#[test]
+fn grain_markers_are_not_trusted_over_qemu_img_s_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = two_grain_stream(dir.path());
+    let good = fs::read(&image).unwrap();
+    let places = grain_places(&good);
+    assert_eq!(places.len(), 2);
+    let mut mutants = Vec::new();
+    // A size field too large (two grains: qemu still inflates the first grain's zlib stream).
+    let mut b = good.clone();
+    b[places[0] + 8..places[0] + 12].copy_from_slice(&(2 * GRAIN as u32).to_le_bytes());
+    mutants.push(("size", b));
+    // A marker naming another sector than its table entry.
+    let mut b = good.clone();
+    set64(&mut b, places[0], 512);
+    mutants.push(("lba", b));
+    for (what, bytes) in mutants {
+        let path = dir.path().join(format!("{what}.vmdk"));
+        fs::write(&path, bytes).unwrap();
+        let expected = qemu::reference_raw(&path, dir.path());
+        assert_same(what, &expected, &qemu::reference_raw(&image, dir.path()));
+        let target = out_target(dir.path());
+        for out in [
+            run(&["import", arg(&path), arg(&target)]),
+            import_stdin(&path, &target),
+        ] {
+            assert_ok(&out);
+            assert_same(what, &fs::read(&target).unwrap(), &expected);
+        }
+    }
+}
+
+#[test]
+fn a_vmware_stream_whose_grain_marker_disagrees_with_its_tables_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = two_grain_stream(dir.path());
+    let mut vmware = vmware_stream(&fs::read(&image).unwrap());
+    let first = le64(&vmware, 64) as usize * 512;
+    // The first grain (guest 0) says it is guest 512k; qemu follows the tables.
+    set64(&mut vmware, first, 1024);
+    let path = dir.path().join("disagrees.vmdk");
+    fs::write(&path, vmware).unwrap();
+    assert_fails_everywhere(&path, &[], 12, "disagree");
 }

@@ -1,12 +1,18 @@
-//! The marker-driven converter for streamOptimized extents, in one forward pass.
+//! The converter for streamOptimized extents, in one forward pass.
 //!
 //! From the header's `overHead` on, the extent is a sequence of sector-aligned markers: a grain
-//! marker names the guest sector of the deflate (zlib) data that follows it, so each grain is
-//! inflated and written at its place as it arrives, whatever the grain tables (which VMware writes
-//! after the grains) say. Grain table, grain directory and footer markers are skipped (the footer's
-//! copy of the header must agree on the geometry); the end-of-stream marker, or the end of the
-//! stream at a marker boundary (qemu-img writes no end marker), ends the extent. Guest grains no
-//! marker wrote read as zeroes.
+//! marker holds a grain's deflate (zlib) data, and names its guest sector. qemu reads the grains
+//! through the grain directory and tables only, so this reader follows them too where the
+//! forward pass meets them first: when the header's directory lies before the grains (as qemu
+//! writes it, and as an image appended to in several sessions keeps it), each grain is read at
+//! the place its table entry gives, whatever its marker's sector says or whatever lies between
+//! grains (qemu leaves zero sectors there), and a grain the tables promise that the stream lacks
+//! is truncation. Otherwise (VMware's layout: `gdOffset = -1`, the tables, the directory and the
+//! footer after the grains), each grain is inflated and written at the guest sector its marker
+//! names as it arrives, and the tables, as they pass, must agree ([`Trailer`]); the footer's copy
+//! of the header must agree on the geometry, and the stream must end with the end-of-stream
+//! marker right after the footer (qemu reads the footer from the end of the file): a stream that
+//! ends before it is truncated. Guest grains no marker wrote read as zeroes.
 //!
 //! A grain must inflate to the guest bytes it covers and at most one grain, as qemu's `uncompress`
 //! into a one-grain buffer requires; a guest grain written twice, a grain outside the disk or not
@@ -19,12 +25,16 @@
 //!
 //! Memory: the read window (one read size, or one grain and its marker when larger), the pool's
 //! batches in flight, and one bit per guest grain (allocated in pages of 4096 grains as grains
-//! arrive).
+//! arrive); with the tables before the grains, the [`Map`]'s 8 bytes per grain between its table
+//! and its data; with the tables after them, the [`Trailer`]'s 8 bytes per grain and 24 per
+//! table until the end.
 
 use flate2::{Decompress, FlushDecompress, Status};
 
 use super::error::VmdkError;
-use super::header::{GRAIN_MARKER_LEN, Marker, SECTOR, SparseHeader, parse_marker};
+use super::header::{GD_AT_END, GRAIN_MARKER_LEN, Marker, SECTOR, SparseHeader, parse_marker};
+use super::tables::{Map, Mapped};
+use super::trailer::Trailer;
 use super::window::Window;
 use crate::error::{Error, Result};
 use crate::format::cost::InflateCost;
@@ -300,6 +310,15 @@ struct Converter<'h, 's> {
     /// A batch failed (a corrupt grain, or the write): the batches in flight after it are not
     /// written.
     batch_failed: bool,
+    /// The grains and tables met, when the tables follow the grains.
+    trailer: Trailer,
+    /// The footer's `gdOffset`, once the footer has passed.
+    footer_gd: Option<u64>,
+}
+
+/// True when the grain directory lies before the first grain: the stream meets the tables first.
+fn tables_first(h: &SparseHeader) -> bool {
+    h.gd_offset != GD_AT_END && h.gd_offset < h.grain_offset
 }
 
 /// Converts the streamOptimized extent behind `win` (at its start) into `sink`, at extent offsets.
@@ -310,12 +329,6 @@ pub(super) fn convert(
     sink: &mut dyn ExtentSink,
 ) -> Result<()> {
     let gsize = h.grain_size() as usize;
-    if !win.skip_to(h.grain_offset * SECTOR)? {
-        return Err(corrupt(format!(
-            "truncated: the first grain at {:#x} is past the end of the image",
-            h.grain_offset * SECTOR
-        )));
-    }
     let mut c = Converter {
         h,
         out: ExtentWriter::new(sink),
@@ -323,8 +336,22 @@ pub(super) fn convert(
         pool: InflatePool::new(gsize, GrainInflater::new)?,
         batch_max: (BATCH_OUT / gsize).max(1),
         batch_failed: false,
+        trailer: Trailer::default(),
+        footer_gd: None,
     };
+    let by_tables = tables_first(h);
     let mut read = || -> Result<()> {
+        if by_tables {
+            let mut map = Map::read(h, win, &mut c.out)?;
+            while c.table_batch(&mut map, win, read_size)? {}
+            return Ok(());
+        }
+        if !win.skip_to(h.grain_offset * SECTOR)? {
+            return Err(corrupt(format!(
+                "truncated: the first grain at {:#x} is past the end of the image",
+                h.grain_offset * SECTOR
+            )));
+        }
         while c.batch(win, read_size)? || c.marker(win)? {}
         Ok(())
     };
@@ -341,11 +368,116 @@ pub(super) fn convert(
     let Converter {
         mut out, written, ..
     } = c;
-    written.gaps(h.grains(), |a, b| out.zero(a * gs, (b * gs).min(vsize)))?;
+    // The tables wrote the grains they leave unallocated already.
+    if !by_tables {
+        written.gaps(h.grains(), |a, b| out.zero(a * gs, (b * gs).min(vsize)))?;
+    }
     out.flush()
 }
 
+/// The grain the table entry `m` points at, whose marker is at `view[off..]` (`at` in the
+/// extent; `eof`: the view ends where the stream does): the job, or None when the view does not
+/// hold it whole. qemu reads only the marker's size (at most two grains), never its sector, and
+/// reads past the end of the image as zeroes.
+fn mapped_grain(
+    h: &SparseHeader,
+    view: &[u8],
+    off: usize,
+    at: u64,
+    m: Mapped,
+    eof: bool,
+) -> Result<Option<(Job, usize)>> {
+    let what = || {
+        format!(
+            "the grain table entry for guest offset {:#x} points at {at:#x}",
+            m.grain * h.grain_size()
+        )
+    };
+    let Some(head) = view.get(off..off + GRAIN_MARKER_LEN) else {
+        return match eof {
+            true => Err(corrupt(format!(
+                "truncated: {}, past the end of the image",
+                what()
+            ))),
+            false => Ok(None),
+        };
+    };
+    let size = u64::from(super::header::le32(head, 8));
+    if size == 0 || size > 2 * h.grain_size() {
+        return Err(corrupt(format!(
+            "{}, where a grain marker says {size} compressed bytes (1 to two grains)",
+            what()
+        )));
+    }
+    let from = off + GRAIN_MARKER_LEN;
+    let want = from + size as usize;
+    if want > view.len() && !eof {
+        return Ok(None);
+    }
+    let job = Job {
+        at,
+        from,
+        to: want.min(view.len()),
+        grain: m.grain,
+    };
+    Ok(Some((job, size as usize)))
+}
+
 impl Converter<'_, '_> {
+    /// Hands the grains the tables map next, whose bytes are all in the next read size, to the
+    /// inflating threads as a batch, and writes the batch that comes back, if one does; false
+    /// once the tables map no more.
+    fn table_batch(&mut self, map: &mut Map, win: &mut Window, read_size: usize) -> Result<bool> {
+        let h = self.h;
+        let Some(first) = map.next(h, win, &mut self.out)? else {
+            return Ok(false);
+        };
+        if !win.skip_to(first.host)? {
+            return Err(corrupt(format!(
+                "truncated: the grain for guest offset {:#x} at {:#x} is past the end of the image",
+                first.grain * h.grain_size(),
+                first.host
+            )));
+        }
+        // Enough for the first grain whatever its size.
+        let want = read_size.max(GRAIN_MARKER_LEN + 2 * h.grain_size() as usize);
+        let view = win.peek(want)?;
+        let eof = view.len() < want;
+        let mut batch = self.pool.batch();
+        let (job, size) =
+            mapped_grain(h, view, 0, first.host, first, eof)?.expect("the view holds a grain");
+        let (from, to) = (job.from, job.to);
+        batch.push(job, &view[from..to], size);
+        let mut last = first.host;
+        while batch.len() < self.batch_max
+            && let Some(n) = map.following()
+            && map.table_at().is_none_or(|t| t > n.host)
+        {
+            if n.host <= last {
+                return Err(corrupt(format!(
+                    "the grain table entries for guest offsets {:#x} and {:#x} both point at {:#x}",
+                    n.grain * h.grain_size(),
+                    batch.tags().last().map_or(0, |j| j.grain) * h.grain_size(),
+                    n.host
+                )));
+            }
+            let off = (n.host - first.host) as usize;
+            if off >= view.len() {
+                break;
+            }
+            let Some((job, size)) = mapped_grain(h, view, off, n.host, n, eof)? else {
+                break;
+            };
+            map.take_following();
+            let (from, to) = (job.from, job.to);
+            batch.push(job, &view[from..to], size);
+            last = n.host;
+        }
+        win.skip_to(last)?;
+        self.submit(batch)?;
+        Ok(true)
+    }
+
     /// Hands the grains at the window's position whose bytes are all in the next read size, up
     /// to the first other marker, to the inflating threads as a batch, and writes the batch that
     /// comes back, if one does; false when there are none.
@@ -372,6 +504,7 @@ impl Converter<'_, '_> {
                 to,
                 grain: lba / h.granularity,
             };
+            self.trailer.grain(at / SECTOR, job.grain)?;
             batch.push(job, &view[from..to], to - from);
             off = to.next_multiple_of(SECTOR as usize);
         }
@@ -408,6 +541,30 @@ impl Converter<'_, '_> {
         written
     }
 
+    /// The `len` bytes of metadata behind the marker at `at` (of `sectors` sectors), which
+    /// must hold them.
+    fn metadata<'w>(
+        win: &'w mut Window,
+        at: u64,
+        sectors: u64,
+        len: u64,
+        what: &str,
+    ) -> Result<&'w [u8]> {
+        if sectors.saturating_mul(SECTOR) < len {
+            return Err(corrupt(format!(
+                "the {what} marker at {at:#x} says {sectors} sectors, short of its {len} bytes"
+            )));
+        }
+        let view = win.peek((SECTOR + len) as usize)?;
+        if (view.len() as u64) < SECTOR + len {
+            return Err(corrupt(format!(
+                "truncated: the {what} at {:#x} is cut short",
+                at + SECTOR
+            )));
+        }
+        Ok(&view[SECTOR as usize..])
+    }
+
     /// Handles the one marker at the window's position: metadata, the end, or a grain too large
     /// for a batch; false at the end of the extent.
     fn marker(&mut self, win: &mut Window) -> Result<bool> {
@@ -415,7 +572,9 @@ impl Converter<'_, '_> {
         let at = win.pos();
         let head = win.peek(16)?;
         if head.is_empty() {
-            return Ok(false); // the end of the stream at a marker boundary
+            return Err(corrupt(format!(
+                "truncated: the stream ends at {at:#x}, before its end-of-stream marker"
+            )));
         }
         if head.len() < GRAIN_MARKER_LEN {
             return Err(corrupt(format!(
@@ -423,42 +582,46 @@ impl Converter<'_, '_> {
             )));
         }
         match parse_marker(head, at)? {
-            Marker::EndOfStream => return Ok(false),
-            Marker::GrainTable { sectors } | Marker::GrainDirectory { sectors } => {
-                if !win.skip_to(metadata_end(at, sectors)?)? {
-                    return Err(corrupt(format!(
-                        "truncated: the metadata of the marker at {at:#x} runs past the end of the image"
-                    )));
-                }
+            Marker::EndOfStream => {
+                self.end(win, at)?;
+                return Ok(false);
+            }
+            Marker::GrainTable { sectors } => {
+                let table = Self::metadata(win, at, sectors, h.gt_len(), "grain table")?;
+                self.trailer.table(h, at / SECTOR + 1, table)?;
+                self.skip_metadata(win, at, sectors)?;
+            }
+            Marker::GrainDirectory { sectors } => {
+                let len = h.gd_entries() * 4;
+                let gd = Self::metadata(win, at, sectors, len, "grain directory")?;
+                self.trailer.directory(h, at / SECTOR + 1, gd)?;
+                self.skip_metadata(win, at, sectors)?;
             }
             Marker::Footer { sectors } => {
-                let footer = win.peek(2 * SECTOR as usize)?;
-                if footer.len() < 2 * SECTOR as usize {
-                    return Err(corrupt(format!(
-                        "truncated: the footer at {at:#x} is cut short"
-                    )));
-                }
-                let f = SparseHeader::parse(&footer[SECTOR as usize..])
+                let footer = Self::metadata(win, at, sectors.max(1), SECTOR, "footer")?;
+                let f = SparseHeader::parse(footer)
                     .map_err(|e| corrupt(format!("the footer at {:#x}: {e}", at + SECTOR)))?;
-                if (f.capacity, f.granularity) != (h.capacity, h.granularity) {
+                if (f.capacity, f.granularity, f.gtes_per_gt)
+                    != (h.capacity, h.granularity, h.gtes_per_gt)
+                {
                     return Err(corrupt(format!(
-                        "the footer at {:#x} says {} sectors in grains of {}, the header {} in grains of {}",
+                        "the footer at {:#x} says {} sectors in grains of {} ({} a table), the header {} in grains of {} ({} a table)",
                         at + SECTOR,
                         f.capacity,
                         f.granularity,
+                        f.gtes_per_gt,
                         h.capacity,
-                        h.granularity
+                        h.granularity,
+                        h.gtes_per_gt
                     )));
                 }
-                if !win.skip_to(metadata_end(at, sectors.max(1))?)? {
-                    return Err(corrupt(format!(
-                        "truncated: the footer at {at:#x} is cut short"
-                    )));
-                }
+                self.footer_gd = Some(f.gd_offset);
+                self.skip_metadata(win, at, sectors.max(1))?;
             }
             Marker::Grain { lba, size } => {
                 // Larger than a batch's window: alone, with a window of its own size.
                 let (job, view) = whole_grain(h, win, at, lba, size)?;
+                self.trailer.grain(at / SECTOR, job.grain)?;
                 let (from, to) = (job.from, job.to);
                 let mut batch = self.pool.batch();
                 batch.push(job, &view[from..to], to - from);
@@ -467,5 +630,42 @@ impl Converter<'_, '_> {
             }
         }
         Ok(true)
+    }
+
+    fn skip_metadata(&self, win: &mut Window, at: u64, sectors: u64) -> Result<()> {
+        if !win.skip_to(metadata_end(at, sectors)?)? {
+            return Err(corrupt(format!(
+                "truncated: the metadata of the marker at {at:#x} runs past the end of the image"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The end-of-stream marker at `at`: after the footer the header promises, the last sector
+    /// of the stream, and the tables that passed agree with the grains.
+    fn end(&self, win: &mut Window, at: u64) -> Result<()> {
+        let h = self.h;
+        let gd = if h.gd_offset == GD_AT_END {
+            self.footer_gd.ok_or_else(|| {
+                corrupt(format!(
+                    "truncated or corrupt: an end-of-stream marker at {at:#x} before the footer \
+                     the header promises (gdOffset = -1)"
+                ))
+            })?
+        } else {
+            h.gd_offset
+        };
+        self.trailer.finish(gd)?;
+        if !win.skip_to(at + SECTOR)? {
+            return Err(corrupt(format!(
+                "truncated: the end-of-stream marker at {at:#x} is cut short"
+            )));
+        }
+        if !win.peek(1)?.is_empty() {
+            return Err(corrupt(format!(
+                "bytes after the end-of-stream marker at {at:#x} (qemu reads the footer from the end of the image)"
+            )));
+        }
+        Ok(())
     }
 }

@@ -32,6 +32,7 @@ pub mod error;
 pub mod header;
 mod markers;
 mod tables;
+mod trailer;
 mod window;
 
 #[cfg(test)]

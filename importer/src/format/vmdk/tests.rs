@@ -585,15 +585,48 @@ fn grain(img: &mut Vec<u8>, lba: u64, z: &[u8]) {
     img.resize(img.len().next_multiple_of(S), 0);
 }
 
-fn meta(img: &mut Vec<u8>, sectors: u64, ty: u32) {
+/// Appends VMware's trailer to the grains of a stream: a grain table marker and table per
+/// directory entry (pointing at the grain markers found), the directory, the footer and the end
+/// marker.
+fn trailer(img: &mut Vec<u8>, h: &H) {
+    let gtes = u64::from(h.gtes);
+    let tables = h.capacity.div_ceil(h.granularity).div_ceil(gtes);
+    let mut entries = vec![0u32; (tables * gtes) as usize];
+    let mut at = h.grain_offset as usize * S;
+    while at + 16 <= img.len() {
+        let lba = u64::from_le_bytes(img[at..at + 8].try_into().unwrap());
+        let size = u32::from_le_bytes(img[at + 8..at + 12].try_into().unwrap()) as usize;
+        if size == 0 {
+            break;
+        }
+        entries[(lba / h.granularity) as usize] = (at / S) as u32;
+        at = (at + GRAIN_MARKER_LEN + size).next_multiple_of(S);
+    }
+    let mut directory = Vec::new();
+    for table in entries.chunks(gtes as usize) {
+        marker(img, (gtes * 4).div_ceil(S as u64), 1);
+        directory.push((img.len() / S) as u32);
+        table.iter().for_each(|e| img.extend(e.to_le_bytes()));
+        img.resize(img.len().next_multiple_of(S), 0);
+    }
+    marker(img, (tables * 4).div_ceil(S as u64), 2);
+    let gd = (img.len() / S) as u64;
+    directory.iter().for_each(|e| img.extend(e.to_le_bytes()));
+    img.resize(img.len().next_multiple_of(S), 0);
+    marker(img, 1, 3);
+    img.extend(H { gd, ..h.clone() }.bytes());
+    marker(img, 0, 0);
+}
+
+/// A metadata marker of `sectors` sectors and type `ty` (its metadata not written).
+fn marker(img: &mut Vec<u8>, sectors: u64, ty: u32) {
     img.extend(sectors.to_le_bytes());
     img.extend(0u32.to_le_bytes());
     img.extend(ty.to_le_bytes());
-    img.resize(img.len() + S - 16 + sectors as usize * S, 0);
+    img.resize(img.len() + S - 16, 0);
 }
 
-/// Grains 3 then 0 (out of order), the last partial grain 5, then VMware's trailer: a grain
-/// table, the directory, the footer and the end marker.
+/// Grains 3 then 0 (out of order), the last partial grain 5, then VMware's trailer.
 fn stream_image() -> (Vec<u8>, Vec<u8>) {
     let h = H::stream_optimized();
     let mut img = h.bytes();
@@ -601,14 +634,7 @@ fn stream_image() -> (Vec<u8>, Vec<u8>) {
     grain(&mut img, 24, &zlib(&b));
     grain(&mut img, 0, &zlib(&a));
     grain(&mut img, 40, &zlib(&c));
-    meta(&mut img, 1, 1);
-    meta(&mut img, 1, 2);
-    img.extend(1u64.to_le_bytes());
-    img.extend(0u32.to_le_bytes());
-    img.extend(3u32.to_le_bytes());
-    img.resize(img.len() + S - 16, 0);
-    img.extend(H { gd: 30, ..h }.bytes());
-    img.extend([0u8; S]);
+    trailer(&mut img, &h);
     (img, disk)
 }
 
@@ -619,10 +645,115 @@ fn stream_optimized_grains_land_at_their_marker_lba_in_any_order() {
 }
 
 #[test]
-fn a_stream_may_end_at_a_marker_boundary_without_an_end_marker() {
-    let (img, disk) = stream_image();
-    // Header and three one-sector grains: qemu-img's streamOptimized has no trailer.
-    assert_eq!(convert(&img[..4 * S]).unwrap(), disk);
+fn a_stream_that_ends_before_its_footer_and_end_marker_is_truncation() {
+    let (img, _) = stream_image();
+    // Every cut: at each sector boundary (after a grain, a table, the directory, the footer) and
+    // inside each sector.
+    for len in (S..img.len()).step_by(S / 2) {
+        let e = convert(&img[..len]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::CorruptImage, "cut at {len}: {e}");
+        assert!(e.to_string().contains("truncated"), "cut at {len}: {e}");
+    }
+    let mut longer = img.clone();
+    longer.extend([0u8; S]);
+    assert_eq!(kind(convert(&longer)), ErrorKind::CorruptImage);
+}
+
+#[test]
+fn an_end_marker_before_the_footer_is_corrupt() {
+    let (img, _) = stream_image();
+    let mut early = img[..4 * S].to_vec();
+    early.extend([0u8; S]);
+    let e = convert(&early).unwrap_err();
+    assert!(e.to_string().contains("before the footer"), "{e}");
+}
+
+#[test]
+fn a_grain_marker_that_disagrees_with_the_tables_after_it_is_corrupt() {
+    let (img, _) = stream_image();
+    // The first grain (for sector 24) says sector 16 instead, and the second (sector 0) says 8.
+    for (at, lba) in [(S, 16u64), (2 * S, 8), (S, 32)] {
+        let mut bad = img.clone();
+        bad[at..at + 8].copy_from_slice(&lba.to_le_bytes());
+        let e = convert(&bad).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::CorruptImage, "{e}");
+        assert!(e.to_string().contains("disagree"), "{e}");
+    }
+}
+
+/// qemu's layout: the directory at sector 1, grain tables at 2 and 3, grains from sector 4 with
+/// `gap` zero sectors before each (what appending in several sessions leaves), each marker
+/// saying the sector its table entry says.
+fn tables_first_image(gap: usize) -> (Vec<u8>, Vec<u8>, Vec<usize>) {
+    let h = H {
+        gd: 1,
+        grain_offset: 4,
+        ..H::stream_optimized()
+    };
+    let mut img = h.bytes();
+    put32(&mut img, S, 2);
+    put32(&mut img, S + 4, 3);
+    img.resize(4 * S, 0);
+    let (a, b, c, disk) = three_grains();
+    let mut at = Vec::new();
+    for (g, data) in [(3u64, &b), (0, &a), (5, &c)] {
+        img.resize(img.len() + gap * S, 0);
+        at.push(img.len());
+        let table = 2 * S + (g / 4) as usize * S + (g % 4) as usize * 4;
+        let sector = (img.len() / S) as u32;
+        put32(&mut img, table, sector);
+        grain(&mut img, g * 8, &zlib(data));
+    }
+    (img, disk, at)
+}
+
+#[test]
+fn with_the_tables_first_grains_are_read_where_the_tables_say_whatever_lies_between() {
+    for gap in [0, 1, 8] {
+        let (img, disk, _) = tables_first_image(gap);
+        assert_eq!(convert(&img).unwrap(), disk, "gap {gap}");
+    }
+}
+
+#[test]
+fn with_the_tables_first_a_marker_sector_is_not_trusted_over_them() {
+    let (mut img, disk, at) = tables_first_image(1);
+    img[at[0]..at[0] + 8].copy_from_slice(&16u64.to_le_bytes());
+    assert_eq!(convert(&img).unwrap(), disk);
+}
+
+#[test]
+fn with_the_tables_first_a_marker_size_too_large_swallows_nothing() {
+    let (mut img, disk, at) = tables_first_image(0);
+    // Two grains' worth: past the next grain's marker, as qemu allows (it inflates to the end
+    // of the zlib stream).
+    img[at[0] + 8..at[0] + 12].copy_from_slice(&8192u32.to_le_bytes());
+    img.resize(at[2] + 8192 + S, 0);
+    assert_eq!(convert(&img).unwrap(), disk);
+    // Over two grains, or none: corrupt.
+    for size in [0u32, 8193] {
+        let (mut img, _, at) = tables_first_image(0);
+        img[at[1] + 8..at[1] + 12].copy_from_slice(&size.to_le_bytes());
+        assert_eq!(kind(convert(&img)), ErrorKind::CorruptImage, "size {size}");
+    }
+}
+
+#[test]
+fn with_the_tables_first_a_stream_without_a_grain_they_map_is_truncation() {
+    let (img, _, at) = tables_first_image(1);
+    for len in [at[1] - S, at[2] + 6] {
+        let e = convert(&img[..len]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::CorruptImage, "cut at {len}: {e}");
+        assert!(e.to_string().contains("truncated"), "cut at {len}: {e}");
+    }
+}
+
+#[test]
+fn with_the_tables_first_two_entries_for_one_grain_are_corrupt() {
+    let (mut img, _, _) = tables_first_image(0);
+    let first = u32::from_le_bytes(img[2 * S + 12..2 * S + 16].try_into().unwrap());
+    put32(&mut img, 2 * S + 4, first);
+    assert_eq!(kind(convert(&img)), ErrorKind::CorruptImage);
 }
 
 #[test]
@@ -663,8 +794,10 @@ fn a_grain_must_inflate_to_its_bytes_and_no_more_than_a_grain() {
         );
     }
     // The partial last grain needs only its 1536 bytes.
-    let mut img = H::stream_optimized().bytes();
+    let h = H::stream_optimized();
+    let mut img = h.bytes();
     grain(&mut img, 40, &zlib(&pattern(2000, 1)));
+    trailer(&mut img, &h);
     assert!(convert(&img).is_ok());
 }
 
@@ -698,7 +831,7 @@ fn a_footer_that_disagrees_with_the_header_is_corrupt() {
 #[test]
 fn huge_metadata_markers_are_skipped_or_truncation_without_allocating() {
     let mut img = H::stream_optimized().bytes();
-    meta(&mut img, 0, 1);
+    marker(&mut img, 0, 1);
     let at = img.len() - S;
     img[at..at + 8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
     assert_eq!(kind(convert(&img)), ErrorKind::CorruptImage);
@@ -778,6 +911,7 @@ fn large_stream_image() -> (Vec<u8>, Vec<u8>, Vec<usize>) {
         grain(&mut img, g * 128, &zlib(&data));
         disk.extend(data);
     }
+    trailer(&mut img, &h);
     (img, disk, at)
 }
 
