@@ -360,3 +360,55 @@ fn an_ova_of_a_stream_optimized_vmdk_is_imported_plain_or_gzip_compressed() {
         fs::remove_file(&target).unwrap();
     }
 }
+
+/// `quarry import - TARGET ARGS... --json` with `source` on stdin.
+fn import_stdin(source: &Path, target: &Path, args: &[&str]) -> std::process::Output {
+    quarry()
+        .args(["import", "-", arg(target), "--json"])
+        .args(args)
+        .stdin(fs::File::open(source).unwrap())
+        .output()
+        .unwrap()
+}
+
+/// Packs `members` of `dir` into `out` with Python's tarfile in `format` (`GNU_FORMAT`,
+/// `PAX_FORMAT`).
+fn python_tar(dir: &Path, out: &Path, members: &[&str], format: &str) {
+    let script = format!(
+        "import sys, tarfile\nwith tarfile.open(sys.argv[1], 'w', format=tarfile.{format}) as t:\n    for m in sys.argv[2:]:\n        t.add(m)\n"
+    );
+    let status = Command::new("python3")
+        .current_dir(dir)
+        .args(["-c", &script, arg(out)])
+        .args(members)
+        .status()
+        .expect("running python3");
+    assert!(status.success());
+}
+
+#[test]
+fn an_ova_whose_first_member_has_a_long_name_is_known_on_stdin() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, system, _) = sample_ova(dir.path());
+    let long = format!("{}.ovf", "a-vm-exported-with-a-very-long-name-".repeat(4));
+    fs::write(dir.path().join(&long), ovf("system.qcow2", "data.img")).unwrap();
+    let members = [long.as_str(), "data.img", "system.qcow2"];
+    let gnu = dir.path().join("gnu.tar");
+    tar(dir.path(), &gnu, &members); // GNU tar: a long-name ('L') header first
+    let pax = dir.path().join("pax.tar");
+    python_tar(dir.path(), &pax, &members, "PAX_FORMAT"); // an 'x' header first
+    let posix = dir.path().join("posix.tar");
+    let status = Command::new("tar")
+        .args(["-C", arg(dir.path()), "--format=posix", "-cf", arg(&posix)])
+        .args(["vm.ovf", "data.img", "system.qcow2"])
+        .status()
+        .unwrap();
+    assert!(status.success()); // GNU tar's PAX headers, even for short names
+    let target = dir.path().join("out.img");
+    for ova in [&gnu, &pax, &posix] {
+        let out = import_stdin(ova, &target, &[]);
+        assert_ok(&out);
+        assert_eq!(fs::read(&target).unwrap(), system, "{}", ova.display());
+        assert_eq!(json(&out)["format_chain"][0], "ova");
+    }
+}

@@ -96,13 +96,35 @@ impl OvaDisk {
     }
 }
 
-/// The name of the first member of the tar whose first block is `head`, when it is a tar.
-fn first_member(head: &[u8]) -> Option<&[u8]> {
+/// What the first block of a tar says of its first member.
+#[derive(Debug, PartialEq, Eq)]
+enum FirstMember<'a> {
+    /// Its name.
+    Named(&'a [u8]),
+    /// Its name is in an extension header's data, past the first block: a GNU long name (`L`),
+    /// a PAX extended header (`x`) that does not show it, or a PAX global header (`g`).
+    Hidden,
+}
+
+/// The first member of the tar whose first block is `head`, when it is a tar.
+fn first_member(head: &[u8]) -> Option<FirstMember<'_>> {
     if head.len() < 512 || &head[257..262] != b"ustar" {
         return None;
     }
-    let name = &head[..100];
-    Some(&name[..name.iter().position(|&b| b == 0).unwrap_or(100)])
+    let field = &head[..100];
+    let name = &field[..field.iter().position(|&b| b == 0).unwrap_or(100)];
+    match head[156] {
+        b'L' | b'K' | b'g' => Some(FirstMember::Hidden),
+        // GNU tar names a PAX header `DIR/PaxHeaders[.PID]/BASENAME` (cut at 100 bytes), Python
+        // `././@PaxHeader`: only a whole base name after a `PaxHeaders` directory tells.
+        b'x' => match name.rsplit(|&b| b == b'/').nth(1) {
+            Some(dir) if dir.starts_with(b"PaxHeaders") && name.len() < 100 => {
+                name.rsplit(|&b| b == b'/').next().map(FirstMember::Named)
+            }
+            _ => Some(FirstMember::Hidden),
+        },
+        _ => Some(FirstMember::Named(name)),
+    }
 }
 
 /// The other parts of an OVF package: a tar that starts with one of them is an OVA whose
@@ -110,10 +132,14 @@ fn first_member(head: &[u8]) -> Option<&[u8]> {
 /// name to go by). A disk stored gzip-compressed keeps its name with `.gz` added.
 const PACKAGE_PARTS: [&str; 7] = [".mf", ".cert", ".vmdk", ".vhd", ".vhdx", ".vdi", ".qcow2"];
 
-/// Whether a (decoded) stream starting with `head`, from a source named `name`, is an OVA.
+/// Whether a (decoded) stream starting with `head`, from a source named `name`, is an OVA. A tar
+/// whose first member's name is past the first block (a long name) is taken for one: it is no
+/// raw disk either, and the walk says so when it holds no descriptor.
 pub fn is_ova(head: &[u8], name: &str) -> bool {
-    let Some(first) = first_member(head) else {
-        return false;
+    let first = match first_member(head) {
+        None => return false,
+        Some(FirstMember::Hidden) => return true,
+        Some(FirstMember::Named(first)) => first,
     };
     let first = String::from_utf8_lossy(first).to_ascii_lowercase();
     let part = first.strip_suffix(".gz").unwrap_or(&first);
@@ -500,5 +526,35 @@ mod tests {
             head[257..262].copy_from_slice(b"ustar");
             assert!(!is_ova(&head, "-"), "{first}");
         }
+    }
+
+    /// A tar's first block: an extension header of type `kind` named `name`.
+    fn extension(kind: u8, name: &str) -> Vec<u8> {
+        let mut head = vec![0u8; 512];
+        head[..name.len()].copy_from_slice(name.as_bytes());
+        head[156] = kind;
+        head[257..262].copy_from_slice(b"ustar");
+        head
+    }
+
+    #[test]
+    fn a_long_name_or_pax_header_first_is_looked_through() {
+        // GNU long name, Python's PAX header, a global header: the name is further on.
+        for (kind, name) in [
+            (b'L', "././@LongLink"),
+            (b'x', "././@PaxHeader"),
+            (b'g', "pax_global_header"),
+        ] {
+            assert!(is_ova(&extension(kind, name), "-"), "{name}");
+        }
+        // GNU tar's PAX header shows the base name, when whole.
+        assert!(is_ova(&extension(b'x', "./PaxHeaders/vm.ovf"), "-"));
+        assert!(is_ova(
+            &extension(b'x', "./PaxHeaders.4242/disk1.vmdk"),
+            "-"
+        ));
+        assert!(!is_ova(&extension(b'x', "./PaxHeaders/disk.img"), "-"));
+        let cut = format!("./PaxHeaders/{}", "a".repeat(87));
+        assert!(is_ova(&extension(b'x', &cut), "-"));
     }
 }
