@@ -412,3 +412,89 @@ fn an_ova_whose_first_member_has_a_long_name_is_known_on_stdin() {
         assert_eq!(json(&out)["format_chain"][0], "ova");
     }
 }
+
+/// `dir/holes.img`: 4 MiB with data only in its first and last 4 KiB (a file with holes).
+fn disk_with_holes(dir: &Path) -> Vec<u8> {
+    let mut disk = vec![0u8; 4 << 20];
+    disk[..4096].fill(0x5a);
+    let end = disk.len();
+    disk[end - 4096..].fill(0xa5);
+    let path = dir.join("holes.img");
+    let f = fs::File::create(&path).unwrap();
+    f.set_len(disk.len() as u64).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&disk[..4096], 0).unwrap();
+    f.write_all_at(&disk[end - 4096..], (end - 4096) as u64)
+        .unwrap();
+    disk
+}
+
+#[test]
+fn an_ova_whose_disk_is_a_pax_sparse_file_reads_it_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = disk_with_holes(dir.path());
+    fs::write(dir.path().join("vm.ovf"), ovf("holes.img", "holes.img")).unwrap();
+    let target = dir.path().join("out.img");
+    for version in ["0.0", "0.1", "1.0"] {
+        let ova = dir.path().join(format!("sparse-{version}.ova"));
+        let status = Command::new("tar")
+            .args(["-C", arg(dir.path()), "--sparse", "--format=posix"])
+            .arg(format!("--sparse-version={version}"))
+            .args(["-cf", arg(&ova), "vm.ovf", "holes.img"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        // The tar stores the data, not the holes.
+        assert!(fs::metadata(&ova).unwrap().len() < 1 << 20, "{version}");
+        for out in [
+            run(&["import", arg(&ova), arg(&target), "--json"]),
+            import_stdin(&ova, &target, &[]),
+        ] {
+            assert_ok(&out);
+            assert_eq!(fs::read(&target).unwrap(), disk, "sparse {version}");
+        }
+    }
+}
+
+#[test]
+fn a_descriptor_naming_itself_or_ambiguous_members_are_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, _) = sample_ova(dir.path());
+    let target = dir.path().join("out.img");
+    let refused = |ova: &Path, what: &str| {
+        for out in [
+            run(&["import", arg(ova), arg(&target), "--json"]),
+            import_stdin(ova, &target, &[]),
+        ] {
+            assert_exit(&out, 12);
+            let error = json(&out)["error"].as_str().unwrap().to_string();
+            assert!(error.contains(what), "{}: {error}", ova.display());
+            assert!(!target.exists());
+        }
+    };
+    // The descriptor's disk is the descriptor.
+    let sub = dir.path().join("self");
+    fs::create_dir(&sub).unwrap();
+    fs::write(sub.join("vm.ovf"), ovf("vm.ovf", "vm.ovf")).unwrap();
+    let ova = dir.path().join("self.ova");
+    tar(&sub, &ova, &["vm.ovf"]);
+    refused(&ova, "names itself");
+    // Two descriptors.
+    fs::write(dir.path().join("other.ovf"), ovf("data.img", "data.img")).unwrap();
+    let ova = dir.path().join("two.ova");
+    tar(
+        dir.path(),
+        &ova,
+        &["vm.ovf", "other.ovf", "system.qcow2", "data.img"],
+    );
+    refused(&ova, "two OVF descriptors");
+    // Two members of the disk's name (tar -r appends the second).
+    let ova = dir.path().join("twice.ova");
+    tar(dir.path(), &ova, &["vm.ovf", "system.qcow2", "data.img"]);
+    let status = Command::new("tar")
+        .args(["-C", arg(dir.path()), "-rf", arg(&ova), "system.qcow2"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    refused(&ova, "two members named system.qcow2");
+}

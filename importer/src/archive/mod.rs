@@ -33,7 +33,6 @@ use crate::size::usable_space;
 use crate::source::ByteSource;
 use error::ArchiveError;
 use path::entry_parts;
-use sparse::Layout;
 use tree::{Counts, Meta, Tree};
 
 /// What an extraction did, printed by `quarry import --archive --json`.
@@ -241,14 +240,7 @@ fn extract_entry<R: Read>(
     mut entry: tar::Entry<'_, R>,
     tree: &mut Tree<'_>,
 ) -> Result<(), ArchiveError> {
-    let records: Vec<(String, Vec<u8>)> = match entry.pax_extensions() {
-        Ok(Some(pax)) => pax
-            .filter_map(|r| r.ok())
-            .filter_map(|r| Some((r.key().ok()?.to_string(), r.value_bytes().to_vec())))
-            .collect(),
-        Ok(None) => Vec::new(),
-        Err(e) => return Err(ArchiveError::reading(e, None)),
-    };
+    let records = sparse::pax_records(&mut entry)?;
     let header_name = entry.path_bytes().into_owned();
     let shown_header = String::from_utf8_lossy(&header_name).into_owned();
     let pax_sparse = sparse::from_pax(&records, &shown_header)?;
@@ -282,32 +274,7 @@ fn extract_entry<R: Read>(
                 ));
             }
             let size = entry.size();
-            let layout = match pax_sparse {
-                None => Layout::dense(size),
-                Some(s) => match s.layout {
-                    Some(layout) => layout,
-                    None => {
-                        let (layout, map_bytes) = sparse::read_map(&mut entry, s.size, &shown)?;
-                        if map_bytes + layout.stored() != size {
-                            return Err(ArchiveError::malformed(
-                                &shown,
-                                format!(
-                                    "its sparse map lists {} data bytes but the entry stores {}",
-                                    layout.stored(),
-                                    size.saturating_sub(map_bytes)
-                                ),
-                            ));
-                        }
-                        layout
-                    }
-                },
-            };
-            if layout.stored() > size {
-                return Err(ArchiveError::malformed(
-                    &shown,
-                    "its sparse map lists more data than the entry stores",
-                ));
-            }
+            let layout = sparse::layout(&mut entry, size, pax_sparse, &shown)?;
             tree.file(&parts, meta, &layout, &mut entry, &shown)
         }
         T::Directory => {

@@ -202,6 +202,108 @@ pub fn read_map(data: &mut dyn Read, size: u64, entry: &str) -> Result<(Layout, 
     Ok((layout, consumed + padding))
 }
 
+/// An entry's PAX records, in archive order.
+pub fn pax_records<R: Read>(entry: &mut tar::Entry<'_, R>) -> Result<Vec<(String, Vec<u8>)>> {
+    match entry.pax_extensions() {
+        Ok(Some(pax)) => Ok(pax
+            .filter_map(|r| r.ok())
+            .filter_map(|r| Some((r.key().ok()?.to_string(), r.value_bytes().to_vec())))
+            .collect()),
+        Ok(None) => Ok(Vec::new()),
+        Err(e) => Err(ArchiveError::reading(e, None)),
+    }
+}
+
+/// The layout of an entry whose data (`stored` bytes, `data`) starts here: dense, or the PAX
+/// sparse file `sparse` describes (format 1.0's map read from the data, which then holds the
+/// regions' bytes).
+pub fn layout(
+    data: &mut dyn Read,
+    stored: u64,
+    sparse: Option<PaxSparse>,
+    entry: &str,
+) -> Result<Layout> {
+    let layout = match sparse {
+        None => return Ok(Layout::dense(stored)),
+        Some(PaxSparse {
+            layout: Some(layout),
+            ..
+        }) => layout,
+        Some(s) => {
+            let (layout, map_bytes) = read_map(data, s.size, entry)?;
+            if map_bytes + layout.stored() != stored {
+                return Err(ArchiveError::malformed(
+                    entry,
+                    format!(
+                        "its sparse map lists {} data bytes but the entry stores {}",
+                        layout.stored(),
+                        stored.saturating_sub(map_bytes)
+                    ),
+                ));
+            }
+            layout
+        }
+    };
+    if layout.stored() > stored {
+        return Err(ArchiveError::malformed(
+            entry,
+            "its sparse map lists more data than the entry stores",
+        ));
+    }
+    Ok(layout)
+}
+
+/// A sparse file's whole bytes, read from its stored regions: zeroes between them.
+pub struct Expand<R> {
+    data: R,
+    layout: Layout,
+    /// The next region, and the file offset read up to.
+    next: usize,
+    pos: u64,
+}
+
+impl<R: Read> Expand<R> {
+    pub fn new(data: R, layout: Layout) -> Self {
+        Expand {
+            data,
+            layout,
+            next: 0,
+            pos: 0,
+        }
+    }
+}
+
+impl<R: Read> Read for Expand<R> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while let Some(&(offset, len)) = self.layout.regions.get(self.next)
+            && self.pos >= offset + len
+        {
+            self.next += 1;
+        }
+        let (start, end) = match self.layout.regions.get(self.next) {
+            Some(&(offset, len)) => (offset, offset + len),
+            None => (self.layout.size, self.layout.size),
+        };
+        if self.pos < start {
+            // A hole.
+            let n = (start - self.pos).min(out.len() as u64) as usize;
+            out[..n].fill(0);
+            self.pos += n as u64;
+            return Ok(n);
+        }
+        let want = (end - self.pos).min(out.len() as u64) as usize;
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.data.read(&mut out[..want])?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,6 +362,21 @@ mod tests {
         assert_eq!(used, 512);
         assert_eq!(layout.regions, [(0, 4096), (1044480, 4096)]);
         assert_eq!(r, b"DATA");
+    }
+
+    #[test]
+    fn a_sparse_file_reads_whole_with_zeroes_between_its_regions() {
+        let layout = Layout {
+            size: 20,
+            regions: vec![(0, 2), (5, 3), (19, 1)],
+        };
+        let mut whole = Vec::new();
+        Expand::new(&b"abcdez"[..], layout.clone())
+            .read_to_end(&mut whole)
+            .unwrap();
+        assert_eq!(whole, b"ab\0\0\0cde\0\0\0\0\0\0\0\0\0\0\0z");
+        let e = Expand::new(&b"abc"[..], layout).read_to_end(&mut whole);
+        assert_eq!(e.unwrap_err().kind(), std::io::ErrorKind::UnexpectedEof);
     }
 
     #[test]

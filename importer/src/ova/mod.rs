@@ -27,6 +27,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::sync_channel;
 
+use crate::archive::sparse::{self, Expand};
 use crate::chunks::{self, ChunkReader};
 use crate::decode::{BoxRead, Compression};
 use crate::error::{Error, Result};
@@ -252,7 +253,8 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(xml: &str, choice: Option<&DiskChoice>, what: &str) -> Result<Plan> {
+    /// The plan the descriptor `xml`, the member `descriptor`, gives.
+    fn new(xml: &str, descriptor: &str, choice: Option<&DiskChoice>, what: &str) -> Result<Plan> {
         let disks = ovf::disks(xml).map_err(|e| match e {
             Error::Corrupt(m) => Error::Corrupt(format!("{what}: {m}")),
             Error::Unsupported(m) => Error::Unsupported(format!("{what}: {m}")),
@@ -277,6 +279,12 @@ impl Plan {
             }
         }
         let member = normalize(disk.href.as_bytes())?;
+        if member == descriptor {
+            return Err(Error::Corrupt(format!(
+                "{what}: the descriptor names itself ({}) as the disk",
+                disk.href
+            )));
+        }
         Ok(Plan {
             chosen: (index, disks.len(), disk),
             member,
@@ -302,10 +310,12 @@ fn read_descriptor(entry: &mut dyn Read, size: u64, path: &str, what: &str) -> R
     Ok(xml)
 }
 
-/// The descriptor of the local tar file `path`, found by seeking from header to header.
-fn local_descriptor(path: &Path, what: &str) -> Result<Option<String>> {
+/// The descriptor of the local tar file `path` and its member name, found by seeking from header
+/// to header (all of them: a second descriptor is refused).
+fn local_descriptor(path: &Path, what: &str) -> Result<Option<(String, String)>> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(format!("opening {what}"), e))?;
     let mut archive = tar::Archive::new(file);
+    let mut found: Option<(String, String)> = None;
     for entry in archive
         .entries_with_seek()
         .map_err(|e| tar_error(e, what))?
@@ -313,11 +323,47 @@ fn local_descriptor(path: &Path, what: &str) -> Result<Option<String>> {
         let mut entry = entry.map_err(|e| tar_error(e, what))?;
         let path = normalize(&entry.path_bytes())?;
         if is_descriptor(&path) {
+            if let Some((first, _)) = &found {
+                return Err(two_descriptors(what, first, &path));
+            }
             let size = entry.size();
-            return read_descriptor(&mut entry, size, &path, what).map(Some);
+            let xml = read_descriptor(&mut entry, size, &path, what)?;
+            found = Some((path, xml));
         }
     }
-    Ok(None)
+    Ok(found)
+}
+
+fn two_descriptors(what: &str, first: &str, second: &str) -> Error {
+    Error::Corrupt(format!(
+        "{what}: two OVF descriptors ({first} and {second}); an OVA holds one"
+    ))
+}
+
+/// A member's name (a PAX sparse file's real one), size and bytes: a PAX sparse file (what GNU
+/// tar's `--sparse --format=posix` writes for a disk with holes) reads whole, zeroes in its holes,
+/// as an extracted archive's would.
+fn member<'e, R: Read>(
+    entry: &'e mut tar::Entry<'_, R>,
+) -> Result<(String, u64, Box<dyn Read + 'e>)> {
+    let records = sparse::pax_records(entry)?;
+    let header_name = entry.path_bytes().into_owned();
+    let shown = String::from_utf8_lossy(&header_name).into_owned();
+    let Some(pax) = sparse::from_pax(&records, &shown)? else {
+        let size = entry.size();
+        return Ok((normalize(&header_name)?, size, Box::new(entry)));
+    };
+    let path = normalize(pax.name.as_deref().unwrap_or(&header_name))?;
+    let stored = entry.size();
+    let layout = sparse::layout(entry, stored, Some(pax), &shown)?;
+    let size = layout.size;
+    Ok((path, size, Box::new(Expand::new(entry, layout))))
+}
+
+fn two_members(what: &str, name: &str) -> Error {
+    Error::Corrupt(format!(
+        "{what}: two members named {name}, the disk the descriptor names; which one is meant is ambiguous"
+    ))
 }
 
 fn no_descriptor(what: &str) -> Error {
@@ -390,11 +436,12 @@ fn walk(
     let choice = opts.choice.as_ref();
     let mut plan = match &opts.local {
         Some(path) => {
-            let xml = local_descriptor(path, what)?.ok_or_else(|| no_descriptor(what))?;
-            Some(Plan::new(&xml, choice, what)?)
+            let (name, xml) = local_descriptor(path, what)?.ok_or_else(|| no_descriptor(what))?;
+            Some(Plan::new(&xml, &name, choice, what)?)
         }
         None => None,
     };
+    let mut descriptor: Option<String> = None;
     let mut early = Early {
         hold: HeldBytes::new(opts.memory_budget, opts.spill_dir.clone()),
         members: Vec::new(),
@@ -404,15 +451,24 @@ fn walk(
     let mut archive = tar::Archive::new(stream);
     for entry in archive.entries().map_err(|e| tar_error(e, what))? {
         let mut entry = entry.map_err(|e| tar_error(e, what))?;
-        let path = normalize(&entry.path_bytes())?;
         let kind = entry.header().entry_type();
         let regular = kind.is_file() || kind.is_gnu_sparse() || kind.is_contiguous();
+        let (path, size, mut data) = member(&mut entry)?;
+        if is_descriptor(&path) {
+            if let Some(first) = &descriptor {
+                return Err(two_descriptors(what, first, &path));
+            }
+            descriptor = Some(path.clone());
+        }
         let Some(p) = &plan else {
             if is_descriptor(&path) {
-                let size = entry.size();
-                let xml = read_descriptor(&mut entry, size, &path, what)?;
-                let p = Plan::new(&xml, choice, what)?;
-                if let Some((_, at, size)) = early.members.iter().find(|m| m.0 == p.member) {
+                let xml = read_descriptor(&mut data, size, &path, what)?;
+                let p = Plan::new(&xml, &path, choice, what)?;
+                let mut held = early.members.iter().filter(|m| m.0 == p.member);
+                if let Some((_, at, size)) = held.next() {
+                    if held.next().is_some() {
+                        return Err(two_members(what, &p.member));
+                    }
                     tracing::info!(
                         held = early.hold.held_bytes,
                         spilled = early.hold.spilled_bytes,
@@ -432,12 +488,15 @@ fn walk(
                 early.members.clear();
                 plan = Some(p);
             } else if regular {
-                early.hold(path, &mut entry, what)?;
+                early.hold(path, &mut data, what)?;
             }
             continue;
         };
-        if streamed || path != p.member {
+        if path != p.member {
             continue;
+        }
+        if streamed {
+            return Err(two_members(what, &path));
         }
         if !regular {
             return Err(Error::Unsupported(format!(
@@ -445,7 +504,7 @@ fn walk(
             )));
         }
         let _ = chosen_tx.send(p.chosen.clone());
-        out.stream_file(path, entry.size(), &mut entry, what)?;
+        out.stream_file(path, size, &mut data, what)?;
         streamed = true;
     }
     let Some(p) = plan else {
