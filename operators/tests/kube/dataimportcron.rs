@@ -159,15 +159,27 @@ async fn each_new_version_is_imported_pointed_at_and_old_imports_collected() {
         first.metadata.annotations.as_ref().unwrap()["cdi.kubevirt.io/storage.bind.immediate.requested"],
         "true"
     );
-    let c = crons.get("fedora-cron").await.unwrap();
-    let digest = &c.metadata.annotations.as_ref().unwrap()["cdi.kubevirt.io/storage.import.sourceDesiredDigest"];
-    assert_eq!(c.status.unwrap().current_imports[0].digest, *digest);
+    // The controller writes the cron's annotation and status after creating the import.
+    let (digest, current) = wait_for("the cron's digest and current import", || async {
+        let c = crons.get("fedora-cron").await.ok()?;
+        let digest = c
+            .annotations()
+            .get("cdi.kubevirt.io/storage.import.sourceDesiredDigest")?
+            .clone();
+        let current = c.status?.current_imports.first()?.digest.clone();
+        Some((digest, current))
+    })
+    .await;
+    assert_eq!(current, digest);
 
     succeed(&client, &ns, &first_name).await;
     up_to_date(&crons, &first_name).await;
     let sources: Api<DataSource> = Api::namespaced(client.clone(), &ns);
-    let ds = sources.get("fedora").await.unwrap();
-    assert_eq!(ds.spec.source.pvc.as_ref().unwrap().name, first_name);
+    let ds = wait_for("the DataSource at the first import", || async {
+        let ds = sources.get("fedora").await.ok()?;
+        (ds.spec.source.pvc.as_ref()?.name == first_name).then_some(ds)
+    })
+    .await;
     let owner = &ds.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(
         (owner.kind.as_str(), owner.controller),
