@@ -40,15 +40,59 @@ fn local(name: &str) -> &str {
     name.rsplit_once(':').map_or(name, |(_, l)| l)
 }
 
-fn decode_entities(v: &str) -> String {
-    v.replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&apos;", "'")
-        .replace("&amp;", "&")
+/// Decodes the five predefined entities and numeric character references (`&#46;`, `&#x2e;`);
+/// anything else after `&` is kept as it is.
+fn decode_entities(v: &str) -> Result<String> {
+    let mut out = String::with_capacity(v.len());
+    let mut rest = v;
+    while let Some(amp) = rest.find('&') {
+        out.push_str(&rest[..amp]);
+        rest = &rest[amp..];
+        let Some(end) = rest.find(';') else { break };
+        let name = &rest[1..end];
+        let c = match name {
+            "lt" => Some('<'),
+            "gt" => Some('>'),
+            "quot" => Some('"'),
+            "apos" => Some('\''),
+            "amp" => Some('&'),
+            _ => match name.strip_prefix('#') {
+                Some(n) => {
+                    let code = match n.strip_prefix(['x', 'X']) {
+                        Some(hex) => u32::from_str_radix(hex, 16).ok(),
+                        None => n.parse().ok(),
+                    };
+                    let c = code.and_then(char::from_u32).filter(|&c| c != '\0');
+                    Some(c.ok_or_else(|| {
+                        Error::Corrupt(format!(
+                            "OVF descriptor: &{name}; is no character reference"
+                        ))
+                    })?)
+                }
+                None => None,
+            },
+        };
+        match c {
+            Some(c) => {
+                out.push(c);
+                rest = &rest[end + 1..];
+            }
+            None => {
+                out.push('&');
+                rest = &rest[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
-/// The start tags of `xml`, in order.
+/// Most `<File>` and `<Disk>` elements read (real descriptors have a few): what the parse keeps
+/// stays small whatever the descriptor holds.
+const MAX_TAGS: usize = 4096;
+
+/// The start tags of `xml` named `File` or `Disk`, in order (the others are skipped, keeping
+/// nothing).
 fn start_tags(xml: &str) -> Result<Vec<Tag>> {
     let bad = |why: &str| Error::Corrupt(format!("OVF descriptor: {why}"));
     let mut tags = Vec::new();
@@ -73,8 +117,15 @@ fn start_tags(xml: &str) -> Result<Vec<Tag>> {
         let name_end = rest
             .find(|c: char| c.is_whitespace() || c == '>' || c == '/')
             .ok_or_else(|| bad("unterminated tag"))?;
+        let name = local(&rest[..name_end]);
+        let keep = name == "File" || name == "Disk";
+        if keep && tags.len() == MAX_TAGS {
+            return Err(Error::Unsupported(format!(
+                "OVF descriptor: more than {MAX_TAGS} <File> and <Disk> elements"
+            )));
+        }
         let mut tag = Tag {
-            name: local(&rest[..name_end]).to_string(),
+            name: name.to_string(),
             attrs: Vec::new(),
         };
         rest = &rest[name_end..];
@@ -87,7 +138,7 @@ fn start_tags(xml: &str) -> Result<Vec<Tag>> {
             let eq = rest
                 .find('=')
                 .ok_or_else(|| bad("an attribute without a value"))?;
-            let key = local(rest[..eq].trim()).to_string();
+            let key = local(rest[..eq].trim());
             rest = rest[eq + 1..].trim_start();
             let quote = rest
                 .chars()
@@ -97,10 +148,15 @@ fn start_tags(xml: &str) -> Result<Vec<Tag>> {
             let close = rest[1..]
                 .find(quote)
                 .ok_or_else(|| bad("an unterminated attribute value"))?;
-            tag.attrs.push((key, decode_entities(&rest[1..1 + close])));
+            if keep {
+                tag.attrs
+                    .push((key.to_string(), decode_entities(&rest[1..1 + close])?));
+            }
             rest = &rest[close + 2..];
         }
-        tags.push(tag);
+        if keep {
+            tags.push(tag);
+        }
     }
     Ok(tags)
 }
@@ -189,6 +245,33 @@ mod tests {
         assert_eq!(d[0].href, "a.qcow2");
         assert_eq!(d[0].compression.as_deref(), Some("gzip"));
         assert_eq!(d[1].href, "b.img");
+    }
+
+    #[test]
+    fn character_references_in_values_are_decoded() {
+        let xml = r#"<Envelope><References><File id="a" href="disk&#46;vmdk"/><File id="b" href="&#x64;&#X69;sk&amp;&lt;2&gt;.vmdk"/><File id="c" href="a&b;c"/></References></Envelope>"#;
+        let hrefs: Vec<_> = disks(xml).unwrap().into_iter().map(|d| d.href).collect();
+        assert_eq!(hrefs, ["disk.vmdk", "disk&<2>.vmdk", "a&b;c"]);
+        for bad in ["&#0;", "&#xd800;", "&#99999999999;", "&#x;"] {
+            let xml = format!(r#"<Envelope><File id="a" href="d{bad}"/></Envelope>"#);
+            assert_eq!(
+                disks(&xml).unwrap_err().kind(),
+                crate::ErrorKind::CorruptImage,
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_file_and_disk_elements_are_kept_and_a_few_thousand_at_most() {
+        let many = "<Item/>".repeat(1 << 20);
+        let xml = format!(
+            r#"<Envelope>{many}<References><File id="a" href="a.vmdk"/></References></Envelope>"#
+        );
+        assert_eq!(disks(&xml).unwrap()[0].href, "a.vmdk");
+        let files = r#"<File id="a" href="a.vmdk"/>"#.repeat(MAX_TAGS + 1);
+        let e = disks(&format!("<Envelope>{files}</Envelope>")).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Unsupported, "{e}");
     }
 
     #[test]
