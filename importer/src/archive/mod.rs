@@ -265,6 +265,16 @@ fn extract_entry<R: Read>(
         return Ok(());
     }
     let parts = entry_parts(&name, &shown)?;
+    // The commit's own names in the target: an entry of theirs would be replaced or removed by
+    // the commit (the journal) or clash with the staging directory.
+    if let Some(top) = parts.first()
+        && [staging::JOURNAL, staging::STAGING].contains(&&*String::from_utf8_lossy(top))
+    {
+        return Err(ArchiveError::refused(
+            &shown,
+            "a top-level name Quarry's extraction uses for itself",
+        ));
+    }
     match kind {
         T::Regular | T::Continuous | T::GNUSparse => {
             if parts.is_empty() {
@@ -386,6 +396,24 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
         assert!(e.to_string().contains("through the symbolic link l"), "{e}");
         assert_eq!(std::fs::read_dir(dir.path().join("t")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn the_commit_s_own_names_at_the_top_are_refused() {
+        use tar::EntryType as T;
+        for name in [staging::JOURNAL, "./.quarry-archive-partial/f"] {
+            let tar = tar_of(&[("a", T::Regular, b"a"), (name, T::Regular, b"x")]);
+            let (dir, result) = extract_bytes(&tar);
+            let e = result.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Unsupported, "{name}: {e}");
+            assert_eq!(std::fs::read_dir(dir.path().join("t")).unwrap().count(), 0);
+        }
+        // Deeper down, the names are the archive's.
+        let tar = tar_of(&[("d/.quarry-archive-commit", T::Regular, b"x")]);
+        let (dir, result) = extract_bytes(&tar);
+        assert_eq!(result.unwrap().counts.files, 1);
+        let kept = dir.path().join("t/d").join(staging::JOURNAL);
+        assert_eq!(std::fs::read(kept).unwrap(), b"x");
     }
 
     #[test]
