@@ -601,18 +601,19 @@ impl Converter<'_, '_> {
                 let footer = Self::metadata(win, at, sectors.max(1), SECTOR, "footer")?;
                 let f = SparseHeader::parse(footer)
                     .map_err(|e| corrupt(format!("the footer at {:#x}: {e}", at + SECTOR)))?;
-                if (f.capacity, f.granularity, f.gtes_per_gt)
-                    != (h.capacity, h.granularity, h.gtes_per_gt)
-                {
+                // qemu reads the image by the footer in place of the header: they must agree
+                // on all it reads but the directory's place.
+                let same = SparseHeader {
+                    gd_offset: h.gd_offset,
+                    rgd_offset: h.rgd_offset,
+                    desc_offset: h.desc_offset,
+                    desc_size: h.desc_size,
+                    ..f.clone()
+                };
+                if same != *h {
                     return Err(corrupt(format!(
-                        "the footer at {:#x} says {} sectors in grains of {} ({} a table), the header {} in grains of {} ({} a table)",
-                        at + SECTOR,
-                        f.capacity,
-                        f.granularity,
-                        f.gtes_per_gt,
-                        h.capacity,
-                        h.granularity,
-                        h.gtes_per_gt
+                        "the footer at {:#x} disagrees with the header: {f:?}, the header {h:?}",
+                        at + SECTOR
                     )));
                 }
                 self.footer_gd = Some(f.gd_offset);
