@@ -417,6 +417,35 @@ mod tests {
     }
 
     #[test]
+    fn a_sparse_file_larger_than_the_filesystem_takes_is_too_large() {
+        const SIZE: u64 = 1 << 62;
+        let probe = tempfile::tempfile().unwrap();
+        if probe.set_len(SIZE).is_ok() {
+            return; // this filesystem takes it
+        }
+        let mut b = tar::Builder::new(Vec::new());
+        let size = SIZE.to_string();
+        b.append_pax_extensions([
+            ("GNU.sparse.size", size.as_bytes()),
+            ("GNU.sparse.map", b"0,1".as_slice()),
+        ])
+        .unwrap();
+        let mut h = tar::Header::new_ustar();
+        h.set_size(1);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1_700_000_000);
+        h.set_cksum();
+        b.append_data(&mut h, "big", &b"x"[..]).unwrap();
+        let (dir, result) = extract_bytes(&b.into_inner().unwrap());
+        let e = result.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::TooSmall, "{e}");
+        assert!(e.to_string().contains("in one file"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path().join("t")).unwrap().count(), 0);
+    }
+
+    #[test]
     fn traversal_is_refused() {
         let tar = tar_of(&[("../x", tar::EntryType::Regular, b"x")]);
         let (dir, result) = extract_bytes(&tar);

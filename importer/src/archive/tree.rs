@@ -229,6 +229,21 @@ impl<'a> Tree<'a> {
         )
         .map_err(|e| errno_io(format!("creating {shown}"), e))?;
         let file = File::from(fd);
+        // Sized first: a file larger than the filesystem takes is refused before its data.
+        file.set_len(layout.size).map_err(|e| {
+            if e.raw_os_error() != Some(libc::EFBIG) {
+                return ArchiveError::io(format!("sizing {shown}"), e);
+            }
+            ArchiveError::TooLarge {
+                needed: layout.size,
+                available: self.limit.as_ref().map_or(0, |l| l.0),
+                target: self.target.clone(),
+                detail: format!(
+                    "{shown} is {} bytes, more than its filesystem takes in one file",
+                    layout.size
+                ),
+            }
+        })?;
         let mut buf = vec![0u8; CHUNK];
         for &(offset, len) in &layout.regions {
             let mut done = 0u64;
@@ -243,8 +258,6 @@ impl<'a> Tree<'a> {
                     .fetch_add(want as u64, Ordering::Relaxed);
             }
         }
-        file.set_len(layout.size)
-            .map_err(|e| ArchiveError::io(format!("sizing {shown}"), e))?;
         self.apply(&file, &meta, shown)?;
         self.counts.files += 1;
         Ok(())
