@@ -162,19 +162,23 @@ pub fn from_pax(records: &[(String, Vec<u8>)], entry: &str) -> Result<Option<Pax
 
 /// Reads format 1.0's map from the start of the entry's data: a count, then offset and length
 /// pairs, one decimal number a line, padded to a 512-byte block. Returns the layout and the
-/// bytes the map took.
+/// bytes the map took. Read a block at a time: the map fills whole blocks.
 pub fn read_map(data: &mut dyn Read, size: u64, entry: &str) -> Result<(Layout, u64)> {
-    let mut consumed = 0u64;
+    let mut block = [0u8; 512];
+    let (mut at, mut blocks) = (block.len(), 0u64);
     let mut line = || -> Result<u64> {
         let mut digits = Vec::new();
         loop {
-            let mut byte = [0u8];
-            data.read_exact(&mut byte)
-                .map_err(|e| ArchiveError::reading(e, Some(entry)))?;
-            consumed += 1;
-            match byte[0] {
+            if at == block.len() {
+                data.read_exact(&mut block)
+                    .map_err(|e| ArchiveError::reading(e, Some(entry)))?;
+                (at, blocks) = (0, blocks + 1);
+            }
+            let byte = block[at];
+            at += 1;
+            match byte {
                 b'\n' => break,
-                b'0'..=b'9' if digits.len() < 20 => digits.push(byte[0]),
+                b'0'..=b'9' if digits.len() < 20 => digits.push(byte),
                 _ => {
                     return Err(ArchiveError::malformed(
                         entry,
@@ -195,11 +199,8 @@ pub fn read_map(data: &mut dyn Read, size: u64, entry: &str) -> Result<(Layout, 
         let len = line()?;
         regions.push((offset, len));
     }
-    let padding = consumed.next_multiple_of(512) - consumed;
-    std::io::copy(&mut data.take(padding), &mut std::io::sink())
-        .map_err(|e| ArchiveError::reading(e, Some(entry)))?;
     let layout = Layout { size, regions }.check(entry)?;
-    Ok((layout, consumed + padding))
+    Ok((layout, blocks * 512))
 }
 
 /// An entry's PAX records, in archive order.
