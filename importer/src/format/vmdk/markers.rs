@@ -26,7 +26,7 @@
 //! Memory: the read window (one read size, or one grain and its marker when larger), the pool's
 //! batches in flight, and one bit per guest grain (allocated in pages of 4096 grains as grains
 //! arrive); with the tables before the grains, the [`Map`]'s 8 bytes per grain between its table
-//! and its data; with the tables after them, the [`Trailer`]'s 8 bytes per grain and 24 per
+//! and its data; with the tables after them, the [`Trailer`]'s 8 bytes per grain and 32 per
 //! table until the end.
 
 use flate2::{Decompress, FlushDecompress, Status};
