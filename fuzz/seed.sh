@@ -45,7 +45,11 @@ for f in c512 v2 deflate zstd extl2 empty; do seed qcow2_stream $f.qcow2; done
 q convert -O vmdk -o subformat=monolithicSparse base.raw sparse.vmdk
 q convert -O vmdk -o subformat=streamOptimized base.raw stream.vmdk
 q create -f vmdk -o subformat=streamOptimized empty-stream.vmdk 1M
-for f in sparse stream empty-stream; do seed vmdk_stream $f.vmdk; done
+# Appended in two sessions: zero sectors between the grains, found through the tables.
+q create -f vmdk -o subformat=streamOptimized sessions.vmdk 1M
+io vmdk sessions.vmdk "write -P 0xaa 0 64k"
+io vmdk sessions.vmdk "write -P 0xbb 512k 64k"
+for f in sparse stream empty-stream sessions; do seed vmdk_stream $f.vmdk; done
 
 # vpc: dynamic (empty and with data; blocks are 2 MiB) and fixed.
 q create -f vpc empty.vhd 1M
