@@ -37,11 +37,14 @@ pub struct RegistryConfig<'a> {
     pub token: Option<&'a TokenService>,
     /// Accept schema-1 manifests (`compatibility.schema1.enabled`).
     pub schema1: bool,
+    /// The IPv4 address to listen on (None: 127.0.0.1), e.g. a test cluster's node address.
+    pub address: Option<std::net::Ipv4Addr>,
 }
 
 pub struct Registry {
     child: Child,
     dir: TempDir,
+    host: std::net::Ipv4Addr,
     port: u16,
     push_creds: Option<(String, String)>,
 }
@@ -76,9 +79,10 @@ impl Registry {
             );
             push_creds = Some((t.user.clone(), t.password.clone()));
         }
+        let host = cfg.address.unwrap_or(std::net::Ipv4Addr::LOCALHOST);
         for attempt in 0.. {
             let port = free_port();
-            let mut http = format!("http:\n  addr: 127.0.0.1:{port}\n");
+            let mut http = format!("http:\n  addr: {host}:{port}\n");
             if let Some(ca) = cfg.tls {
                 http += &format!(
                     "  tls:\n    certificate: {}\n    key: {}\n",
@@ -105,11 +109,12 @@ impl Registry {
                 .stderr(log)
                 .spawn()
                 .expect("running docker-registry (Debian package docker-registry)");
-            match wait_listening(&mut child, port) {
+            match wait_listening_on(&mut child, host, port) {
                 Ok(()) => {
                     return Registry {
                         child,
                         dir,
+                        host,
                         port,
                         push_creds,
                     };
@@ -131,9 +136,9 @@ impl Registry {
         self.port
     }
 
-    /// `docker://127.0.0.1:PORT/NAME`.
+    /// `docker://ADDRESS:PORT/NAME`.
     pub fn image(&self, name: &str) -> String {
-        format!("docker://127.0.0.1:{}/{name}", self.port)
+        format!("docker://{}:{}/{name}", self.host, self.port)
     }
 
     /// Pushes `tag` of the OCI layout to `dest` (`NAME:TAG`) with skopeo. `format`: `None`
@@ -152,7 +157,7 @@ impl Registry {
             c.arg("--dest-creds").arg(format!("{u}:{p}"));
         }
         c.arg(format!("oci:{}:{tag}", layout.display()));
-        c.arg(format!("docker://127.0.0.1:{}/{dest}", self.port));
+        c.arg(format!("docker://{}:{}/{dest}", self.host, self.port));
         let out = c.output().expect("running skopeo (Debian package skopeo)");
         assert!(
             out.status.success(),
@@ -206,8 +211,17 @@ impl Drop for Registry {
 
 /// Waits until `port` accepts connections; `Err(true)` when the child exited first.
 pub fn wait_listening(child: &mut Child, port: u16) -> Result<(), bool> {
+    wait_listening_on(child, std::net::Ipv4Addr::LOCALHOST, port)
+}
+
+/// [`wait_listening`] on `host`.
+pub fn wait_listening_on(
+    child: &mut Child,
+    host: std::net::Ipv4Addr,
+    port: u16,
+) -> Result<(), bool> {
     let deadline = Instant::now() + READY_TIMEOUT;
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let addr = SocketAddr::from((host, port));
     loop {
         if let Ok(Some(_)) = child.try_wait() {
             return Err(true);

@@ -444,3 +444,158 @@ spec:
     let size: u64 = size.trim().parse().unwrap();
     assert!(size > 100 << 20, "disk.img was not grown: {size} bytes");
 }
+
+/// A containerDisk (the qcow2 in a gzip layer, as KubeVirt builds them) from a TLS registry on
+/// the node's address, its CA from `certConfigMap`.
+#[test]
+fn a_registry_container_disk_is_imported() {
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let image = qcow2_image(dir.path(), &[]);
+    let mut layout = testkit::oci::OciLayout::create(&dir.path().join("layout"));
+    layout.add(
+        "v1",
+        &testkit::oci::Image::new(vec![testkit::oci::Layer::disk(
+            "disk.qcow2",
+            std::fs::read(&image.path).unwrap(),
+        )]),
+    );
+    let ca = testkit::tls::TestCa::for_ip(Some(&c.node_ip));
+    let reg = testkit::registry::Registry::start(testkit::registry::RegistryConfig {
+        tls: Some(&ca),
+        address: Some(c.node_ip.parse().unwrap()),
+        ..Default::default()
+    });
+    reg.push(layout.dir(), "v1", "vm/disk:v1", None, false);
+    let ns = c.namespace("registry", &[]);
+    c.kubectl_ok(&[
+        "-n",
+        &ns,
+        "create",
+        "configmap",
+        "registry-ca",
+        &format!("--from-file=ca.pem={}", ca.ca_pem().display()),
+    ]);
+    let source = format!(
+        "    registry:\n      url: {}\n      certConfigMap: registry-ca",
+        reg.image("vm/disk:v1")
+    );
+    c.apply(&dv_yaml(&ns, "cd", &source, "64Mi", false));
+    wait_succeeded(c, &ns, "cd", Instant::now());
+    assert_disk(c, &ns, "cd", &image, false);
+}
+
+/// A raw disk through the proxy's async path (virtctl's default), and a tar through its archive
+/// path into a `contentType: archive` DataVolume.
+#[test]
+fn raw_and_archive_uploads_through_the_proxy() {
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let raw = crate::support::raw_image(dir.path(), "disk.raw", 11);
+    let ns = c.namespace("uploads", &[]);
+    c.apply(&dv_yaml(&ns, "raw", "    upload: {}", "32Mi", false));
+    let archive = dv_yaml(&ns, "files", "    upload: {}", "32Mi", false).replace(
+        "spec:\n  source:",
+        "spec:\n  contentType: archive\n  source:",
+    );
+    c.apply(&archive);
+    for dv in ["raw", "files"] {
+        c.wait_for(
+            &ns,
+            &format!("dv/{dv}"),
+            "{.status.phase}",
+            "UploadReady",
+            crate::support::DV_LIMIT,
+        );
+    }
+    let token = crate::support::upload_token(c, &ns, "raw");
+    let code = crate::support::post_upload_to(c, "/v1beta1/upload-async", &token, &raw.path);
+    assert_eq!(code, "200");
+    wait_succeeded(c, &ns, "raw", Instant::now());
+    assert_disk(c, &ns, "raw", &raw, false);
+
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(&tree).unwrap();
+    std::fs::write(tree.join("notes.txt"), "uploaded as an archive\n").unwrap();
+    let tar = dir.path().join("files.tar");
+    let out = std::process::Command::new("tar")
+        .arg("-cf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(&tree)
+        .arg("notes.txt")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let token = crate::support::upload_token(c, &ns, "files");
+    let code = crate::support::post_upload_to(c, "/v1beta1/upload-archive", &token, &tar);
+    assert_eq!(code, "200");
+    wait_succeeded(c, &ns, "files", Instant::now());
+    let listing = crate::support::in_volume(c, &ns, "files", "cd /pvc && sha256sum notes.txt");
+    let want = crate::support::sha256_hex(b"uploaded as an archive\n");
+    assert!(listing.contains(&format!("{want}  notes.txt")), "{listing}");
+}
+
+/// A PVC expanded while a pod uses it: its capacity grows (the resizer and the driver's
+/// expansion through the real sidecar) and the pod keeps reading its data.
+#[test]
+fn a_pvc_expanded_while_a_pod_uses_it_grows_and_keeps_its_data() {
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let image = qcow2_image(dir.path(), &[]);
+    let server = FileServer::start(c, dir.path());
+    let ns = c.namespace("expand", &[]);
+    let source = format!("    http:\n      url: {}/disk.qcow2", server.url);
+    c.apply(&dv_yaml(&ns, "grow", &source, "64Mi", false));
+    wait_succeeded(c, &ns, "grow", Instant::now());
+    c.apply(&format!(
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: user, namespace: {ns}}}
+spec:
+  containers:
+  - name: c
+    image: docker.io/library/busybox:1.35
+    command: [sleep, '3600']
+    volumeMounts: [{{name: d, mountPath: /pvc}}]
+  volumes:
+  - name: d
+    persistentVolumeClaim: {{claimName: grow}}
+"
+    ));
+    c.wait_for(
+        &ns,
+        "pod/user",
+        "{.status.phase}",
+        "Running",
+        crate::support::DV_LIMIT,
+    );
+    c.kubectl_ok(&[
+        "-n",
+        &ns,
+        "patch",
+        "pvc",
+        "grow",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"resources":{"requests":{"storage":"256Mi"}}}}"#,
+    ]);
+    c.wait_for(
+        &ns,
+        "pvc/grow",
+        "{.status.capacity.storage}",
+        "256Mi",
+        crate::support::DV_LIMIT,
+    );
+    let sum = c.kubectl_ok(&[
+        "-n",
+        &ns,
+        "exec",
+        "user",
+        "--",
+        "sh",
+        "-c",
+        &format!("head -c {} /pvc/disk.img | sha256sum", image.raw_len),
+    ]);
+    assert!(sum.starts_with(&image.raw_sha256), "{sum}");
+}

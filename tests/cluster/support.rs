@@ -242,6 +242,11 @@ spec: {{pvcName: {pvc}}}
 
 /// POSTs `file` to the upload proxy's Service as virtctl does: the HTTP status.
 pub fn post_upload(c: &Cluster, token: &str, file: &Path) -> String {
+    post_upload_to(c, "/v1beta1/upload", token, file)
+}
+
+/// [`post_upload`] to `path` (`/v1beta1/upload-async`, `/v1beta1/upload-archive`, ...).
+pub fn post_upload_to(c: &Cluster, path: &str, token: &str, file: &Path) -> String {
     let ip = c.kubectl_ok(&[
         "-n",
         testkit::cluster::NAMESPACE,
@@ -266,7 +271,7 @@ pub fn post_upload(c: &Cluster, token: &str, file: &Path) -> String {
         .args(["-H", "Content-Type: application/octet-stream"])
         .arg("--data-binary")
         .arg(format!("@{}", file.display()))
-        .arg(format!("https://{ip}/v1beta1/upload"))
+        .arg(format!("https://{ip}{path}"))
         .output()
         .expect("curl");
     String::from_utf8_lossy(&out.stdout).into_owned()
