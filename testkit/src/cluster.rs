@@ -22,6 +22,9 @@ use crate::kube::{artifact, artifacts_dir};
 
 /// Where the cluster lives: short (a unix socket is inside) and fixed (one cluster a machine).
 const DIR: &str = "/var/tmp/quarry-e2e";
+/// The default pool of the bundle's HostPathProvisioner: the cluster's volumes live there, on
+/// the host, after the cluster is gone; each run empties it when it takes the cluster down.
+const POOL: &str = "/var/hpvolumes/csi";
 /// The reference the bundle runs (`deploy/kustomization.yaml`).
 pub const IMAGE: &str = "quay.io/quarry/quarry:latest";
 /// Quarry's namespace.
@@ -306,12 +309,17 @@ fn shared(quarry: &Path) -> Result<Cluster, String> {
         Command::new("bash").arg(&sh).arg("down").arg(&dir),
         &log,
     )?;
+    run(
+        "emptying the pool",
+        Command::new("sh").args(["-c", &format!("rm -rf {POOL}/pvc-*")]),
+        &log,
+    )?;
     // The watcher outlives this test process: it takes the cluster down when the runner exits,
     // under the lock, unless a later run has taken the cluster over by then.
     let script = format!(
         "while kill -0 {owner} 2>/dev/null; do sleep 2; done; \
          exec flock '{lock}' sh -c '[ \"$(cat {owner_file})\" = {owner} ] || exit 0; \
-         rm -f {ready}; bash {sh} down {dir} >>{log} 2>&1'",
+         rm -f {ready}; bash {sh} down {dir} >>{log} 2>&1 && rm -rf {POOL}/pvc-*'",
         lock = state.join("lock").display(),
         owner_file = owner_file.display(),
         ready = ready.display(),

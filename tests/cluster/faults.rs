@@ -108,28 +108,34 @@ fn a_data_volume_deleted_mid_import_leaves_nothing() {
         "ImportInProgress",
         DV_LIMIT,
     );
+    delete_and_expect_nothing_left(c, &ns, "slow");
+}
+
+/// Deletes the DataVolume `name` and waits until its pods, PVC, Services, PV and pool directory
+/// are all gone.
+fn delete_and_expect_nothing_left(c: &Cluster, ns: &str, name: &str) {
     let pv = c.kubectl_ok(&[
         "-n",
-        &ns,
+        ns,
         "get",
         "pvc",
-        "slow",
+        name,
         "-o",
         "jsonpath={.spec.volumeName}",
     ]);
     assert!(!pv.is_empty());
     c.kubectl_ok(&[
         "-n",
-        &ns,
+        ns,
         "delete",
         "dv",
-        "slow",
+        name,
         "--wait=true",
         "--timeout=120s",
     ]);
     let start = Instant::now();
     loop {
-        let left = c.kubectl_ok(&["-n", &ns, "get", "pod,pvc", "-o", "name"]);
+        let left = c.kubectl_ok(&["-n", ns, "get", "pod,pvc,service", "-o", "name"]);
         let pv_left = c.kubectl(&["get", "pv", &pv]).status.success();
         let dir_left = std::path::Path::new("/var/hpvolumes/csi")
             .join(&pv)
@@ -143,6 +149,72 @@ fn a_data_volume_deleted_mid_import_leaves_nothing() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// A DataVolume deleted mid-upload: the client's request ends and nothing is left.
+#[test]
+fn a_data_volume_deleted_mid_upload_leaves_nothing() {
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let image = crate::support::raw_image_of(dir.path(), "big.raw", 48 << 20, 5);
+    let ns = c.namespace("cutupload", &[]);
+    c.apply(&dv_yaml(&ns, "up", "    upload: {}", "64Mi", false));
+    c.wait_for(&ns, "dv/up", "{.status.phase}", "UploadReady", DV_LIMIT);
+    let token = crate::support::upload_token(c, &ns, "up");
+    let ip = c.kubectl_ok(&[
+        "-n",
+        testkit::cluster::NAMESPACE,
+        "get",
+        "service",
+        "quarry-uploadproxy",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ]);
+    // a slow upload, cut by the deletion
+    let mut curl = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "-k",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--limit-rate",
+            "4M",
+        ])
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .arg("--data-binary")
+        .arg(format!("@{}", image.path.display()))
+        .arg(format!("https://{ip}/v1beta1/upload"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // the upload is under way once its first bytes are in the volume on the node
+    let pv = c.kubectl_ok(&[
+        "-n",
+        &ns,
+        "get",
+        "pvc",
+        "up",
+        "-o",
+        "jsonpath={.spec.volumeName}",
+    ]);
+    let disk = std::path::Path::new("/var/hpvolumes/csi")
+        .join(&pv)
+        .join("disk.img");
+    let start = Instant::now();
+    while std::fs::metadata(&disk).map_or(0, |m| m.len()) == 0 {
+        assert!(
+            start.elapsed() < DV_LIMIT,
+            "no upload bytes reached {}",
+            disk.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    delete_and_expect_nothing_left(c, &ns, "up");
+    // the client's request ends (cut, or finished by the server within its grace period)
+    let out = curl.wait_with_output().unwrap();
+    assert!(out.status.code().is_some());
 }
 
 /// The CSI driver's pod deleted while a pod uses a volume: the pod keeps reading its data, and
