@@ -171,7 +171,7 @@ fn a_data_volume_deleted_mid_upload_leaves_nothing() {
         "jsonpath={.spec.clusterIP}",
     ]);
     // a slow upload, cut by the deletion
-    let mut curl = std::process::Command::new("curl")
+    let curl = std::process::Command::new("curl")
         .args([
             "-sS",
             "-k",
