@@ -297,13 +297,7 @@ fn by_driver(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim, strategy: Strat
         pending_target(cx);
         if cx.obs.wait_for_first_consumer && objects::node_of(target).is_none() {
             // no node to put it on (a snapshot of unknown origin): it binds with its consumer
-            cx.cond(
-                condition::RUNNING,
-                false,
-                reason::WAIT_FOR_FIRST_CONSUMER,
-                "the PVC waits for its first consumer",
-            );
-            cx.st.phase = Some(Phase::WaitForFirstConsumer);
+            cx.wait_for_first_consumer();
             return;
         }
         cx.phase(phase, Some((false, ev, message)));

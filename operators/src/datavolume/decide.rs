@@ -243,6 +243,17 @@ impl Ctx<'_> {
         });
     }
 
+    /// WaitForFirstConsumer: the PVC binds when a pod that uses it is scheduled.
+    pub(super) fn wait_for_first_consumer(&mut self) {
+        self.cond(
+            condition::RUNNING,
+            false,
+            reason::WAIT_FOR_FIRST_CONSUMER,
+            "the PVC waits for its first consumer",
+        );
+        self.st.phase = Some(Phase::WaitForFirstConsumer);
+    }
+
     /// UploadScheduled: the upload pod is not ready yet.
     fn upload_scheduled(&mut self, pvc: &str) {
         self.phase(
@@ -464,13 +475,7 @@ pub(super) fn claim_ready(cx: &mut Ctx<'_>, claim: &Claim) -> bool {
                 .as_ref()
                 .is_some_and(|a| a.contains_key(super::ANN_IMMEDIATE_BINDING));
             if cx.cfg.honor_wait_for_first_consumer && !immediate {
-                cx.cond(
-                    condition::RUNNING,
-                    false,
-                    reason::WAIT_FOR_FIRST_CONSUMER,
-                    "the PVC waits for its first consumer",
-                );
-                cx.st.phase = Some(Phase::WaitForFirstConsumer);
+                cx.wait_for_first_consumer();
                 return false;
             }
             // The importer pod is the first consumer: it makes the PVC bind.
