@@ -161,15 +161,7 @@ fn a_data_volume_deleted_mid_upload_leaves_nothing() {
     c.apply(&dv_yaml(&ns, "up", "    upload: {}", "64Mi", false));
     c.wait_for(&ns, "dv/up", "{.status.phase}", "UploadReady", DV_LIMIT);
     let token = crate::support::upload_token(c, &ns, "up");
-    let ip = c.kubectl_ok(&[
-        "-n",
-        testkit::cluster::NAMESPACE,
-        "get",
-        "service",
-        "quarry-uploadproxy",
-        "-o",
-        "jsonpath={.spec.clusterIP}",
-    ]);
+    let ip = crate::support::upload_proxy_ip(c);
     // a slow upload, cut by the deletion
     let curl = std::process::Command::new("curl")
         .args([

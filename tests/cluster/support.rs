@@ -240,14 +240,9 @@ spec: {{pvcName: {pvc}}}
     token
 }
 
-/// POSTs `file` to the upload proxy's Service as virtctl does: the HTTP status.
-pub fn post_upload(c: &Cluster, token: &str, file: &Path) -> String {
-    post_upload_to(c, "/v1beta1/upload", token, file)
-}
-
-/// [`post_upload`] to `path` (`/v1beta1/upload-async`, `/v1beta1/upload-archive`, ...).
-pub fn post_upload_to(c: &Cluster, path: &str, token: &str, file: &Path) -> String {
-    let ip = c.kubectl_ok(&[
+/// The ClusterIP of the upload proxy's Service (what virtctl talks to).
+pub fn upload_proxy_ip(c: &Cluster) -> String {
+    c.kubectl_ok(&[
         "-n",
         testkit::cluster::NAMESPACE,
         "get",
@@ -255,7 +250,17 @@ pub fn post_upload_to(c: &Cluster, path: &str, token: &str, file: &Path) -> Stri
         "quarry-uploadproxy",
         "-o",
         "jsonpath={.spec.clusterIP}",
-    ]);
+    ])
+}
+
+/// POSTs `file` to the upload proxy's Service as virtctl does: the HTTP status.
+pub fn post_upload(c: &Cluster, token: &str, file: &Path) -> String {
+    post_upload_to(c, "/v1beta1/upload", token, file)
+}
+
+/// [`post_upload`] to `path` (`/v1beta1/upload-async`, `/v1beta1/upload-archive`, ...).
+pub fn post_upload_to(c: &Cluster, path: &str, token: &str, file: &Path) -> String {
+    let ip = upload_proxy_ip(c);
     let out = Command::new("curl")
         .args([
             "-sS",
