@@ -351,6 +351,56 @@ fn https_import_with_a_ca_config_map_and_basic_auth() {
     assert_disk(c, &ns, "secure", &image, false);
 }
 
+/// S3 (SeaweedFS on the node's address, signatures checked) over HTTP and over HTTPS with the
+/// server's CA from a ConfigMap, the keys from a Secret (CDI's `accessKeyId`/`secretKey`).
+#[test]
+fn s3_imports_over_http_and_https() {
+    let Some(c) = cluster() else { return };
+    if !testkit::s3::installed() {
+        eprintln!("skipped: weed (SeaweedFS) is not installed (scripts/setup.sh installs it)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = qcow2_image(dir.path(), &["gzip", "-c"]);
+    let s3 = testkit::s3::Seaweed::start_on(c.node_ip.parse().unwrap());
+    s3.put(&image.path, "images/disk.qcow2.gz");
+    let ns = c.namespace("s3", &[]);
+    c.kubectl_ok(&[
+        "-n",
+        &ns,
+        "create",
+        "secret",
+        "generic",
+        "s3-keys",
+        &format!("--from-literal=accessKeyId={}", testkit::s3::ACCESS_KEY),
+        &format!("--from-literal=secretKey={}", testkit::s3::SECRET_KEY),
+    ]);
+    c.kubectl_ok(&[
+        "-n",
+        &ns,
+        "create",
+        "configmap",
+        "s3-ca",
+        &format!("--from-file=ca.pem={}", s3.ca().ca_pem().display()),
+    ]);
+    let key = format!("{}/images/disk.qcow2.gz", testkit::s3::BUCKET);
+    let plain = format!(
+        "    s3:\n      url: {}/{key}\n      secretRef: s3-keys",
+        s3.endpoint()
+    );
+    let secure = format!(
+        "    s3:\n      url: {}/{key}\n      secretRef: s3-keys\n      certConfigMap: s3-ca",
+        s3.https_endpoint()
+    );
+    let start = Instant::now();
+    c.apply(&dv_yaml(&ns, "plain", &plain, "64Mi", false));
+    c.apply(&dv_yaml(&ns, "secure", &secure, "64Mi", false));
+    for name in ["plain", "secure"] {
+        wait_succeeded(c, &ns, name, start);
+        assert_disk(c, &ns, name, &image, false);
+    }
+}
+
 /// `contentType: archive`: a tar.gz's files land in the volume, a disk image among them as a
 /// file; no `disk.img` is made.
 #[test]
@@ -598,4 +648,49 @@ spec:
         &format!("head -c {} /pvc/disk.img | sha256sum", image.raw_len),
     ]);
     assert!(sum.starts_with(&image.raw_sha256), "{sum}");
+}
+
+/// `quarry upload` through the proxy's Service with the connection cut after 3 MiB: the client
+/// asks the upload pod how much it holds and sends only the rest; the disk is whole.
+#[test]
+fn a_dropped_upload_through_the_proxy_is_resumed() {
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let image = qcow2_image(dir.path(), &[]);
+    let len = std::fs::metadata(&image.path).unwrap().len();
+    let ns = c.namespace("resume", &[]);
+    c.apply(&dv_yaml(&ns, "up", "    upload: {}", "64Mi", false));
+    c.wait_for(
+        &ns,
+        "dv/up",
+        "{.status.phase}",
+        "UploadReady",
+        crate::support::DV_LIMIT,
+    );
+    let token = crate::support::upload_token(c, &ns, "up");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, &token).unwrap();
+    let proxy: std::net::IpAddr = crate::support::upload_proxy_ip(c).parse().unwrap();
+    let cut = testkit::proxy::CutProxy::start_upload((proxy, 443).into(), 3 << 20);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_quarry"))
+        .arg("upload")
+        .arg(&image.path)
+        .args(["--url", &format!("https://127.0.0.1:{}", cut.port())])
+        .arg("--token-file")
+        .arg(&token_file)
+        .args(["--insecure", "--json"])
+        .output()
+        .unwrap();
+    crate::common::assert_ok(&out);
+    let report = crate::common::json(&out);
+    assert_eq!(cut.cuts(), 1, "the connection was not cut");
+    let resumed: Vec<u64> = serde_json::from_value(report["resumed_from"].clone()).unwrap();
+    assert!(
+        !resumed.is_empty() && resumed[0] > 0,
+        "did not resume: {report}"
+    );
+    let sent = report["bytes_sent"].as_u64().unwrap();
+    assert!(sent - len < len, "the whole image went again: {report}");
+    wait_succeeded(c, &ns, "up", Instant::now());
+    assert_disk(c, &ns, "up", &image, false);
 }

@@ -116,7 +116,8 @@ spec:
     )
 }
 
-/// Waits for the DataVolume's phase to be `Succeeded`: the time it took from `since`.
+/// Waits for the DataVolume's phase to be `Succeeded`: the time it took from `since`, also
+/// printed (`--no-capture` shows every workflow's time).
 pub fn wait_succeeded(c: &Cluster, ns: &str, name: &str, since: Instant) -> Duration {
     c.wait_for(
         ns,
@@ -125,7 +126,12 @@ pub fn wait_succeeded(c: &Cluster, ns: &str, name: &str, since: Instant) -> Dura
         "Succeeded",
         DV_LIMIT,
     );
-    since.elapsed()
+    let took = since.elapsed();
+    eprintln!(
+        "timing: DataVolume {ns}/{name} Succeeded {:.2} s after creation",
+        took.as_secs_f64()
+    );
+    took
 }
 
 /// The reasons of the events about `object` (KIND/NAME) in `ns`, oldest first.
