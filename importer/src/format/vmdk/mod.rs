@@ -227,14 +227,17 @@ impl VmdkReader {
                 base,
             };
             match part {
-                Part::Sparse { header, mut win } => match header.layout()? {
-                    Layout::Tables => {
-                        tables::convert(&header, &mut win, self.read_size, &mut shifted)?
+                Part::Sparse { header, mut win } => {
+                    match header.layout()? {
+                        Layout::Tables => {
+                            tables::convert(&header, &mut win, self.read_size, &mut shifted)?
+                        }
+                        Layout::Markers => {
+                            markers::convert(&header, &mut win, self.read_size, &mut shifted)?
+                        }
                     }
-                    Layout::Markers => {
-                        markers::convert(&header, &mut win, self.read_size, &mut shifted)?
-                    }
-                },
+                    reaches_grain_offset(&header, &mut win)?;
+                }
                 Part::Flat { file, start, len } => {
                     Box::new(SparseFileReader::at(file, start, len)).copy_to(&mut shifted)?;
                 }
@@ -243,6 +246,21 @@ impl VmdkReader {
         }
         Ok(())
     }
+}
+
+/// Checks that a converted sparse extent is at least as long as its header's `overHead` (where
+/// its grains begin), as qemu does on opening it ("File truncated"): an extent read through its
+/// tables may end before it, and what its tables map is then no reason to trust it.
+fn reaches_grain_offset(h: &SparseHeader, win: &mut Window) -> Result<()> {
+    let grains_at = h.grain_offset.saturating_mul(header::SECTOR);
+    if win.skip_to(grains_at.max(win.pos()))? {
+        return Ok(());
+    }
+    Err(Error::Corrupt(format!(
+        "vmdk: truncated: the header's overHead puts the grains at {grains_at:#x}, past the end \
+         of the image ({:#x} bytes)",
+        win.pos()
+    )))
 }
 
 /// Opens an extent of a descriptor in `dir`.

@@ -749,6 +749,24 @@ fn with_the_tables_first_a_stream_without_a_grain_they_map_is_truncation() {
 }
 
 #[test]
+fn an_image_shorter_than_its_header_s_grain_offset_is_truncation_as_in_qemu() {
+    // qemu refuses to open it ("File truncated"), whatever its tables map.
+    let (mut img, disk, _) = tables_first_image(0);
+    let end = (img.len() as u64).div_ceil(S as u64);
+    for (grain_offset, ok) in [(end, true), (end + 1, false), (1 << 40, false)] {
+        img[64..72].copy_from_slice(&grain_offset.to_le_bytes());
+        match convert(&img) {
+            Ok(got) => assert!(ok && got == disk, "overHead {grain_offset}"),
+            Err(e) => {
+                assert!(!ok, "overHead {grain_offset}: {e}");
+                assert_eq!(e.kind(), ErrorKind::CorruptImage, "{e}");
+                assert!(e.to_string().contains("overHead"), "{e}");
+            }
+        }
+    }
+}
+
+#[test]
 fn with_the_tables_first_two_entries_for_one_grain_are_corrupt() {
     let (mut img, _, _) = tables_first_image(0);
     let first = u32::from_le_bytes(img[2 * S + 12..2 * S + 16].try_into().unwrap());
