@@ -1,11 +1,12 @@
 //! Pure parsing of the vhd footer, the dynamic disk header and the BAT, with the rules of qemu's
 //! `block/vpc.c` (qemu 10): which footer counts, its checksum, and the disk size.
 //!
-//! The disk size is qemu's: the CHS geometry's (cylinders x heads x sectors), except for images
-//! whose creator application sizes disks by the footer's current size (Hyper-V `win `, Azure
-//! `wa\0\0`, qemu with `force_size` `qem2`, Disk2vhd `d2v `, XenServer `tap\0`, XenConverter
-//! `CTXS`) or whose geometry is the largest CHS can state (65535 x 16 x 255): those use the
-//! current size, rounded down to sectors.
+//! The disk size is qemu's (10.x, `vpc_ignore_current_size`): the footer's current size, rounded
+//! down to sectors, except for images whose creator application sizes disks by their CHS geometry
+//! (Virtual PC `vpc `, qemu without `force_size` `qemu`), which take cylinders x heads x sectors
+//! unless it is the largest geometry CHS can state (65535 x 16 x 255). Every other creator
+//! (Hyper-V `win `, Azure `wa\0\0`, qemu's `qem2`, Disk2vhd, XenServer, any unknown one) goes by
+//! the current size.
 
 use super::error::VpcError;
 use crate::format::blocks::{HOLE, Layout, MAX_BLOCKS};
@@ -24,9 +25,8 @@ const MAX_SECTORS: u64 = 0xff00_0000;
 const MAX_GEOMETRY: u64 = 65535 * 16 * 255;
 /// The most BAT entries qemu reads (a table of at most `INT_MAX` bytes).
 const MAX_TABLE_ENTRIES: u64 = i32::MAX as u64 / 4;
-/// Creator applications whose disks are sized by the footer's current size, not by CHS.
-const SIZED_BY_CURRENT_SIZE: [&[u8; 4]; 6] =
-    [b"win ", b"wa\0\0", b"qem2", b"d2v ", b"CTXS", b"tap\0"];
+/// Creator applications whose disks are sized by their CHS geometry, not the current size.
+const SIZED_BY_GEOMETRY: [&[u8; 4]; 2] = [b"vpc ", b"qemu"];
 
 fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
@@ -101,10 +101,10 @@ pub fn parse_footer(b: &[u8], offset: u64) -> Result<Footer, VpcError> {
     }
     let chs = u64::from(be16(b, 56)) * u64::from(b[58]) * u64::from(b[59]);
     let creator_app: &[u8; 4] = b[28..32].try_into().expect("4 bytes");
-    let sectors = if chs == MAX_GEOMETRY || SIZED_BY_CURRENT_SIZE.contains(&creator_app) {
-        be64(b, 48) / SECTOR
-    } else {
+    let sectors = if chs != MAX_GEOMETRY && SIZED_BY_GEOMETRY.contains(&creator_app) {
         chs
+    } else {
+        be64(b, 48) / SECTOR
     };
     if sectors > MAX_SECTORS {
         return Err(VpcError::TooLarge { offset, sectors });
@@ -302,8 +302,21 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn current_size_apps_and_the_largest_geometry_use_the_current_size() {
-        for app in SIZED_BY_CURRENT_SIZE {
+    fn other_apps_and_the_largest_geometry_use_the_current_size() {
+        // What qemu 10 sizes by the current size: Hyper-V, Azure, qemu's force_size, Disk2vhd,
+        // XenServer, XenConverter, and any other creator (an unknown one, a changed letter).
+        let apps = [
+            b"win ",
+            b"wa\0\0",
+            b"qem2",
+            b"d2v ",
+            b"CTXS",
+            b"tap\0",
+            b"abcd",
+            b"wIn ",
+            b"\0\0\0\0",
+        ];
+        for app in apps {
             let f = FooterFields {
                 creator_app: *app,
                 chs: (302, 4, 17),
@@ -320,17 +333,20 @@ pub(crate) mod tests {
             ..FooterFields::dynamic(0)
         };
         assert_eq!(parse_footer(&f.bytes(), 0).unwrap().virtual_size, 200 << 30);
-        // Other apps, Virtual PC's included, go by the geometry.
-        let f = FooterFields {
-            creator_app: *b"vpc ",
-            chs: (302, 4, 17),
-            current_size: 20 << 20,
-            ..FooterFields::dynamic(0)
-        };
-        assert_eq!(
-            parse_footer(&f.bytes(), 0).unwrap().virtual_size,
-            302 * 4 * 17 * 512
-        );
+        // Virtual PC and qemu go by the geometry.
+        for app in SIZED_BY_GEOMETRY {
+            let f = FooterFields {
+                creator_app: *app,
+                chs: (302, 4, 17),
+                current_size: 20 << 20,
+                ..FooterFields::dynamic(0)
+            };
+            assert_eq!(
+                parse_footer(&f.bytes(), 0).unwrap().virtual_size,
+                302 * 4 * 17 * 512,
+                "{app:?}"
+            );
+        }
     }
 
     #[test]
