@@ -156,6 +156,13 @@ impl BlockTable {
         self.layout.virtual_size
     }
 
+    /// The guest block that ends last in the image and where it ends (all its host bytes, past
+    /// the disk's end too), or None when no block is allocated.
+    fn last_end(&self) -> Option<(u32, u64)> {
+        let &g = self.order.last()?;
+        Some((g, self.hosts[g as usize].saturating_add(self.layout.span())))
+    }
+
     /// Reports every guest byte exactly once: the holes first, then the blocks in host order,
     /// read from `source` in pieces of at most `chunk` bytes.
     pub fn convert(
@@ -418,7 +425,16 @@ impl Mapped {
                 self.table.convert(&mut source, sink, self.chunk)?;
             }
             Source::Stream(mut forward) => {
-                self.table.convert(forward.as_mut(), sink, self.chunk)?
+                self.table.convert(forward.as_mut(), sink, self.chunk)?;
+                // As a file's table is checked: every block lies whole in the image, the part of
+                // the last one past the disk's end too (qemu refuses a vhd whose last block is
+                // cut short, even there).
+                if let Some((g, end)) = self.table.last_end() {
+                    let table = self.table.layout.table;
+                    forward.skip_to(end, &|| {
+                        format!("the end of the block of {table} entry {g}")
+                    })?;
+                }
             }
         }
         Ok(self.table.virtual_size())

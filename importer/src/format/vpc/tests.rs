@@ -127,6 +127,26 @@ fn a_block_over_the_bat_or_headers_is_corrupt() {
 }
 
 #[test]
+fn a_last_block_cut_past_the_disk_s_end_is_truncation_from_a_stream_as_from_a_file() {
+    // A disk of a block and a half: the last block's second half lies past the disk's end, and
+    // the image is cut in it (its footer gone too). qemu refuses it ("free_data_block_offset
+    // points after the end of file"), whatever lies past the disk's end.
+    let size = BS + BS / 2;
+    let (image, _) = dynamic(size, 1536, &[(0, 2048), (1, 2048 + 4608)]);
+    let cut = (2048 + 4608 + BITMAP + BS - 100) as usize;
+    for got in both(&image[..cut]) {
+        let (k, msg) = failure(got);
+        assert_eq!(k, ErrorKind::CorruptImage, "{msg}");
+        assert!(msg.contains("BAT entry 1"), "{msg}");
+    }
+    // Whole, without its footer: read as qemu reads it.
+    let whole = (2048 + 4608 + BITMAP + BS) as usize;
+    for got in both(&image[..whole]) {
+        assert_eq!(got.unwrap().0, size);
+    }
+}
+
+#[test]
 fn a_truncated_image_is_corrupt_naming_what_is_missing() {
     let (image, _) = dynamic(2 * BS, 1536, &[(0, 2048), (1, 2048 + 4608)]);
     for (cut, what) in [
