@@ -47,6 +47,15 @@ pub enum TableError {
         second: u64,
         offset: u64,
     },
+    #[error(
+        "{table} places blocks up to {end:#x} (past the disk's end included), past the end of the \
+         image ({len} bytes): truncated"
+    )]
+    ShortImage {
+        table: &'static str,
+        end: u64,
+        len: u64,
+    },
     #[error("{table} entry {index} places its block at {offset:#x}, over the {what} at {start:#x}")]
     OverMetadata {
         table: &'static str,
@@ -68,6 +77,9 @@ pub(crate) struct Layout {
     pub data_skip: u64,
     /// Metadata no block may overlap: name, host start, host end.
     pub reserved: Vec<(&'static str, u64, u64)>,
+    /// The least the image's length may be, whatever the blocks the disk needs: where the
+    /// format's reader (qemu's) finds the image truncated (0: only those blocks count).
+    pub min_len: u64,
 }
 
 impl Layout {
@@ -145,6 +157,15 @@ impl BlockTable {
             }
             prev_end = Some(end);
         }
+        if let Some(len) = image_len
+            && layout.min_len > len
+        {
+            return Err(TableError::ShortImage {
+                table,
+                end: layout.min_len,
+                len,
+            });
+        }
         Ok(BlockTable {
             layout,
             hosts,
@@ -156,11 +177,21 @@ impl BlockTable {
         self.layout.virtual_size
     }
 
-    /// The guest block that ends last in the image and where it ends (all its host bytes, past
-    /// the disk's end too), or None when no block is allocated.
-    fn last_end(&self) -> Option<(u32, u64)> {
-        let &g = self.order.last()?;
-        Some((g, self.hosts[g as usize].saturating_add(self.layout.span())))
+    /// How long the image must be: to the end of the block that ends last in it (all its host
+    /// bytes, past the disk's end too) and to [`Layout::min_len`]; and what ends there.
+    fn end(&self) -> (u64, String) {
+        let table = self.layout.table;
+        let last = self.order.last().map(|&g| {
+            let end = self.hosts[g as usize].saturating_add(self.layout.span());
+            (end, format!("the end of the block of {table} entry {g}"))
+        });
+        match last {
+            Some((end, what)) if end >= self.layout.min_len => (end, what),
+            _ => (
+                self.layout.min_len,
+                format!("the end of what the {table} places"),
+            ),
+        }
     }
 
     /// Reports every guest byte exactly once: the holes first, then the blocks in host order,
@@ -427,14 +458,10 @@ impl Mapped {
             Source::Stream(mut forward) => {
                 self.table.convert(forward.as_mut(), sink, self.chunk)?;
                 // As a file's table is checked: every block lies whole in the image, the part of
-                // the last one past the disk's end too (qemu refuses a vhd whose last block is
-                // cut short, even there).
-                if let Some((g, end)) = self.table.last_end() {
-                    let table = self.table.layout.table;
-                    forward.skip_to(end, &|| {
-                        format!("the end of the block of {table} entry {g}")
-                    })?;
-                }
+                // the last one past the disk's end too, and the image is at least as long as the
+                // format requires (qemu refuses a vhd whose last block is cut short, even there).
+                let (end, what) = self.table.end();
+                forward.skip_to(end, &|| what.clone())?;
             }
         }
         Ok(self.table.virtual_size())
@@ -539,6 +566,7 @@ pub(crate) mod tests {
             virtual_size,
             data_skip: 512,
             reserved: vec![("header", 0, 512), ("table", 512, 1024)],
+            min_len: 0,
         }
     }
 

@@ -56,6 +56,7 @@ impl Header {
                 ("header", 0, HEADER_LEN as u64),
                 ("block map", self.offset_bmap, self.offset_bmap + map_len),
             ],
+            min_len: 0,
         }
     }
 

@@ -134,8 +134,28 @@ impl Dynamic {
         self.virtual_size.div_ceil(self.block_size)
     }
 
-    /// The block table's shape: blocks keep clear of the footer copy, this header and the BAT.
-    pub(crate) fn layout(&self) -> Layout {
+    /// Where the blocks these BAT entries (big-endian, any of them, past the disk's end too)
+    /// place end, at the furthest; 0 for none.
+    pub fn blocks_end(&self, entries: &[u8]) -> u64 {
+        bat_hosts(entries)
+            .into_iter()
+            .filter(|&h| h != HOLE)
+            .map(|h| h + self.bitmap_size + self.block_size)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The end of the BAT, rounded up to a sector.
+    pub fn table_end(&self) -> u64 {
+        self.table_offset
+            .saturating_add(self.table_entries * 4)
+            .next_multiple_of(SECTOR)
+    }
+
+    /// The block table's shape: blocks keep clear of the footer copy, this header and the BAT;
+    /// the image reaches at least `min_len` (the BAT's end and the end of every block any of its
+    /// entries places, as qemu's `free_data_block_offset`: qemu refuses a shorter image).
+    pub(crate) fn layout(&self, min_len: u64) -> Layout {
         Layout {
             table: "BAT",
             block_size: self.block_size,
@@ -154,6 +174,7 @@ impl Dynamic {
                     self.table_offset.saturating_add(self.table_entries * 4),
                 ),
             ],
+            min_len,
         }
     }
 }

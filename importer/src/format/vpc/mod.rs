@@ -43,6 +43,9 @@ const FORMAT: &str = "vhd";
 /// off the data (up to 16 heads x 255 sectors, short of one cylinder).
 const FIXED_TAIL: usize = 16 * 255 * 512 + FOOTER_LEN;
 
+/// BAT entries past the disk's end read at once.
+const BAT_PIECE: u64 = 16 << 10;
+
 /// A vhd image whose metadata has been read and validated, ready to convert.
 pub struct VpcReader {
     input: Input,
@@ -74,9 +77,26 @@ fn read_table(source: &mut dyn BlockSource, head: &[u8]) -> Result<Table> {
         "the dynamic disk header",
     )?;
     let dynamic = header::parse_dynamic(&bytes, &footer)?;
-    let len = (dynamic.needed_entries() * 4) as usize;
-    let bat = read_vec(source, dynamic.table_offset, len, "the BAT")?;
-    Ok((dynamic.layout(), header::bat_hosts(&bat)))
+    let needed = dynamic.needed_entries();
+    let bat = read_vec(
+        source,
+        dynamic.table_offset,
+        (needed * 4) as usize,
+        "the BAT",
+    )?;
+    // qemu reads the whole BAT, entries past the disk's end too, and refuses an image that ends
+    // before the end of the BAT or of any block it places: so are those entries read (a piece at
+    // a time, never kept).
+    let mut min_len = dynamic.table_end().max(dynamic.blocks_end(&bat));
+    let mut at = needed;
+    while at < dynamic.table_entries {
+        let n = (dynamic.table_entries - at).min(BAT_PIECE);
+        let offset = dynamic.table_offset.saturating_add(at * 4);
+        let rest = read_vec(source, offset, (n * 4) as usize, "the BAT")?;
+        min_len = min_len.max(dynamic.blocks_end(&rest));
+        at += n;
+    }
+    Ok((dynamic.layout(min_len), header::bat_hosts(&bat)))
 }
 
 impl VpcReader {

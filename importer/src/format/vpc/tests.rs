@@ -147,6 +147,37 @@ fn a_last_block_cut_past_the_disk_s_end_is_truncation_from_a_stream_as_from_a_fi
 }
 
 #[test]
+fn a_bat_entry_past_the_disk_s_end_must_place_its_block_inside_the_image_as_in_qemu() {
+    // Two BAT entries, both allocated, for a disk of one block: qemu reads the whole BAT and
+    // refuses an image that ends before any block it places ends.
+    let (mut image, guest) = dynamic(2 * BS, 1536, &[(0, 2048), (1, 2048 + 4608)]);
+    let footer = FooterFields::dynamic(BS).bytes();
+    let end = image.len() - 512;
+    image[..512].copy_from_slice(&footer);
+    image[end..].copy_from_slice(&footer);
+    for got in both(&image) {
+        let (n, bytes) = got.unwrap();
+        assert_eq!(n, BS);
+        assert!(bytes[..] == guest[..BS as usize]);
+    }
+    for cut in [2048 + 4608 + 100, end - 1] {
+        for got in both(&image[..cut]) {
+            let (k, msg) = failure(got);
+            assert_eq!(k, ErrorKind::CorruptImage, "cut at {cut}: {msg}");
+            assert!(msg.contains("truncated"), "cut at {cut}: {msg}");
+        }
+    }
+    // Pointing past the end of the image, whole.
+    let far = (image.len() as u32 / 512 + 100).to_be_bytes();
+    image[1536 + 4..1536 + 8].copy_from_slice(&far);
+    for got in both(&image) {
+        let (k, msg) = failure(got);
+        assert_eq!(k, ErrorKind::CorruptImage, "{msg}");
+        assert!(msg.contains("truncated"), "{msg}");
+    }
+}
+
+#[test]
 fn a_truncated_image_is_corrupt_naming_what_is_missing() {
     let (image, _) = dynamic(2 * BS, 1536, &[(0, 2048), (1, 2048 + 4608)]);
     for (cut, what) in [
