@@ -342,15 +342,13 @@ async fn storage_profiles_follow_storage_classes_and_complete_spec_storage() {
             .then_some(())
     })
     .await;
-    let d = dvs.get("on-unknown").await.unwrap();
-    let bound = d
-        .status
-        .unwrap()
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "Bound")
-        .unwrap();
-    assert_eq!(bound.message.as_deref(), Some(message.as_str()));
+    // The controller publishes its events before it writes the status: wait for the condition.
+    wait_for("the Bound condition naming the claim's problem", || async {
+        let st = dvs.get("on-unknown").await.ok()?.status?;
+        let bound = st.conditions.into_iter().find(|c| c.type_ == "Bound")?;
+        (bound.message.as_deref() == Some(message.as_str())).then_some(())
+    })
+    .await;
     assert!(pvcs.get_opt("on-unknown").await.unwrap().is_none());
 
     // ...until the admin fills in the profile's spec (the profile's change wakes it).

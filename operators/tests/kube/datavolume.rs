@@ -204,11 +204,12 @@ async fn a_failed_import_backs_off_before_its_next_pod_and_keeps_its_reason() {
     )
     .await;
     let second = pod(&client, &ns, "importer-fedora", first.uid().as_deref()).await;
+    // The second pod is created before the status that counts the restart is written (and the
+    // phase may still be the first pod's ImportScheduled): wait for the count.
     let d = dv_until(&client, &ns, "fedora", "the retry scheduled", |d| {
-        phase(d) == "ImportScheduled"
+        phase(d) == "ImportScheduled" && d.status.as_ref().and_then(|s| s.restart_count) == Some(1)
     })
     .await;
-    assert_eq!(d.status.as_ref().unwrap().restart_count, Some(1));
     let failed = condition(&d, "Running");
     assert_eq!(
         (failed.status.as_str(), failed.reason.as_deref()),
