@@ -8,6 +8,7 @@ use std::process::Stdio;
 use testkit::qemu::{self, TestImage, assert_same};
 
 mod common;
+use common::mutants::{self, Base, Campaign, Field};
 use common::*;
 
 fn corpus() -> (tempfile::TempDir, Vec<TestImage>) {
@@ -190,4 +191,120 @@ fn image_larger_than_the_requested_size_is_refused_before_writing() {
     assert!(stderr.contains(&virtual_size.to_string()), "{stderr}");
     assert!(!target.exists());
     no_partial_left(work.path());
+}
+
+fn be32(b: &[u8], at: usize) -> u64 {
+    Field::be("", at, 4).read(b)
+}
+
+fn be64(b: &[u8], at: usize) -> u64 {
+    Field::be("", at, 8).read(b)
+}
+
+/// A table of 8-byte entries at `at` (`count` of them): the allocated ones and the first 16.
+fn entries(name: &str, b: &[u8], at: usize, count: usize, fields: &mut Vec<Field>) {
+    for (i, f) in mutants::table(name, at, count, 8, true).enumerate() {
+        if f.at + 8 <= b.len() && (i < 16 || f.read(b) != 0) {
+            fields.push(f);
+        }
+    }
+}
+
+/// A qcow2's fields: the header's, its extensions' headers, the L1 table, every L2 table, and
+/// (no part in the disk) the refcount table, the snapshot table's place and the feature bits
+/// qemu may check but that do not change what the active disk reads.
+fn qcow2_fields(b: &[u8]) -> Vec<Field> {
+    let mut fields = mutants::fields(
+        true,
+        "",
+        0,
+        &[
+            ("magic", 0, 4),
+            ("version", 4, 4),
+            ("backing file offset", 8, 8),
+            ("backing file size", 16, 4),
+            ("cluster bits", 20, 4),
+            ("size", 24, 8),
+            ("crypt method", 32, 4),
+            ("L1 size", 36, 4),
+            ("L1 table offset", 40, 8),
+        ],
+    );
+    let inert = mutants::fields(
+        true,
+        "",
+        0,
+        &[
+            ("refcount table offset", 48, 8),
+            ("refcount table clusters", 56, 4),
+            ("snapshot count", 60, 4),
+            ("snapshots offset", 64, 8),
+        ],
+    );
+    fields.extend(inert.into_iter().map(Field::inert));
+    let version = be32(b, 4);
+    let mut extensions = 72;
+    if version >= 3 {
+        fields.push(Field::be("incompatible features", 72, 8));
+        fields.push(Field::be("compatible features", 80, 8).inert());
+        fields.push(Field::be("autoclear features", 88, 8).inert());
+        fields.push(Field::be("refcount order", 96, 4).inert());
+        fields.push(Field::be("header length", 100, 4));
+        extensions = be32(b, 100) as usize;
+        if extensions > 104 {
+            fields.push(Field::be("compression type", 104, 1));
+        }
+    }
+    // Header extensions: a type and a length each, to the end marker.
+    let mut at = extensions;
+    while at + 8 <= b.len().min(1 << 16) {
+        let kind = be32(b, at);
+        fields.push(Field::be(format!("extension {kind:#x} type"), at, 4));
+        fields.push(Field::be(format!("extension {kind:#x} length"), at + 4, 4));
+        if kind == 0 {
+            break;
+        }
+        at += 8 + (be32(b, at + 4) as usize).next_multiple_of(8);
+    }
+    let cluster = 1usize << be32(b, 20);
+    let (l1, l1_size) = (be64(b, 40) as usize, be32(b, 36) as usize);
+    entries("L1", b, l1, l1_size, &mut fields);
+    // An extended L2 entry is two: the cluster's and its subclusters' bitmap.
+    let l2_entries = cluster / 8;
+    for i in 0..l1_size {
+        let l2 = (be64(b, l1 + 8 * i) & 0x00ff_ffff_ffff_fe00) as usize;
+        if l2 != 0 && l2 + cluster <= b.len() {
+            entries(&format!("L2 {i}"), b, l2, l2_entries, &mut fields);
+        }
+    }
+    let refcounts = be64(b, 48) as usize;
+    let mut table = Vec::new();
+    entries("refcount table", b, refcounts, cluster / 8, &mut table);
+    fields.extend(table.into_iter().map(Field::inert));
+    fields
+}
+
+#[test]
+fn mutated_images_give_qemu_img_s_bytes_or_fail() {
+    let (_dir, images) = corpus();
+    // qemu-img's own layouts, compressed clusters, subclusters, and the images whose tables come
+    // after what they map (a snapshot's copied L2 tables; an L1 moved by a resize).
+    let bases = [
+        "default.qcow2",
+        "c512.qcow2",
+        "deflate.qcow2",
+        "extl2.qcow2",
+        "snapshot.qcow2",
+        "resized.qcow2",
+    ]
+    .into_iter()
+    .map(|name| {
+        let image = images.iter().find(|i| i.path.ends_with(name)).unwrap();
+        Base::read(&image.path, qcow2_fields)
+    })
+    .collect();
+    mutants::run(Campaign {
+        mutants: 40,
+        ..Campaign::new("qcow2", bases)
+    });
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 
 mod common;
 mod disk_formats;
+use common::mutants::{self, Base, Campaign, Field};
 use common::*;
 use disk_formats::*;
 
@@ -96,4 +97,65 @@ fn a_vdi_too_large_for_the_volume_is_refused_before_writing() {
     let dir = tempfile::tempdir().unwrap();
     let image = written_image(dir.path(), "d.vdi", "vdi", "", SIZE);
     assert_fails_everywhere(&image, &["--size", "20Mi"], 13, "does not fit");
+}
+
+/// The header's fields and the block map's entries (qemu's header layout, version 1.1).
+fn vdi_fields(image: &[u8]) -> Vec<Field> {
+    let mut fields = mutants::fields(
+        false,
+        "",
+        0,
+        &[
+            ("signature", 64, 4),
+            ("version", 68, 4),
+            ("header size", 72, 4),
+            ("image type", 76, 4),
+            ("image flags", 80, 4),
+            ("block map offset", 340, 4),
+            ("data offset", 344, 4),
+            ("sector size", 360, 4),
+            ("disk size", 368, 8),
+            ("block size", 376, 4),
+            ("block extra", 380, 4),
+            ("blocks in image", 384, 4),
+            ("blocks allocated", 388, 4),
+            ("link UUID", 424, 8),
+            ("parent UUID", 440, 8),
+        ],
+    );
+    // Text, description, geometry, the image's and last snapshot's UUIDs: no part in the disk.
+    let inert = mutants::fields(
+        false,
+        "",
+        0,
+        &[
+            ("text", 0, 4),
+            ("description", 84, 8),
+            ("cylinders", 348, 4),
+            ("heads", 352, 4),
+            ("sectors", 356, 4),
+            ("image UUID", 392, 8),
+            ("last snapshot UUID", 408, 8),
+        ],
+    );
+    fields.extend(inert.into_iter().map(Field::inert));
+    let bmap = Field::le("", 340, 4).read(image) as usize;
+    let blocks = Field::le("", 384, 4).read(image) as usize;
+    fields.extend(mutants::table("block map", bmap, blocks, 4, false));
+    fields
+}
+
+#[test]
+fn mutated_vdis_give_qemu_img_s_bytes_or_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = [
+        small_image(dir.path(), "dynamic.vdi", "vdi", "", "3M"),
+        small_image(dir.path(), "static.vdi", "vdi", "static=on", "2M"),
+        small_image(dir.path(), "odd.vdi", "vdi", "", "2000001"),
+    ];
+    let bases = images.iter().map(|i| Base::read(i, vdi_fields)).collect();
+    mutants::run(Campaign {
+        mutants: 80,
+        ..Campaign::new("vdi", bases)
+    });
 }

@@ -12,8 +12,9 @@ use testkit::qemu::{assert_same_as_qemu, qemu_img, qemu_io, reference_raw};
 
 mod common;
 mod disk_formats;
+use common::mutants::{self, Base, Campaign, Field};
 use common::*;
-use disk_formats::{assert_same, import_everywhere};
+use disk_formats::{assert_same, import_everywhere, small_image};
 
 const MIB: usize = 1 << 20;
 
@@ -136,6 +137,19 @@ fn regions(img: &[u8]) -> [(usize, u64, u32); 2] {
     found
 }
 
+/// `img` with its BAT moved to the end of the file, after every payload block.
+fn with_the_bat_at_the_end(mut img: Vec<u8>) -> Vec<u8> {
+    let [(entry, bat, len), _] = regions(&img);
+    let new_at = img.len().next_multiple_of(MIB);
+    let bytes = img[bat as usize..bat as usize + len as usize].to_vec();
+    img[bat as usize..bat as usize + len as usize].fill(0);
+    img.resize(new_at, 0);
+    img.extend_from_slice(&bytes);
+    img[entry + 16..entry + 24].copy_from_slice(&(new_at as u64).to_le_bytes());
+    reseal_region_tables(&mut img);
+    img
+}
+
 /// Copies the first region table (after edits) over both, with a fresh checksum.
 fn reseal_region_tables(img: &mut [u8]) {
     img[0x30004..0x30008].fill(0);
@@ -255,18 +269,8 @@ fn a_bat_after_its_data_streams_through_the_hold_and_the_spill_file() {
         "subformat=dynamic,block_size=1M",
         &["write -P 0x5a 0 50331648", "write -P 0xa5 79691776 1048576"],
     );
-    let mut img = fs::read(&image).unwrap();
-    // Move the BAT to the end of the file, after every payload block.
-    let [(entry, bat, len), _] = regions(&img);
-    let new_at = img.len().next_multiple_of(MIB);
-    let bytes = img[bat as usize..bat as usize + len as usize].to_vec();
-    img[bat as usize..bat as usize + len as usize].fill(0);
-    img.resize(new_at, 0);
-    img.extend_from_slice(&bytes);
-    img[entry + 16..entry + 24].copy_from_slice(&(new_at as u64).to_le_bytes());
-    reseal_region_tables(&mut img);
     let late = dir.path().join("moved.vhdx");
-    fs::write(&late, &img).unwrap();
+    fs::write(&late, with_the_bat_at_the_end(fs::read(&image).unwrap())).unwrap();
     // qemu-img reads the rewritten image as the original.
     let work = tempfile::tempdir().unwrap();
     let expected = reference_raw(&late, work.path());
@@ -492,4 +496,129 @@ fn the_size_is_checked_before_anything_is_written() {
         let out = import(source, &target, stdin, &["--size", "64Mi"]);
         assert_refused(&out, 13, &(64u64 << 20).to_string(), &target);
     }
+}
+
+/// A vhdx's fields: both headers, both region tables, the metadata table and items, the BAT.
+fn vhdx_fields(img: &[u8]) -> Vec<Field> {
+    let mut fields = vec![Field::le("file identifier", 0, 8)];
+    for at in [0x10000, 0x20000] {
+        let prefix = format!("header at {at:#x}: ");
+        fields.extend(mutants::fields(
+            false,
+            &prefix,
+            at,
+            &[
+                ("signature", 0, 4),
+                ("checksum", 4, 4),
+                ("sequence number", 8, 8),
+                ("log GUID", 48, 8),
+                ("log version", 64, 2),
+                ("version", 66, 2),
+                ("log length", 68, 4),
+                ("log offset", 72, 8),
+            ],
+        ));
+        let guids = [("file write GUID", 16, 8), ("data write GUID", 32, 8)];
+        let inert = mutants::fields(false, &prefix, at, &guids);
+        fields.extend(inert.into_iter().map(Field::inert));
+    }
+    // The first 8 entries of each region table, the first 16 of the metadata table.
+    let entry = [
+        ("GUID", 0, 4),
+        ("offset", 16, 8),
+        ("length", 24, 4),
+        ("required", 28, 4),
+    ];
+    for table in [0x30000, 0x40000] {
+        let prefix = format!("region table at {table:#x}: ");
+        let head = [
+            ("signature", 0, 4),
+            ("checksum", 4, 4),
+            ("entry count", 8, 4),
+        ];
+        fields.extend(mutants::fields(false, &prefix, table, &head));
+        for i in 0..Field::le("", table + 8, 4).read(img).min(8) as usize {
+            let prefix = format!("{prefix}entry {i} ");
+            fields.extend(mutants::fields(false, &prefix, table + 16 + 32 * i, &entry));
+        }
+    }
+    let [(_, bat, bat_len), (_, meta, _)] = regions(img);
+    let meta = meta as usize;
+    let head = [("signature", 0, 8), ("entry count", 10, 2)];
+    fields.extend(mutants::fields(false, "metadata ", meta, &head));
+    let entry = [
+        ("GUID", 0, 4),
+        ("offset", 16, 4),
+        ("length", 20, 4),
+        ("flags", 24, 4),
+    ];
+    let value = [
+        ("value", 0, 4),
+        ("value at 4", 4, 4),
+        ("value as 8 bytes", 0, 8),
+    ];
+    for i in 0..Field::le("", meta + 10, 2).read(img).min(16) as usize {
+        let e = meta + 32 + 32 * i;
+        let prefix = format!("metadata entry {i} ");
+        fields.extend(mutants::fields(false, &prefix, e, &entry));
+        let item = meta + Field::le("", e + 16, 4).read(img) as usize;
+        fields.extend(mutants::fields(false, &prefix, item, &value));
+    }
+    let (params, _) = metadata_item(img, FILE_PARAMETERS);
+    let (vsize, _) = metadata_item(img, VIRTUAL_DISK_SIZE);
+    let block = Field::le("", params, 4).read(img);
+    let blocks = Field::le("", vsize, 8).read(img).div_ceil(block);
+    let entries = (blocks + blocks / chunk_ratio(512, block) + 1).min(bat_len as u64 / 8);
+    fields.extend(mutants::table(
+        "BAT",
+        bat as usize,
+        entries as usize,
+        8,
+        false,
+    ));
+    fields
+}
+
+/// Fixes the checksums of the headers and region tables a mutant still has.
+fn reseal(img: &mut [u8]) {
+    for (at, len, magic) in [
+        (0x10000, 4096, b"head"),
+        (0x20000, 4096, b"head"),
+        (0x30000, 0x10000, b"regi"),
+        (0x40000, 0x10000, b"regi"),
+    ] {
+        if img.len() >= at + len && img[at..].starts_with(magic) {
+            let crc = structure_checksum(&img[at..at + len], 4);
+            img[at + 4..at + 8].copy_from_slice(&crc.to_le_bytes());
+        }
+    }
+}
+
+#[test]
+fn mutated_images_give_qemu_img_s_bytes_or_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    // Small disks: a vhdx's own structures take 4 MiB (its header section, log, metadata region
+    // and BAT, 1 MiB each), and every mutant is written, imported and converted whole.
+    let opts = "subformat=dynamic,block_size=1M";
+    let dynamic = small_image(dir.path(), "dynamic.vhdx", "vhdx", opts, "5M");
+    qemu_io("vhdx", &dynamic, &["write -z 2M 1M"]);
+    let opts = "subformat=fixed,block_size=1M";
+    let fixed = small_image(dir.path(), "fixed.vhdx", "vhdx", opts, "3M");
+    let late = with_the_bat_at_the_end(fs::read(&dynamic).unwrap());
+    let bases = vec![
+        Base::read(&dynamic, vhdx_fields),
+        Base::read(&fixed, vhdx_fields),
+        Base::new("late-bat.vhdx", late, vhdx_fields),
+    ];
+    mutants::run(Campaign {
+        reseal: &reseal,
+        mutants: 70,
+        // The MS-VHDX specification keeps two region tables so that a damaged first one can be
+        // read past; qemu reads only the first (and refuses the image when it is damaged).
+        redundant: &[(
+            0x30000..0x40000,
+            "the region table's second copy at 0x40000",
+        )],
+        ..Campaign::new("vhdx", bases)
+    });
 }

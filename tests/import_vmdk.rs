@@ -11,6 +11,7 @@ use testkit::qemu::{self, assert_same, assert_same_as_qemu, qemu_img, qemu_io};
 
 mod common;
 mod disk_formats;
+use common::mutants::{self, Base, Campaign, Field};
 use common::*;
 use disk_formats::{
     assert_fails_everywhere, import_everywhere, sample_converted, sample_stream_vmdk,
@@ -650,22 +651,6 @@ fn a_vmware_stream_whose_grain_marker_disagrees_with_its_tables_is_corrupt() {
     assert_fails_everywhere(&path, &[], 12, "disagree");
 }
 
-/// A small seeded generator (xorshift64*): the same mutants on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 /// Where a streamOptimized image's structures are: the header, every grain marker and, per
 /// layout, the tables before the grains or the trailer after them (sector starts).
 fn structures(image: &[u8]) -> Vec<usize> {
@@ -693,32 +678,37 @@ fn structures(image: &[u8]) -> Vec<usize> {
     at
 }
 
-/// One mutant of `image`: a field of a structure set to a nearby or random value, a random
-/// byte changed, or the image cut short.
-fn mutant(image: &[u8], places: &[usize], rng: &mut Rng) -> Vec<u8> {
-    let mut b = image.to_vec();
-    match rng.below(10) {
-        0..=5 => {
-            let at = places[rng.below(places.len())] + 4 * rng.below(16);
-            if at + 4 > b.len() {
-                return b;
-            }
-            let old = le32(&b, at);
-            let new = match rng.below(4) {
-                0 => old.wrapping_add(1),
-                1 => old.wrapping_sub(1 + rng.below(128) as u32),
-                2 => old.wrapping_add(rng.below(1 << 17) as u32),
-                _ => rng.next() as u32,
-            };
-            b[at..at + 4].copy_from_slice(&new.to_le_bytes());
-        }
-        6..=7 => {
-            let at = rng.below(b.len());
-            b[at] ^= 1 << rng.below(8);
-        }
-        _ => b.truncate(rng.below(b.len())),
+/// The fields to mutate: the header's, then the first 16 words of every structure.
+fn fields(image: &[u8]) -> Vec<Field> {
+    let mut fields = mutants::fields(
+        false,
+        "",
+        0,
+        &[
+            ("version", 4, 4),
+            ("flags", 8, 4),
+            ("capacity", 12, 8),
+            ("grainSize", 20, 8),
+            ("descriptorOffset", 28, 8),
+            ("descriptorSize", 36, 8),
+            ("numGTEsPerGT", 44, 4),
+            ("rgdOffset", 48, 8),
+            ("gdOffset", 56, 8),
+            ("overHead", 64, 8),
+            ("compressAlgorithm", 77, 2),
+        ],
+    );
+    for place in structures(image) {
+        let words = 16.min((image.len() - place) / 4);
+        fields.extend(mutants::table(
+            &format!("{place:#x}"),
+            place,
+            words,
+            4,
+            false,
+        ));
     }
-    b
+    fields
 }
 
 #[test]
@@ -733,63 +723,13 @@ fn mutated_stream_optimized_images_give_qemu_img_s_bytes_or_fail() {
         &w,
     );
     let qemu_bytes = fs::read(&qemu_made).unwrap();
-    let layouts = [
-        ("qemu-img's layout", qemu_bytes.clone()),
-        ("VMware's layout", vmware_stream(&qemu_bytes)),
+    let vmware = vmware_stream(&qemu_bytes);
+    let bases = vec![
+        Base::new("qemu-img's layout", qemu_bytes, fields),
+        Base::new("VMware's layout", vmware, fields),
     ];
-    // MUTANTS=N and SEED=S explore further than the suite's bounded, fixed run.
-    let env = |name: &str, default: u64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let mut rng = Rng(env("SEED", 0x5eed_0033));
-    let (mut same, mut refused) = (0, 0);
-    for (layout, image) in layouts {
-        let places = structures(&image);
-        for n in 0..env("MUTANTS", 150) {
-            let bytes = mutant(&image, &places, &mut rng);
-            let path = dir.path().join("mutant.vmdk");
-            fs::write(&path, &bytes).unwrap();
-            let target = out_target(dir.path());
-            let out = run(&["import", arg(&path), arg(&target)]);
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(
-                !stderr.contains("panicked"),
-                "{layout} mutant {n}: {stderr}"
-            );
-            if !out.status.success() {
-                let code = out.status.code();
-                assert!(
-                    matches!(code, Some(11..=13)),
-                    "{layout} mutant {n}: exit {code:?}: {stderr}"
-                );
-                assert!(!target.exists(), "{layout} mutant {n}: target left");
-                refused += 1;
-                continue;
-            }
-            let raw = dir.path().join("qemu.raw");
-            let qemu = std::process::Command::new("qemu-img")
-                .args(["convert", "-f", "vmdk", "-O", "raw", arg(&path), arg(&raw)])
-                .output()
-                .unwrap();
-            if !qemu.status.success() {
-                fs::write(std::env::temp_dir().join("quarry-mutant.vmdk"), &bytes).unwrap();
-            }
-            assert!(
-                qemu.status.success(),
-                "{layout} mutant {n}: imported, qemu-img refuses it: {}",
-                String::from_utf8_lossy(&qemu.stderr)
-            );
-            assert_same(
-                &format!("{layout} mutant {n}"),
-                &fs::read(&target).unwrap(),
-                &fs::read(&raw).unwrap(),
-            );
-            fs::remove_file(&target).unwrap();
-            same += 1;
-        }
-    }
-    eprintln!("{same} mutants read as qemu-img reads them, {refused} refused");
+    mutants::run(Campaign {
+        mutants: 150,
+        ..Campaign::new("vmdk", bases)
+    });
 }

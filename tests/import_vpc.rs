@@ -8,6 +8,7 @@ use std::path::Path;
 
 mod common;
 mod disk_formats;
+use common::mutants::{self, Base, Campaign, Field};
 use common::*;
 use disk_formats::*;
 
@@ -221,4 +222,138 @@ fn a_fixed_vhd_stream_too_large_is_refused_as_it_is_written_saying_why() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("fixed vhd's footer"), "{what}: {err}");
     }
+}
+
+/// The footer's fields at `at`.
+fn footer_fields(at: usize, fields: &mut Vec<Field>) {
+    let prefix = format!("footer at {at:#x}: ");
+    fields.extend(mutants::fields(
+        true,
+        &prefix,
+        at,
+        &[
+            ("cookie", 0, 8),
+            ("data offset", 16, 8),
+            ("creator application", 28, 4),
+            ("current size", 48, 8),
+            ("cylinders", 56, 2),
+            ("heads", 58, 1),
+            ("sectors per track", 59, 1),
+            ("disk type", 60, 4),
+            ("checksum", 64, 4),
+        ],
+    ));
+    // Features, format version, time stamp, creator version and host, original size, UUID and
+    // saved state: no part in the disk.
+    let inert = mutants::fields(
+        true,
+        &prefix,
+        at,
+        &[
+            ("features", 8, 4),
+            ("format version", 12, 4),
+            ("time stamp", 24, 4),
+            ("creator version", 32, 4),
+            ("creator host", 36, 4),
+            ("original size", 40, 8),
+            ("UUID", 68, 8),
+            ("saved state", 84, 1),
+        ],
+    );
+    fields.extend(inert.into_iter().map(Field::inert));
+}
+
+/// A vhd's fields: its footer (both copies of a dynamic disk's), and a dynamic disk's header and
+/// BAT.
+fn vpc_fields(image: &[u8]) -> Vec<Field> {
+    let mut fields = Vec::new();
+    footer_fields(image.len() - 512, &mut fields);
+    if !image.starts_with(b"conectix") {
+        return fields;
+    }
+    footer_fields(0, &mut fields);
+    let header = Field::be("", 16, 8).read(image) as usize;
+    let prefix = "dynamic header: ";
+    fields.extend(mutants::fields(
+        true,
+        prefix,
+        header,
+        &[
+            ("cookie", 0, 8),
+            ("table offset", 16, 8),
+            ("max table entries", 28, 4),
+            ("block size", 32, 4),
+            ("checksum", 36, 4),
+            ("parent UUID", 40, 8),
+            ("parent locator 0 code", 576, 4),
+            ("parent locator 0 offset", 592, 8),
+        ],
+    ));
+    let inert = mutants::fields(
+        true,
+        prefix,
+        header,
+        &[
+            ("data offset", 8, 8),
+            ("header version", 24, 4),
+            ("parent time stamp", 56, 4),
+            ("parent name", 64, 8),
+        ],
+    );
+    fields.extend(inert.into_iter().map(Field::inert));
+    let bat = Field::be("", header + 16, 8).read(image) as usize;
+    let entries = Field::be("", header + 28, 4).read(image) as usize;
+    fields.extend(mutants::table("BAT", bat, entries, 4, true));
+    fields
+}
+
+/// Fixes the checksums of the footers and the dynamic header a mutant still has.
+fn reseal(image: &mut [u8]) {
+    if image.len() < 512 {
+        return;
+    }
+    let end = image.len() - 512;
+    for at in [0, end] {
+        if image[at..].starts_with(b"conectix") {
+            let footer = with_checksum(image[at..at + 512].to_vec());
+            image[at..at + 512].copy_from_slice(&footer);
+        }
+    }
+    let header = Field::be("", 16, 8).read(image) as usize;
+    if image.starts_with(b"conectix")
+        && header.checked_add(1024).is_some_and(|e| e <= image.len())
+        && image[header..].starts_with(b"cxsparse")
+    {
+        let h = &mut image[header..header + 1024];
+        h[36..40].fill(0);
+        let sum = h.iter().fold(0u32, |s, &b| s.wrapping_add(b.into()));
+        h[36..40].copy_from_slice(&(!sum).to_be_bytes());
+    }
+}
+
+#[test]
+fn mutated_vhds_give_qemu_img_s_bytes_or_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let dynamic = small_image(dir.path(), "dynamic.vhd", "vpc", "", "4M");
+    let fixed = small_image(dir.path(), "fixed.vhd", "vpc", "subformat=fixed", "2M");
+    // Hyper-V's sizing: by the current size, not the geometry.
+    let hyper_v = refooted(&dynamic, "hyper-v.vhd", |f| {
+        f[28..32].copy_from_slice(b"win ");
+        f[48..56].copy_from_slice(&((3u64 << 20) + 1536).to_be_bytes());
+    });
+    // A fixed disk is raw to both probes: named to both.
+    let fixed = Base {
+        format: Some("vpc"),
+        ..Base::read(&fixed, vpc_fields)
+    };
+    let bases = vec![
+        Base::read(&dynamic, vpc_fields),
+        fixed,
+        Base::read(&hyper_v, vpc_fields),
+    ];
+    mutants::run(Campaign {
+        reseal: &reseal,
+        mutants: 80,
+        ..Campaign::new("vhd", bases)
+    });
 }

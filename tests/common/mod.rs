@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod archive;
+pub mod mutants;
 
 use std::fs;
 use std::io::Read;
@@ -20,6 +21,16 @@ pub fn run(args: &[&str]) -> Output {
 /// Runs `cmd` to completion, or kills it after `limit` and fails naming it with what it printed
 /// (a hang becomes a failure that says where, not a stuck test).
 pub fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
+    run_within(cmd, limit).unwrap_or_else(|out| {
+        panic!(
+            "{cmd:?} did not finish within {limit:?}; its stderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Runs `cmd` to completion; or kills it after `limit` and returns what it printed as an error.
+pub fn run_within(cmd: &mut Command, limit: std::time::Duration) -> Result<Output, Output> {
     use std::process::Stdio;
     let child = cmd
         .stdout(Stdio::piped())
@@ -32,14 +43,10 @@ pub fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
         let _ = tx.send(child.wait_with_output());
     });
     match rx.recv_timeout(limit) {
-        Ok(out) => out.expect("waiting"),
+        Ok(out) => Ok(out.expect("waiting")),
         Err(_) => {
             let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-            let out = rx.recv().expect("the waiter").expect("waiting");
-            panic!(
-                "{cmd:?} did not finish within {limit:?}; its stderr:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            )
+            Err(rx.recv().expect("the waiter").expect("waiting"))
         }
     }
 }

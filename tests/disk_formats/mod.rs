@@ -18,6 +18,39 @@ use super::common::*;
 /// length at an odd offset, an all-zero block's worth of written zeroes, and data in the last
 /// 4 KiB of the disk (the rest stays unallocated).
 pub fn written_image(dir: &Path, name: &str, format: &str, opts: &str, size: &str) -> PathBuf {
+    created_and_written(
+        dir,
+        name,
+        format,
+        opts,
+        size,
+        &[
+            "write -P 0x11 0 65536",
+            "write -P 0x22 1234567 4321",
+            "write -z 3145728 2097152",
+            "write -P 0x44 5242880 512",
+        ],
+    )
+}
+
+/// A small image for the mutation tests (each mutant is imported and converted whole, and a
+/// debug build scans every data byte): `qemu-img create -f FORMAT -o OPTS` of `size`, data in its
+/// first block (a run at 0, an odd one just past 4 KiB) and its last 4 KiB, nothing between.
+pub fn small_image(dir: &Path, name: &str, format: &str, opts: &str, size: &str) -> PathBuf {
+    let writes = ["write -P 0x11 0 65536", "write -P 0x22 4097 3000"];
+    created_and_written(dir, name, format, opts, size, &writes)
+}
+
+/// `qemu-img create -f FORMAT -o OPTS` of `size`, then the qemu-io `writes` and 4 KiB of data
+/// ending the disk.
+fn created_and_written(
+    dir: &Path,
+    name: &str,
+    format: &str,
+    opts: &str,
+    size: &str,
+    writes: &[&str],
+) -> PathBuf {
     let path = dir.join(name);
     let mut args = vec!["create", "-q", "-f", format];
     if !opts.is_empty() {
@@ -25,19 +58,10 @@ pub fn written_image(dir: &Path, name: &str, format: &str, opts: &str, size: &st
     }
     args.extend([arg(&path), size]);
     qemu_img(&args);
-    let end = virtual_size(&path, format);
-    let last = format!("write -P 0x33 {} 4096", end - 4096);
-    qemu_io(
-        format,
-        &path,
-        &[
-            "write -P 0x11 0 65536",
-            "write -P 0x22 1234567 4321",
-            "write -z 3145728 2097152",
-            "write -P 0x44 5242880 512",
-            &last,
-        ],
-    );
+    let last = format!("write -P 0x33 {} 4096", virtual_size(&path, format) - 4096);
+    let mut writes = writes.to_vec();
+    writes.push(&last);
+    qemu_io(format, &path, &writes);
     path
 }
 
