@@ -193,14 +193,15 @@ fn parse_extensions(buf: &[u8], start: u64, end: u64) -> Result<Extensions> {
         }
         let magic = be32(buf, off as usize);
         let len = u64::from(be32(buf, off as usize + 4));
-        if magic == ext::END {
-            break;
-        }
+        // qemu checks the length before the type: an end marker too long is corrupt too.
         let data_end = hdr_end + len;
         if data_end > end {
             return Err(corrupt(format!(
                 "header extension {magic:#010x} at {off:#x} ({len} bytes) is too large"
             )));
+        }
+        if magic == ext::END {
+            break;
         }
         if data_end > buf.len() as u64 {
             return Err(corrupt(format!(
@@ -1046,6 +1047,17 @@ pub(crate) mod tests {
         let mut f = Fields::v3(16, 1 << 20);
         f.extensions.push((ext::BACKING_FORMAT, vec![b'x'; 20]));
         assert_err(&f, ErrorKind::CorruptImage, "backing format");
+        // The end marker's length is checked as qemu checks it (before its type): one that
+        // runs past the cluster is corrupt, one that fits is the end.
+        for (len, ok) in [(0xffff_fff0u32, false), (400, false), (8, true)] {
+            let mut c = Fields::v3(9, 1 << 20).cluster();
+            c[112..116].copy_from_slice(&0u32.to_be_bytes());
+            c[116..120].copy_from_slice(&len.to_be_bytes());
+            match parse(&c) {
+                Ok(_) => assert!(ok, "end marker of {len} bytes"),
+                Err(e) => assert!(!ok && e.to_string().contains("too large"), "{len}: {e}"),
+            }
+        }
     }
 
     #[test]
