@@ -107,7 +107,7 @@ pub enum VhdxError {
     BlockSize { offset: u64, size: u32 },
     #[error("the logical sector size at {offset:#x} is {size} bytes (512 or 4096)")]
     LogicalSectorSize { offset: u64, size: u32 },
-    #[error("the virtual disk size at {offset:#x} is {size} bytes, past the format's 64 TiB")]
+    #[error("the virtual disk size at {offset:#x} is {size} bytes (1 byte to the format's 64 TiB)")]
     VirtualSize { offset: u64, size: u64 },
     #[error(
         "the BAT at {offset:#x} is {len} bytes, too short for the {entries} entries a \

@@ -170,7 +170,8 @@ impl Metadata {
             });
         }
         let virtual_disk_size = le64(bytes[1], 0);
-        if virtual_disk_size > MAX_DISK {
+        // qemu refuses an empty disk as it does one past the limit.
+        if virtual_disk_size == 0 || virtual_disk_size > MAX_DISK {
             return Err(VhdxError::VirtualSize {
                 offset: items.ranges[1].offset,
                 size: virtual_disk_size,

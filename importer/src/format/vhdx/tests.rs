@@ -512,6 +512,16 @@ fn a_bat_too_short_for_the_disk_is_corrupt() {
 }
 
 #[test]
+fn an_empty_disk_is_corrupt_as_qemu_refuses_it() {
+    // A virtual disk size of 0 (an item moved onto zeroes, say) imported as a 0-byte disk.
+    let image = Image {
+        virtual_size: 0,
+        ..Image::default()
+    };
+    assert!(fails(&image.build(), ErrorKind::CorruptImage).contains("virtual disk size"));
+}
+
+#[test]
 fn invalid_block_states_are_corrupt() {
     for state in [4, 7] {
         let image = mixed().state(3, state);
