@@ -71,7 +71,7 @@ impl ControllerArgs {
 }
 
 /// The controllers.
-#[derive(clap::Subcommand, Debug)]
+#[derive(clap::Subcommand, Debug, Clone)]
 pub enum Which {
     /// DataVolumes (cdi.kubevirt.io/v1beta1): PVC, importer or upload pod, status.
     #[command(visible_alias = "dv")]
@@ -91,7 +91,7 @@ pub enum Which {
 }
 
 /// `quarry controller certs`.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct CertsArgs {
     /// Namespace of the Secrets and bundle ConfigMaps (the install's).
     #[arg(long, default_value = crate::names::NAMESPACE)]
@@ -102,7 +102,7 @@ pub struct CertsArgs {
 }
 
 /// `quarry controller datavolume`.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct DataVolumeArgs {
     /// Image with the quarry binary, for importer and upload pods [default: the image of this
     /// controller's own pod ($POD_NAME), else quay.io/quarry/quarry:latest].
@@ -152,7 +152,7 @@ pub struct DataVolumeArgs {
 }
 
 /// `quarry controller hyperconverged`.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct HyperConvergedArgs {
     /// Namespace of the HyperConverged (HCO's default).
     #[arg(long, default_value = "kubevirt-hyperconverged")]
@@ -170,7 +170,7 @@ pub struct HyperConvergedArgs {
 }
 
 /// `quarry controller hostpath`.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct HostPathArgs {
     /// Namespace of the driver's DaemonSet.
     #[arg(long, default_value = "quarry")]
@@ -300,15 +300,18 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
     // SIGTERM ends the work at once (reconciles are level-driven and idempotent): kube-runtime's
     // graceful shutdown can wait forever (while a watch of a missing CRD is not ready), and a
     // leader must get to release its Lease before the kubelet's SIGKILL.
-    let work = async {
-        tokio::select! {
-            r = run_controller(args.which, client, metrics) => r,
-            () = uploader::net::terminated() => Ok(()),
+    let work = || {
+        let (which, client, metrics) = (args.which.clone(), client.clone(), metrics.clone());
+        async {
+            tokio::select! {
+                r = run_controller(which, client, metrics) => r,
+                () = uploader::net::terminated() => Ok(()),
+            }
         }
     };
     match elector {
-        Some(elector) => elector.lead(work).await,
-        None => work.await,
+        Some(elector) => elector.lead_on(work).await,
+        None => work().await,
     }
 }
 

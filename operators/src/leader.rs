@@ -300,6 +300,34 @@ impl Elector {
         }
         outcome
     }
+
+    /// Like [`Elector::lead`], but a lost leadership (the API server away past the renew
+    /// deadline, say) stops the work and campaigns again in the same process, starting a new
+    /// `work()` once the Lease is held again: no container restart for an API server's.
+    pub async fn lead_on<F, W>(mut self, mut work: W) -> Result<()>
+    where
+        F: std::future::Future<Output = Result<()>>,
+        W: FnMut() -> F,
+    {
+        loop {
+            self.acquire().await;
+            let lost = tokio::select! {
+                r = work() => Ok(r),
+                e = self.hold() => Err(e),
+            };
+            match lost {
+                Ok(outcome) => {
+                    if let Err(e) = self.release().await {
+                        tracing::warn!(lease = %self.name, error = %e, "releasing the lease");
+                    }
+                    return outcome;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "leadership lost: work stopped, campaigning again")
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

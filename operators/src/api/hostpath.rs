@@ -119,6 +119,39 @@ pub struct OperatorCondition {
     pub last_transition_time: Option<Time>,
 }
 
+impl OperatorCondition {
+    /// Sets condition `type_` in `conds` (added when missing): the heartbeat moves at every set,
+    /// the transition time only when the status changes.
+    pub fn set(
+        conds: &mut Vec<OperatorCondition>,
+        type_: &str,
+        status: bool,
+        reason: &str,
+        message: &str,
+        now: k8s_openapi::jiff::Timestamp,
+    ) {
+        let status = if status { "True" } else { "False" };
+        let idx = conds
+            .iter()
+            .position(|c| c.type_ == type_)
+            .unwrap_or_else(|| {
+                conds.push(OperatorCondition {
+                    type_: type_.into(),
+                    ..Default::default()
+                });
+                conds.len() - 1
+            });
+        let c = &mut conds[idx];
+        if c.status != status {
+            c.last_transition_time = Some(Time(now));
+        }
+        c.status = status.into();
+        c.reason = Some(reason.into());
+        c.message = Some(message.into());
+        c.last_heartbeat_time = Some(Time(now));
+    }
+}
+
 /// The state of one pool.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use futures_util::stream::{BoxStream, select_all};
 use futures_util::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -17,6 +18,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
+use super::cdi_status::{COMPONENTS, cdi_status};
 use super::profile::profile_status;
 use super::settings::{active_cdi, config_status, effective};
 use crate::api::cdi::{CDI_CONFIG_NAME, StorageProfileSpec, cdi_labels};
@@ -113,6 +115,9 @@ pub async fn reconcile_config(ctx: &Context) -> Result<()> {
         names::service::UPLOAD_PROXY,
     );
     ctx.set_settings(settings);
+    if let Some(cr) = active {
+        reconcile_cdi_status(&ctx.client, cr).await?;
+    }
 
     let manager = kubeops::manager(CONFIG_CONTROLLER);
     let current_status = match existing {
@@ -142,6 +147,37 @@ pub async fn reconcile_config(ctx: &Context) -> Result<()> {
         });
         kubeops::apply_status(&configs, CDI_CONFIG_NAME, doc, &manager).await?;
     }
+    Ok(())
+}
+
+/// Writes the active CDI CR's status from the availability of Quarry's CDI Deployments
+/// ([`cdi_status`]), when it changed.
+async fn reconcile_cdi_status(client: &Client, cr: &Cdi) -> Result<()> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), names::NAMESPACE);
+    let mut unready = Vec::new();
+    for name in COMPONENTS {
+        let available = kubeops::get(&deployments, name).await?.is_some_and(|d| {
+            d.status
+                .and_then(|s| s.available_replicas)
+                .is_some_and(|n| n > 0)
+        });
+        if !available {
+            unready.push(name.to_string());
+        }
+    }
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let Some(status) = cdi_status(cr.status.as_ref(), &unready, env!("CARGO_PKG_VERSION"), now)
+    else {
+        return Ok(());
+    };
+    let doc = serde_json::json!({
+        "apiVersion": Cdi::api_version(&()),
+        "kind": Cdi::kind(&()),
+        "status": status,
+    });
+    let name = cr.metadata.name.as_deref().unwrap_or_default();
+    let manager = kubeops::manager(CONFIG_CONTROLLER);
+    kubeops::apply_status(&Api::<Cdi>::all(client.clone()), name, doc, &manager).await?;
     Ok(())
 }
 
@@ -219,7 +255,8 @@ pub async fn run_config(ctx: Arc<Context>) {
         changes(Api::<Cdi>::all(client.clone())),
         changes(Api::<CdiConfig>::all(client.clone())),
         changes(Api::<StorageClass>::all(client.clone())),
-        changes(Api::<Ingress>::namespaced(client, names::NAMESPACE)),
+        changes(Api::<Ingress>::namespaced(client.clone(), names::NAMESPACE)),
+        changes(Api::<Deployment>::namespaced(client, names::NAMESPACE)),
     ];
     drive(&ctx, CONFIG_CONTROLLER, triggers, || reconcile_config(&ctx)).await
 }

@@ -132,6 +132,8 @@ fn datavolume() -> Access {
         ),
         // Its settings come from the CDI CR; it keeps CDIConfig and the StorageProfiles.
         rule(&[CDI], &["cdis"], &["get", "list", "watch"]),
+        // The active CDI CR's status: Available once Quarry's CDI Deployments are.
+        rule(&[CDI], &["cdis/status"], &["patch", "update"]),
         rule(
             &[CDI],
             &["cdiconfigs"],
@@ -177,6 +179,8 @@ fn datavolume() -> Access {
         rule(&[CDI], &["dataimportcrons/finalizers"], &["update"]),
     ];
     let mut home = leader_rules(component::DATAVOLUME_CONTROLLER);
+    // The CDI CR's status follows the CDI components' Deployments.
+    home.push(rule(&["apps"], &["deployments"], &["get", "list", "watch"]));
     // CDIConfig's uploadProxyURL: an Ingress routing to the upload proxy.
     home.push(rule(
         &["networking.k8s.io"],

@@ -2,7 +2,6 @@
 //! entry per pool (every driver pod serves every pool).
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::hostpath::{OperatorCondition, StoragePool, StoragePoolStatus};
@@ -16,25 +15,7 @@ fn set(
     message: &str,
     now: Timestamp,
 ) {
-    let status = if status { "True" } else { "False" };
-    let idx = conds
-        .iter()
-        .position(|c| c.type_ == type_)
-        .unwrap_or_else(|| {
-            conds.push(OperatorCondition {
-                type_: type_.into(),
-                ..Default::default()
-            });
-            conds.len() - 1
-        });
-    let c = &mut conds[idx];
-    if c.status != status {
-        c.last_transition_time = Some(Time(now));
-    }
-    c.status = status.into();
-    c.reason = Some(reason.into());
-    c.message = Some(message.into());
-    c.last_heartbeat_time = Some(Time(now));
+    OperatorCondition::set(conds, type_, status, reason, message, now)
 }
 
 /// The one HostPathProvisioner served when several exist (the driver objects are cluster-wide,
@@ -148,6 +129,7 @@ pub fn status(
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::apps::v1::DaemonSetStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
 

@@ -37,6 +37,14 @@ pub fn child_labels() -> BTreeMap<String, String> {
     ])
 }
 
+/// Whether an object carries [`child_labels`]: a HyperConverged made it.
+pub fn is_child(meta: &ObjectMeta) -> bool {
+    let labels = meta.labels.as_ref();
+    child_labels()
+        .iter()
+        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+}
+
 /// One kind of child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChildKind {

@@ -152,11 +152,15 @@ async fn apply_children(
     }
     apply_golden_images(hc, client).await?;
     if !wanted.iter().any(|(k, _)| *k == children::HOSTPATH) {
-        kubeops::delete(
-            &child_api(client, &children::HOSTPATH, ns),
-            children::HOSTPATH.name,
-        )
-        .await?;
+        // Only the one the HyperConverged made: a HostPathProvisioner of the same name made
+        // otherwise (`quarry controller hostpath`'s default, an admin's) serves volumes in use.
+        let api = child_api(client, &children::HOSTPATH, ns);
+        let ours = kubeops::get(&api, children::HOSTPATH.name)
+            .await?
+            .is_some_and(|h| children::is_child(&h.metadata));
+        if ours {
+            kubeops::delete(&api, children::HOSTPATH.name).await?;
+        }
     }
     Ok((statuses, related))
 }
@@ -489,8 +493,21 @@ mod tests {
         api.silence().await;
         assert!(task.await.unwrap().is_err());
 
-        // With every child present, the HostPathProvisioner is deleted when not enabled.
+        // With every child present, a HostPathProvisioner it made is deleted when not enabled
+        // (there is none here).
         let (task, mut api) = start(hc());
+        accept_children(&mut api).await;
+        api.not_found(Method::GET, "/apis/hostpathprovisioner.kubevirt.io/v1beta1/hostpathprovisioners/hostpath-provisioner").await;
+        let (st, progressing) = status_applied(&mut api, &hc(), "Progressing").await;
+        // Children without status yet: progressing, a warning.
+        assert_eq!(st["systemHealthStatus"], "warning");
+        assert_eq!(progressing["reason"], "CDIProgressing");
+        api.silence().await;
+        task.await.unwrap().unwrap();
+    }
+
+    /// Accepts the applies of the four children a plain HyperConverged asks for.
+    async fn accept_children(api: &mut mockapi::ApiServer) {
         for p in [
             "/apis/cdi.kubevirt.io/v1beta1/cdis/cdi-kubevirt-hyperconverged",
             "/apis/kubevirt.io/v1/namespaces/kubevirt-hyperconverged/kubevirts/kubevirt-kubevirt-hyperconverged",
@@ -499,12 +516,34 @@ mod tests {
         ] {
             api.expect_echo(Method::PATCH, p).await;
         }
-        api.not_found(Method::DELETE, "/apis/hostpathprovisioner.kubevirt.io/v1beta1/hostpathprovisioners/hostpath-provisioner").await;
-        let (st, progressing) = status_applied(&mut api, &hc(), "Progressing").await;
-        // Children without status yet: progressing, a warning.
-        assert_eq!(st["systemHealthStatus"], "warning");
-        assert_eq!(progressing["reason"], "CDIProgressing");
-        api.silence().await;
-        task.await.unwrap().unwrap();
+    }
+
+    /// Found on a real node: the default HostPathProvisioner that `quarry controller hostpath`
+    /// makes (its CSI driver serving every volume) was deleted by any HyperConverged without
+    /// the pools annotation. Only one carrying the HyperConverged's labels is removed.
+    #[tokio::test]
+    async fn only_a_hostpath_provisioner_the_hyperconverged_made_is_removed() {
+        const HPP: &str = "/apis/hostpathprovisioner.kubevirt.io/v1beta1/hostpathprovisioners/hostpath-provisioner";
+        for (labels, deleted) in [
+            (json!({"app.kubernetes.io/managed-by": "quarry"}), false),
+            (json!(children::child_labels()), true),
+        ] {
+            let (task, mut api) = start(hc());
+            accept_children(&mut api).await;
+            let existing = json!({
+                "apiVersion": "hostpathprovisioner.kubevirt.io/v1beta1",
+                "kind": "HostPathProvisioner",
+                "metadata": {"name": "hostpath-provisioner", "labels": labels},
+                "spec": {},
+            });
+            api.expect(Method::GET, HPP, 200, existing).await;
+            if deleted {
+                api.expect(Method::DELETE, HPP, 200, mockapi::status(200, "Success"))
+                    .await;
+            }
+            status_applied(&mut api, &hc(), "Progressing").await;
+            api.silence().await;
+            task.await.unwrap().unwrap();
+        }
     }
 }

@@ -129,3 +129,49 @@ async fn a_leader_whose_lease_is_taken_stops_its_work() {
     assert!(err.to_string().contains(LEASE), "{err}");
     assert!(stopped.load(Ordering::SeqCst), "the work was stopped");
 }
+
+/// `lead_on`: a lost leadership stops the work, and once the Lease is free again the same
+/// process leads and starts new work (what a controller does after an API server restart).
+#[tokio::test]
+async fn a_leader_that_lost_its_lease_campaigns_again_in_process() {
+    let Some((client, ns)) = namespace("lease-again", &[]).await else {
+        return;
+    };
+    let a = candidate(&client, &ns, "a");
+    let (starts_tx, mut starts) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(a.lead_on(move || {
+        let starts_tx = starts_tx.clone();
+        async move {
+            let _ = starts_tx.send(());
+            std::future::pending::<()>().await;
+            Ok(())
+        }
+    }));
+    within("the first work", starts.recv()).await.unwrap();
+    let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let set = |holder: serde_json::Value, seconds: i32| {
+        let api = api.clone();
+        async move {
+            api.patch(
+                LEASE,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"holderIdentity": holder,
+                    "leaseDurationSeconds": seconds,
+                    "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                        k8s_openapi::jiff::Timestamp::now())}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    set(json!("intruder"), 3600).await;
+    // The leader notices and stops; while the intruder holds the Lease no work starts.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(starts.try_recv().is_err(), "work ran under another holder");
+    set(serde_json::Value::Null, 1).await;
+    within("the work starting again", starts.recv())
+        .await
+        .unwrap();
+    assert!(!task.is_finished(), "lead_on returned");
+    task.abort();
+}
