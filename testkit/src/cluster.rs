@@ -125,13 +125,47 @@ impl Cluster {
         c
     }
 
-    /// `kubectl ARGS`: its output, whatever its exit status.
+    /// `kubectl ARGS`: its output, whatever its exit status. While the API server cannot be
+    /// reached (restarted by a fault test, say) the call is repeated, for up to a minute.
     pub fn kubectl(&self, args: &[&str]) -> Output {
-        self.command("kubectl")
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("running kubectl")
+        self.kubectl_with_input(args, None)
+    }
+
+    /// [`Cluster::kubectl`] with `input` on its standard input.
+    pub fn kubectl_with_input(&self, args: &[&str], input: Option<&str>) -> Output {
+        let start = Instant::now();
+        loop {
+            let mut child = self
+                .command("kubectl")
+                .args(args)
+                .stdin(if input.is_some() {
+                    Stdio::piped()
+                } else {
+                    Stdio::null()
+                })
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("running kubectl");
+            if let Some(input) = input {
+                // kubectl may exit before reading all of it: its exit status says what failed
+                let _ = child.stdin.take().unwrap().write_all(input.as_bytes());
+            }
+            let out = child.wait_with_output().expect("running kubectl");
+            let err = String::from_utf8_lossy(&out.stderr);
+            let unreachable = [
+                "connection refused",
+                "The connection to the server",
+                "TLS handshake timeout",
+                "etcdserver: leader changed",
+            ]
+            .iter()
+            .any(|m| err.contains(m));
+            if out.status.success() || !unreachable || start.elapsed() > Duration::from_secs(60) {
+                return out;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
     }
 
     /// `kubectl ARGS`, which must succeed: its standard output.
@@ -148,26 +182,87 @@ impl Cluster {
 
     /// `kubectl apply -f -` of `yaml`, which must succeed.
     pub fn apply(&self, yaml: &str) {
-        let mut child = self
-            .command("kubectl")
-            .args(["apply", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("running kubectl");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(yaml.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = self.kubectl_with_input(&["apply", "-f", "-"], Some(yaml));
         assert!(
             out.status.success(),
             "kubectl apply: {}\n{yaml}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// Stops the API server (SIGTERM, as a restart does) and starts it again with the same
+    /// command line, where `cluster.sh` keeps it (its pid file, its log); returns once it is
+    /// ready. The controllers must carry on by themselves.
+    pub fn restart_api_server(&self) {
+        let pid_file = self.dir.join("run/kube-apiserver.pid");
+        let pid: i32 = fs::read_to_string(&pid_file)
+            .expect("the API server's pid file")
+            .trim()
+            .parse()
+            .expect("a pid");
+        let argv: Vec<String> = fs::read(format!("/proc/{pid}/cmdline"))
+            .expect("the API server's command line")
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        // As cluster.sh stops it: SIGTERM, then SIGKILL after 20 s. Gone once its /proc entry
+        // is, or it is a zombie (whoever adopted it may not reap it soon).
+        let gone = || {
+            fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| {
+                st.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with('Z'))
+            })
+        };
+        for (signal, wait) in [(libc::SIGTERM, 20), (libc::SIGKILL, 10)] {
+            // SAFETY: kill has no memory preconditions.
+            unsafe { libc::kill(pid, signal) };
+            let start = Instant::now();
+            while !gone() && start.elapsed() < Duration::from_secs(wait) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        assert!(gone(), "the API server (pid {pid}) did not stop");
+        // Started as cluster.sh starts it: in a session of its own, adopted once the shell
+        // exits, so that `cluster.sh down` stops it.
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(r#"setsid "$@" </dev/null >>"$LOG" 2>&1 & echo $!"#)
+            .arg("sh")
+            .args(&argv)
+            .env("LOG", self.dir.join("logs/kube-apiserver.log"))
+            .output()
+            .expect("starting the API server again");
+        let new_pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(
+            out.status.success() && !new_pid.is_empty(),
+            "starting the API server again: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        fs::write(&pid_file, format!("{new_pid}\n")).expect("writing its pid file");
+        // Ready, and back in the `kubernetes` Service's endpoints (it takes itself out when it
+        // stops), where pods reach it.
+        let start = Instant::now();
+        while !self.kubectl(&["get", "--raw", "/readyz"]).status.success()
+            || self
+                .kubectl_ok(&[
+                    "-n",
+                    "default",
+                    "get",
+                    "endpoints",
+                    "kubernetes",
+                    "-o",
+                    "jsonpath={.subsets[*].addresses[*].ip}",
+                ])
+                .trim()
+                .is_empty()
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "the API server did not come back"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
     }
 
     /// A kube-rs client as the cluster's admin.

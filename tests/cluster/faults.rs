@@ -19,6 +19,21 @@ fn slow_source(c: &Cluster, dir: &std::path::Path) -> (testkit::nginx::Nginx, Im
     (nginx, image)
 }
 
+/// Creates the DataVolume `slow` in `ns` from [`slow_source`]'s server and waits until its
+/// import runs: its `spec.source` lines, for more DataVolumes of the same source.
+fn start_slow_import(c: &Cluster, ns: &str, nginx: &testkit::nginx::Nginx) -> String {
+    let source = format!("    http:\n      url: {}", nginx.url("/slow.img"));
+    c.apply(&dv_yaml(ns, "slow", &source, "64Mi", false));
+    c.wait_for(
+        ns,
+        "dv/slow",
+        "{.status.phase}",
+        "ImportInProgress",
+        DV_LIMIT,
+    );
+    source
+}
+
 /// The importer killed mid-import (SIGKILL to its process on the node): counted as a restart,
 /// tried again, the disk right.
 #[test]
@@ -27,15 +42,7 @@ fn an_importer_pod_killed_mid_import_is_retried_and_finishes() {
     let dir = tempfile::tempdir().unwrap();
     let (nginx, image) = slow_source(c, dir.path());
     let ns = c.namespace("killed", &[]);
-    let source = format!("    http:\n      url: {}", nginx.url("/slow.img"));
-    c.apply(&dv_yaml(&ns, "slow", &source, "64Mi", false));
-    c.wait_for(
-        &ns,
-        "dv/slow",
-        "{.status.phase}",
-        "ImportInProgress",
-        DV_LIMIT,
-    );
+    start_slow_import(c, &ns, &nginx);
     // the importer's process is this node's: its arguments name this test's URL
     let url = nginx.url("/slow.img");
     let killed = std::process::Command::new("pkill")
@@ -70,15 +77,7 @@ fn the_controller_deleted_mid_import_is_taken_over() {
     let dir = tempfile::tempdir().unwrap();
     let (nginx, image) = slow_source(c, dir.path());
     let ns = c.namespace("takeover", &[]);
-    let source = format!("    http:\n      url: {}", nginx.url("/slow.img"));
-    c.apply(&dv_yaml(&ns, "slow", &source, "64Mi", false));
-    c.wait_for(
-        &ns,
-        "dv/slow",
-        "{.status.phase}",
-        "ImportInProgress",
-        DV_LIMIT,
-    );
+    start_slow_import(c, &ns, &nginx);
     c.kubectl_ok(&[
         "-n",
         testkit::cluster::NAMESPACE,
@@ -99,15 +98,7 @@ fn a_data_volume_deleted_mid_import_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (nginx, _) = slow_source(c, dir.path());
     let ns = c.namespace("deleted", &[]);
-    let source = format!("    http:\n      url: {}", nginx.url("/slow.img"));
-    c.apply(&dv_yaml(&ns, "slow", &source, "64Mi", false));
-    c.wait_for(
-        &ns,
-        "dv/slow",
-        "{.status.phase}",
-        "ImportInProgress",
-        DV_LIMIT,
-    );
+    start_slow_import(c, &ns, &nginx);
     delete_and_expect_nothing_left(c, &ns, "slow");
 }
 
@@ -209,6 +200,60 @@ fn a_data_volume_deleted_mid_upload_leaves_nothing() {
     assert!(out.status.code().is_some());
 }
 
+/// A host-assisted clone across namespaces deleted while it runs: the target's pods, PVC and
+/// volume go, the source namespace keeps only its PVC, whose disk is unchanged.
+#[test]
+fn a_data_volume_deleted_mid_clone_leaves_nothing() {
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let image = crate::support::raw_image_of(dir.path(), "big.raw", 256 << 20, 9);
+    let server = crate::support::FileServer::start(c, dir.path());
+    let from = c.namespace("clone-src", &[]);
+    let source = format!("    http:\n      url: {}/big.raw", server.url);
+    c.apply(&dv_yaml(&from, "src", &source, "300Mi", false));
+    wait_succeeded(c, &from, "src", Instant::now());
+
+    let to = c.namespace("clone-cut", &[]);
+    let source = format!("    pvc:\n      namespace: {from}\n      name: src");
+    c.apply(&dv_yaml(&to, "copy", &source, "300Mi", false));
+    // delete as soon as the clone is under way (its PVC bound, its pods scheduled)
+    let start = Instant::now();
+    let phase = loop {
+        let phase = c.kubectl_ok(&[
+            "-n",
+            &to,
+            "get",
+            "dv",
+            "copy",
+            "-o",
+            "jsonpath={.status.phase}",
+        ]);
+        if ["CloneScheduled", "CloneInProgress"].contains(&phase.as_str()) {
+            break phase;
+        }
+        assert!(
+            phase != "Succeeded" && start.elapsed() < DV_LIMIT,
+            "the clone was never seen running: {phase:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("deleting the clone in phase {phase}");
+    delete_and_expect_nothing_left(c, &to, "copy");
+    let start = Instant::now();
+    loop {
+        let left = c.kubectl_ok(&["-n", &from, "get", "pod,pvc,service", "-o", "name"]);
+        if left.trim() == "persistentvolumeclaim/src" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "left in the source namespace: {left}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_disk(c, &from, "src", &image, false);
+}
+
 /// The CSI driver's pod deleted while a pod uses a volume: the pod keeps reading its data, and
 /// a new volume mounts once the driver is back.
 #[test]
@@ -274,4 +319,290 @@ spec:
     c.apply(&dv_yaml(&ns, "after", "    blank: {}", "16Mi", false));
     wait_succeeded(c, &ns, "after", Instant::now());
     assert_disk(c, &ns, "keep", &image, false);
+}
+
+/// The restart counts of Quarry's pods, by pod name.
+fn quarry_restarts(c: &Cluster) -> std::collections::BTreeMap<String, String> {
+    let out = c.kubectl_ok(&[
+        "-n",
+        testkit::cluster::NAMESPACE,
+        "get",
+        "pods",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name}={.status.containerStatuses[*].restartCount}{\"\\n\"}{end}",
+    ]);
+    out.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(pod, n)| (pod.to_string(), n.to_string()))
+        .collect()
+}
+
+/// The API server restarted while an import runs: the import finishes with the right bytes, a
+/// DataVolume made after the restart is served too (the controllers' watches came back), and
+/// no Quarry container restarted to get there.
+#[test]
+fn the_api_server_restarted_mid_import_is_survived() {
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (nginx, image) = slow_source(c, dir.path());
+    let ns = c.namespace("apirestart", &[]);
+    let before = quarry_restarts(c);
+    let source = start_slow_import(c, &ns, &nginx);
+    c.restart_api_server();
+    // The admission webhooks read through the `kubernetes` Service; until kube-proxy routes it
+    // to the new server again they refuse with a connect error: wait for an admission.
+    let after = dv_yaml(&ns, "after", &source, "64Mi", false);
+    let restarted = Instant::now();
+    loop {
+        let out = c.kubectl_with_input(&["apply", "-f", "-"], Some(&after));
+        if out.status.success() {
+            break;
+        }
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            err.contains("client error (Connect)") && restarted.elapsed() < DV_LIMIT,
+            "{err}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!(
+        "the DataVolume webhook admitted again {:.1} s after the API server was ready",
+        restarted.elapsed().as_secs_f64()
+    );
+    wait_succeeded(c, &ns, "slow", Instant::now());
+    wait_succeeded(c, &ns, "after", Instant::now());
+    assert_disk(c, &ns, "slow", &image, false);
+    assert_disk(c, &ns, "after", &image, false);
+    // (pods that other tests replace meanwhile are not compared)
+    let after = quarry_restarts(c);
+    for (pod, n) in &before {
+        if let Some(m) = after.get(pod) {
+            assert_eq!(m, n, "{pod}'s containers restarted");
+        }
+    }
+}
+
+/// A pool of its own on a small loop-mounted ext4, added to the HostPathProvisioner CR (its
+/// StorageClass made by the controller); on drop the CR gets its pools back and the mount goes.
+struct SmallPool<'a> {
+    c: &'a Cluster,
+    mount: std::path::PathBuf,
+    image: std::path::PathBuf,
+    pools: String,
+}
+
+impl<'a> SmallPool<'a> {
+    fn add(c: &'a Cluster, name: &str, mib: u64) -> SmallPool<'a> {
+        let mount = std::path::PathBuf::from(format!("/var/hpvolumes/{name}"));
+        let image = std::path::PathBuf::from(format!("/var/tmp/quarry-pool-{name}.img"));
+        let sh = |cmd: &str| {
+            let out = std::process::Command::new("sh")
+                .args(["-c", cmd])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{cmd}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        sh(&format!(
+            "truncate -s {mib}M {img} && mkfs.ext4 -q -F {img} && mkdir -p {m} && mount -o loop {img} {m}",
+            img = image.display(),
+            m = mount.display()
+        ));
+        let pools = c.kubectl_ok(&[
+            "get",
+            "hostpathprovisioner",
+            "hostpath-provisioner",
+            "-o",
+            "jsonpath={.spec.storagePools}",
+        ]);
+        let pool = SmallPool {
+            c,
+            mount,
+            image,
+            pools,
+        };
+        c.kubectl_ok(&[
+            "patch",
+            "hostpathprovisioner",
+            "hostpath-provisioner",
+            "--type=json",
+            "-p",
+            &format!(
+                r#"[{{"op":"add","path":"/spec/storagePools/-","value":{{"name":"{name}","path":"{}"}}}}]"#,
+                pool.mount.display()
+            ),
+        ]);
+        c.wait_for(
+            "default",
+            &format!("storageclass/hostpath-csi-{name}"),
+            "{.parameters.storagePool}",
+            name,
+            DV_LIMIT,
+        );
+        c.kubectl_ok(&[
+            "-n",
+            testkit::cluster::NAMESPACE,
+            "rollout",
+            "status",
+            "daemonset/quarry-csi",
+            "--timeout=180s",
+        ]);
+        pool
+    }
+}
+
+impl Drop for SmallPool<'_> {
+    fn drop(&mut self) {
+        let _ = self.c.kubectl(&[
+            "patch",
+            "hostpathprovisioner",
+            "hostpath-provisioner",
+            "--type=merge",
+            "-p",
+            &format!(r#"{{"spec":{{"storagePools":{}}}}}"#, self.pools),
+        ]);
+        let _ = self.c.kubectl(&[
+            "-n",
+            testkit::cluster::NAMESPACE,
+            "rollout",
+            "status",
+            "daemonset/quarry-csi",
+            "--timeout=180s",
+        ]);
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.mount)
+            .status();
+        let _ = std::fs::remove_dir(&self.mount);
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+/// An import into a pool that fills up: the DataVolume says so (a condition and an event naming
+/// the lack of space), no complete-looking disk is left, and once space is freed the retried
+/// import lands with the right bytes. The pool is added by editing the HostPathProvisioner CR
+/// on the running cluster, whose controller makes its StorageClass and rolls the driver.
+#[test]
+fn an_import_into_a_pool_that_fills_up_says_so_and_recovers() {
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // 140 MiB, a third of it data: more than the pool has left once the filler is in
+    // 140 MiB, a third of it data, sent at 8 MiB/s: long enough to fill the pool under it
+    let image = crate::support::raw_image_of(dir.path(), "big.raw", 140 << 20, 11);
+    let nginx = testkit::nginx::Nginx::start(testkit::nginx::NginxConfig {
+        root: dir.path().into(),
+        ranges: true,
+        limit_rate: Some(8 << 20),
+        address: Some(c.node_ip.parse().unwrap()),
+        ..Default::default()
+    });
+    let name = format!("small{:x}", std::process::id());
+    let pool = SmallPool::add(c, &name, 200);
+
+    let ns = c.namespace("poolfull", &[]);
+    let source = format!("    http:\n      url: {}", nginx.url("/big.raw"));
+    let dv = dv_yaml(&ns, "full", &source, "140Mi", false)
+        .replace(crate::support::CLASS, &format!("hostpath-csi-{name}"));
+    c.apply(&dv);
+    c.wait_for(
+        &ns,
+        "dv/full",
+        "{.status.phase}",
+        "ImportInProgress",
+        DV_LIMIT,
+    );
+    // another user of the disk takes all but 4 MiB of it
+    let filler = pool.mount.join("filler");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "fallocate -l $(( $(df -B1 --output=avail {m} | tail -1) - (4 << 20) )) {f}",
+            m = pool.mount.display(),
+            f = filler.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // the condition and the event name the cause
+    let start = Instant::now();
+    loop {
+        let running = c.kubectl_ok(&[
+            "-n",
+            &ns,
+            "get",
+            "dv",
+            "full",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Running\")].message}",
+        ]);
+        if running.to_lowercase().contains("no space left") {
+            break;
+        }
+        assert!(
+            start.elapsed() < DV_LIMIT,
+            "the DataVolume never said the pool is full: {running:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let events = c.kubectl_ok(&[
+        "-n",
+        &ns,
+        "get",
+        "events",
+        "-o",
+        "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}",
+    ]);
+    assert!(
+        events.to_lowercase().contains("no space left"),
+        "no event names the lack of space: {events}"
+    );
+    let phase = c.kubectl_ok(&[
+        "-n",
+        &ns,
+        "get",
+        "dv",
+        "full",
+        "-o",
+        "jsonpath={.status.phase}",
+    ]);
+    assert_ne!(phase, "Succeeded");
+    // what the failed attempt wrote is gone: no disk that looks complete
+    let pv = c.kubectl_ok(&[
+        "-n",
+        &ns,
+        "get",
+        "pvc",
+        "full",
+        "-o",
+        "jsonpath={.spec.volumeName}",
+    ]);
+    let disk = pool.mount.join(&pv).join("disk.img");
+    let len = std::fs::metadata(&disk).map_or(0, |m| m.len());
+    assert!(
+        len < image.raw_len,
+        "{} is {len} bytes after the failure",
+        disk.display()
+    );
+
+    // space freed: the retried import lands
+    std::fs::remove_file(&filler).unwrap();
+    wait_succeeded(c, &ns, "full", Instant::now());
+    assert_disk(c, &ns, "full", &image, false);
+    c.kubectl_ok(&[
+        "-n",
+        &ns,
+        "delete",
+        "dv",
+        "full",
+        "--wait=true",
+        "--timeout=120s",
+    ]);
+    drop(pool);
 }

@@ -8,4 +8,5 @@ mod common;
 
 mod faults;
 mod flows;
+mod operators;
 mod support;

@@ -154,50 +154,13 @@ pub fn event_reasons(c: &Cluster, ns: &str, kind: &str, name: &str) -> Vec<Strin
 /// device) and reads it. Returns the sha256 of its first `len` bytes and whether every byte
 /// after them is zero (the disk grown to the volume).
 pub fn read_disk(c: &Cluster, ns: &str, pvc: &str, len: u64, block: bool) -> (String, bool) {
-    let pod = format!("read-{pvc}");
-    let (volume, disk) = if block {
-        (
-            "volumeDevices: [{name: d, devicePath: /dev/disk0}]",
-            "/dev/disk0",
-        )
-    } else {
-        (
-            "volumeMounts: [{name: d, mountPath: /pvc}]",
-            "/pvc/disk.img",
-        )
-    };
+    let disk = if block { "/dev/disk0" } else { "/pvc/disk.img" };
     let script = format!(
         "head -c {len} {disk} | sha256sum | cut -d' ' -f1; \
          tail -c +{} {disk} | tr -d '\\000' | wc -c",
         len + 1
     );
-    c.apply(&format!(
-        "apiVersion: v1
-kind: Pod
-metadata: {{name: {pod}, namespace: {ns}}}
-spec:
-  restartPolicy: Never
-  securityContext: {{runAsNonRoot: true, runAsUser: 107, fsGroup: 107, seccompProfile: {{type: RuntimeDefault}}}}
-  containers:
-  - name: read
-    image: docker.io/library/busybox:1.35
-    command: [sh, -c, {script:?}]
-    securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}
-    {volume}
-  volumes:
-  - name: d
-    persistentVolumeClaim: {{claimName: {pvc}}}
-"
-    ));
-    c.wait_for(
-        ns,
-        &format!("pod/{pod}"),
-        "{.status.phase}",
-        "Succeeded",
-        DV_LIMIT,
-    );
-    let logs = c.kubectl_ok(&["-n", ns, "logs", &pod]);
-    c.kubectl_ok(&["-n", ns, "delete", "pod", &pod, "--wait=false"]);
+    let logs = run_in_pod(c, ns, pvc, &script, block);
     let mut lines = logs.lines();
     let sha = lines.next().unwrap_or_default().trim().to_string();
     let nonzero_after = lines.next().unwrap_or_default().trim().to_string();
@@ -220,22 +183,10 @@ metadata: {{name: {pvc}, namespace: {ns}}}
 spec: {{pvcName: {pvc}}}
 "
     );
-    let mut child = c
-        .command("kubectl")
-        .args(["create", "-f", "-", "-o", "jsonpath={.status.token}"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(yaml.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = c.kubectl_with_input(
+        &["create", "-f", "-", "-o", "jsonpath={.status.token}"],
+        Some(&yaml),
+    );
     assert!(
         out.status.success(),
         "UploadTokenRequest: {}",
@@ -394,7 +345,18 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 /// Runs `script` in a restricted busybox pod with the PVC at `/pvc`: what it printed.
 pub fn in_volume(c: &Cluster, ns: &str, pvc: &str, script: &str) -> String {
+    run_in_pod(c, ns, pvc, script, false)
+}
+
+/// Runs `script` in a restricted busybox pod that mounts the PVC at `/pvc` (or, for a `block`
+/// volume, has it as `/dev/disk0`), waits for it to finish and deletes it: what it printed.
+fn run_in_pod(c: &Cluster, ns: &str, pvc: &str, script: &str, block: bool) -> String {
     let pod = format!("look-{:x}", testkit_unique());
+    let volume = if block {
+        "volumeDevices: [{name: d, devicePath: /dev/disk0}]"
+    } else {
+        "volumeMounts: [{name: d, mountPath: /pvc}]"
+    };
     c.apply(&format!(
         "apiVersion: v1
 kind: Pod
@@ -407,7 +369,7 @@ spec:
     image: docker.io/library/busybox:1.35
     command: [sh, -c, {script:?}]
     securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}
-    volumeMounts: [{{name: d, mountPath: /pvc}}]
+    {volume}
   volumes:
   - name: d
     persistentVolumeClaim: {{claimName: {pvc}}}
