@@ -228,7 +228,19 @@ fn a_data_volume_deleted_mid_clone_leaves_nothing() {
             "-o",
             "jsonpath={.status.phase}",
         ]);
-        if ["CloneScheduled", "CloneInProgress"].contains(&phase.as_str()) {
+        let bound = !c
+            .kubectl_ok(&[
+                "-n",
+                &to,
+                "get",
+                "pvc",
+                "copy",
+                "--ignore-not-found",
+                "-o",
+                "jsonpath={.spec.volumeName}",
+            ])
+            .is_empty();
+        if bound && ["CloneScheduled", "CloneInProgress"].contains(&phase.as_str()) {
             break phase;
         }
         assert!(
