@@ -281,8 +281,8 @@ impl Cluster {
         name
     }
 
-    /// Waits until `jsonpath` of `what` (in `namespace`) reads `want`, for at most `limit`:
-    /// the last value read, or a panic naming it and the object.
+    /// Waits until `jsonpath` of `what` (in `namespace`) reads `want`, for at most `limit`, or
+    /// panics naming the value last read and the object.
     pub fn wait_for(
         &self,
         namespace: &str,
@@ -291,6 +291,28 @@ impl Cluster {
         want: &str,
         limit: Duration,
     ) {
+        self.wait_until(
+            namespace,
+            what,
+            jsonpath,
+            &format!("{want:?}"),
+            limit,
+            |v| v == want,
+        );
+    }
+
+    /// Waits until `done` holds for `jsonpath` of `what` (in `namespace`), for at most `limit`:
+    /// the value read then, or a panic naming the value last read, `expected` (what `done`
+    /// looks for, in words) and the object.
+    pub fn wait_until(
+        &self,
+        namespace: &str,
+        what: &str,
+        jsonpath: &str,
+        expected: &str,
+        limit: Duration,
+        done: impl Fn(&str) -> bool,
+    ) -> String {
         let start = Instant::now();
         let mut last = String::new();
         while start.elapsed() < limit {
@@ -303,15 +325,15 @@ impl Cluster {
                 &format!("jsonpath={jsonpath}"),
             ]);
             last = String::from_utf8_lossy(&out.stdout).into_owned();
-            if out.status.success() && last == want {
-                return;
+            if out.status.success() && done(&last) {
+                return last;
             }
             std::thread::sleep(Duration::from_millis(500));
         }
         let dump = self.kubectl(&["-n", namespace, "get", what, "-o", "yaml"]);
         let events = self.kubectl(&["-n", namespace, "get", "events", "--sort-by=.lastTimestamp"]);
         panic!(
-            "{what} in {namespace}: {jsonpath} is {last:?}, not {want:?}, after {limit:?}\n{}\n{}",
+            "{what} in {namespace}: {jsonpath} is {last:?}, not {expected}, after {limit:?}\n{}\n{}",
             String::from_utf8_lossy(&dump.stdout),
             String::from_utf8_lossy(&events.stdout)
         );

@@ -543,26 +543,14 @@ fn an_import_into_a_pool_that_fills_up_says_so_and_recovers() {
         String::from_utf8_lossy(&out.stderr)
     );
     // the condition and the event name the cause
-    let start = Instant::now();
-    loop {
-        let running = c.kubectl_ok(&[
-            "-n",
-            &ns,
-            "get",
-            "dv",
-            "full",
-            "-o",
-            "jsonpath={.status.conditions[?(@.type==\"Running\")].message}",
-        ]);
-        if running.to_lowercase().contains("no space left") {
-            break;
-        }
-        assert!(
-            start.elapsed() < DV_LIMIT,
-            "the DataVolume never said the pool is full: {running:?}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    c.wait_until(
+        &ns,
+        "dv/full",
+        "{.status.conditions[?(@.type==\"Running\")].message}",
+        "a message naming the lack of space",
+        DV_LIMIT,
+        |m| m.to_lowercase().contains("no space left"),
+    );
     let events = c.kubectl_ok(&[
         "-n",
         &ns,

@@ -3,7 +3,8 @@
 use std::time::Instant;
 
 use crate::support::{
-    FileServer, assert_disk, cluster, dv_yaml, event_reasons, qcow2_image, wait_succeeded,
+    FileServer, assert_disk, cluster, dv_yaml, event_reasons, import_and_check, qcow2_image,
+    wait_succeeded,
 };
 
 /// An HTTP qcow2.xz from a server on the node's address lands in a filesystem volume with
@@ -122,9 +123,7 @@ fn csi_clone_and_snapshot_restore_hold_the_source_disk() {
     wait_succeeded(c, &ns, "src", Instant::now());
 
     let source = format!("    pvc:\n      namespace: {ns}\n      name: src");
-    c.apply(&dv_yaml(&ns, "copy", &source, "64Mi", false));
-    wait_succeeded(c, &ns, "copy", Instant::now());
-    assert_disk(c, &ns, "copy", &image, false);
+    import_and_check(c, &ns, "copy", &source, &image);
 
     crate::support::snapshot_class(c);
     c.apply(&format!(
@@ -145,9 +144,7 @@ spec:
         crate::support::DV_LIMIT,
     );
     let source = format!("    snapshot:\n      namespace: {ns}\n      name: snap");
-    c.apply(&dv_yaml(&ns, "restored", &source, "64Mi", false));
-    wait_succeeded(c, &ns, "restored", Instant::now());
-    assert_disk(c, &ns, "restored", &image, false);
+    import_and_check(c, &ns, "restored", &source, &image);
 }
 
 /// A namespace enforcing Pod Security `restricted`: importer, upload and clone pods run there.
@@ -194,9 +191,7 @@ fn imports_uploads_and_clones_work_under_restricted_pod_security() {
         &[("pod-security.kubernetes.io/enforce", "restricted")],
     );
     let source = format!("    pvc:\n      namespace: {ns}\n      name: web");
-    c.apply(&dv_yaml(&other, "copy", &source, "64Mi", false));
-    wait_succeeded(c, &other, "copy", Instant::now());
-    assert_disk(c, &other, "copy", &image, false);
+    import_and_check(c, &other, "copy", &source, &image);
 }
 
 /// Without the immediate-binding annotation, a WaitForFirstConsumer class's DataVolume waits for
@@ -324,31 +319,13 @@ fn https_import_with_a_ca_config_map_and_basic_auth() {
         ..Default::default()
     });
     let ns = c.namespace("https", &[]);
-    c.kubectl_ok(&[
-        "-n",
-        &ns,
-        "create",
-        "configmap",
-        "web-ca",
-        &format!("--from-file=ca.pem={}", ca.ca_pem().display()),
-    ]);
-    c.kubectl_ok(&[
-        "-n",
-        &ns,
-        "create",
-        "secret",
-        "generic",
-        "web-creds",
-        "--from-literal=accessKeyId=importer",
-        "--from-literal=secretKey=s3cret",
-    ]);
+    crate::support::ca_config_map(c, &ns, "web-ca", &ca.ca_pem());
+    crate::support::key_secret(c, &ns, "web-creds", "importer", "s3cret");
     let source = format!(
         "    http:\n      url: {}\n      certConfigMap: web-ca\n      secretRef: web-creds",
         nginx.url("/disk.qcow2.xz")
     );
-    c.apply(&dv_yaml(&ns, "secure", &source, "64Mi", false));
-    wait_succeeded(c, &ns, "secure", Instant::now());
-    assert_disk(c, &ns, "secure", &image, false);
+    import_and_check(c, &ns, "secure", &source, &image);
 }
 
 /// S3 (SeaweedFS on the node's address, signatures checked) over HTTP and over HTTPS with the
@@ -365,24 +342,14 @@ fn s3_imports_over_http_and_https() {
     let s3 = testkit::s3::Seaweed::start_on(c.node_ip.parse().unwrap());
     s3.put(&image.path, "images/disk.qcow2.gz");
     let ns = c.namespace("s3", &[]);
-    c.kubectl_ok(&[
-        "-n",
+    crate::support::key_secret(
+        c,
         &ns,
-        "create",
-        "secret",
-        "generic",
         "s3-keys",
-        &format!("--from-literal=accessKeyId={}", testkit::s3::ACCESS_KEY),
-        &format!("--from-literal=secretKey={}", testkit::s3::SECRET_KEY),
-    ]);
-    c.kubectl_ok(&[
-        "-n",
-        &ns,
-        "create",
-        "configmap",
-        "s3-ca",
-        &format!("--from-file=ca.pem={}", s3.ca().ca_pem().display()),
-    ]);
+        testkit::s3::ACCESS_KEY,
+        testkit::s3::SECRET_KEY,
+    );
+    crate::support::ca_config_map(c, &ns, "s3-ca", &s3.ca().ca_pem());
     let key = format!("{}/images/disk.qcow2.gz", testkit::s3::BUCKET);
     let plain = format!(
         "    s3:\n      url: {}/{key}\n      secretRef: s3-keys",
@@ -518,21 +485,12 @@ fn a_registry_container_disk_is_imported() {
     });
     reg.push(layout.dir(), "v1", "vm/disk:v1", None, false);
     let ns = c.namespace("registry", &[]);
-    c.kubectl_ok(&[
-        "-n",
-        &ns,
-        "create",
-        "configmap",
-        "registry-ca",
-        &format!("--from-file=ca.pem={}", ca.ca_pem().display()),
-    ]);
+    crate::support::ca_config_map(c, &ns, "registry-ca", &ca.ca_pem());
     let source = format!(
         "    registry:\n      url: {}\n      certConfigMap: registry-ca",
         reg.image("vm/disk:v1")
     );
-    c.apply(&dv_yaml(&ns, "cd", &source, "64Mi", false));
-    wait_succeeded(c, &ns, "cd", Instant::now());
-    assert_disk(c, &ns, "cd", &image, false);
+    import_and_check(c, &ns, "cd", &source, &image);
 }
 
 /// A raw disk through the proxy's async path (virtctl's default), and a tar through its archive

@@ -1,8 +1,6 @@
 //! The operators on the node: a HyperConverged making its children and golden images, with the
 //! admission webhook guarding its removal.
 
-use std::time::Instant;
-
 use crate::support::{DV_LIMIT, FileServer, assert_disk, cluster};
 use testkit::cluster::{Cluster, NAMESPACE};
 
@@ -59,46 +57,26 @@ spec:
     }
 }
 
-/// The condition `type_` of the HyperConverged: `status reason message`.
-fn hc_condition(c: &Cluster, type_: &str) -> String {
-    c.kubectl_ok(&[
-        "-n",
-        NAMESPACE,
-        "get",
-        "hyperconverged",
-        "kubevirt-hyperconverged",
-        "-o",
-        &format!(
-            "jsonpath={{.status.conditions[?(@.type==\"{type_}\")].status}} \
-             {{.status.conditions[?(@.type==\"{type_}\")].reason}} \
-             {{.status.conditions[?(@.type==\"{type_}\")].message}}"
-        ),
-    ])
-}
+/// The HyperConverged, as `kubectl get` names it.
+const HC: &str = "hyperconverged/kubevirt-hyperconverged";
 
-/// Waits until `f` holds for the HyperConverged's condition `type_`: the last value read.
-fn wait_hc_condition(c: &Cluster, type_: &str, f: impl Fn(&str) -> bool) -> String {
-    let start = Instant::now();
-    loop {
-        let v = hc_condition(c, type_);
-        if f(&v) {
-            return v;
-        }
-        assert!(
-            start.elapsed() < DV_LIMIT,
-            "HyperConverged {type_} stayed {v:?}; status: {}",
-            c.kubectl_ok(&[
-                "-n",
-                NAMESPACE,
-                "get",
-                "hyperconverged",
-                "kubevirt-hyperconverged",
-                "-o",
-                "jsonpath={.status}"
-            ])
-        );
-        std::thread::sleep(std::time::Duration::from_millis(500));
-    }
+/// Waits until the HyperConverged's condition `type_`, read as `status reason message`, has
+/// `status` (`True`/`False`): that reading.
+fn wait_hc_condition(c: &Cluster, type_: &str, status: &str) -> String {
+    let field = |f: &str| format!("{{.status.conditions[?(@.type==\"{type_}\")].{f}}}");
+    c.wait_until(
+        NAMESPACE,
+        HC,
+        &format!(
+            "{} {} {}",
+            field("status"),
+            field("reason"),
+            field("message")
+        ),
+        &format!("{type_} {status}"),
+        DV_LIMIT,
+        |v| v.split(' ').next() == Some(status),
+    )
 }
 
 /// A HyperConverged in Quarry's namespace: without KubeVirt's CRDs it says which is missing;
@@ -137,11 +115,11 @@ spec:
         class = crate::support::CLASS
     ));
     if missing_at_start {
-        let v = wait_hc_condition(c, "ReconcileComplete", |v| v.starts_with("False"));
+        let v = wait_hc_condition(c, "ReconcileComplete", "False");
         assert!(v.contains("is not installed"), "{v}");
         install_foreign_crds(c);
     }
-    wait_hc_condition(c, "ReconcileComplete", |v| v.starts_with("True"));
+    wait_hc_condition(c, "ReconcileComplete", "True");
     // The HyperConverged does not ask for a HostPathProvisioner: the default one, and the CSI
     // driver serving every volume, stay.
     c.kubectl_ok(&["get", "hostpathprovisioner", "hostpath-provisioner"]);
@@ -162,8 +140,7 @@ spec:
         "-n",
         NAMESPACE,
         "get",
-        "hyperconverged",
-        "kubevirt-hyperconverged",
+        HC,
         "-o",
         "jsonpath={.status.relatedObjects[*].kind}",
     ]);
@@ -187,7 +164,7 @@ spec:
         DV_LIMIT,
     );
     // The other operators are not installed: the HyperConverged names one of theirs.
-    let v = wait_hc_condition(c, "Available", |v| v.starts_with("False"));
+    let v = wait_hc_condition(c, "Available", "False");
     assert!(!v.contains("CDINotAvailable"), "{v}");
     for (kind, name, ns) in [
         ("kubevirt", "kubevirt-kubevirt-hyperconverged", NAMESPACE),
@@ -212,20 +189,13 @@ spec:
         }
         c.kubectl_ok(&args);
     }
-    wait_hc_condition(c, "Available", |v| v.starts_with("True"));
+    wait_hc_condition(c, "Available", "True");
 
     let pvc = crate::support::data_source_pvc(c, &golden, "tiny", None);
     assert_disk(c, &golden, &pvc, &image, false);
 
     // The webhook refuses the uninstall while DataVolumes exist (the golden image's, at least).
-    let out = c.kubectl(&[
-        "-n",
-        NAMESPACE,
-        "delete",
-        "hyperconverged",
-        "kubevirt-hyperconverged",
-        "--wait=false",
-    ]);
+    let out = c.kubectl(&["-n", NAMESPACE, "delete", HC, "--wait=false"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("Rejecting the uninstall request"),

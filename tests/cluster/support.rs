@@ -167,6 +167,41 @@ pub fn read_disk(c: &Cluster, ns: &str, pvc: &str, len: u64, block: bool) -> (St
     (sha, nonzero_after == "0")
 }
 
+/// Creates the DataVolume `name` (64Mi, Filesystem) from `source` (as [`dv_yaml`] takes it),
+/// waits for it to succeed and asserts its volume holds `image`'s disk.
+pub fn import_and_check(c: &Cluster, ns: &str, name: &str, source: &str, image: &Image) {
+    let start = Instant::now();
+    c.apply(&dv_yaml(ns, name, source, "64Mi", false));
+    wait_succeeded(c, ns, name, start);
+    assert_disk(c, ns, name, image, false);
+}
+
+/// The ConfigMap `name` holding the CA certificate `pem` (what `certConfigMap` names).
+pub fn ca_config_map(c: &Cluster, ns: &str, name: &str, pem: &Path) {
+    c.kubectl_ok(&[
+        "-n",
+        ns,
+        "create",
+        "configmap",
+        name,
+        &format!("--from-file=ca.pem={}", pem.display()),
+    ]);
+}
+
+/// The Secret `name` with CDI's `accessKeyId` and `secretKey` keys (what `secretRef` names).
+pub fn key_secret(c: &Cluster, ns: &str, name: &str, id: &str, key: &str) {
+    c.kubectl_ok(&[
+        "-n",
+        ns,
+        "create",
+        "secret",
+        "generic",
+        name,
+        &format!("--from-literal=accessKeyId={id}"),
+        &format!("--from-literal=secretKey={key}"),
+    ]);
+}
+
 /// Asserts the volume holds `image`'s disk (then zeros), as a pod reads it.
 pub fn assert_disk(c: &Cluster, ns: &str, pvc: &str, image: &Image, block: bool) {
     let (sha, zeros_after) = read_disk(c, ns, pvc, image.raw_len, block);
