@@ -472,11 +472,10 @@ fn refusals_have_cdis_status_codes_and_leave_no_complete_looking_target() {
     let forged = token(&other_key, "vms", "disk");
     let (code, body) = post(&url, &forged, &long);
     assert_eq!((code, body.contains("signature")), (401, true), "{body}");
-    let key = uploader::token::load_private_key(private).unwrap();
-    let now = uploader::token::now();
-    let expired =
-        uploader::token::Claims::upload("vms", "disk", now - 900, Duration::from_secs(300));
-    let expired = uploader::token::sign(&expired, &key).unwrap();
+    let key = token::load_private_key(private).unwrap();
+    let now = token::now();
+    let expired = token::Claims::upload("vms", "disk", now - 900, Duration::from_secs(300));
+    let expired = token::sign(&expired, &key).unwrap();
     let (code, body) = post(&url, &expired, &long);
     assert_eq!((code, body.contains("expired")), (401, true), "{body}");
     let (code, body) = post(&url, &token(private, "vms", "someone-else"), &long);
@@ -959,14 +958,9 @@ fn quarry_upload_tells_why_the_proxy_refused_the_token() {
         error.contains("HTTP 400") && error.contains("not three dot-separated parts"),
         "{error}"
     );
-    let key = uploader::token::load_private_key(&v.private).unwrap();
-    let claims = uploader::token::Claims::upload(
-        "vms",
-        "disk",
-        uploader::token::now() - 900,
-        Duration::from_secs(300),
-    );
-    let report = upload(&uploader::token::sign(&claims, &key).unwrap());
+    let key = token::load_private_key(&v.private).unwrap();
+    let claims = token::Claims::upload("vms", "disk", token::now() - 900, Duration::from_secs(300));
+    let report = upload(&token::sign(&claims, &key).unwrap());
     let error = report["error"].as_str().unwrap();
     assert_eq!(report["kind"], "unauthorized", "{report}");
     assert!(error.contains("expired"), "{error}");

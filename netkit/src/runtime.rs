@@ -1,6 +1,6 @@
 //! A thread with a tokio runtime of its own (current-thread), for network work started from
 //! code that has no runtime, or must not depend on the caller's: an HTTP transfer, the importer's
-//! metrics endpoint.
+//! metrics endpoint; and the signal every server stops on.
 
 use std::io;
 use std::thread::JoinHandle;
@@ -20,4 +20,20 @@ where
                     .build(),
             )
         })
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn terminated() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        () = term => {},
+    }
 }

@@ -305,7 +305,7 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
         async {
             tokio::select! {
                 r = run_controller(which, client, metrics) => r,
-                () = uploader::net::terminated() => Ok(()),
+                () = netkit::runtime::terminated() => Ok(()),
             }
         }
     };
@@ -335,7 +335,7 @@ async fn run_controller(which: Which, client: kube::Client, metrics: Arc<Metrics
             }
             let (mut config, overrides) = (a.config(), a.overrides());
             if let Some(path) = &a.clone_token_public_key {
-                let key = uploader::token::load_public_key(path)
+                let key = token::load_public_key(path)
                     .map_err(|e| crate::Error::Config(importer::error::chain(&e)))?;
                 config.clone_token_key = Some(key);
             }

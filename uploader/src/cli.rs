@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::client::{Counters, UploadReport, UploadRequest};
 use crate::error::{Error, Result};
-use crate::{net, proxy, server, token};
+use crate::{net, proxy, server};
 
 /// `quarry upload-server`: receive one image into a volume, as CDI's upload server pod.
 #[derive(clap::Args, Debug)]
@@ -341,7 +341,7 @@ pub fn run_proxy(args: ProxyArgs) -> Result<()> {
             tls,
             router,
             args.connections.limits(),
-            net::terminated(),
+            netkit::runtime::terminated(),
         )
         .await
     })

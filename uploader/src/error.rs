@@ -96,6 +96,18 @@ impl Error {
     }
 }
 
+/// A token's error keeps its kind: the proxy answers each differently.
+impl From<token::Error> for Error {
+    fn from(e: token::Error) -> Self {
+        match e {
+            token::Error::InvalidInput(m) => Error::InvalidInput(m),
+            token::Error::MalformedToken(m) => Error::MalformedToken(m),
+            token::Error::Unauthorized(m) => Error::Unauthorized(m),
+            token::Error::Io { context, cause } => Error::Io { context, cause },
+        }
+    }
+}
+
 /// Reads a small local file (a key, a certificate, a token) with an error naming it.
 pub fn read_file(path: &std::path::Path, what: &str) -> Result<Vec<u8>> {
     Ok(netkit::error::read_file(path, what)?)

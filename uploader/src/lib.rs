@@ -26,7 +26,6 @@ pub mod net;
 pub mod proxy;
 pub mod reload;
 pub mod server;
-pub mod token;
 
 pub use error::{Error, ErrorKind, Result};
 

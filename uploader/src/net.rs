@@ -165,22 +165,6 @@ fn tracked(
     })
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-pub async fn terminated() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        () = term => {},
-    }
-}
-
 /// A plain-text answer: CDI's servers answer errors with a message body that says what went wrong.
 pub fn text(
     status: axum::http::StatusCode,

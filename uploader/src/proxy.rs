@@ -15,11 +15,11 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
-use rsa::PublicKey;
+use token::PublicKey;
 
 use crate::error::{Error, Result};
 use crate::net::text;
-use crate::token;
+
 use crate::{UPLOAD_CHECKSUM, UPLOAD_LENGTH, UPLOAD_OFFSET, UPLOAD_STATE};
 use importer::error::chain;
 
@@ -256,7 +256,7 @@ fn route(
     };
     let claims = match token::verify(bearer, &proxy.public_key, token::now()) {
         Ok(claims) => claims,
-        Err(e @ Error::MalformedToken(_)) => {
+        Err(e @ token::Error::MalformedToken(_)) => {
             return Err((StatusCode::BAD_REQUEST, e.to_string()));
         }
         Err(e) => {

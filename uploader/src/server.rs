@@ -715,7 +715,7 @@ pub async fn run(
         };
         tokio::select! {
             () = done => tracing::info!("upload complete; stopping"),
-            () = crate::net::terminated() => tracing::info!("terminated"),
+            () = netkit::runtime::terminated() => tracing::info!("terminated"),
         }
     };
     crate::net::serve(listener, tls, router, limits, stop).await

@@ -80,7 +80,7 @@ pub struct ApiServerArgs {
 struct App {
     client: kube::Client,
     auth: RequestHeaderConfig,
-    signing_key: uploader::token::PrivateKey,
+    signing_key: token::PrivateKey,
     token_ttl: Duration,
 }
 
@@ -95,7 +95,7 @@ pub async fn run(args: ApiServerArgs) -> Result<()> {
     let client = crate::kubeops::cluster_client("apiserver").await?;
     let bound = start(client, &args).await?;
     tracing::info!(%bound, "serving {GROUP}");
-    uploader::net::terminated().await;
+    netkit::runtime::terminated().await;
     Ok(())
 }
 
@@ -112,7 +112,7 @@ pub async fn start(client: kube::Client, args: &ApiServerArgs) -> Result<SocketA
         ),
         None => front_proxy_from_cluster(&client).await?,
     };
-    let signing_key = uploader::token::load_private_key(&args.signing_key)
+    let signing_key = token::load_private_key(&args.signing_key)
         .map_err(|e| Error::Config(importer::error::chain(&e)))?;
     let tls = tls_config(&args.tls_cert, &args.tls_key, &ca_pem)?;
     let app = App {
@@ -319,9 +319,9 @@ async fn clone_token(app: &App, req: &AdmissionRequest<DynamicObject>) -> Admiss
         kind,
         (&src_ns, &src_name),
         (&dv_ns, &dv_name),
-        uploader::token::now(),
+        token::now(),
     );
-    let signed = uploader::token::sign(&claims, &app.signing_key).map_err(|e| e.to_string());
+    let signed = token::sign(&claims, &app.signing_key).map_err(|e| e.to_string());
     let patched = signed.and_then(|t| {
         pass.clone()
             .with_patch(crate::datavolume::clone_token::patch(&dv, t))
@@ -472,13 +472,8 @@ async fn issue(
             ),
         ));
     }
-    let claims = uploader::token::Claims::upload(
-        namespace,
-        &pvc_name,
-        uploader::token::now(),
-        app.token_ttl,
-    );
-    let token = uploader::token::sign(&claims, &app.signing_key).map_err(|e| {
+    let claims = token::Claims::upload(namespace, &pvc_name, token::now(), app.token_ttl);
+    let token = token::sign(&claims, &app.signing_key).map_err(|e| {
         tracing::error!(error = %e, "signing the token failed");
         (
             StatusCode::INTERNAL_SERVER_ERROR,

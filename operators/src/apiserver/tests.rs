@@ -16,7 +16,7 @@ struct Fixture {
     url: String,
     cluster: ApiServer,
     ca: TestCa,
-    public_key: uploader::token::PublicKey,
+    public_key: token::PublicKey,
 }
 
 async fn start(allowed_names: &[&str]) -> Fixture {
@@ -33,7 +33,7 @@ async fn start(allowed_names: &[&str]) -> Fixture {
             allowed_names: allowed_names.iter().map(|s| s.to_string()).collect(),
             ..RequestHeaderConfig::default()
         },
-        signing_key: uploader::token::load_private_key(&signing_key).unwrap(),
+        signing_key: token::load_private_key(&signing_key).unwrap(),
         token_ttl: Duration::from_secs(300),
     };
     let bound = serve("127.0.0.1:0".parse().unwrap(), tls, app)
@@ -42,7 +42,7 @@ async fn start(allowed_names: &[&str]) -> Fixture {
     Fixture {
         url: format!("https://127.0.0.1:{}", bound.port()),
         cluster,
-        public_key: uploader::token::load_public_key(&public_key).unwrap(),
+        public_key: token::load_public_key(&public_key).unwrap(),
         ca,
     }
 }
@@ -133,7 +133,7 @@ async fn the_front_proxy_gets_a_token_the_proxy_accepts() {
     let body = json(resp).await;
     assert_eq!(body["kind"], "UploadTokenRequest");
     let token = body["status"]["token"].as_str().unwrap();
-    let claims = uploader::token::verify(token, &f.public_key, uploader::token::now()).unwrap();
+    let claims = token::verify(token, &f.public_key, token::now()).unwrap();
     assert_eq!(
         (claims.namespace.as_str(), claims.name.as_str()),
         ("vms", "disk")
@@ -417,7 +417,7 @@ async fn the_mutating_webhook_signs_a_clone_token_for_the_source_it_authorized()
     let token = patch[0]["value"][crate::datavolume::clone_token::ANN_CLONE_TOKEN]
         .as_str()
         .unwrap();
-    let claims = uploader::token::verify_signed(token, &f.public_key).unwrap();
+    let claims = token::verify_signed(token, &f.public_key).unwrap();
     assert_eq!(
         (
             claims.operation.as_str(),

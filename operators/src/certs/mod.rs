@@ -55,9 +55,9 @@ pub struct Outcome {
 pub async fn run(client: kube::Client, namespace: String, resync: Duration) -> Result<()> {
     let work = async {
         loop {
-            let wait = match reconcile(&client, &namespace, uploader::token::now()).await {
+            let wait = match reconcile(&client, &namespace, token::now()).await {
                 Ok(out) => {
-                    let until = out.plan.next.saturating_sub(uploader::token::now()).max(1);
+                    let until = out.plan.next.saturating_sub(token::now()).max(1);
                     let mut wait = resync.min(Duration::from_secs(until.unsigned_abs()));
                     if !out.missing.is_empty() {
                         wait = wait.min(WAIT_FOR_TARGETS);
@@ -75,7 +75,7 @@ pub async fn run(client: kube::Client, namespace: String, resync: Duration) -> R
     };
     tokio::select! {
         () = work => Ok(()),
-        () = uploader::net::terminated() => Ok(()),
+        () = netkit::runtime::terminated() => Ok(()),
     }
 }
 

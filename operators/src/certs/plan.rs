@@ -437,15 +437,15 @@ fn token_key(data: Option<&Data>) -> Result<Option<SecretWrite>> {
     let sound = data.is_some_and(|d| {
         let key = d
             .get(TLS_KEY)
-            .and_then(|k| uploader::token::private_key_from_pem(k, secret::UPLOAD_TOKEN_KEY).ok());
-        let public = key.and_then(|k| uploader::token::public_key_pem(&k).ok());
+            .and_then(|k| token::private_key_from_pem(k, secret::UPLOAD_TOKEN_KEY).ok());
+        let public = key.and_then(|k| token::public_key_pem(&k).ok());
         public.is_some() && public.as_ref() == d.get(PUBLIC_PEM)
     });
     if sound {
         return Ok(None);
     }
-    let (private, public) = uploader::token::generate()
-        .map_err(|e| crate::Error::Certificate(importer::error::chain(&e)))?;
+    let (private, public) =
+        token::generate().map_err(|e| crate::Error::Certificate(importer::error::chain(&e)))?;
     Ok(Some(SecretWrite {
         name: secret::UPLOAD_TOKEN_KEY.into(),
         type_: TYPE_OPAQUE,

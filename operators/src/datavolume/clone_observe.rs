@@ -193,7 +193,7 @@ pub async fn ensure_client_secret(
         .await?
         .and_then(|cm| cm.data?.remove(secret::BUNDLE_KEY))
         .ok_or_else(|| missing(secret::UPLOAD_SERVER_SIGNER_BUNDLE))?;
-    let now = uploader::token::now();
+    let now = token::now();
     let usage = pki::Usage::Client(plan::UPLOAD_PROXY_CLIENT_NAME.into());
     let made = pki::make_signed(&signer, &usage, now, now + CLIENT_CERT_LIFETIME)?;
     let data = BTreeMap::from([

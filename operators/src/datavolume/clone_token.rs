@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation};
-use uploader::token::{self, Claims, OPERATION_CLONE, PublicKey, Resource};
+use token::{self, Claims, OPERATION_CLONE, PublicKey, Resource};
 
 use super::clone::SourceKind;
 use super::source::CloneSource;
@@ -169,7 +169,7 @@ pub(crate) mod testing {
     use std::sync::OnceLock;
 
     use super::*;
-    use uploader::token::PrivateKey;
+    use token::PrivateKey;
 
     /// The creation time [`sign_for`] gives a DataVolume without one.
     pub const CREATED: i64 = 1_800_000_000;

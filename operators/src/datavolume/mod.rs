@@ -118,7 +118,7 @@ pub struct Config {
     pub image_pull_secrets: Vec<LocalObjectReference>,
     /// Checks the clone tokens the DataVolume webhook signs ([`clone_token`]); None: a clone
     /// from another namespace is refused.
-    pub clone_token_key: Option<uploader::token::PublicKey>,
+    pub clone_token_key: Option<token::PublicKey>,
 }
 
 impl Default for Config {

@@ -783,9 +783,8 @@ fn upload_pod_runs_the_upload_server_with_tls_and_the_service_maps_443() {
         port.target_port,
         Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(8443))
     );
-    // the upload proxy's default upstream dials this Service's port (https: 443)
-    let t = uploader::proxy::DEFAULT_TEMPLATE;
-    assert!(t.starts_with("https://") && t.ends_with(".svc"), "{t}");
+    // the upload proxy's default upstream (https://cdi-upload-{pvc}.{namespace}.svc) dials this
+    // port; the cluster suite's uploads through the proxy Service hold the two together
 }
 
 #[test]

@@ -58,7 +58,7 @@ pub async fn ensure(
     let existing = kubeops::get(&secrets, &service)
         .await?
         .map(|s| certs::text_data(&s));
-    let now = uploader::token::now();
+    let now = token::now();
     let plan = plan::upload_server_secret(
         existing.as_ref(),
         &signer,

@@ -362,7 +362,7 @@ async fn token_api(server: &KubeApiServer, client: Client) {
 /// bundle written, the caBundle of both APIServices and both webhook configurations set (and
 /// nothing missing), a second pass changing nothing; Secrets elsewhere are out of its reach.
 async fn cert_controller(admin: &Client, client: Client) {
-    let now = uploader::token::now();
+    let now = token::now();
     let first = operators::certs::reconcile(&client, NAMESPACE, now)
         .await
         .unwrap();

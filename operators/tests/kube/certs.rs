@@ -116,7 +116,7 @@ async fn the_cert_controller_fills_an_empty_namespace_and_renews_a_due_ca_keepin
 
     // The controller runs as its ServiceAccount with exactly the rights the report lists.
     let ctl = controller_client(&server, &admin, &ns).await;
-    let t0 = uploader::token::now();
+    let t0 = token::now();
     let out = certs::reconcile(&ctl, &ns, t0).await.unwrap();
     assert!(out.missing.is_empty(), "{:?}", out.missing);
     assert_eq!(out.injected.len(), 5, "{:?}", out.injected);
@@ -320,9 +320,7 @@ async fn a_token_from_the_aggregated_token_api_uploads_through_the_real_proxy() 
     let dir = tempfile::tempdir().unwrap();
 
     // The install's TLS, by the cert controller.
-    certs::reconcile(&admin, &ns, uploader::token::now())
-        .await
-        .unwrap();
+    certs::reconcile(&admin, &ns, token::now()).await.unwrap();
     let serving = secret_data(&admin, &ns, secret::APISERVER_CERT).await;
     let token_key = secret_data(&admin, &ns, secret::UPLOAD_TOKEN_KEY).await;
 
@@ -357,9 +355,7 @@ async fn a_token_from_the_aggregated_token_api_uploads_through_the_real_proxy() 
     for name in names::API_SERVICES {
         create(&api_services, api_service(name, &ns, port)).await;
     }
-    let out = certs::reconcile(&admin, &ns, uploader::token::now())
-        .await
-        .unwrap();
+    let out = certs::reconcile(&admin, &ns, token::now()).await.unwrap();
     assert_eq!(out.injected.len(), 2, "{out:?}");
     for name in names::API_SERVICES {
         wait_for(&format!("APIService {name} Available"), || async {
@@ -445,7 +441,7 @@ async fn upload_through_proxy(
         cert: signer["tls.crt"].clone(),
         key: signer["tls.key"].clone(),
     };
-    let now = uploader::token::now();
+    let now = token::now();
     let served = pki::make_signed(
         &signer,
         &pki::Usage::Server(vec!["localhost".into()]),
@@ -502,7 +498,7 @@ async fn upload_through_proxy(
         Some((cc.as_path(), ck.as_path())),
     )
     .unwrap();
-    let public_key = uploader::token::load_public_key(&file(dir, "token.pub", public_pem)).unwrap();
+    let public_key = token::load_public_key(&file(dir, "token.pub", public_pem)).unwrap();
     let routes = BTreeMap::from([(
         (users.to_string(), "disk".to_string()),
         format!("https://localhost:{upload_port}"),

@@ -125,11 +125,11 @@ async fn set_pvc_status(client: &Client, ns: &str, name: &str, capacity: u64) {
 }
 
 /// The key pair of clone tokens in these tests (made once).
-fn token_key() -> &'static uploader::token::PrivateKey {
-    static KEY: std::sync::OnceLock<uploader::token::PrivateKey> = std::sync::OnceLock::new();
+fn token_key() -> &'static token::PrivateKey {
+    static KEY: std::sync::OnceLock<token::PrivateKey> = std::sync::OnceLock::new();
     KEY.get_or_init(|| {
-        let (private, _) = uploader::token::generate().unwrap();
-        uploader::token::private_key_from_pem(&private, "test").unwrap()
+        let (private, _) = token::generate().unwrap();
+        token::private_key_from_pem(&private, "test").unwrap()
     })
 }
 
@@ -148,9 +148,9 @@ fn token_annotations(ns: &str, src_ns: &str) -> Value {
         return json!({});
     }
     let source = (src_ns, "golden-disk");
-    let now = uploader::token::now();
+    let now = token::now();
     let c = clone_token::claims(SourceKind::Pvc, source, (ns, "vm-disk"), now);
-    let t = uploader::token::sign(&c, token_key()).unwrap();
+    let t = token::sign(&c, token_key()).unwrap();
     json!({ clone_token::ANN_CLONE_TOKEN: t })
 }
 
@@ -512,7 +512,7 @@ async fn the_webhooks_clone_token_lets_the_controller_clone_and_a_datavolume_wit
     let class = class(&client, &ns, "copy").await;
     source_pvc(&client, &golden, &class).await;
     let mut key_config = config();
-    key_config.clone_token_key = Some(uploader::token::load_public_key(&public_key).unwrap());
+    key_config.clone_token_key = Some(token::load_public_key(&public_key).unwrap());
     let _running = start(&ns, key_config.clone(), None).await;
     let source = json!({"pvc": {"namespace": golden, "name": "golden-disk"}});
     let dv: DataVolume = serde_json::from_value(json!({
@@ -524,11 +524,8 @@ async fn the_webhooks_clone_token_lets_the_controller_clone_and_a_datavolume_wit
     .unwrap();
     let created = dvs.create(&PostParams::default(), &dv).await.unwrap();
     let token = &created.annotations()[clone_token::ANN_CLONE_TOKEN];
-    let claims = uploader::token::verify_signed(
-        token,
-        &uploader::token::load_public_key(&public_key).unwrap(),
-    )
-    .unwrap();
+    let claims =
+        token::verify_signed(token, &token::load_public_key(&public_key).unwrap()).unwrap();
     assert_eq!(
         (claims.namespace.as_str(), claims.name.as_str()),
         (golden.as_str(), "golden-disk")
@@ -606,7 +603,7 @@ async fn the_source_pods_client_certificate_is_issued_once_from_the_client_signe
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(admin.clone(), &golden);
     assert!(secrets.get_opt("t-uid-source-pod").await.unwrap().is_none());
 
-    operators::certs::reconcile(&admin, &install, uploader::token::now())
+    operators::certs::reconcile(&admin, &install, token::now())
         .await
         .unwrap();
     let name = ensure().await.unwrap();

@@ -45,11 +45,8 @@ fn an_empty_namespace_gets_every_signer_bundle_certificate_and_the_token_key() {
     assert_eq!(bundles, bundle_names());
     let now = apply(&Current::default(), &p);
     let token = &now.secrets[secret::UPLOAD_TOKEN_KEY];
-    let key = uploader::token::private_key_from_pem(&token[TLS_KEY], "test").unwrap();
-    assert_eq!(
-        uploader::token::public_key_pem(&key).unwrap(),
-        token[PUBLIC_PEM]
-    );
+    let key = token::private_key_from_pem(&token[TLS_KEY], "test").unwrap();
+    assert_eq!(token::public_key_pem(&key).unwrap(), token[PUBLIC_PEM]);
 }
 
 #[test]

@@ -32,7 +32,10 @@ pub use rsa::{PrivateKey, PublicKey};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use crate::error::{Error, Result, read_file};
+mod error;
+
+use error::read_file;
+pub use error::{Error, ErrorKind, Result};
 
 /// CDI's issuer of upload tokens.
 pub const ISSUER: &str = "cdi-apiserver";
@@ -346,10 +349,10 @@ mod tests {
         let t = token(&Claims::upload("vms", "disk", NOW, DEFAULT_TTL));
         assert!(verify(&t, &public(), NOW + 300 + 10).is_ok());
         let e = verify(&t, &public(), NOW + 300 + 11).unwrap_err();
-        assert_eq!(e.kind(), crate::ErrorKind::Unauthorized, "{e}");
+        assert_eq!(e.kind(), ErrorKind::Unauthorized, "{e}");
         assert!(e.to_string().contains("expired"), "{e}");
         let early = verify(&t, &public(), NOW - 11).unwrap_err();
-        assert_eq!(early.kind(), crate::ErrorKind::Unauthorized);
+        assert_eq!(early.kind(), ErrorKind::Unauthorized);
     }
 
     #[test]
@@ -358,13 +361,13 @@ mod tests {
         let other = keys().1.to_public_key();
         assert_eq!(
             verify(&t, &other, NOW).unwrap_err().kind(),
-            crate::ErrorKind::Unauthorized
+            ErrorKind::Unauthorized
         );
         let mut parts: Vec<String> = t.split('.').map(String::from).collect();
         let forged = Claims::upload("vms", "other", NOW, DEFAULT_TTL);
         parts[1] = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&forged).unwrap());
         let e = verify(&parts.join("."), &public(), NOW).unwrap_err();
-        assert_eq!(e.kind(), crate::ErrorKind::Unauthorized, "{e}");
+        assert_eq!(e.kind(), ErrorKind::Unauthorized, "{e}");
     }
 
     #[test]
@@ -377,7 +380,7 @@ mod tests {
         );
         assert_eq!(
             verify(&none, &public(), NOW).unwrap_err().kind(),
-            crate::ErrorKind::Unauthorized
+            ErrorKind::Unauthorized
         );
         for tweak in [
             |c: &mut Claims| c.operation = "Clone".into(),
@@ -388,7 +391,7 @@ mod tests {
             let mut c = claims.clone();
             tweak(&mut c);
             let e = verify(&token(&c), &public(), NOW).unwrap_err();
-            assert_eq!(e.kind(), crate::ErrorKind::Unauthorized, "{e}");
+            assert_eq!(e.kind(), ErrorKind::Unauthorized, "{e}");
         }
     }
 
@@ -406,7 +409,7 @@ mod tests {
         assert_eq!(verify_signed(&t, &public()).unwrap(), c);
         assert_eq!(
             verify(&t, &public(), NOW).unwrap_err().kind(),
-            crate::ErrorKind::Unauthorized
+            ErrorKind::Unauthorized
         );
         // Upload tokens carry no params field, as CDI's.
         let up = token(&Claims::upload("vms", "disk", NOW, DEFAULT_TTL));
@@ -421,7 +424,7 @@ mod tests {
         for t in ["", "abc", "a.b", "a.b.c.d", "!!.??.**", "e30.e30"] {
             assert_eq!(
                 verify(t, &public(), NOW).unwrap_err().kind(),
-                crate::ErrorKind::MalformedToken,
+                ErrorKind::MalformedToken,
                 "{t}"
             );
         }
@@ -449,6 +452,6 @@ mod tests {
         let t = sign(&Claims::upload("a", "b", NOW, DEFAULT_TTL), &k).unwrap();
         assert!(verify(&t, &p, NOW).is_ok());
         let e = load_public_key(&dir.path().join("k")).unwrap_err();
-        assert_eq!(e.kind(), crate::ErrorKind::InvalidInput);
+        assert_eq!(e.kind(), ErrorKind::InvalidInput);
     }
 }
