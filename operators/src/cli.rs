@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::cdiconfig::Overrides;
 use crate::datavolume::local::{self, ApplyOptions, Store};
-use crate::datavolume::{Config, RetryPolicy, UploadTls};
 use crate::error::{Error, Result};
 use crate::hostpath::objects::Settings;
 use crate::metrics::Metrics;
+use crate::settings::Overrides;
+use crate::settings::{Config, LiveSettings, RetryPolicy, UploadTls};
 
 /// `quarry controller`.
 #[derive(clap::Args, Debug)]
@@ -229,11 +229,11 @@ impl DataVolumeArgs {
             image: self
                 .image
                 .clone()
-                .unwrap_or_else(|| crate::deploy::DEFAULT_IMAGE.into()),
+                .unwrap_or_else(|| crate::names::DEFAULT_IMAGE.into()),
             pull_policy: self.pull_policy.clone(),
             filesystem_overhead: self
                 .filesystem_overhead
-                .unwrap_or(crate::datavolume::DEFAULT_FILESYSTEM_OVERHEAD),
+                .unwrap_or(crate::settings::DEFAULT_FILESYSTEM_OVERHEAD),
             filesystem_overhead_per_class: self.class_overhead.iter().cloned().collect(),
             default_storage_class: None,
             insecure_registries: self.insecure_registries.clone(),
@@ -339,7 +339,9 @@ async fn run_controller(which: Which, client: kube::Client, metrics: Arc<Metrics
                     .map_err(|e| crate::Error::Config(importer::error::chain(&e)))?;
                 config.clone_token_key = Some(key);
             }
-            crate::datavolume::controller::run(client, config, overrides, metrics, None).await
+            let live = Arc::new(LiveSettings::new(config, overrides));
+            let ctx = crate::datavolume::controller::Context::with_settings(client, live, metrics);
+            crate::process::cdi(Arc::new(ctx), None).await
         }
         Which::Hyperconverged(a) => {
             crate::hyperconverged::controller::run(client, a.namespace, metrics).await
@@ -351,7 +353,7 @@ async fn run_controller(which: Which, client: kube::Client, metrics: Arc<Metrics
             };
             let settings = Settings {
                 namespace: a.namespace,
-                image: image.unwrap_or_else(|| crate::deploy::DEFAULT_IMAGE.into()),
+                image: image.unwrap_or_else(|| crate::names::DEFAULT_IMAGE.into()),
                 registrar_image: a.registrar_image,
                 provisioner_image: a.provisioner_image,
                 snapshotter_image: a.snapshotter_image,
@@ -451,19 +453,10 @@ pub fn apply(args: &ApplyArgs) -> Result<bool> {
         .conditions
         .iter()
         .find(|c| c.type_ == "Ready")
-        .map(|c| reason_and_message(c.reason.as_deref(), c.message.as_deref()))
+        .map(|c| crate::api::reason_and_message(c.reason.as_deref(), c.message.as_deref()))
         .unwrap_or_default();
     eprintln!("datavolume/{name} {phase}: {why}");
     Ok(false)
-}
-
-/// A condition's `REASON: MESSAGE`, as `quarry apply` prints why an object is not done.
-pub fn reason_and_message(reason: Option<&str>, message: Option<&str>) -> String {
-    format!(
-        "{}: {}",
-        reason.unwrap_or_default(),
-        message.unwrap_or_default()
-    )
 }
 
 /// The `kind` a manifest file names, if it can be read.
@@ -642,7 +635,7 @@ pub struct GenDeployArgs {
     #[arg(long)]
     pub check: bool,
     /// The image of every component (kustomize `images:` can override it later).
-    #[arg(long, default_value = crate::deploy::DEFAULT_IMAGE)]
+    #[arg(long, default_value = crate::names::DEFAULT_IMAGE)]
     pub image: String,
 }
 
@@ -683,7 +676,7 @@ mod tests {
         assert_eq!(none.overrides(), Overrides::default());
         assert_eq!(
             none.config().filesystem_overhead,
-            crate::datavolume::DEFAULT_FILESYSTEM_OVERHEAD
+            crate::settings::DEFAULT_FILESYSTEM_OVERHEAD
         );
         let given = parse(&[
             "--filesystem-overhead",

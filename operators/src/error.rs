@@ -59,9 +59,10 @@ pub enum Error {
     /// The provisioner refused or failed (local mode).
     #[error(transparent)]
     Provisioner(#[from] provisioner::Error),
-    /// A DataImportCron's source could not be polled.
+    /// A DataImportCron's source could not be polled (a `golden::poll::PollError`, boxed so
+    /// this crate's error does not name the golden-image controllers').
     #[error(transparent)]
-    Poll(Box<crate::golden::poll::PollError>),
+    Poll(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// The network kit's errors: local I/O stays I/O; a bad certificate, key or address is the

@@ -20,6 +20,8 @@ pub mod metrics;
 #[cfg(test)]
 mod mockapi;
 pub mod names;
+pub mod process;
+pub mod settings;
 mod tls;
 
 pub use error::{Error, ErrorKind, Result};

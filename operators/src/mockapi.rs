@@ -24,7 +24,7 @@ const SILENCE: Duration = Duration::from_millis(300);
 pub struct ApiServer {
     handle: Handle,
     /// What the component under test may do.
-    access: crate::deploy::rbac::Access,
+    access: crate::api::rbac::Access,
 }
 
 /// The component whose code lives in `file` (a test's source file).
@@ -52,7 +52,7 @@ fn component_of(file: &str) -> &'static str {
 #[track_caller]
 pub fn pair() -> (Client, ApiServer) {
     let component = component_of(std::panic::Location::caller().file());
-    let access = crate::deploy::rbac::of(component).expect("every component has RBAC");
+    let access = crate::api::rbac::of(component).expect("every component has RBAC");
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     (
         Client::new(service, "default"),
@@ -90,9 +90,9 @@ impl ApiServer {
             "unexpected request"
         );
         let query = req.uri().query().unwrap_or_default().to_string();
-        if let Some(r) = crate::deploy::rbac::request(req.method(), req.uri().path(), &query) {
+        if let Some(r) = crate::api::rbac::request(req.method(), req.uri().path(), &query) {
             assert!(
-                crate::deploy::rbac::allows(&self.access, &r, None),
+                crate::api::rbac::allows(&self.access, &r, None),
                 "{}'s generated RBAC does not grant {r}",
                 self.access.component
             );

@@ -2,6 +2,12 @@
 //! controllers and the servers refer to one another's objects by these, so each is written once.
 //! Every object lives in [`NAMESPACE`] unless it is cluster-scoped.
 
+/// The image every component runs (`gen-deploy --image`, or kustomize `images:`).
+pub const DEFAULT_IMAGE: &str = "quay.io/quarry/quarry:latest";
+
+/// The API group of CDI's upload token API, served by `quarry apiserver`.
+pub const UPLOAD_API_GROUP: &str = "upload.cdi.kubevirt.io";
+
 /// The namespace of every Quarry component.
 pub const NAMESPACE: &str = "quarry";
 
@@ -16,6 +22,16 @@ pub mod component {
     /// `quarry controller datasource` run on its own (the bundle runs DataSources inside the
     /// DataVolume controller's process, under its ServiceAccount); its Lease name.
     pub const DATASOURCE_CONTROLLER: &str = "quarry-datasource-controller";
+}
+
+/// The CSI driver's objects, which the HostPathProvisioner controller makes.
+pub mod csi {
+    /// Name of the DaemonSet and ServiceAccount.
+    pub const DRIVER_APP: &str = "quarry-csi";
+    /// Name of the pool ConfigMap.
+    pub const POOLS_CONFIG_MAP: &str = "quarry-csi-pools";
+    /// Name of the ClusterRole and its binding.
+    pub const CLUSTER_ROLE: &str = "quarry-csi-provisioner";
 }
 
 /// Services, in [`NAMESPACE`]; each serves HTTPS on port 443.
@@ -34,8 +50,9 @@ pub const API_SERVICES: [&str; 2] = [
 
 /// `ValidatingWebhookConfiguration`s, and the paths their servers answer on.
 pub mod webhook {
-    /// Served by the HyperConverged controller at `hyperconverged::webhook::PATH`.
+    /// Served by the HyperConverged controller at [`HYPERCONVERGED_PATH`] (HCO's path).
     pub const HYPERCONVERGED_CONFIG: &str = "quarry-hyperconverged-validator";
+    pub const HYPERCONVERGED_PATH: &str = "/validate-hco-kubevirt-io-v1beta1-hyperconverged";
     /// Served by `quarry apiserver` at [`DATAVOLUME_PATH`] (CDI's cdi-apiserver serves it too).
     pub const DATAVOLUME_CONFIG: &str = "quarry-datavolume-validator";
     pub const DATAVOLUME_PATH: &str = "/datavolume-validate";

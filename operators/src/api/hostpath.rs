@@ -119,6 +119,23 @@ pub struct OperatorCondition {
     pub last_transition_time: Option<Time>,
 }
 
+impl HostPathProvisioner {
+    /// The HostPathProvisioner `hostpath-provisioner` (HPP's default CR name) with one pool.
+    pub fn with_pool(pool: &str, path: &str) -> Self {
+        HostPathProvisioner::new(
+            "hostpath-provisioner",
+            HostPathProvisionerSpec {
+                storage_pools: vec![StoragePool {
+                    name: pool.into(),
+                    path: path.into(),
+                    pvc_template: None,
+                }],
+                ..Default::default()
+            },
+        )
+    }
+}
+
 impl OperatorCondition {
     /// Sets condition `type_` in `conds` (added when missing): the heartbeat moves at every set,
     /// the transition time only when the status changes.

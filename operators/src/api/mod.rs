@@ -4,10 +4,13 @@
 //! objects ([`DataSource`], [`DataImportCron`]).
 
 pub mod cdi;
+pub mod children;
 pub mod datavolume;
+pub mod duration;
 pub mod golden;
 pub mod hostpath;
 pub mod hyperconverged;
+pub mod rbac;
 pub mod snapshot;
 
 pub use cdi::{Cdi, CdiConfig, CdiConfigSpec, CdiConfigStatus, StorageProfile};
@@ -15,3 +18,12 @@ pub use datavolume::{DataVolume, DataVolumeSpec, DataVolumeStatus, Phase};
 pub use golden::{DataImportCron, DataImportCronSpec, DataSource, DataSourceSpec};
 pub use hostpath::{HostPathProvisioner, HostPathProvisionerSpec, HostPathProvisionerStatus};
 pub use hyperconverged::{HyperConverged, HyperConvergedSpec, HyperConvergedStatus};
+
+/// A condition's `REASON: MESSAGE`, as `quarry apply` prints why an object is not done.
+pub fn reason_and_message(reason: Option<&str>, message: Option<&str>) -> String {
+    format!(
+        "{}: {}",
+        reason.unwrap_or_default(),
+        message.unwrap_or_default()
+    )
+}

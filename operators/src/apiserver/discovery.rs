@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 /// The API group.
-pub const GROUP: &str = "upload.cdi.kubevirt.io";
+use crate::names::UPLOAD_API_GROUP as GROUP;
 /// The versions served, preferred first.
 pub const VERSIONS: [&str; 2] = ["v1beta1", "v1alpha1"];
 /// The one resource.

@@ -40,11 +40,14 @@ use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
 use auth::RequestHeaderConfig;
-pub use discovery::{GROUP, RESOURCE, VERSIONS};
+pub use discovery::{RESOURCE, VERSIONS};
+
+use crate::names::UPLOAD_API_GROUP as GROUP;
 
 use crate::datavolume::ANN_UPLOAD_TARGET as UPLOAD_TARGET_ANNOTATION;
-use crate::datavolume::{Config as DataVolumeConfig, admission};
+use crate::datavolume::admission;
 use crate::names::webhook::{DATAVOLUME_MUTATE_PATH, DATAVOLUME_PATH};
+use crate::settings::Config as DataVolumeConfig;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 

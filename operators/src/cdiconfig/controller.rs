@@ -1,8 +1,8 @@
 //! The CDIConfig and StorageProfile reconcilers. Each reconciles everything it keeps at once
 //! (one CDIConfig; a handful of StorageClasses), whenever an object it watches changes and every
-//! few minutes; changes that arrive together make one pass. Decisions are [`super::settings`]'
+//! few minutes; changes that arrive together make one pass. Decisions are [`crate::settings`]'
 //! and [`super::profile`]'s; this module reads, writes and hands the settings in force to the
-//! DataVolume reconciles ([`Context::set_settings`]).
+//! DataVolume reconciles ([`LiveSettings::set`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -20,11 +20,12 @@ use serde::de::DeserializeOwned;
 
 use super::cdi_status::{COMPONENTS, cdi_status};
 use super::profile::profile_status;
-use super::settings::{active_cdi, config_status, effective};
 use crate::api::cdi::{CDI_CONFIG_NAME, StorageProfileSpec, cdi_labels};
 use crate::api::{Cdi, CdiConfig, StorageProfile};
-use crate::datavolume::controller::Context;
 use crate::error::{Error, ErrorKind, Result};
+use crate::metrics::Metrics;
+use crate::settings::LiveSettings;
+use crate::settings::{active_cdi, config_status, effective};
 use crate::{kubeops, names};
 
 /// Name of the CDIConfig reconciler in metrics, its field manager and logs.
@@ -35,6 +36,14 @@ pub const PROFILE_CONTROLLER: &str = "storageprofile";
 const RESYNC: Duration = Duration::from_secs(300);
 /// The wait after a failed pass.
 const RETRY: Duration = Duration::from_secs(5);
+
+/// What both reconcilers share.
+pub struct Context {
+    pub client: Client,
+    pub metrics: Arc<Metrics>,
+    /// Where the CDIConfig reconciler puts the settings in force, for the DataVolume reconciles.
+    pub settings: Arc<LiveSettings>,
+}
 
 /// One trigger per change of `api`'s objects.
 fn changes<K>(api: Api<K>) -> BoxStream<'static, ()>
@@ -100,7 +109,11 @@ pub async fn reconcile_config(ctx: &Context) -> Result<()> {
             .map(|c| c.spec.clone())
             .unwrap_or_default(),
     };
-    let settings = effective(&ctx.config, active.map(|_| &spec), &ctx.overrides);
+    let settings = effective(
+        &ctx.settings.base,
+        active.map(|_| &spec),
+        &ctx.settings.overrides,
+    );
     let classes = Api::<StorageClass>::all(client.clone())
         .list(&Default::default())
         .await?
@@ -114,7 +127,7 @@ pub async fn reconcile_config(ctx: &Context) -> Result<()> {
         &ingresses,
         names::service::UPLOAD_PROXY,
     );
-    ctx.set_settings(settings);
+    ctx.settings.set(settings);
     if let Some(cr) = active {
         reconcile_cdi_status(&ctx.client, cr).await?;
     }
@@ -279,11 +292,15 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::datavolume::Config;
+    use crate::settings::Config;
 
     #[tokio::test]
     async fn a_transient_failure_runs_again_without_a_new_trigger() {
-        let ctx = Context::new(crate::mockapi::pair().0, Config::default(), Arc::default());
+        let ctx = Context {
+            client: crate::mockapi::pair().0,
+            metrics: Arc::default(),
+            settings: Arc::new(LiveSettings::new(Config::default(), Default::default())),
+        };
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let outcomes = Mutex::new(vec![
             Ok(()),

@@ -14,9 +14,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::pki::{self, CertInfo, Pair, Usage};
+use crate::api::duration::parse_go_duration;
 use crate::api::hyperconverged::{CertConfig, CertRotation};
 use crate::error::Result;
-use crate::hyperconverged::webhook::go_duration;
 use crate::names::{secret, service};
 
 /// CDI's common name of the upload proxy's client certificate (upload servers check it).
@@ -71,7 +71,8 @@ impl Durations {
             let given = given.clone().unwrap_or_default();
             let parse = |v: &Option<String>, field: &str, default: Duration| match v {
                 None => Ok(default),
-                Some(s) => go_duration(s)
+                Some(s) => parse_go_duration(s)
+                    .ok()
                     .filter(|d| *d > 0.0)
                     .map(Duration::from_secs_f64)
                     .ok_or_else(|| {

@@ -25,8 +25,9 @@ use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 
 use super::clone::{SourceKind, clone_authorized, clone_reviews};
-use super::{Config, validate};
+use super::validate;
 use crate::api::DataVolume;
+use crate::settings::Config;
 
 /// CDI's message for a changed spec.
 pub const SPEC_CHANGE_REFUSED: &str = "Cannot update DataVolume Spec";

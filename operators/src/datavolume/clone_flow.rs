@@ -64,7 +64,7 @@ pub mod event {
 }
 
 /// Why a host-assisted clone waits when upload servers share one TLS Secret
-/// ([`crate::datavolume::UploadTls::Shared`]): its clone source pod would have no CA to trust
+/// ([`crate::settings::UploadTls::Shared`]): its clone source pod would have no CA to trust
 /// the upload server with and no client certificate it accepts (the proxy's client CA signs
 /// none for it).
 pub const SHARED_TLS_REFUSED: &str = "A host-assisted clone needs per-pod upload TLS \
@@ -460,8 +460,10 @@ fn host_assisted(
     from: &str,
     into: &str,
 ) {
-    if matches!(cx.cfg.upload_tls, Some(super::UploadTls::Shared { .. }))
-        && cx.obs.clone.source_pod.is_none()
+    if matches!(
+        cx.cfg.upload_tls,
+        Some(crate::settings::UploadTls::Shared { .. })
+    ) && cx.obs.clone.source_pod.is_none()
     {
         super::decide::wait_for_source(
             cx,
@@ -610,8 +612,9 @@ mod tests {
     use crate::datavolume::clone_token::testing::{config as token_config, sign_for};
     use crate::datavolume::decide::{Decision, Observed, decide};
     use crate::datavolume::pod::SourceRefs;
+    use crate::datavolume::status;
     use crate::datavolume::tests::events;
-    use crate::datavolume::{Config, status};
+    use crate::settings::Config;
 
     const GI: u64 = 1 << 30;
     const DRIVER: &str = "kubevirt.io.hostpath-provisioner";
@@ -948,7 +951,7 @@ mod tests {
         assert_eq!(args[0], "resize-disk");
         assert_eq!(
             args[4],
-            usable_space(want, crate::datavolume::DEFAULT_FILESYSTEM_OVERHEAD).to_string()
+            usable_space(want, crate::settings::DEFAULT_FILESYSTEM_OVERHEAD).to_string()
         );
         // Grown: done, the pod goes.
         let resize = CloneObserved {
@@ -1157,7 +1160,7 @@ mod tests {
     fn shared_upload_tls_refuses_a_host_assisted_clone_clearly_and_creates_nothing() {
         let mut dv = pvc_clone("golden");
         let cfg = Config {
-            upload_tls: Some(crate::datavolume::UploadTls::Shared {
+            upload_tls: Some(crate::settings::UploadTls::Shared {
                 secret: "upload-tls".into(),
                 client_ca_config_map: None,
             }),

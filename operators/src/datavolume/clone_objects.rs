@@ -16,9 +16,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::clone::Strategy;
 use super::pod::{self, BLOCK_DEVICE, DISK_IMG, TLS_DIR};
 use super::pvc::{ALIGN, Claim, VolumeMode, desired_pvc};
-use super::{Config, labels, name, owner_ref};
+use super::{labels, name, owner_ref};
 use crate::api::DataVolume;
 use crate::api::snapshot::{self, VolumeSnapshot, VolumeSnapshotSource, VolumeSnapshotSpec};
+use crate::settings::Config;
 
 /// The node a PVC's volume was provisioned on (the scheduler's annotation, CDI's
 /// `AnnSelectedNode`); a hostpath volume lives there only.
@@ -395,7 +396,7 @@ mod tests {
             tls_secret: tls,
         };
         let cfg = Config {
-            upload_tls: tls.map(|_| crate::datavolume::UploadTls::Issued {
+            upload_tls: tls.map(|_| crate::settings::UploadTls::Issued {
                 namespace: "quarry".into(),
             }),
             ..Config::default()

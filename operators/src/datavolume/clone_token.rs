@@ -182,8 +182,8 @@ pub(crate) mod testing {
     }
 
     /// The controller settings that check tokens with the first key.
-    pub fn config() -> super::super::Config {
-        super::super::Config {
+    pub fn config() -> crate::settings::Config {
+        crate::settings::Config {
             clone_token_key: Some(keys().0.to_public_key()),
             ..Default::default()
         }

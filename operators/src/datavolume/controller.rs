@@ -11,7 +11,7 @@
 //! interval whatever else triggers reconciles.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
@@ -33,14 +33,15 @@ use super::pvc::StorageDefaults;
 use super::source::CloneSource;
 use super::source::{Source, source};
 use super::status::{CLONE_PROGRESS, IMPORT_PROGRESS, parse_counter};
-use super::{ANN_OWNED_BY, Action, Config, FINALIZER, Observed, UploadTls, decide, name};
+use super::{ANN_OWNED_BY, Action, FINALIZER, Observed, decide, name};
 use crate::api::datavolume::{ContentType, DataVolumeSourceRef};
 use crate::api::golden::DataSource;
 use crate::api::snapshot::VolumeSnapshot;
 use crate::api::{DataVolume, StorageProfile};
-use crate::cdiconfig::{Overrides, settings::default_class};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+use crate::settings::{Config, UploadTls};
+use crate::settings::{LiveSettings, Overrides, default_class};
 use crate::{kubeops, names};
 
 /// Name in metrics, events, the field manager and the user agent.
@@ -50,12 +51,8 @@ pub const CONTROLLER: &str = "datavolume";
 pub struct Context {
     /// The API client.
     pub client: Client,
-    /// The settings without a CDI CR: the flags and their defaults.
-    pub config: Config,
-    /// The flags given explicitly: they win over the CDI CR.
-    pub overrides: Overrides,
-    /// The settings in force (what the CDIConfig reconciler last derived; `config` until then).
-    live: RwLock<Arc<Config>>,
+    /// The settings in force (what the CDIConfig reconciler last derived; the flags' until then).
+    pub live: Arc<LiveSettings>,
     /// Reconcile metrics.
     pub metrics: Arc<Metrics>,
     /// Client for importer metrics endpoints.
@@ -74,8 +71,14 @@ pub struct Context {
 }
 
 impl Context {
-    /// A context for `client`.
+    /// A context for `client` with fixed settings (no CDIConfig reconciler beside it).
     pub fn new(client: Client, config: Config, metrics: Arc<Metrics>) -> Self {
+        let live = Arc::new(LiveSettings::new(config, Overrides::default()));
+        Context::with_settings(client, live, metrics)
+    }
+
+    /// A context for `client` reading the settings `live` (which a CDIConfig reconciler keeps).
+    pub fn with_settings(client: Client, live: Arc<LiveSettings>, metrics: Arc<Metrics>) -> Self {
         netkit::install_tls_provider();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(3))
@@ -83,9 +86,7 @@ impl Context {
             .unwrap_or_default();
         Context {
             client,
-            live: RwLock::new(Arc::new(config.clone())),
-            config,
-            overrides: Overrides::default(),
+            live,
             metrics,
             http,
             manager: kubeops::manager(CONTROLLER),
@@ -98,17 +99,7 @@ impl Context {
 
     /// The settings in force.
     pub fn settings(&self) -> Arc<Config> {
-        self.live.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Replaces the settings in force (the CDIConfig reconciler's result).
-    pub fn set_settings(&self, config: Config) {
-        let mut live = self.live.write().unwrap_or_else(|e| e.into_inner());
-        if **live != config {
-            // Not the settings themselves: proxy URLs may carry credentials.
-            tracing::info!("the settings in force changed");
-            *live = Arc::new(config);
-        }
+        self.live.get()
     }
 
     /// Whether the import of `uid` is due for a progress scrape (and if so, records it).
@@ -346,7 +337,7 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
 
     // An upload server's certificate before its pod, which mounts it; kept current while the
     // pod lives.
-    if let Some(UploadTls::Issued { namespace }) = &ctx.config.upload_tls
+    if let Some(UploadTls::Issued { namespace }) = &ctx.live.base.upload_tls
         && upload
         && !finished
         && (pod.is_some()
@@ -488,7 +479,7 @@ async fn observe_clone(
             .and_then(|p| p.storage_class_name.clone())
     });
     let mut o = super::clone_observe::observe(&ctx.client, dv, c, target, class.as_deref()).await?;
-    if let Some(UploadTls::Issued { namespace }) = &ctx.config.upload_tls
+    if let Some(UploadTls::Issued { namespace }) = &ctx.live.base.upload_tls
         && upload_pod.is_some()
         && let Some(uid) = target.and_then(|t| t.metadata.uid.as_deref())
     {
@@ -715,52 +706,9 @@ fn owner_of(pvc: PersistentVolumeClaim) -> Option<ObjectRef<DataVolume>> {
     Some(ObjectRef::new(name).within(ns))
 }
 
-/// Runs the controller until the process is stopped, over every namespace (`namespace` None)
-/// or one, with the CDIConfig and StorageProfile reconcilers beside it (as CDI's
-/// cdi-deployment runs them). `overrides`: the flags given explicitly.
-pub async fn run(
-    client: Client,
-    config: Config,
-    overrides: Overrides,
-    metrics: Arc<Metrics>,
-    namespace: Option<&str>,
-) {
-    let mut ctx = Context::new(client, config, metrics);
-    ctx.overrides = overrides;
-    run_all(Arc::new(ctx), namespace).await
-}
-
-/// [`run_with`] and the CDIConfig and StorageProfile reconcilers on the same context.
-pub async fn run_all(ctx: Arc<Context>, namespace: Option<&str>) {
-    use crate::cdiconfig::controller::{run_config, run_profiles};
-    let config = tokio::spawn(run_config(ctx.clone()));
-    let profiles = tokio::spawn(run_profiles(ctx.clone()));
-    // DataSources too, as CDI's controller process keeps them (their Ready condition is what a
-    // DataVolume's sourceRef waits for).
-    let scope = namespace.map(str::to_string);
-    let (client, metrics) = (ctx.client.clone(), ctx.metrics.clone());
-    let data_sources = tokio::spawn(async move {
-        crate::golden::controller::run(client, metrics, scope.as_deref()).await
-    });
-    // DataImportCrons too, as CDI's controller process runs them.
-    let cron_ctx = Arc::new(crate::golden::cron_controller::Context {
-        client: ctx.client.clone(),
-        metrics: ctx.metrics.clone(),
-        insecure_registries: ctx.settings().insecure_registries.clone(),
-    });
-    let scope = namespace.map(str::to_string);
-    let crons = tokio::spawn(async move {
-        crate::golden::cron_controller::run(cron_ctx, scope.as_deref()).await
-    });
-    run_with(ctx, namespace).await;
-    config.abort();
-    profiles.abort();
-    data_sources.abort();
-    crons.abort();
-}
-
-/// [`run`] with a prepared context: the DataVolume reconciler alone.
-pub async fn run_with(ctx: Arc<Context>, namespace: Option<&str>) {
+/// Runs the DataVolume reconciler until the process is stopped, over every namespace
+/// (`namespace` None) or one. [`crate::process::cdi`] runs it with its neighbours.
+pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
     use kubeops::scoped as api;
     let client = ctx.client.clone();
     let dvs: Api<DataVolume> = api(&client, namespace);

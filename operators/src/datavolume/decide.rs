@@ -14,15 +14,16 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::clone::SourceRef;
 use super::clone_flow::CloneObserved;
+use super::name;
 use super::pod::{self, SourceRefs};
 use super::pvc::{self, Claim, StorageDefaults};
 use super::retry::classify;
 use super::source::{self, Source};
 use super::status::{self, PROGRESS_UNKNOWN, reason};
-use super::{Config, name};
 use crate::api::datavolume::{DataVolumeSource, DataVolumeSpec, DataVolumeStatus, condition};
 use crate::api::{DataVolume, Phase};
 use crate::error::Error;
+use crate::settings::Config;
 
 /// What the controller saw of the DataVolume's objects.
 #[derive(Debug, Clone)]

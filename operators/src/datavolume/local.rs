@@ -26,9 +26,10 @@ use provisioner::{CapacityRange, CreateVolume, PoolConfig, Provisioner};
 use super::pod::{SourceRefs, importer_pod_name};
 use super::pvc::{Claim, StorageDefaults, VolumeMode, claim};
 use super::source::{ImportSource, Source, SourceKind, header, source};
-use super::{Action, Config, Observed, RetryPolicy, decide, name};
+use super::{Action, Observed, decide, name};
 use crate::api::{DataVolume, Phase};
 use crate::error::{Error, Result};
+use crate::settings::{Config, RetryPolicy};
 
 /// Where local DataVolumes live by default (`$QUARRY_STATE_DIR` overrides it).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/quarry";

@@ -13,7 +13,6 @@ use provisioner::meta::ContentSource;
 use provisioner::meta::VolumeMode as PoolMode;
 use provisioner::{CapacityRange, CreateVolume, Provisioner};
 
-use super::Config;
 use super::clone::{SourceRef, reason as clone_reason, resolve_source_ref};
 use super::local::{ApplyOptions, Store};
 use super::pvc::{Claim, StorageDefaults, VolumeMode, claim};
@@ -24,6 +23,7 @@ use crate::api::{DataVolume, Phase};
 use crate::error::{Error, Result};
 use crate::golden::local_datasource::{refresh, volume_id};
 use crate::golden::local_store::ObjectStore;
+use crate::settings::Config;
 
 /// True when the DataVolume clones (a PVC or snapshot source, or a sourceRef).
 pub fn is_clone(dv: &DataVolume) -> bool {

@@ -18,8 +18,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::pvc::{Claim, VolumeMode};
 use super::source::{ImportSource, SourceKind};
-use super::{Config, UploadTls, labels, name};
+use super::{labels, name};
 use crate::api::DataVolume;
+use crate::settings::{Config, UploadTls, default_resources};
 
 /// Where a filesystem volume is mounted in the pod.
 pub const DATA_DIR: &str = "/data";
@@ -236,11 +237,7 @@ pub(super) fn pod(
     c.image = Some(cfg.image.clone());
     c.image_pull_policy = cfg.pull_policy.clone();
     c.command = Some(vec!["quarry".into()]);
-    c.resources = Some(
-        cfg.resources
-            .clone()
-            .unwrap_or_else(super::default_resources),
-    );
+    c.resources = Some(cfg.resources.clone().unwrap_or_else(default_resources));
     c.termination_message_policy = Some("FallbackToLogsOnError".into());
     c.security_context = Some(restricted_container());
     let mut meta_labels = labels(dv);

@@ -10,10 +10,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::{Config, labels};
+use super::labels;
 use crate::api::DataVolume;
 use crate::api::cdi::StorageProfileStatus;
 use crate::error::{Error, Result};
+use crate::settings::Config;
 
 /// CDI aligns requested sizes to this before adding the filesystem overhead.
 pub const ALIGN: u64 = 1 << 20;

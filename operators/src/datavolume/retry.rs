@@ -2,43 +2,7 @@
 //! (10-15 terminal, 20-21 retryable, see the README's exit codes); retryable failures are retried
 //! with an exponential back-off, capped in delay and in count.
 
-use std::time::Duration;
-
 use importer::ErrorKind;
-
-/// Back-off and bound of retries.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Delay before the first retry; doubled for each further one.
-    pub base_delay: Duration,
-    /// Longest delay between two attempts.
-    pub max_delay: Duration,
-    /// Attempts after the first one; then the DataVolume fails.
-    pub max_restarts: u32,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            base_delay: Duration::from_secs(10),
-            max_delay: Duration::from_secs(300),
-            max_restarts: 10,
-        }
-    }
-}
-
-impl RetryPolicy {
-    /// Delay before restart number `restart` (1 for the first retry).
-    pub fn delay(&self, restart: u32) -> Duration {
-        let factor = 1u32
-            .checked_shl(restart.saturating_sub(1))
-            .unwrap_or(u32::MAX);
-        self.base_delay
-            .checked_mul(factor)
-            .unwrap_or(self.max_delay)
-            .min(self.max_delay)
-    }
-}
 
 /// How a finished pod failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,17 +63,5 @@ mod tests {
         for code in [20, 21, 1, 137, 255] {
             assert!(classify(code).retryable, "{code}");
         }
-    }
-
-    #[test]
-    fn back_off_doubles_up_to_the_cap() {
-        let p = RetryPolicy {
-            base_delay: Duration::from_secs(10),
-            max_delay: Duration::from_secs(60),
-            max_restarts: 5,
-        };
-        let d: Vec<u64> = (1..=6).map(|n| p.delay(n).as_secs()).collect();
-        assert_eq!(d, [10, 20, 40, 60, 60, 60]);
-        assert_eq!(p.delay(1000), Duration::from_secs(60));
     }
 }

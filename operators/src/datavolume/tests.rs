@@ -19,6 +19,7 @@ use crate::api::datavolume::{
     DataVolumeSource, Empty, SourceHttp, SourceRegistry, SourceS3, StorageSpec,
 };
 use crate::api::{DataVolumeSpec, Phase};
+use crate::settings::{Config, RetryPolicy, UploadTls, default_resources};
 
 const UID: &str = "6b2f2c1e-0000-4000-8000-000000000001";
 const SHA: &str = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
@@ -921,7 +922,7 @@ fn importer_pods_get_the_import_proxy_resources_pull_secrets_and_global_prealloc
             no_proxy: Some(String::new()),
             trusted_ca_proxy: Some("proxy-ca".into()),
         },
-        resources: Some(crate::cdiconfig::settings::pod_resources(None)),
+        resources: Some(crate::settings::pod_resources(None)),
         image_pull_secrets: vec![k8s_openapi::api::core::v1::LocalObjectReference {
             name: "pull".into(),
         }],

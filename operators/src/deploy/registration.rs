@@ -8,10 +8,10 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use serde_json::json;
 
-use crate::apiserver::GROUP;
+use crate::names::UPLOAD_API_GROUP as GROUP;
 use crate::names::{self, NAMESPACE, component, service, webhook};
 
-use super::rbac::meta;
+use crate::api::rbac::meta;
 
 /// One `APIService` per version of `upload.cdi.kubevirt.io`, with CDI's priorities.
 pub fn api_services() -> Vec<APIService> {
@@ -67,7 +67,7 @@ pub fn webhooks() -> Vec<ValidatingWebhookConfiguration> {
             component::HYPERCONVERGED_CONTROLLER,
             "validate-hco.kubevirt.io",
             service::HYPERCONVERGED_WEBHOOK,
-            crate::hyperconverged::webhook::PATH,
+            crate::names::webhook::HYPERCONVERGED_PATH,
             json!({"apiGroups": ["hco.kubevirt.io"], "apiVersions": ["v1beta1"],
                    "operations": ["CREATE", "UPDATE", "DELETE"],
                    "resources": ["hyperconvergeds"], "scope": "Namespaced"}),

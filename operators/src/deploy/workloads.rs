@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::names::{NAMESPACE, component, secret, service};
 
-use super::rbac::meta;
+use crate::api::rbac::meta;
 
 /// The image's non-root user (CDI's UID, which the image's files belong to).
 pub const UID: i64 = 107;

@@ -31,10 +31,10 @@ use crate::api::golden::{DATA_IMPORT_CRON_LABEL, DataImportCron, DataSource, Ret
 use crate::datavolume::local::{self, ApplyOptions};
 use crate::datavolume::pvc::{StorageDefaults, claim};
 use crate::datavolume::source::{ImportSource, Source, source};
-use crate::datavolume::{Config, RetryPolicy};
 use crate::error::{Error, Result};
 use crate::kubeops;
 use crate::metrics::Metrics;
+use crate::settings::{Config, RetryPolicy};
 
 /// Name in metrics, logs and the field manager.
 pub const CONTROLLER: &str = "dataimportcron";

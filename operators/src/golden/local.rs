@@ -17,11 +17,11 @@ use super::local_store::ObjectStore;
 use super::poll::poll;
 use crate::api::golden::{DATA_IMPORT_CRON_LABEL, DataImportCron, DataSource};
 use crate::api::{DataVolume, Phase};
-use crate::datavolume::Config;
 use crate::datavolume::local::{self, ApplyOptions};
 use crate::datavolume::pvc::{StorageDefaults, claim};
 use crate::datavolume::source::{Source, source};
 use crate::error::{Error, Result};
+use crate::settings::Config;
 
 /// What one cycle did.
 #[derive(Debug, Clone)]

@@ -105,7 +105,7 @@ pub fn apply_manifest(file: &Path, opts: &crate::datavolume::local::ApplyOptions
         .iter()
         .flat_map(|s| &s.conditions)
         .find(|c| c.type_ == crate::api::golden::condition::READY)
-        .map(|c| crate::cli::reason_and_message(c.reason.as_deref(), c.message.as_deref()))
+        .map(|c| crate::api::reason_and_message(c.reason.as_deref(), c.message.as_deref()))
         .unwrap_or_default();
     eprintln!(
         "datasource/{name} {}: {why}",

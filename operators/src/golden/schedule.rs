@@ -14,6 +14,8 @@ use k8s_openapi::jiff::civil::DateTime;
 use k8s_openapi::jiff::tz::TimeZone;
 use k8s_openapi::jiff::{Timestamp, ToSpan};
 
+use crate::api::duration::parse_go_duration;
+
 /// Why a schedule was refused; the message names the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ScheduleError {
@@ -143,7 +145,7 @@ impl Schedule {
             text = after.trim();
         }
         if let Some(d) = text.strip_prefix("@every ") {
-            let secs = go_duration_secs(d.trim()).map_err(|problem| ScheduleError::Every {
+            let secs = every_secs(d.trim()).map_err(|problem| ScheduleError::Every {
                 schedule: schedule.into(),
                 value: d.trim().into(),
                 problem,
@@ -247,40 +249,14 @@ impl Schedule {
     }
 }
 
-/// Go's `time.ParseDuration` for `@every`, in whole seconds (robfig/cron rounds a delay below a
-/// second up to one, and drops fractions): units `h`, `m`, `s`, `ms`, `us`, `ns`, combined.
-fn go_duration_secs(text: &str) -> Result<i64, String> {
-    if text.is_empty() {
-        return Err("empty duration".into());
-    }
-    let mut nanos: f64 = 0.0;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let num_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("{rest:?} has no unit (h, m, s, ms, us, ns)"))?;
-        let value: f64 = rest[..num_end]
-            .parse()
-            .map_err(|_| format!("{:?} is not a number", &rest[..num_end]))?;
-        let unit_end = rest[num_end..]
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .map_or(rest.len(), |i| num_end + i);
-        let scale = match &rest[num_end..unit_end] {
-            "h" => 3.6e12,
-            "m" => 6e10,
-            "s" => 1e9,
-            "ms" => 1e6,
-            "us" | "µs" => 1e3,
-            "ns" => 1.0,
-            u => return Err(format!("unknown unit {u:?}")),
-        };
-        nanos += value * scale;
-        rest = &rest[unit_end..];
-    }
-    if nanos <= 0.0 {
+/// `@every`'s delay in whole seconds: robfig/cron rounds a delay below a second up to one, and
+/// drops fractions.
+fn every_secs(text: &str) -> Result<i64, String> {
+    let seconds = parse_go_duration(text)?;
+    if seconds <= 0.0 {
         return Err("the duration must be positive".into());
     }
-    Ok(((nanos / 1e9) as i64).max(1))
+    Ok((seconds as i64).max(1))
 }
 
 /// One field: a comma-separated list of `*`/`?`/value/range, each with an optional `/step`.

@@ -191,7 +191,7 @@ pub async fn ensure_one(client: &Client, (name, path): (String, String)) -> Resu
     if !api.list(&Default::default()).await?.items.is_empty() {
         return Ok(());
     }
-    let hpp = crate::deploy::hostpath_provisioner(&name, &path);
+    let hpp = HostPathProvisioner::with_pool(&name, &path);
     kubeops::create(&api, &hpp, &kubeops::manager(CONTROLLER)).await
 }
 

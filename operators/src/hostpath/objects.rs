@@ -10,14 +10,16 @@ use k8s_openapi::api::core::v1::{
     ObjectFieldSelector, PodSpec, PodTemplateSpec, SecurityContext, ServiceAccount, Volume,
     VolumeMount,
 };
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSIDriverSpec, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::Resource;
 
 use crate::api::HostPathProvisioner;
 use crate::api::hostpath::StoragePool;
+use crate::api::rbac::rule;
 use crate::error::{Error, Result};
+use crate::names::csi::{CLUSTER_ROLE, DRIVER_APP, POOLS_CONFIG_MAP};
 
 /// Images and namespace of the driver.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +42,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             namespace: "quarry".into(),
-            image: crate::deploy::DEFAULT_IMAGE.into(),
+            image: crate::names::DEFAULT_IMAGE.into(),
             registrar_image: "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.13.0".into(),
             provisioner_image: "registry.k8s.io/sig-storage/csi-provisioner:v5.2.0".into(),
             snapshotter_image: "registry.k8s.io/sig-storage/csi-snapshotter:v8.2.1".into(),
@@ -49,12 +51,6 @@ impl Default for Settings {
     }
 }
 
-/// Name of the DaemonSet and ServiceAccount.
-pub const DRIVER_APP: &str = "quarry-csi";
-/// Name of the pool ConfigMap.
-pub const POOLS_CONFIG_MAP: &str = "quarry-csi-pools";
-/// Name of the ClusterRole and its binding.
-pub const CLUSTER_ROLE: &str = "quarry-csi-provisioner";
 /// StorageClass name of a pool.
 pub fn storage_class_name(pool: &str) -> String {
     format!("hostpath-csi-{pool}")
@@ -182,17 +178,6 @@ fn field_env(name: &str, path: &str) -> EnvVar {
             }),
             ..Default::default()
         }),
-        ..Default::default()
-    }
-}
-
-/// An RBAC rule (no resourceNames).
-pub(crate) fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
-    let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-    PolicyRule {
-        api_groups: Some(v(groups)),
-        resources: Some(v(resources)),
-        verbs: v(verbs),
         ..Default::default()
     }
 }

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use kube::Resource;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::DynamicObject;
 use kube::core::ObjectMeta;
 use serde_json::{Value, json};
 
@@ -20,6 +20,8 @@ use crate::api::HyperConverged;
 use crate::api::hostpath::{NodePlacement, StoragePool};
 use crate::api::hyperconverged::{CertConfig, CertRotation};
 use crate::error::{Error, Result};
+
+pub use crate::api::children::{ALL, CDI, ChildKind, HOSTPATH, KUBEVIRT, NETWORK_ADDONS, SSP};
 
 /// HyperConverged annotation enabling the HostPathProvisioner child: a JSON list of
 /// `{name, path}` storage pools (HCO itself has no such field).
@@ -45,23 +47,6 @@ pub fn is_child(meta: &ObjectMeta) -> bool {
         .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
 }
 
-/// One kind of child.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChildKind {
-    /// API group.
-    pub group: &'static str,
-    /// Version.
-    pub version: &'static str,
-    /// Kind.
-    pub kind: &'static str,
-    /// Plural resource name.
-    pub plural: &'static str,
-    /// The object's name.
-    pub name: &'static str,
-    /// Namespaced (in the HyperConverged's namespace) or cluster-scoped.
-    pub namespaced: bool,
-}
-
 /// A relatedObjects entry for an applied child, as HCO lists them: apiVersion, kind, name,
 /// namespace (for namespaced children), uid and resourceVersion.
 pub fn related_object(
@@ -78,65 +63,6 @@ pub fn related_object(
         field_path: None,
     }
 }
-
-impl ChildKind {
-    /// The API resource, for dynamic clients.
-    pub fn api_resource(&self) -> ApiResource {
-        ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk(self.group, self.version, self.kind),
-            self.plural,
-        )
-    }
-}
-
-/// `CDI/cdi-kubevirt-hyperconverged`.
-pub const CDI: ChildKind = ChildKind {
-    group: "cdi.kubevirt.io",
-    version: "v1beta1",
-    kind: "CDI",
-    plural: "cdis",
-    name: "cdi-kubevirt-hyperconverged",
-    namespaced: false,
-};
-/// `KubeVirt/kubevirt-kubevirt-hyperconverged`.
-pub const KUBEVIRT: ChildKind = ChildKind {
-    group: "kubevirt.io",
-    version: "v1",
-    kind: "KubeVirt",
-    plural: "kubevirts",
-    name: "kubevirt-kubevirt-hyperconverged",
-    namespaced: true,
-};
-/// `SSP/ssp-kubevirt-hyperconverged`.
-pub const SSP: ChildKind = ChildKind {
-    group: "ssp.kubevirt.io",
-    version: "v1beta2",
-    kind: "SSP",
-    plural: "ssps",
-    name: "ssp-kubevirt-hyperconverged",
-    namespaced: true,
-};
-/// `NetworkAddonsConfig/cluster`.
-pub const NETWORK_ADDONS: ChildKind = ChildKind {
-    group: "networkaddonsoperator.network.kubevirt.io",
-    version: "v1",
-    kind: "NetworkAddonsConfig",
-    plural: "networkaddonsconfigs",
-    name: "cluster",
-    namespaced: false,
-};
-/// `HostPathProvisioner/hostpath-provisioner`.
-pub const HOSTPATH: ChildKind = ChildKind {
-    group: "hostpathprovisioner.kubevirt.io",
-    version: "v1beta1",
-    kind: "HostPathProvisioner",
-    plural: "hostpathprovisioners",
-    name: "hostpath-provisioner",
-    namespaced: false,
-};
-
-/// Every kind a HyperConverged may have.
-pub const ALL: [ChildKind; 5] = [CDI, KUBEVIRT, SSP, NETWORK_ADDONS, HOSTPATH];
 
 /// The storage pools of the HostPathProvisioner child, when enabled.
 pub fn hostpath_pools(hc: &HyperConverged) -> Result<Option<Vec<StoragePool>>> {
@@ -448,11 +374,8 @@ mod tests {
         let typed: crate::api::Cdi = serde_json::from_value(child).unwrap();
         let config = typed.spec.config.unwrap();
         assert_eq!(config.feature_gates, ["HonorWaitForFirstConsumer"]);
-        let settings = crate::cdiconfig::settings::effective(
-            &Default::default(),
-            Some(&config),
-            &Default::default(),
-        );
+        let settings =
+            crate::settings::effective(&Default::default(), Some(&config), &Default::default());
         assert!(settings.honor_wait_for_first_consumer);
     }
 }

@@ -14,50 +14,17 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 
 use super::children::hostpath_pools;
 use crate::api::HyperConverged;
+use crate::api::duration::parse_go_duration;
 use crate::api::hyperconverged::{CertRotation, HYPERCONVERGED_NAME};
 use crate::error::{Error, Result};
-
-/// Path the webhook is served on.
-pub const PATH: &str = "/validate-hco-kubevirt-io-v1beta1-hyperconverged";
-
-/// Parses a Go duration (`48h0m0s`, `90m`, `1.5h`, `300ms`) into seconds.
-pub fn go_duration(s: &str) -> Option<f64> {
-    if s.is_empty() {
-        return None;
-    }
-    let mut total = 0.0;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
-        if num_end == 0 {
-            return None;
-        }
-        let n: f64 = rest[..num_end].parse().ok()?;
-        rest = &rest[num_end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let factor = match &rest[..unit_end] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "us" | "µs" => 1e-6,
-            "ns" => 1e-9,
-            _ => return None,
-        };
-        total += n * factor;
-        rest = &rest[unit_end..];
-    }
-    Some(total)
-}
+use crate::names::webhook::HYPERCONVERGED_PATH;
 
 fn rotation(what: &str, r: Option<&CertRotation>, errors: &mut Vec<String>) -> Option<(f64, f64)> {
     let r = r?;
     let parse = |field: &str, v: &Option<String>, errors: &mut Vec<String>| match v {
         None => None,
         Some(v) => {
-            let d = go_duration(v);
+            let d = parse_go_duration(v).ok();
             if d.is_none() {
                 errors.push(format!(
                     "spec.certConfig.{what}.{field}: {v:?} is not a duration such as 48h0m0s"
@@ -275,7 +242,7 @@ pub async fn handle(
 /// A router serving the webhook on [`PATH`].
 pub fn router(settings: Settings) -> axum::Router {
     axum::Router::new().route(
-        PATH,
+        HYPERCONVERGED_PATH,
         axum::routing::post(move |body| handle(settings.clone(), body)),
     )
 }
@@ -322,17 +289,6 @@ mod tests {
         let mut hc = HyperConverged::new(HYPERCONVERGED_NAME, spec);
         hc.metadata.namespace = Some("kubevirt-hyperconverged".into());
         hc
-    }
-
-    #[test]
-    fn go_durations() {
-        assert_eq!(go_duration("48h0m0s"), Some(172800.0));
-        assert_eq!(go_duration("1h30m"), Some(5400.0));
-        assert_eq!(go_duration("1.5h"), Some(5400.0));
-        assert_eq!(go_duration("300ms"), Some(0.3));
-        for bad in ["", "10", "h", "5 days", "1x"] {
-            assert_eq!(go_duration(bad), None, "{bad}");
-        }
     }
 
     #[test]
@@ -520,7 +476,7 @@ mod tests {
                 false,
             ),
         ] {
-            let req = http::Request::post(PATH)
+            let req = http::Request::post(HYPERCONVERGED_PATH)
                 .header("content-type", "application/json")
                 .body(axum::body::Body::from(review(spec).to_string()))
                 .unwrap();
@@ -568,7 +524,7 @@ mod tests {
                 "object": {"apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
                     "metadata": {"name": "wrong-name"}, "spec": {}}}
         });
-        let url = format!("https://{addr}{PATH}");
+        let url = format!("https://{addr}{HYPERCONVERGED_PATH}");
         let ca_pem = ca.ca_pem();
         let out = tokio::task::spawn_blocking(move || {
             std::process::Command::new("curl")
@@ -603,7 +559,7 @@ mod tests {
                 "--fail",
                 "-o",
                 "/dev/null",
-                &format!("https://{addr}{PATH}"),
+                &format!("https://{addr}{HYPERCONVERGED_PATH}"),
             ])
             .env("CURL_CA_BUNDLE", "/nonexistent")
             .env("SSL_CERT_FILE", "/nonexistent")

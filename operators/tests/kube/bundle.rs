@@ -15,8 +15,9 @@ use kube::core::GroupVersionKind;
 use kube::{Client, ResourceExt};
 use operators::api::cdi::CDI_CONFIG_NAME;
 use operators::api::{CdiConfig, DataVolume, HostPathProvisioner, StorageProfile};
-use operators::deploy::{self, DEFAULT_IMAGE};
+use operators::deploy;
 use operators::leader::{Elector, Timing};
+use operators::names::DEFAULT_IMAGE;
 use operators::names::{self, NAMESPACE, component};
 use serde_json::{Value, json};
 use testkit::kube::{FRONT_PROXY_CLIENT, KubeApiServer, Options};
@@ -116,7 +117,7 @@ async fn the_whole_bundle_applies_its_pods_are_admitted_and_each_component_needs
     }
     // The CSI DaemonSet is the HostPathProvisioner controller's, from its default CR.
     let (pool, path) = deploy::DEFAULT_POOL.split_once('=').unwrap();
-    let hpp = deploy::hostpath_provisioner(pool, path);
+    let hpp = operators::api::HostPathProvisioner::with_pool(pool, path);
     let driver = operators::hostpath::objects::driver_objects(&hpp, &Default::default()).unwrap();
     let template = serde_json::to_value(&driver.daemon_set.spec.unwrap().template).unwrap();
     let csi = pod_from(&template, "quarry-csi");
@@ -291,8 +292,7 @@ async fn datavolume(server: &KubeApiServer, admin: &Client, client: Client) {
         Default::default(),
         Arc::default(),
     ));
-    let ctl =
-        tokio::spawn(async move { operators::datavolume::controller::run_all(ctx, None).await });
+    let ctl = tokio::spawn(async move { operators::process::cdi(ctx, None).await });
     let dv: DataVolume = serde_json::from_value(json!({
         "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
         "metadata": {"name": "fedora"},

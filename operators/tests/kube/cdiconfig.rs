@@ -14,12 +14,12 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PostParams};
 use kube::{Client, ResourceExt};
 use operators::api::{Cdi, CdiConfig, DataVolume, StorageProfile};
-use operators::cdiconfig::Overrides;
 use operators::cdiconfig::controller::run_profiles;
 use operators::datavolume::controller::{self, Context};
 use operators::datavolume::pvc::required_space;
-use operators::datavolume::{Config, RetryPolicy, default_resources};
 use operators::names;
+use operators::settings::{Config, RetryPolicy, default_resources};
+use operators::settings::{LiveSettings, Overrides};
 use serde_json::json;
 use testkit::kube::{KubeApiServer, Options};
 
@@ -37,9 +37,8 @@ impl Drop for Running {
 }
 
 fn context(client: &Client, overrides: Overrides) -> Arc<Context> {
-    let mut ctx = Context::new(client.clone(), Config::default(), Arc::default());
-    ctx.overrides = overrides;
-    Arc::new(ctx)
+    let live = Arc::new(LiveSettings::new(Config::default(), overrides));
+    Arc::new(Context::with_settings(client.clone(), live, Arc::default()))
 }
 
 /// The DataVolume controller with both configuration reconcilers, as `quarry controller
@@ -47,7 +46,7 @@ fn context(client: &Client, overrides: Overrides) -> Arc<Context> {
 fn start_all(ctx: Arc<Context>, ns: &str) -> Running {
     let ns = ns.to_string();
     Running(vec![tokio::spawn(async move {
-        controller::run_all(ctx, Some(&ns)).await
+        operators::process::cdi(ctx, Some(&ns)).await
     })])
 }
 
@@ -263,8 +262,14 @@ async fn storage_profiles_follow_storage_classes_and_complete_spec_storage() {
     let ctx = Arc::new(Context::new(client.clone(), slow, Arc::default()));
     let (c, n) = (ctx.clone(), ns.clone());
     let _ctl = Running(vec![
-        tokio::spawn(async move { controller::run_with(c, Some(&n)).await }),
-        tokio::spawn(run_profiles(ctx)),
+        tokio::spawn(async move { controller::run(c, Some(&n)).await }),
+        tokio::spawn(run_profiles(Arc::new(
+            operators::cdiconfig::controller::Context {
+                client: ctx.client.clone(),
+                metrics: ctx.metrics.clone(),
+                settings: ctx.live.clone(),
+            },
+        ))),
     ]);
     let classes: Api<StorageClass> = Api::all(client.clone());
     let profiles: Api<StorageProfile> = Api::all(client.clone());

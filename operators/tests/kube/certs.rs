@@ -543,7 +543,7 @@ async fn an_upload_pod_gets_a_certificate_of_the_upload_server_signer_in_a_secre
  {
     use operators::api::DataVolume;
     use operators::datavolume::controller::{self, Context};
-    use operators::datavolume::{Config, UploadTls};
+    use operators::settings::{Config, UploadTls};
 
     let Some(server) = KubeApiServer::start(&Options::default()) else {
         return;
@@ -599,7 +599,7 @@ async fn an_upload_pod_gets_a_certificate_of_the_upload_server_signer_in_a_secre
     };
     let ctx = std::sync::Arc::new(Context::new(admin.clone(), config, Default::default()));
     let scope = ns.clone();
-    let task = tokio::spawn(async move { controller::run_with(ctx, Some(&scope)).await });
+    let task = tokio::spawn(async move { controller::run(ctx, Some(&scope)).await });
 
     let dvs: Api<DataVolume> = Api::namespaced(admin.clone(), &ns);
     let dv: DataVolume = serde_json::from_value(json!({

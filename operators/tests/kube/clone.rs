@@ -134,8 +134,8 @@ fn token_key() -> &'static token::PrivateKey {
 }
 
 /// The controller settings of these tests, checking clone tokens with [`token_key`].
-fn token_config() -> operators::datavolume::Config {
-    operators::datavolume::Config {
+fn token_config() -> operators::settings::Config {
+    operators::settings::Config {
         clone_token_key: Some(token_key().to_public_key()),
         ..config()
     }

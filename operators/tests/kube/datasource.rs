@@ -10,8 +10,8 @@ use kube::api::{Api, Patch, PostParams};
 use kube::{Client, ResourceExt};
 use operators::api::{DataSource, DataVolume, Phase};
 use operators::datavolume::controller::{self as dv_controller, Context};
-use operators::datavolume::{Config, RetryPolicy};
 use operators::golden::controller;
+use operators::settings::{Config, RetryPolicy};
 use serde_json::json;
 
 use crate::support::{bind_pvc, namespace, test_writes, wait_for};
@@ -129,7 +129,7 @@ async fn a_data_volume_with_a_source_ref_waits_for_its_data_source_then_resolves
     let tasks = [
         {
             let ns = ns.clone();
-            tokio::spawn(async move { dv_controller::run_with(ctx, Some(&ns)).await })
+            tokio::spawn(async move { dv_controller::run(ctx, Some(&ns)).await })
         },
         {
             let (client, ns) = (client.clone(), ns.clone());

@@ -13,7 +13,7 @@ use kube::{Client, ResourceExt};
 use operators::api::DataVolume;
 use operators::api::datavolume::DataVolumeCondition;
 use operators::datavolume::controller::{self, Context};
-use operators::datavolume::{Config, RetryPolicy};
+use operators::settings::{Config, RetryPolicy};
 use serde_json::json;
 
 use crate::support::{
@@ -60,7 +60,7 @@ pub(crate) async fn start(ns: &str, config: Config, metrics_port: Option<u16>) -
     }
     let ctx = Arc::new(ctx);
     let (c, ns) = (ctx.clone(), ns.to_string());
-    let task = tokio::spawn(async move { controller::run_with(c, Some(&ns)).await });
+    let task = tokio::spawn(async move { controller::run(c, Some(&ns)).await });
     Running { ctx, task }
 }
 

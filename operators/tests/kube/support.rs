@@ -28,8 +28,8 @@ pub async fn component_client(component: &str) -> Option<Client> {
     let ns = json!({"apiVersion": "v1", "kind": "Namespace",
                     "metadata": {"name": operators::names::NAMESPACE}});
     apply(&admin, &ns).await.unwrap();
-    let access = operators::deploy::rbac::of(component).expect("a component");
-    for obj in operators::deploy::rbac::objects(&access) {
+    let access = operators::api::rbac::of(component).expect("a component");
+    for obj in operators::api::rbac::objects(&access) {
         apply(&admin, &obj).await.unwrap();
     }
     Some(

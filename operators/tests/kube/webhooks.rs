@@ -237,7 +237,7 @@ async fn hyperconverged_deletion_waits_for_datavolumes_unless_workloads_may_go()
     )
     .await
     .unwrap();
-    let path = operators::hyperconverged::webhook::PATH;
+    let path = operators::names::webhook::HYPERCONVERGED_PATH;
     let registered = Registered::new(
         &client,
         &ns,

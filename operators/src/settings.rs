@@ -1,17 +1,197 @@
-//! The settings in force, as pure functions: which CDI CR is active, how its `spec.config`
-//! (with CDI's defaults for what it leaves unset) and the flags given on the command line make
-//! the DataVolume controller's [`Config`], and the CDIConfig status CDI publishes for them.
+//! The settings in force: the DataVolume controller's [`Config`] and, as pure functions, which
+//! CDI CR is active, how its `spec.config` (with CDI's defaults for what it leaves unset) and the
+//! flags given on the command line make the [`Config`], and the CDIConfig status CDI publishes
+//! for them. [`LiveSettings`] carries them from the CDIConfig reconciler to the reconciles that
+//! read them.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
 use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::Cdi;
 use crate::api::cdi::{CdiConfigSpec, CdiConfigStatus, ImportProxy, feature_gate};
 use crate::api::hyperconverged::FilesystemOverhead;
-use crate::datavolume::{Config, DEFAULT_FILESYSTEM_OVERHEAD, default_resources};
+
+/// How often a running import's progress is read by default.
+pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(3);
+/// CDI's default filesystem overhead (`0.055`).
+pub const DEFAULT_FILESYSTEM_OVERHEAD: f64 = 0.055;
+
+/// Upload server TLS material.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UploadTls {
+    /// One Secret with `tls.crt` and `tls.key`, in the DataVolume's namespace, for every upload
+    /// server, and optionally a ConfigMap with the upload proxy's client CA as `ca.crt`.
+    Shared {
+        secret: String,
+        client_ca_config_map: Option<String>,
+    },
+    /// As CDI does: per upload pod, a serving certificate for its Service issued from the cert
+    /// controller's upload server signer in `namespace`, kept with the proxy's client CA bundle
+    /// (`ca.crt`) in a Secret named as the pod, owned by the DataVolume ([`upload_secret`]).
+    Issued { namespace: String },
+}
+
+/// Settings of the DataVolume controller (CDI's CDIConfig, and the pod image): the flags, or the
+/// CDI CR's `spec.config` with explicit flags over it ([`effective`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Image with the `quarry` binary, for importer and upload pods.
+    pub image: String,
+    /// Pull policy of that image.
+    pub pull_policy: Option<String>,
+    /// Global filesystem overhead.
+    pub filesystem_overhead: f64,
+    /// Filesystem overhead per StorageClass.
+    pub filesystem_overhead_per_class: BTreeMap<String, f64>,
+    /// StorageClass for `spec.storage` without one (None: the cluster default).
+    pub default_storage_class: Option<String>,
+    /// Registries reached without TLS verification (`HOST[:PORT]`).
+    pub insecure_registries: Vec<String>,
+    /// Resources of importer and upload pods (None: CDI's defaults, [`default_resources`]).
+    pub resources: Option<ResourceRequirements>,
+    /// Retries of failed pods.
+    pub retry: RetryPolicy,
+    /// Leave a WaitForFirstConsumer PVC unbound until its consumer appears (CDI's
+    /// HonorWaitForFirstConsumer); when false, the importer pod is the first consumer.
+    pub honor_wait_for_first_consumer: bool,
+    /// TLS of upload servers (None: plain HTTP inside the cluster).
+    pub upload_tls: Option<UploadTls>,
+    /// How often a running import's progress is read (CDI: every few seconds).
+    pub progress_interval: Duration,
+    /// Proxy of importer pods (CDI's importProxy; unset fields: none).
+    pub import_proxy: ImportProxy,
+    /// Preallocate DataVolumes that do not say (CDI's global preallocation).
+    pub preallocation: bool,
+    /// Pull secrets of importer and upload pods.
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// Checks the clone tokens the DataVolume webhook signs (`datavolume::clone_token`); None: a clone
+    /// from another namespace is refused.
+    pub clone_token_key: Option<token::PublicKey>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            image: crate::names::DEFAULT_IMAGE.into(),
+            pull_policy: None,
+            filesystem_overhead: DEFAULT_FILESYSTEM_OVERHEAD,
+            filesystem_overhead_per_class: BTreeMap::new(),
+            default_storage_class: None,
+            insecure_registries: Vec::new(),
+            resources: None,
+            retry: RetryPolicy::default(),
+            honor_wait_for_first_consumer: true,
+            upload_tls: None,
+            progress_interval: DEFAULT_PROGRESS_INTERVAL,
+            import_proxy: ImportProxy::default(),
+            preallocation: false,
+            image_pull_secrets: Vec::new(),
+            clone_token_key: None,
+        }
+    }
+}
+
+impl Config {
+    /// The filesystem overhead for a StorageClass.
+    pub fn overhead(&self, class: Option<&str>) -> f64 {
+        class
+            .and_then(|c| self.filesystem_overhead_per_class.get(c))
+            .copied()
+            .unwrap_or(self.filesystem_overhead)
+    }
+}
+
+/// Back-off and bound of retries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Delay before the first retry; doubled for each further one.
+    pub base_delay: Duration,
+    /// Longest delay between two attempts.
+    pub max_delay: Duration,
+    /// Attempts after the first one; then the DataVolume fails.
+    pub max_restarts: u32,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            base_delay: Duration::from_secs(10),
+            max_delay: Duration::from_secs(300),
+            max_restarts: 10,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Delay before restart number `restart` (1 for the first retry).
+    pub fn delay(&self, restart: u32) -> Duration {
+        let factor = 1u32
+            .checked_shl(restart.saturating_sub(1))
+            .unwrap_or(u32::MAX);
+        self.base_delay
+            .checked_mul(factor)
+            .unwrap_or(self.max_delay)
+            .min(self.max_delay)
+    }
+}
+
+/// CDI's default podResourceRequirements of importer and upload pods: requests 100m CPU and
+/// 60M memory, limits 750m CPU and 600M memory.
+pub fn default_resources() -> ResourceRequirements {
+    let q = |cpu: &str, mem: &str| {
+        BTreeMap::from([
+            ("cpu".to_string(), Quantity(cpu.into())),
+            ("memory".to_string(), Quantity(mem.into())),
+        ])
+    };
+    ResourceRequirements {
+        requests: Some(q("100m", "60M")),
+        limits: Some(q("750m", "600M")),
+        ..Default::default()
+    }
+}
+
+/// The settings in force, shared: the CDIConfig reconciler sets them, every reconcile reads
+/// them; the flags' [`Config`] until the first CDI CR is read.
+#[derive(Debug)]
+pub struct LiveSettings {
+    /// The settings without a CDI CR: the flags and their defaults.
+    pub base: Config,
+    /// The flags given explicitly: they win over the CDI CR.
+    pub overrides: Overrides,
+    live: RwLock<Arc<Config>>,
+}
+
+impl LiveSettings {
+    pub fn new(base: Config, overrides: Overrides) -> Self {
+        LiveSettings {
+            live: RwLock::new(Arc::new(base.clone())),
+            base,
+            overrides,
+        }
+    }
+
+    /// The settings in force.
+    pub fn get(&self) -> Arc<Config> {
+        self.live.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the settings in force (the CDIConfig reconciler's result).
+    pub fn set(&self, config: Config) {
+        let mut live = self.live.write().unwrap_or_else(|e| e.into_inner());
+        if **live != config {
+            // Not the settings themselves: proxy URLs may carry credentials.
+            tracing::info!("the settings in force changed");
+            *live = Arc::new(config);
+        }
+    }
+}
 
 /// StorageClass annotation marking the cluster's default class.
 pub const ANN_DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
@@ -442,5 +622,17 @@ mod tests {
         // Without an override or an Ingress there is no URL to publish.
         let st = config_status(&cfg, &CdiConfigSpec::default(), &classes, &[], "x");
         assert_eq!(st.upload_proxy_url, None);
+    }
+
+    #[test]
+    fn back_off_doubles_up_to_the_cap() {
+        let p = RetryPolicy {
+            base_delay: Duration::from_secs(10),
+            max_delay: Duration::from_secs(60),
+            max_restarts: 5,
+        };
+        let d: Vec<u64> = (1..=6).map(|n| p.delay(n).as_secs()).collect();
+        assert_eq!(d, [10, 20, 40, 60, 60, 60]);
+        assert_eq!(p.delay(1000), Duration::from_secs(60));
     }
 }

@@ -15,9 +15,20 @@ use k8s_openapi::api::rbac::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::hostpath::objects::{CLUSTER_ROLE as CSI_ROLE, DRIVER_APP, POOLS_CONFIG_MAP, rule};
-use crate::hyperconverged::children;
+use crate::api::children;
+use crate::names::csi::{CLUSTER_ROLE as CSI_ROLE, DRIVER_APP, POOLS_CONFIG_MAP};
 use crate::names::{self, NAMESPACE, component};
+
+/// An RBAC rule (no resourceNames).
+pub fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(v(groups)),
+        resources: Some(v(resources)),
+        verbs: v(verbs),
+        ..Default::default()
+    }
+}
 
 /// Where a set of rules applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

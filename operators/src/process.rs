@@ -1,0 +1,40 @@
+//! The composition roots: what each controller process runs, wired from its parts.
+
+use std::sync::Arc;
+
+use crate::datavolume::controller::Context;
+use crate::{cdiconfig, datavolume, golden};
+
+/// CDI's controller process (`quarry controller datavolume`), over every namespace (`namespace`
+/// None) or one: the DataVolume reconciler with the CDIConfig, StorageProfile, DataSource and
+/// DataImportCron reconcilers beside it, as CDI's cdi-deployment runs them. The settings the
+/// CDIConfig reconciler derives reach the DataVolume reconciles through `ctx.live`.
+pub async fn cdi(ctx: Arc<Context>, namespace: Option<&str>) {
+    let config_ctx = Arc::new(cdiconfig::controller::Context {
+        client: ctx.client.clone(),
+        metrics: ctx.metrics.clone(),
+        settings: ctx.live.clone(),
+    });
+    let config = tokio::spawn(cdiconfig::controller::run_config(config_ctx.clone()));
+    let profiles = tokio::spawn(cdiconfig::controller::run_profiles(config_ctx));
+    // A DataVolume's sourceRef waits for its DataSource's Ready condition.
+    let scope = namespace.map(str::to_string);
+    let (client, metrics) = (ctx.client.clone(), ctx.metrics.clone());
+    let data_sources =
+        tokio::spawn(
+            async move { golden::controller::run(client, metrics, scope.as_deref()).await },
+        );
+    let cron_ctx = Arc::new(golden::cron_controller::Context {
+        client: ctx.client.clone(),
+        metrics: ctx.metrics.clone(),
+        insecure_registries: ctx.settings().insecure_registries.clone(),
+    });
+    let scope = namespace.map(str::to_string);
+    let crons =
+        tokio::spawn(async move { golden::cron_controller::run(cron_ctx, scope.as_deref()).await });
+    datavolume::controller::run(ctx, namespace).await;
+    config.abort();
+    profiles.abort();
+    data_sources.abort();
+    crons.abort();
+}
