@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::datavolume::local::{self, ApplyOptions, Store};
 use crate::error::{Error, Result};
 use crate::hostpath::objects::Settings;
+use crate::local::datavolume::{self as local, ApplyOptions, Store};
 use crate::metrics::Metrics;
 use crate::settings::Overrides;
 use crate::settings::{Config, LiveSettings, RetryPolicy, UploadTls};
@@ -432,7 +432,7 @@ pub fn apply(args: &ApplyArgs) -> Result<bool> {
     match manifest_kind(&args.file)?.as_deref() {
         Some("DataImportCron") => return apply_cron(args),
         Some("DataSource") => {
-            return crate::golden::local_datasource::apply_manifest(&args.file, &args.options());
+            return crate::local::datasource::apply_manifest(&args.file, &args.options());
         }
         _ => {}
     }
@@ -472,10 +472,10 @@ fn manifest_kind(file: &std::path::Path) -> Result<Option<String>> {
 fn apply_cron(args: &ApplyArgs) -> Result<bool> {
     let text = std::fs::read_to_string(&args.file)
         .map_err(|e| Error::io(format!("reading {}", args.file.display()), e))?;
-    let cron = crate::golden::local::parse(&text, &args.file.display().to_string())?;
+    let cron = crate::local::cron::parse(&text, &args.file.display().to_string())?;
     let progress = Arc::new(importer::progress::Progress::default());
     let bar = importer::progress::ProgressBar::start(progress.clone());
-    let result = crate::golden::local::apply(cron, &args.options(), progress);
+    let result = crate::local::cron::apply(cron, &args.options(), progress);
     bar.finish();
     let report = result?;
     let name = report.cron.metadata.name.clone().unwrap_or_default();
@@ -543,10 +543,10 @@ pub fn get(args: &GetArgs) -> Result<String> {
         .unwrap_or_else(local::default_state_dir);
     match args.kind.as_str() {
         "dic" | "dics" | "dataimportcron" | "dataimportcrons" => {
-            return get_golden(args, dir, crate::golden::local::cron_table);
+            return get_golden(args, dir, crate::local::cron::cron_table);
         }
         "das" | "datasource" | "datasources" => {
-            return get_golden(args, dir, crate::golden::local::data_source_table);
+            return get_golden(args, dir, crate::local::cron::data_source_table);
         }
         _ => {}
     }
@@ -584,7 +584,7 @@ fn get_golden<K>(args: &GetArgs, dir: PathBuf, table: fn(&[K]) -> String) -> Res
 where
     K: kube::Resource<DynamicType = ()> + serde::Serialize + serde::de::DeserializeOwned,
 {
-    let store = crate::golden::local_store::ObjectStore::<K>::new(dir);
+    let store = crate::local::store::ObjectStore::<K>::new(dir);
     let objs = match &args.name {
         Some(n) => vec![store.get(&args.namespace, n)?.ok_or_else(|| {
             Error::invalid(format!(

@@ -16,6 +16,7 @@ pub mod hostpath;
 pub mod hyperconverged;
 pub mod kubeops;
 pub mod leader;
+pub mod local;
 pub mod metrics;
 #[cfg(test)]
 mod mockapi;

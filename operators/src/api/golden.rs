@@ -342,3 +342,14 @@ status:
         assert_eq!(negative.imports_to_keep(), 3);
     }
 }
+
+impl DataSource {
+    /// Whether it is Ready (what a DataVolume's `sourceRef` waits for).
+    pub fn is_ready(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == condition::READY && c.status == "True")
+        })
+    }
+}

@@ -10,7 +10,6 @@ use k8s_openapi::api::authorization::v1::{
 
 use crate::api::datavolume::{DataVolumeSourceRef, SourcePvc};
 use crate::api::golden::DataSource;
-use crate::golden::datasource::is_ready;
 
 /// Condition and event reasons of clones, CDI's spelling.
 pub mod reason {
@@ -96,7 +95,7 @@ pub fn resolve_source_ref<'a>(
             at = (next.namespace, next.name);
             continue;
         }
-        if !is_ready(ds) {
+        if !ds.is_ready() {
             return SourceRef::Wait {
                 reason: reason::CLONE_WITHOUT_SOURCE,
                 message: format!("DataSource {}/{} is not ready", at.0, at.1),

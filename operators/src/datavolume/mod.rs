@@ -10,7 +10,7 @@
 //! - [`retry`]: terminal versus retryable failures and the back-off;
 //! - [`controller`]: the kube-runtime controller that executes the actions;
 //! - [`admission`]: CDI's validating webhook (spec edits refused, new DataVolumes checked);
-//! - [`local`]: `quarry apply` / `quarry get dv` without a cluster.
+//! - [`request`]: the importer's request for a source, with the objects it references.
 
 use std::collections::BTreeMap;
 
@@ -28,10 +28,9 @@ pub mod clone_observe;
 pub mod clone_token;
 pub mod controller;
 pub mod decide;
-pub mod local;
-pub mod local_clone;
 pub mod pod;
 pub mod pvc;
+pub mod request;
 pub mod retry;
 pub mod source;
 pub mod status;

@@ -28,13 +28,13 @@ use super::poll::poll;
 use super::version::SourceVersion;
 use crate::api::DataVolume;
 use crate::api::golden::{DATA_IMPORT_CRON_LABEL, DataImportCron, DataSource, RetentionPolicy};
-use crate::datavolume::local::{self, ApplyOptions};
 use crate::datavolume::pvc::{StorageDefaults, claim};
+use crate::datavolume::request::import_request;
 use crate::datavolume::source::{ImportSource, Source, source};
 use crate::error::{Error, Result};
 use crate::kubeops;
 use crate::metrics::Metrics;
-use crate::settings::{Config, RetryPolicy};
+use crate::settings::Config;
 
 /// Name in metrics, logs and the field manager.
 pub const CONTROLLER: &str = "dataimportcron";
@@ -185,15 +185,15 @@ async fn poll_source(ctx: &Context, cron: &DataImportCron) -> Result<SourceVersi
     ));
     let result = async {
         write_refs(&ctx.client, &ns, &src, &dir).await?;
-        let opts = ApplyOptions {
-            pool: PathBuf::new(),
-            state_dir: PathBuf::new(),
-            secrets_dir: Some(dir.clone()),
-            retry: RetryPolicy::default(),
-            insecure_registries: ctx.insecure_registries.clone(),
-        };
         let c = claim(&template, &Config::default(), &StorageDefaults::Builtin)?;
-        let req = local::import_request(&src, PathBuf::new(), &c, false, &opts)?;
+        let req = import_request(
+            &src,
+            PathBuf::new(),
+            &c,
+            false,
+            Some(&dir),
+            &ctx.insecure_registries,
+        )?;
         poll(&req.source, &req.http)
             .await
             .map_err(|e| Error::Poll(Box::new(e)))

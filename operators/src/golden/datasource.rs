@@ -86,15 +86,6 @@ pub fn status(ds: &DataSource, state: SourceState, now: Timestamp) -> DataSource
     st
 }
 
-/// Whether a DataSource is Ready (what a DataVolume's `sourceRef` waits for).
-pub fn is_ready(ds: &DataSource) -> bool {
-    ds.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == condition::READY && c.status == "True")
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,7 +171,7 @@ mod tests {
             SourceState::DataVolume(Some(Phase::Succeeded)),
             now(),
         ));
-        assert!(is_ready(&ds));
+        assert!(ds.is_ready());
         assert_eq!(ds.status.as_ref().unwrap().source, Some(pvc("fedora-1")));
 
         ds.spec.source = pvc("fedora-2");
@@ -194,6 +185,6 @@ mod tests {
         assert_eq!(st.source, Some(pvc("fedora-2")));
         assert_eq!(st.conditions.len(), 1);
         assert_eq!(st.conditions[0].reason.as_deref(), Some("ImportScheduled"));
-        assert!(!is_ready(&ds));
+        assert!(!ds.is_ready());
     }
 }

@@ -1,8 +1,8 @@
 //! `quarry apply -f cron.yaml` without a cluster: one poll-and-import cycle of a DataImportCron,
-//! now. The source is polled ([`super::poll`]) with the options an import of it would use; a
+//! now. The source is polled ([`crate::golden::poll`]) with the options an import of it would use; a
 //! new version is imported into a pool volume by the local DataVolume path
-//! ([`crate::datavolume::local::apply`]); the managed DataSource then points at it and imports
-//! beyond `importsToKeep` are deleted (volume and status). The same [`super::cron`] decisions as
+//! ([`super::datavolume::apply`]); the managed DataSource then points at it and imports
+//! beyond `importsToKeep` are deleted (volume and status). The same [`crate::golden::cron`] decisions as
 //! the cluster controller; the cron and DataSource are kept in the [`ObjectStore`].
 
 use std::path::PathBuf;
@@ -12,15 +12,17 @@ use importer::progress::Progress;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::cron::{ImportState, annotation, decide, import_data_volume, managed_data_source};
-use super::local_store::ObjectStore;
-use super::poll::poll;
+use super::datavolume::{self as local, ApplyOptions};
+use super::store::ObjectStore;
 use crate::api::golden::{DATA_IMPORT_CRON_LABEL, DataImportCron, DataSource};
 use crate::api::{DataVolume, Phase};
-use crate::datavolume::local::{self, ApplyOptions};
 use crate::datavolume::pvc::{StorageDefaults, claim};
 use crate::datavolume::source::{Source, source};
 use crate::error::{Error, Result};
+use crate::golden::cron::{
+    ImportState, annotation, decide, import_data_volume, managed_data_source,
+};
+use crate::golden::poll::poll;
 use crate::settings::Config;
 
 /// What one cycle did.
@@ -78,7 +80,7 @@ pub fn apply(
     ann.insert(annotation::SOURCE_DESIRED_DIGEST.into(), digest.clone());
     ann.insert(annotation::LAST_CRON_TIME.into(), now.to_string());
     if let Some(next) =
-        super::cron::next_run(&cron, now).map_err(|e| Error::invalid(e.to_string()))?
+        crate::golden::cron::next_run(&cron, now).map_err(|e| Error::invalid(e.to_string()))?
     {
         cron.annotations_mut()
             .insert(annotation::NEXT_CRON_TIME.into(), next.to_string());
@@ -119,7 +121,10 @@ pub fn apply(
 }
 
 /// Polls the template's source with the options its import would use.
-fn poll_now(cron: &DataImportCron, opts: &ApplyOptions) -> Result<super::version::SourceVersion> {
+fn poll_now(
+    cron: &DataImportCron,
+    opts: &ApplyOptions,
+) -> Result<crate::golden::version::SourceVersion> {
     let template = DataVolume::new(&cron.name_any(), cron.spec.template.spec.clone());
     let Source::Import(src) = source(&template.spec)? else {
         return Err(Error::invalid(
@@ -127,7 +132,14 @@ fn poll_now(cron: &DataImportCron, opts: &ApplyOptions) -> Result<super::version
         ));
     };
     let c = claim(&template, &Config::default(), &StorageDefaults::Builtin)?;
-    let req = local::import_request(&src, PathBuf::new(), &c, false, opts)?;
+    let req = crate::datavolume::request::import_request(
+        &src,
+        PathBuf::new(),
+        &c,
+        false,
+        opts.secrets_dir.as_deref(),
+        &opts.insecure_registries,
+    )?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -149,12 +161,12 @@ fn import_state(cron: &DataImportCron, dvs: &local::Store, ns: &str) -> ImportSt
 
 /// Stamps the last import's use time (garbage collection keeps the most recently used).
 fn mark_used(cron: &DataImportCron, dvs: &local::Store, ns: &str) -> Result<()> {
-    let Some(pvc) = super::cron::last_import(cron) else {
+    let Some(pvc) = crate::golden::cron::last_import(cron) else {
         return Ok(());
     };
     if let Ok(mut dv) = dvs.load(ns, pvc) {
         dv.annotations_mut().insert(
-            super::gc::LAST_USE_ANNOTATION.into(),
+            crate::golden::gc::LAST_USE_ANNOTATION.into(),
             Timestamp::now().to_string(),
         );
         dvs.save(&dv)?;
@@ -171,15 +183,19 @@ fn update_data_source(cron: &DataImportCron, opts: &ApplyOptions) -> Result<()> 
         return Ok(());
     };
     let state = match &ds.spec.source.pvc {
-        Some(p) => super::datasource::SourceState::DataVolume(
+        Some(p) => crate::golden::datasource::SourceState::DataVolume(
             local::Store::new(&opts.state_dir)
                 .load(&p.namespace, &p.name)
                 .ok()
                 .and_then(|dv| dv.status.and_then(|s| s.phase)),
         ),
-        None => super::datasource::SourceState::NoSource,
+        None => crate::golden::datasource::SourceState::NoSource,
     };
-    ds.status = Some(super::datasource::status(&ds, state, Timestamp::now()));
+    ds.status = Some(crate::golden::datasource::status(
+        &ds,
+        state,
+        Timestamp::now(),
+    ));
     store.save(&ds)
 }
 
@@ -195,12 +211,12 @@ fn collect_garbage(cron: &DataImportCron, opts: &ApplyOptions, ns: &str) -> Resu
         .map(|dv| {
             let used = dv
                 .annotations()
-                .get(super::gc::LAST_USE_ANNOTATION)
+                .get(crate::golden::gc::LAST_USE_ANNOTATION)
                 .cloned();
             (dv.name_any(), used)
         })
         .collect();
-    let doomed = super::cron::garbage(cron, &imports);
+    let doomed = crate::golden::cron::garbage(cron, &imports);
     if doomed.is_empty() {
         return Ok(doomed);
     }
@@ -241,11 +257,7 @@ pub fn cron_table(crons: &[DataImportCron]) -> String {
 /// The `kubectl get datasource` table: NAME, READY and the PVC it points at.
 pub fn data_source_table(sources: &[DataSource]) -> String {
     let rows = sources.iter().map(|d| {
-        let ready = if super::datasource::is_ready(d) {
-            "True"
-        } else {
-            "False"
-        };
+        let ready = if d.is_ready() { "True" } else { "False" };
         let pvc = d
             .spec
             .source

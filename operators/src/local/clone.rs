@@ -13,16 +13,16 @@ use provisioner::meta::ContentSource;
 use provisioner::meta::VolumeMode as PoolMode;
 use provisioner::{CapacityRange, CreateVolume, Provisioner};
 
-use super::clone::{SourceRef, reason as clone_reason, resolve_source_ref};
-use super::local::{ApplyOptions, Store};
-use super::pvc::{Claim, StorageDefaults, VolumeMode, claim};
-use super::status::{PROGRESS_UNKNOWN, format_progress, reason, set_condition};
+use super::datasource::{refresh, volume_id};
+use super::datavolume::{ApplyOptions, Store};
+use super::store::ObjectStore;
 use crate::api::datavolume::{SourcePvc, condition};
 use crate::api::golden::DataSource;
 use crate::api::{DataVolume, Phase};
+use crate::datavolume::clone::{SourceRef, reason as clone_reason, resolve_source_ref};
+use crate::datavolume::pvc::{Claim, StorageDefaults, VolumeMode, claim};
+use crate::datavolume::status::{PROGRESS_UNKNOWN, format_progress, reason, set_condition};
 use crate::error::{Error, Result};
-use crate::golden::local_datasource::{refresh, volume_id};
-use crate::golden::local_store::ObjectStore;
 use crate::settings::Config;
 
 /// True when the DataVolume clones (a PVC or snapshot source, or a sourceRef).

@@ -11,11 +11,11 @@ use std::path::Path;
 use k8s_openapi::jiff::Timestamp;
 use provisioner::Provisioner;
 
+use super::datavolume::Store;
+use super::store::ObjectStore;
 use crate::api::golden::DataSource;
-use crate::datavolume::local::Store;
 use crate::error::{Error, Result};
 use crate::golden::datasource::{SourceState, status};
-use crate::golden::local_store::ObjectStore;
 
 /// The pool volume of a local PVC `namespace/name` (what `quarry apply` names a DataVolume's).
 pub fn volume_id(namespace: &str, name: &str) -> String {
@@ -92,14 +92,14 @@ pub fn refresh(mut ds: DataSource, state_dir: &Path, prov: &Provisioner) -> Resu
 
 /// `quarry apply -f FILE` of a DataSource: stores it with its Ready condition and prints it as
 /// `datasource/NAME Ready|NotReady: REASON`; whether it is Ready.
-pub fn apply_manifest(file: &Path, opts: &crate::datavolume::local::ApplyOptions) -> Result<bool> {
+pub fn apply_manifest(file: &Path, opts: &super::datavolume::ApplyOptions) -> Result<bool> {
     let text = std::fs::read_to_string(file)
         .map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
     let ds = parse(&text, &file.display().to_string())?;
-    let prov = crate::datavolume::local::open_pool(&opts.pool)?;
+    let prov = super::datavolume::open_pool(&opts.pool)?;
     let ds = refresh(ds, &opts.state_dir, &prov)?;
     let name = ds.metadata.name.clone().unwrap_or_default();
-    let ready = crate::golden::datasource::is_ready(&ds);
+    let ready = ds.is_ready();
     let why = ds
         .status
         .iter()

@@ -10,10 +10,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use importer::archive::{extract, extract_from};
-use importer::cli::ArgsError;
 use importer::import::{ImportRequest, import, import_from};
 use importer::progress::Progress;
-use importer::source::{Blank, SourceSpec};
+use importer::source::Blank;
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateTerminated, ContainerStatus, PersistentVolumeClaim,
     PersistentVolumeClaimStatus, Pod, PodStatus,
@@ -23,11 +22,11 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use provisioner::{CapacityRange, CreateVolume, PoolConfig, Provisioner};
 
-use super::pod::{SourceRefs, importer_pod_name};
-use super::pvc::{Claim, StorageDefaults, VolumeMode, claim};
-use super::source::{ImportSource, Source, SourceKind, header, source};
-use super::{Action, Observed, decide, name};
 use crate::api::{DataVolume, Phase};
+use crate::datavolume::pod::{SourceRefs, importer_pod_name};
+use crate::datavolume::pvc::{StorageDefaults, VolumeMode, claim};
+use crate::datavolume::source::{Source, source};
+use crate::datavolume::{Action, Observed, decide, name};
 use crate::error::{Error, Result};
 use crate::settings::{Config, RetryPolicy};
 
@@ -89,7 +88,7 @@ impl Store {
 
     /// Every DataVolume of a namespace, by name.
     pub fn list(&self, ns: &str) -> Result<Vec<DataVolume>> {
-        crate::golden::local_store::ObjectStore::<DataVolume>::new(&self.dir)
+        super::store::ObjectStore::<DataVolume>::new(&self.dir)
             .names(ns)?
             .iter()
             .map(|n| self.load(ns, n))
@@ -238,96 +237,6 @@ fn local_pod(dv: &DataVolume, phase: &str, exit: Option<(i32, String)>) -> Pod {
     p
 }
 
-fn object_dir(opts: &ApplyOptions, what: &str, obj: &str) -> Result<PathBuf> {
-    let dir = opts.secrets_dir.as_ref().ok_or_else(|| {
-        Error::invalid(format!(
-            "the source references {what} {obj:?}: give --secrets-dir DIR with DIR/{obj}/KEY files"
-        ))
-    })?;
-    let d = dir.join(obj);
-    if !d.is_dir() {
-        return Err(Error::invalid(format!(
-            "{what} {obj:?}: {} is not a directory",
-            d.display()
-        )));
-    }
-    Ok(d)
-}
-
-fn read_key(dir: &Path, key: &str) -> Result<String> {
-    let p = dir.join(key);
-    std::fs::read_to_string(&p)
-        .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
-        .map_err(|e| Error::io(format!("reading {}", p.display()), e))
-}
-
-/// The import request for a source, with Secrets and ConfigMaps read from `--secrets-dir`.
-pub fn import_request(
-    src: &ImportSource,
-    target: PathBuf,
-    claim: &Claim,
-    preallocate: bool,
-    opts: &ApplyOptions,
-) -> Result<ImportRequest> {
-    let mut args = src.import_args(target, claim, &opts.insecure_registries);
-    // The target is always a file here, whatever the volume mode.
-    args.filesystem_overhead = Some(claim.overhead);
-    args.preallocate = preallocate && !src.archive;
-    if let Some(secret) = &src.secret_ref {
-        let dir = object_dir(opts, "Secret", secret)?;
-        match src.kind {
-            SourceKind::S3 => args.s3_credentials = Some(dir),
-            SourceKind::Http | SourceKind::Registry => {
-                args.user = Some(read_key(&dir, "accessKeyId")?);
-                args.password_file = Some(dir.join("secretKey"));
-            }
-        }
-    }
-    for secret in &src.secret_extra_headers {
-        let dir = object_dir(opts, "Secret", secret)?;
-        for file in files(&dir)? {
-            let key = file.file_name().unwrap_or_default().to_string_lossy();
-            let line = read_key(&dir, &key)?;
-            header(&line)?;
-            args.headers.push(line);
-        }
-    }
-    if let Some(cm) = &src.cert_config_map {
-        args.ca_certs = files(&object_dir(opts, "ConfigMap", cm)?)?;
-    }
-    let mut req = args.to_request().map_err(|e| match e {
-        ArgsError::PasswordFile { path, source } => {
-            Error::io(format!("reading {}", path.display()), source)
-        }
-        e => Error::invalid(format!(
-            "source {}: {}",
-            src.url,
-            importer::error::chain(&e)
-        )),
-    })?;
-    // As in the importer pod, an S3 source without a Secret is read unsigned: the AWS_*
-    // variables of this process are not the DataVolume's.
-    if let SourceSpec::S3 { options, .. } = &mut req.source
-        && src.secret_ref.is_none()
-    {
-        options.credentials = None;
-    }
-    Ok(req)
-}
-
-/// The files of a mounted Secret or ConfigMap directory (dot-files, Kubernetes' own, skipped).
-fn files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let listing = |e| Error::io(format!("listing {}", dir.display()), e);
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(listing)? {
-        let entry = entry.map_err(listing)?;
-        if entry.path().is_file() && !entry.file_name().to_string_lossy().starts_with('.') {
-            files.push(entry.path());
-        }
-    }
-    Ok(files)
-}
-
 /// The local pool's provisioner; a missing pool directory is made, as the CSI driver makes its
 /// pools' directories.
 pub fn open_pool(pool: &Path) -> Result<Provisioner> {
@@ -396,8 +305,8 @@ pub fn apply(
     }
     let prov = open_pool(&opts.pool)?;
     let volume = format!("{ns}-{}", name(&dv));
-    if super::local_clone::is_clone(&dv) {
-        return super::local_clone::apply(dv, opts, &store, &prov, &volume, &cfg);
+    if super::clone::is_clone(&dv) {
+        return super::clone::apply(dv, opts, &store, &prov, &volume, &cfg);
     }
 
     let mut pvc: Option<PersistentVolumeClaim> = None;
@@ -479,19 +388,20 @@ pub fn apply(
         if phase == Some(Phase::ImportScheduled) && worker.is_none() && pod.is_some() {
             let (_, dir, _) = prov.volume_paths(&volume)?;
             // An archive is extracted into the volume's directory itself.
-            let archive = super::source::is_archive(&dv.spec);
+            let archive = crate::datavolume::source::is_archive(&dv.spec);
             let target = if archive {
                 dir
             } else {
                 dir.join(provisioner::pool::BLOCK_FILE)
             };
             let job = match source(&dv.spec)? {
-                Source::Import(i) => Job::Named(import_request(
+                Source::Import(i) => Job::Named(crate::datavolume::request::import_request(
                     &i,
                     target,
                     &claim(&dv, &cfg, &StorageDefaults::Builtin)?,
                     dv.spec.preallocation == Some(true),
-                    opts,
+                    opts.secrets_dir.as_deref(),
+                    &opts.insecure_registries,
                 )?),
                 _ => {
                     let mut r = ImportRequest::new((), target);
@@ -520,8 +430,8 @@ pub fn apply(
 /// An upload source has no client in local mode: the DataVolume is recorded as Failed, saying
 /// what to run instead, so `quarry get dv` shows why.
 fn refuse_upload(mut dv: DataVolume, store: &Store) -> Result<DataVolume> {
-    use super::status::{PROGRESS_UNKNOWN, reason, set_condition};
     use crate::api::datavolume::condition;
+    use crate::datavolume::status::{PROGRESS_UNKNOWN, reason, set_condition};
     const MESSAGE: &str = "source.upload needs a client to upload to: run `quarry upload-server \
          --target POOL/NAMESPACE-NAME/disk.img` and `quarry upload` instead of `quarry apply`";
     let now = Timestamp::now();
