@@ -72,12 +72,7 @@ macro_rules! exits_1 {
     };
 }
 
-exits_1!(
-    launcher::Error,
-    operators::Error,
-    csi::Error,
-    std::io::Error
-);
+exits_1!(launcher::Error, kubekit::Error, csi::Error, std::io::Error);
 
 /// `quarry import`'s own option errors exit 1 without a kind; the import's errors keep theirs.
 impl CommandError for importer::cli::ArgsError {

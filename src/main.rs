@@ -53,7 +53,7 @@ enum Command {
     /// Write the Kubernetes manifests under deploy/ from the Rust types (or --check them).
     GenDeploy(operators::cli::GenDeployArgs),
     /// Serve CDI's upload token API (upload.cdi.kubevirt.io) as an aggregated API server.
-    Apiserver(operators::apiserver::ApiServerArgs),
+    Apiserver(cdi::apiserver::ApiServerArgs),
 }
 
 fn main() -> ExitCode {
@@ -145,7 +145,7 @@ fn main() -> ExitCode {
         }
         Command::Apiserver(args) => {
             init_logs("info");
-            serve(operators::apiserver::run(args))
+            serve(cdi::apiserver::run(args))
         }
         Command::GenDeploy(args) => {
             init_logs("warn");

@@ -262,7 +262,7 @@ fn poll_together(url: &str) -> Vec<String> {
         let polls = (0..CONCURRENT_POLLS).map(|_| {
             let (url, opts) = (url.to_string(), opts.clone());
             tokio::spawn(async move {
-                operators::golden::poll::http_version(&url, &opts)
+                cdi::golden::poll::http_version(&url, &opts)
                     .await
                     .map(|v| v.digest())
             })

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::error::{Error, Result};
-use crate::hostpath::objects::Settings;
-use crate::local::datavolume::{self as local, ApplyOptions, Store};
-use crate::metrics::Metrics;
-use crate::settings::Overrides;
-use crate::settings::{Config, LiveSettings, RetryPolicy, UploadTls};
+use cdi::local::datavolume::{self as local, ApplyOptions, Store};
+use cdi::settings::Overrides;
+use cdi::settings::{Config, LiveSettings, RetryPolicy, UploadTls};
+use hco::hostpath::objects::Settings;
+use kubekit::error::{Error, Result};
+use kubekit::metrics::Metrics;
 
 /// `quarry controller`.
 #[derive(clap::Args, Debug)]
@@ -36,7 +36,7 @@ pub struct ControllerArgs {
 impl ControllerArgs {
     /// The component (Deployment, ServiceAccount and Lease name) of the chosen controller.
     pub fn component(&self) -> &'static str {
-        use crate::names::component;
+        use api::names::component;
         match self.which {
             Which::Datavolume(_) => component::DATAVOLUME_CONTROLLER,
             Which::Hyperconverged(_) => component::HYPERCONVERGED_CONTROLLER,
@@ -47,7 +47,7 @@ impl ControllerArgs {
     }
 
     /// The leader-election candidate, when asked for.
-    fn elector(&self, client: &kube::Client) -> Option<crate::leader::Elector> {
+    fn elector(&self, client: &kube::Client) -> Option<kubekit::leader::Elector> {
         if !self.leader_elect {
             return None;
         }
@@ -55,17 +55,17 @@ impl ControllerArgs {
             .leader_elect_namespace
             .clone()
             .or_else(|| std::env::var("POD_NAMESPACE").ok())
-            .unwrap_or_else(|| crate::names::NAMESPACE.into());
+            .unwrap_or_else(|| api::names::NAMESPACE.into());
         let identity = std::env::var("POD_NAME")
             .ok()
             .or_else(|| std::env::var("HOSTNAME").ok())
             .unwrap_or_else(|| format!("{}-{}", self.component(), std::process::id()));
-        Some(crate::leader::Elector::new(
+        Some(kubekit::leader::Elector::new(
             client.clone(),
             &namespace,
-            &crate::names::lease(self.component()),
+            &api::names::lease(self.component()),
             &identity,
-            crate::leader::Timing::default(),
+            kubekit::leader::Timing::default(),
         ))
     }
 }
@@ -94,7 +94,7 @@ pub enum Which {
 #[derive(clap::Args, Debug, Clone)]
 pub struct CertsArgs {
     /// Namespace of the Secrets and bundle ConfigMaps (the install's).
-    #[arg(long, default_value = crate::names::NAMESPACE)]
+    #[arg(long, default_value = api::names::NAMESPACE)]
     pub namespace: String,
     /// Look again at least this often, in seconds (a changed certConfig, a deleted Secret).
     #[arg(long, default_value_t = 300)]
@@ -181,7 +181,7 @@ pub struct HostPathArgs {
     pub image: Option<String>,
     /// The pool of the HostPathProvisioner made at start when there is none (NAME=PATH), so
     /// that the bundle alone gives a working driver; empty: make none.
-    #[arg(long, default_value = crate::deploy::DEFAULT_POOL, value_parser = parse_default_pool)]
+    #[arg(long, default_value = bundle::DEFAULT_POOL, value_parser = parse_default_pool)]
     pub default_pool: DefaultPool,
     /// node-driver-registrar image.
     #[arg(long, default_value_t = Settings::default().registrar_image)]
@@ -229,11 +229,11 @@ impl DataVolumeArgs {
             image: self
                 .image
                 .clone()
-                .unwrap_or_else(|| crate::names::DEFAULT_IMAGE.into()),
+                .unwrap_or_else(|| api::names::DEFAULT_IMAGE.into()),
             pull_policy: self.pull_policy.clone(),
             filesystem_overhead: self
                 .filesystem_overhead
-                .unwrap_or(crate::settings::DEFAULT_FILESYSTEM_OVERHEAD),
+                .unwrap_or(cdi::settings::DEFAULT_FILESYSTEM_OVERHEAD),
             filesystem_overhead_per_class: self.class_overhead.iter().cloned().collect(),
             default_storage_class: None,
             insecure_registries: self.insecure_registries.clone(),
@@ -273,15 +273,15 @@ impl DataVolumeArgs {
 /// Runs a controller against the cluster of the kubeconfig (or the pod's service account).
 pub async fn controller(args: ControllerArgs) -> Result<()> {
     let controller = match &args.which {
-        Which::Datavolume(_) => crate::datavolume::controller::CONTROLLER,
-        Which::Hyperconverged(_) => crate::hyperconverged::controller::CONTROLLER,
-        Which::Hostpath(_) => crate::hostpath::controller::CONTROLLER,
-        Which::Certs(_) => crate::certs::CONTROLLER,
-        Which::Datasource => crate::golden::controller::CONTROLLER,
+        Which::Datavolume(_) => cdi::datavolume::controller::CONTROLLER,
+        Which::Hyperconverged(_) => hco::hyperconverged::controller::CONTROLLER,
+        Which::Hostpath(_) => hco::hostpath::controller::CONTROLLER,
+        Which::Certs(_) => certs::CONTROLLER,
+        Which::Datasource => cdi::golden::controller::CONTROLLER,
     };
-    let client = crate::kubeops::cluster_client(controller).await?;
+    let client = kubekit::kubeops::cluster_client(controller).await?;
     let metrics = Arc::new(Metrics::default());
-    let bound = crate::metrics::serve(args.metrics_addr, metrics.clone()).await?;
+    let bound = kubekit::metrics::serve(args.metrics_addr, metrics.clone()).await?;
     tracing::info!(%bound, "serving metrics");
     // Every replica serves the webhook (its Service reaches any of them); only the leader
     // reconciles.
@@ -289,11 +289,11 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
         && let Some(addr) = a.webhook_addr
     {
         let tls = a.webhook_tls_cert.clone().zip(a.webhook_tls_key.clone());
-        let settings = crate::hyperconverged::webhook::Settings {
+        let settings = hco::hyperconverged::webhook::Settings {
             namespace: Some(a.namespace.clone()),
             client: Some(client.clone()),
         };
-        let bound = crate::hyperconverged::webhook::serve(addr, tls, settings).await?;
+        let bound = hco::hyperconverged::webhook::serve(addr, tls, settings).await?;
         tracing::info!(%bound, "serving the HyperConverged webhook");
     }
     let elector = args.elector(&client);
@@ -323,7 +323,7 @@ async fn own_image(client: &kube::Client) -> Option<String> {
         std::env::var("POD_NAME").ok()?,
         std::env::var("POD_NAMESPACE").ok()?,
     );
-    crate::kubeops::pod_image(client, &ns, &name).await
+    kubekit::kubeops::pod_image(client, &ns, &name).await
 }
 
 /// Runs the chosen controller until the process is stopped.
@@ -336,15 +336,15 @@ async fn run_controller(which: Which, client: kube::Client, metrics: Arc<Metrics
             let (mut config, overrides) = (a.config(), a.overrides());
             if let Some(path) = &a.clone_token_public_key {
                 let key = token::load_public_key(path)
-                    .map_err(|e| crate::Error::Config(importer::error::chain(&e)))?;
+                    .map_err(|e| kubekit::Error::Config(netkit::error::chain(&e)))?;
                 config.clone_token_key = Some(key);
             }
             let live = Arc::new(LiveSettings::new(config, overrides));
-            let ctx = crate::datavolume::controller::Context::with_settings(client, live, metrics);
+            let ctx = cdi::datavolume::controller::Context::with_settings(client, live, metrics);
             crate::process::cdi(Arc::new(ctx), None).await
         }
         Which::Hyperconverged(a) => {
-            crate::hyperconverged::controller::run(client, a.namespace, metrics).await
+            hco::hyperconverged::controller::run(client, a.namespace, metrics).await
         }
         Which::Hostpath(a) => {
             let image = match a.image {
@@ -353,21 +353,21 @@ async fn run_controller(which: Which, client: kube::Client, metrics: Arc<Metrics
             };
             let settings = Settings {
                 namespace: a.namespace,
-                image: image.unwrap_or_else(|| crate::names::DEFAULT_IMAGE.into()),
+                image: image.unwrap_or_else(|| api::names::DEFAULT_IMAGE.into()),
                 registrar_image: a.registrar_image,
                 provisioner_image: a.provisioner_image,
                 snapshotter_image: a.snapshotter_image,
                 resizer_image: a.resizer_image,
             };
             if let Some(pool) = a.default_pool.0 {
-                crate::hostpath::controller::ensure_one(&client, pool).await?;
+                hco::hostpath::controller::ensure_one(&client, pool).await?;
             }
-            crate::hostpath::controller::run(client, settings, metrics).await
+            hco::hostpath::controller::run(client, settings, metrics).await
         }
         Which::Certs(a) => {
-            crate::certs::run(client, a.namespace, Duration::from_secs(a.resync)).await?;
+            certs::run(client, a.namespace, Duration::from_secs(a.resync)).await?;
         }
-        Which::Datasource => crate::golden::controller::run(client, metrics, None).await,
+        Which::Datasource => cdi::golden::controller::run(client, metrics, None).await,
     }
     Ok(())
 }
@@ -418,7 +418,7 @@ impl ApplyArgs {
     }
 
     /// Reads the manifest.
-    pub fn manifest(&self) -> Result<crate::api::DataVolume> {
+    pub fn manifest(&self) -> Result<api::DataVolume> {
         let text = std::fs::read_to_string(&self.file)
             .map_err(|e| Error::io(format!("reading {}", self.file.display()), e))?;
         local::parse(&text, &self.file.display().to_string())
@@ -432,7 +432,7 @@ pub fn apply(args: &ApplyArgs) -> Result<bool> {
     match manifest_kind(&args.file)?.as_deref() {
         Some("DataImportCron") => return apply_cron(args),
         Some("DataSource") => {
-            return crate::local::datasource::apply_manifest(&args.file, &args.options());
+            return cdi::local::datasource::apply_manifest(&args.file, &args.options());
         }
         _ => {}
     }
@@ -445,7 +445,7 @@ pub fn apply(args: &ApplyArgs) -> Result<bool> {
     let status = dv.status.clone().unwrap_or_default();
     let phase = status.phase.map(|p| p.as_str()).unwrap_or("Unknown");
     let name = dv.metadata.name.as_deref().unwrap_or_default();
-    if status.phase == Some(crate::api::Phase::Succeeded) {
+    if status.phase == Some(api::Phase::Succeeded) {
         eprintln!("datavolume/{name} {phase}");
         return Ok(true);
     }
@@ -453,7 +453,7 @@ pub fn apply(args: &ApplyArgs) -> Result<bool> {
         .conditions
         .iter()
         .find(|c| c.type_ == "Ready")
-        .map(|c| crate::api::reason_and_message(c.reason.as_deref(), c.message.as_deref()))
+        .map(|c| api::reason_and_message(c.reason.as_deref(), c.message.as_deref()))
         .unwrap_or_default();
     eprintln!("datavolume/{name} {phase}: {why}");
     Ok(false)
@@ -472,10 +472,10 @@ fn manifest_kind(file: &std::path::Path) -> Result<Option<String>> {
 fn apply_cron(args: &ApplyArgs) -> Result<bool> {
     let text = std::fs::read_to_string(&args.file)
         .map_err(|e| Error::io(format!("reading {}", args.file.display()), e))?;
-    let cron = crate::local::cron::parse(&text, &args.file.display().to_string())?;
+    let cron = cdi::local::cron::parse(&text, &args.file.display().to_string())?;
     let progress = Arc::new(importer::progress::Progress::default());
     let bar = importer::progress::ProgressBar::start(progress.clone());
-    let result = crate::local::cron::apply(cron, &args.options(), progress);
+    let result = cdi::local::cron::apply(cron, &args.options(), progress);
     bar.finish();
     let report = result?;
     let name = report.cron.metadata.name.clone().unwrap_or_default();
@@ -501,7 +501,7 @@ fn apply_cron(args: &ApplyArgs) -> Result<bool> {
     let up_to_date = report.cron.status.as_ref().is_some_and(|s| {
         s.conditions
             .iter()
-            .any(|c| c.type_ == crate::api::golden::condition::UP_TO_DATE && c.status == "True")
+            .any(|c| c.type_ == api::golden::condition::UP_TO_DATE && c.status == "True")
     });
     Ok(up_to_date)
 }
@@ -543,10 +543,10 @@ pub fn get(args: &GetArgs) -> Result<String> {
         .unwrap_or_else(local::default_state_dir);
     match args.kind.as_str() {
         "dic" | "dics" | "dataimportcron" | "dataimportcrons" => {
-            return get_golden(args, dir, crate::local::cron::cron_table);
+            return get_golden(args, dir, cdi::local::cron::cron_table);
         }
         "das" | "datasource" | "datasources" => {
-            return get_golden(args, dir, crate::local::cron::data_source_table);
+            return get_golden(args, dir, cdi::local::cron::data_source_table);
         }
         _ => {}
     }
@@ -584,7 +584,7 @@ fn get_golden<K>(args: &GetArgs, dir: PathBuf, table: fn(&[K]) -> String) -> Res
 where
     K: kube::Resource<DynamicType = ()> + serde::Serialize + serde::de::DeserializeOwned,
 {
-    let store = crate::local::store::ObjectStore::<K>::new(dir);
+    let store = cdi::local::store::ObjectStore::<K>::new(dir);
     let objs = match &args.name {
         Some(n) => vec![store.get(&args.namespace, n)?.ok_or_else(|| {
             Error::invalid(format!(
@@ -635,7 +635,7 @@ pub struct GenDeployArgs {
     #[arg(long)]
     pub check: bool,
     /// The image of every component (kustomize `images:` can override it later).
-    #[arg(long, default_value = crate::names::DEFAULT_IMAGE)]
+    #[arg(long, default_value = api::names::DEFAULT_IMAGE)]
     pub image: String,
 }
 
@@ -643,9 +643,9 @@ pub struct GenDeployArgs {
 /// false when `--check` found stale files.
 pub fn gen_deploy(args: &GenDeployArgs) -> Result<bool> {
     let files = if args.check {
-        crate::deploy::stale(&args.root, &args.image)?
+        bundle::stale(&args.root, &args.image)?
     } else {
-        crate::deploy::write(&args.root, &args.image)?
+        bundle::write(&args.root, &args.image)?
     };
     for f in &files {
         let what = if args.check { "stale: " } else { "wrote " };
@@ -676,7 +676,7 @@ mod tests {
         assert_eq!(none.overrides(), Overrides::default());
         assert_eq!(
             none.config().filesystem_overhead,
-            crate::settings::DEFAULT_FILESYSTEM_OVERHEAD
+            cdi::settings::DEFAULT_FILESYSTEM_OVERHEAD
         );
         let given = parse(&[
             "--filesystem-overhead",

@@ -1,28 +1,8 @@
-//! CRD types ([`api`]), the DataVolume ([`datavolume`]), HyperConverged ([`hyperconverged`]) and
-//! HostPathProvisioner ([`hostpath`]) controllers, the manifests generated from them
-//! ([`deploy`]) and the `quarry controller` / `apply` / `get` commands ([`cli`]). The KVM
-//! launcher is its own crate (`launcher`).
+//! The operators' composition root: what each `quarry controller` process runs ([`process`]) and
+//! the `quarry controller` / `apply` / `get` / `gen-deploy` commands ([`cli`]). The parts are
+//! crates of their own: `api` (types and names), `kubekit` (the controller kit), `cdi` (CDI's
+//! controllers and local mode), `hco` (the HyperConverged and HostPathProvisioner operators),
+//! `certs` (the PKI and cert controller) and `bundle` (the generated install).
 
-pub mod api;
-pub mod apiserver;
-pub mod cdiconfig;
-pub mod certs;
 pub mod cli;
-pub mod datavolume;
-pub mod deploy;
-pub mod error;
-pub mod golden;
-pub mod hostpath;
-pub mod hyperconverged;
-pub mod kubeops;
-pub mod leader;
-pub mod local;
-pub mod metrics;
-#[cfg(test)]
-mod mockapi;
-pub mod names;
 pub mod process;
-pub mod settings;
-mod tls;
-
-pub use error::{Error, ErrorKind, Result};

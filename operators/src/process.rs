@@ -2,8 +2,10 @@
 
 use std::sync::Arc;
 
-use crate::datavolume::controller::Context;
-use crate::{cdiconfig, datavolume, golden};
+use cdi::cdiconfig;
+use cdi::datavolume;
+use cdi::datavolume::controller::Context;
+use cdi::golden;
 
 /// CDI's controller process (`quarry controller datavolume`), over every namespace (`namespace`
 /// None) or one: the DataVolume reconciler with the CDIConfig, StorageProfile, DataSource and

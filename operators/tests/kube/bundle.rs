@@ -6,6 +6,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use api::cdi::CDI_CONFIG_NAME;
+use api::names::DEFAULT_IMAGE;
+use api::names::{self, NAMESPACE, component};
+use api::{CdiConfig, DataVolume, HostPathProvisioner, StorageProfile};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, ServiceAccount};
@@ -13,12 +17,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use kube::{Client, ResourceExt};
-use operators::api::cdi::CDI_CONFIG_NAME;
-use operators::api::{CdiConfig, DataVolume, HostPathProvisioner, StorageProfile};
-use operators::deploy;
-use operators::leader::{Elector, Timing};
-use operators::names::DEFAULT_IMAGE;
-use operators::names::{self, NAMESPACE, component};
+use kubekit::leader::{Elector, Timing};
 use serde_json::{Value, json};
 use testkit::kube::{FRONT_PROXY_CLIENT, KubeApiServer, Options};
 
@@ -56,7 +55,7 @@ async fn the_whole_bundle_applies_its_pods_are_admitted_and_each_component_needs
     let sa = |c: &'static str| server.service_account_client(NAMESPACE, c);
 
     // 1. Every file, in the generated order (namespace, CRDs, the rest), is accepted.
-    let files = deploy::manifests(DEFAULT_IMAGE).unwrap();
+    let files = bundle::manifests(DEFAULT_IMAGE).unwrap();
     let mut templates = Vec::new();
     for (rel, _) in &files {
         if rel.ends_with("kustomization.yaml") {
@@ -116,9 +115,9 @@ async fn the_whole_bundle_applies_its_pods_are_admitted_and_each_component_needs
             .unwrap_or_else(|e| panic!("{name}'s pod under restricted: {e}"));
     }
     // The CSI DaemonSet is the HostPathProvisioner controller's, from its default CR.
-    let (pool, path) = deploy::DEFAULT_POOL.split_once('=').unwrap();
-    let hpp = operators::api::HostPathProvisioner::with_pool(pool, path);
-    let driver = operators::hostpath::objects::driver_objects(&hpp, &Default::default()).unwrap();
+    let (pool, path) = bundle::DEFAULT_POOL.split_once('=').unwrap();
+    let hpp = api::HostPathProvisioner::with_pool(pool, path);
+    let driver = hco::hostpath::objects::driver_objects(&hpp, &Default::default()).unwrap();
     let template = serde_json::to_value(&driver.daemon_set.spec.unwrap().template).unwrap();
     let csi = pod_from(&template, "quarry-csi");
     match pods.create(&PostParams::default(), &csi).await {
@@ -198,7 +197,7 @@ async fn leader_election(client: &Client, component: &str) {
         Timing::default(),
     );
     match other.try_acquire_or_renew().await {
-        Err(operators::Error::Kube(kube::Error::Api(e))) => assert_eq!(e.code, 403, "{e:?}"),
+        Err(kubekit::Error::Kube(kube::Error::Api(e))) => assert_eq!(e.code, 403, "{e:?}"),
         r => panic!("{component} on another Lease: {r:?}"),
     }
 }
@@ -217,17 +216,17 @@ async fn hostpath(admin: &Client, client: Client) {
         .await
         .unwrap();
     assert_eq!(
-        operators::kubeops::pod_image(&client, NAMESPACE, &own.name_any())
+        kubekit::kubeops::pod_image(&client, NAMESPACE, &own.name_any())
             .await
             .as_deref(),
         Some("registry.example/quarry:own")
     );
     // with no HostPathProvisioner, the controller makes the default one (under its own RBAC)
-    let (pool, path) = deploy::DEFAULT_POOL.split_once('=').unwrap();
-    operators::hostpath::controller::ensure_one(&client, (pool.into(), path.into()))
+    let (pool, path) = bundle::DEFAULT_POOL.split_once('=').unwrap();
+    hco::hostpath::controller::ensure_one(&client, (pool.into(), path.into()))
         .await
         .unwrap();
-    let ctl = tokio::spawn(operators::hostpath::controller::run(
+    let ctl = tokio::spawn(hco::hostpath::controller::run(
         client,
         Default::default(),
         Arc::default(),
@@ -261,7 +260,7 @@ async fn hostpath(admin: &Client, client: Client) {
 /// The HyperConverged controller applies its first child (a CDI, whose CRD is in the bundle)
 /// and reports the next missing CRD: every call before it was allowed.
 async fn hyperconverged(admin: &Client, client: Client) {
-    let ctl = tokio::spawn(operators::hyperconverged::controller::run(
+    let ctl = tokio::spawn(hco::hyperconverged::controller::run(
         client,
         NAMESPACE.into(),
         Arc::default(),
@@ -287,7 +286,7 @@ async fn hyperconverged(admin: &Client, client: Client) {
 /// status, and the StorageProfile of the bundle's StorageClass.
 async fn datavolume(server: &KubeApiServer, admin: &Client, client: Client) {
     let ns = server.namespace("user", &[]).await;
-    let ctx = Arc::new(operators::datavolume::controller::Context::new(
+    let ctx = Arc::new(cdi::datavolume::controller::Context::new(
         client,
         Default::default(),
         Arc::default(),
@@ -333,7 +332,7 @@ async fn datavolume(server: &KubeApiServer, admin: &Client, client: Client) {
 /// `quarry apiserver`'s calls: the front-proxy ConfigMap in kube-system (what it trusts without
 /// `--requestheader-client-ca`), SubjectAccessReviews, PVCs.
 async fn token_api(server: &KubeApiServer, client: Client) {
-    let (auth, ca) = operators::apiserver::front_proxy_from_cluster(&client)
+    let (auth, ca) = cdi::apiserver::front_proxy_from_cluster(&client)
         .await
         .unwrap();
     let front_proxy = std::fs::read_to_string(server.front_proxy().client_ca).unwrap();
@@ -363,9 +362,7 @@ async fn token_api(server: &KubeApiServer, client: Client) {
 /// nothing missing), a second pass changing nothing; Secrets elsewhere are out of its reach.
 async fn cert_controller(admin: &Client, client: Client) {
     let now = token::now();
-    let first = operators::certs::reconcile(&client, NAMESPACE, now)
-        .await
-        .unwrap();
+    let first = certs::reconcile(&client, NAMESPACE, now).await.unwrap();
     assert!(first.missing.is_empty(), "{:?}", first.missing);
     let mut injected = first.injected.clone();
     injected.sort();
@@ -418,9 +415,7 @@ async fn cert_controller(admin: &Client, client: Client) {
             "{name}"
         );
     }
-    let second = operators::certs::reconcile(&client, NAMESPACE, now + 1)
-        .await
-        .unwrap();
+    let second = certs::reconcile(&client, NAMESPACE, now + 1).await.unwrap();
     assert!(second.plan.is_empty(), "{:?}", second.plan);
     assert!(second.injected.is_empty(), "{:?}", second.injected);
     match Api::<Secret>::namespaced(client, "default")
@@ -559,7 +554,7 @@ async fn kubectl_apply_k_of_an_overlay_installs_the_bundle_with_its_image() {
             .unwrap()
             .is_none()
     );
-    for (rel, _) in deploy::manifests(DEFAULT_IMAGE).unwrap() {
+    for (rel, _) in bundle::manifests(DEFAULT_IMAGE).unwrap() {
         if rel.starts_with("deploy/crds") {
             let name = rel.file_stem().unwrap().to_str().unwrap().to_string();
             established(&admin, &name).await;

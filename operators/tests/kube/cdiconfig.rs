@@ -9,17 +9,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use api::names;
+use api::{Cdi, CdiConfig, DataVolume, StorageProfile};
+use cdi::cdiconfig::controller::run_profiles;
+use cdi::datavolume::controller::{self, Context};
+use cdi::datavolume::pvc::required_space;
+use cdi::settings::{Config, RetryPolicy, default_resources};
+use cdi::settings::{LiveSettings, Overrides};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PostParams};
 use kube::{Client, ResourceExt};
-use operators::api::{Cdi, CdiConfig, DataVolume, StorageProfile};
-use operators::cdiconfig::controller::run_profiles;
-use operators::datavolume::controller::{self, Context};
-use operators::datavolume::pvc::required_space;
-use operators::names;
-use operators::settings::{Config, RetryPolicy, default_resources};
-use operators::settings::{LiveSettings, Overrides};
 use serde_json::json;
 use testkit::kube::{KubeApiServer, Options};
 
@@ -264,7 +264,7 @@ async fn storage_profiles_follow_storage_classes_and_complete_spec_storage() {
     let _ctl = Running(vec![
         tokio::spawn(async move { controller::run(c, Some(&n)).await }),
         tokio::spawn(run_profiles(Arc::new(
-            operators::cdiconfig::controller::Context {
+            cdi::cdiconfig::controller::Context {
                 client: ctx.client.clone(),
                 metrics: ctx.metrics.clone(),
                 settings: ctx.live.clone(),

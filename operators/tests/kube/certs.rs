@@ -14,6 +14,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use api::names::{self, secret};
+use certs::{self, pki};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -25,8 +27,6 @@ use kube::Client;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
-use operators::certs::{self, pki};
-use operators::names::{self, secret};
 use serde_json::{Value, json};
 use testkit::kube::{FRONT_PROXY_CLIENT, KubeApiServer, Options};
 
@@ -329,7 +329,7 @@ async fn a_token_from_the_aggregated_token_api_uploads_through_the_real_proxy() 
     let port = tcp.local_addr().unwrap().port();
     drop(tcp);
     let front_proxy = server.front_proxy();
-    let args = operators::apiserver::ApiServerArgs {
+    let args = cdi::apiserver::ApiServerArgs {
         listen: format!("127.0.0.1:{port}").parse().unwrap(),
         tls_cert: file(dir.path(), "api.crt", &serving["tls.crt"]),
         tls_key: file(dir.path(), "api.key", &serving["tls.key"]),
@@ -338,9 +338,7 @@ async fn a_token_from_the_aggregated_token_api_uploads_through_the_real_proxy() 
         requestheader_client_ca: Some(front_proxy.client_ca.clone()),
         requestheader_allowed_names: vec![FRONT_PROXY_CLIENT.into()],
     };
-    operators::apiserver::start(admin.clone(), &args)
-        .await
-        .unwrap();
+    cdi::apiserver::start(admin.clone(), &args).await.unwrap();
 
     // Registered behind an ExternalName Service; the controller injects the caBundle.
     let services: Api<Service> = Api::namespaced(admin.clone(), &ns);
@@ -393,7 +391,7 @@ async fn a_token_from_the_aggregated_token_api_uploads_through_the_real_proxy() 
         &pvcs,
         json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                "metadata": {"name": "disk",
-                            "annotations": {operators::datavolume::ANN_UPLOAD_TARGET: ""}},
+                            "annotations": {cdi::datavolume::ANN_UPLOAD_TARGET: ""}},
                "spec": {"accessModes": ["ReadWriteOnce"],
                         "resources": {"requests": {"storage": "1Mi"}}}}),
     )
@@ -541,9 +539,9 @@ async fn upload_through_proxy(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_pod_gets_a_certificate_of_the_upload_server_signer_in_a_secret_its_datavolume_owns()
  {
-    use operators::api::DataVolume;
-    use operators::datavolume::controller::{self, Context};
-    use operators::settings::{Config, UploadTls};
+    use api::DataVolume;
+    use cdi::datavolume::controller::{self, Context};
+    use cdi::settings::{Config, UploadTls};
 
     let Some(server) = KubeApiServer::start(&Options::default()) else {
         return;

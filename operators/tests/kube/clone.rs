@@ -5,15 +5,15 @@
 //! The snapshot API's CRDs are not Kubernetes' own: minimal ones are installed here (test
 //! support only; CDI and HCO do not ship them either, the cluster's CSI snapshotter does).
 
+use api::snapshot::VolumeSnapshot;
+use api::{DataVolume, Phase, StorageProfile};
+use cdi::datavolume::clone::SourceKind;
+use cdi::datavolume::clone_objects::ANN_SELECTED_NODE;
+use cdi::datavolume::clone_token;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PostParams};
 use kube::{Client, CustomResourceExt, ResourceExt};
-use operators::api::snapshot::VolumeSnapshot;
-use operators::api::{DataVolume, Phase, StorageProfile};
-use operators::datavolume::clone::SourceKind;
-use operators::datavolume::clone_objects::ANN_SELECTED_NODE;
-use operators::datavolume::clone_token;
 use serde_json::{Value, json};
 
 use crate::datavolume::{config, start};
@@ -134,8 +134,8 @@ fn token_key() -> &'static token::PrivateKey {
 }
 
 /// The controller settings of these tests, checking clone tokens with [`token_key`].
-fn token_config() -> operators::settings::Config {
-    operators::settings::Config {
+fn token_config() -> cdi::settings::Config {
+    cdi::settings::Config {
         clone_token_key: Some(token_key().to_public_key()),
         ..config()
     }
@@ -370,7 +370,7 @@ async fn cross_namespace_clones_are_authorized_by_the_servers_rbac() {
         return;
     };
     // The webhook's identity: what it may do is the bundle's RBAC for quarry-apiserver.
-    let webhook = component_client(operators::names::component::APISERVER)
+    let webhook = component_client(api::names::component::APISERVER)
         .await
         .expect("the server the test already uses");
     apply(
@@ -402,7 +402,7 @@ async fn cross_namespace_clones_are_authorized_by_the_servers_rbac() {
     let ask = |u| {
         let (webhook, golden) = (webhook.clone(), golden.clone());
         async move {
-            operators::datavolume::admission::authorize_clone(
+            cdi::datavolume::admission::authorize_clone(
                 &webhook,
                 (SourceKind::Pvc, &golden, "golden-disk"),
                 &u,
@@ -463,7 +463,7 @@ async fn the_webhooks_clone_token_lets_the_controller_clone_and_a_datavolume_wit
     // `quarry apiserver` with its signing key; its webhook is registered for `ns` only.
     let ca = testkit::tls::TestCa::new();
     let (signing_key, public_key) = testkit::tls::rsa_key_pair(ca.dir(), "signing");
-    let args = operators::apiserver::ApiServerArgs {
+    let args = cdi::apiserver::ApiServerArgs {
         listen: "127.0.0.1:0".parse().unwrap(),
         tls_cert: ca.cert_pem(),
         tls_key: ca.key_pem(),
@@ -472,10 +472,8 @@ async fn the_webhooks_clone_token_lets_the_controller_clone_and_a_datavolume_wit
         requestheader_client_ca: Some(ca.ca_pem()),
         requestheader_allowed_names: Vec::new(),
     };
-    let bound = operators::apiserver::start(client.clone(), &args)
-        .await
-        .unwrap();
-    let path = operators::names::webhook::DATAVOLUME_MUTATE_PATH;
+    let bound = cdi::apiserver::start(client.clone(), &args).await.unwrap();
+    let path = api::names::webhook::DATAVOLUME_MUTATE_PATH;
     let url = format!("https://127.0.0.1:{}{path}", bound.port());
     let registration = register_mutating(&client, &ns, url, &ca.ca_pem()).await;
     let dvs: Api<DataVolume> = Api::namespaced(client.clone(), &ns);
@@ -573,10 +571,10 @@ async fn the_webhooks_clone_token_lets_the_controller_clone_and_a_datavolume_wit
 
 #[tokio::test]
 async fn the_source_pods_client_certificate_is_issued_once_from_the_client_signer() {
+    use api::names::secret;
+    use cdi::datavolume::clone_observe::ensure_client_secret;
+    use certs::pki;
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-    use operators::certs::pki;
-    use operators::datavolume::clone_observe::ensure_client_secret;
-    use operators::names::secret;
     let Some((admin, install)) = namespace("clone-certs", &[]).await else {
         return;
     };
@@ -584,7 +582,7 @@ async fn the_source_pods_client_certificate_is_issued_once_from_the_client_signe
         return;
     };
     // Under the DataVolume controller's own RBAC.
-    let ctl = component_client(operators::names::component::DATAVOLUME_CONTROLLER)
+    let ctl = component_client(api::names::component::DATAVOLUME_CONTROLLER)
         .await
         .expect("the server the test already uses");
     let dv: DataVolume = serde_json::from_value(json!({
@@ -603,7 +601,7 @@ async fn the_source_pods_client_certificate_is_issued_once_from_the_client_signe
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(admin.clone(), &golden);
     assert!(secrets.get_opt("t-uid-source-pod").await.unwrap().is_none());
 
-    operators::certs::reconcile(&admin, &install, token::now())
+    certs::reconcile(&admin, &install, token::now())
         .await
         .unwrap();
     let name = ensure().await.unwrap();

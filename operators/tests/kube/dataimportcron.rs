@@ -9,12 +9,12 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use api::golden::DataImportCron;
+use api::{DataSource, DataVolume};
+use cdi::golden::cron_controller::{self, Context};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, DeleteParams, Patch, PostParams};
 use kube::{Client, ResourceExt};
-use operators::api::golden::DataImportCron;
-use operators::api::{DataSource, DataVolume};
-use operators::golden::cron_controller::{self, Context};
 use serde_json::json;
 use testkit::nginx::{Nginx, NginxConfig};
 
@@ -118,7 +118,7 @@ async fn last_poll(crons: &Api<DataImportCron>) -> Option<String> {
 }
 
 async fn controller(ns: &str) -> Option<tokio::task::JoinHandle<()>> {
-    let client = component_client(operators::names::component::DATAVOLUME_CONTROLLER).await?;
+    let client = component_client(api::names::component::DATAVOLUME_CONTROLLER).await?;
     let ctx = Arc::new(Context {
         client,
         metrics: Arc::default(),

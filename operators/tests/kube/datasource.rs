@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use api::{DataSource, DataVolume, Phase};
+use cdi::datavolume::controller::{self as dv_controller, Context};
+use cdi::golden::controller;
+use cdi::settings::{Config, RetryPolicy};
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
 use kube::api::{Api, Patch, PostParams};
 use kube::{Client, ResourceExt};
-use operators::api::{DataSource, DataVolume, Phase};
-use operators::datavolume::controller::{self as dv_controller, Context};
-use operators::golden::controller;
-use operators::settings::{Config, RetryPolicy};
 use serde_json::json;
 
 use crate::support::{bind_pvc, namespace, test_writes, wait_for};

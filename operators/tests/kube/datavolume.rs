@@ -5,15 +5,15 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use api::DataVolume;
+use api::datavolume::DataVolumeCondition;
+use cdi::datavolume::controller::{self, Context};
+use cdi::settings::{Config, RetryPolicy};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, ResourceQuota, Service};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use operators::api::DataVolume;
-use operators::api::datavolume::DataVolumeCondition;
-use operators::datavolume::controller::{self, Context};
-use operators::settings::{Config, RetryPolicy};
 use serde_json::json;
 
 use crate::support::{
@@ -51,7 +51,7 @@ impl Drop for Running {
 /// The controller runs as its own ServiceAccount with only the bundle's RBAC for it, so a call
 /// the generated role does not grant fails the test.
 pub(crate) async fn start(ns: &str, config: Config, metrics_port: Option<u16>) -> Running {
-    let client = component_client(operators::names::component::DATAVOLUME_CONTROLLER)
+    let client = component_client(api::names::component::DATAVOLUME_CONTROLLER)
         .await
         .expect("the server the test already uses");
     let mut ctx = Context::new(client, config, Arc::default());

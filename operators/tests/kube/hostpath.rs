@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
+use api::HostPathProvisioner;
+use api::hostpath::OperatorCondition;
+use hco::hostpath::objects::Settings;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use operators::api::HostPathProvisioner;
-use operators::api::hostpath::OperatorCondition;
-use operators::hostpath::objects::Settings;
 use serde_json::{Value, json};
 
 use crate::support::{namespace, wait_for};
@@ -56,9 +56,10 @@ async fn one_cr_is_served_others_are_degraded_and_bad_pool_names_are_one_short_m
         ..Settings::default()
     };
     let c = client.clone();
-    let ctl = tokio::spawn(async move {
-        operators::hostpath::controller::run(c, settings, Arc::default()).await
-    });
+    let ctl =
+        tokio::spawn(
+            async move { hco::hostpath::controller::run(c, settings, Arc::default()).await },
+        );
     let (first, second) = (format!("a-{ns}"), format!("b-{ns}"));
     let served = create(
         &client,

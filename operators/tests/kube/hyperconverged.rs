@@ -5,12 +5,12 @@
 
 use std::sync::Arc;
 
+use api::HyperConverged;
+use hco::hyperconverged::children::{self, ChildKind};
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
-use operators::api::HyperConverged;
-use operators::hyperconverged::children::{self, ChildKind};
 use serde_json::json;
 use testkit::kube::{KubeApiServer, Options};
 
@@ -21,9 +21,7 @@ use crate::support::{
 
 fn run_controller(client: &Client, ns: &str) -> tokio::task::JoinHandle<()> {
     let (c, n) = (client.clone(), ns.to_string());
-    tokio::spawn(
-        async move { operators::hyperconverged::controller::run(c, n, Arc::default()).await },
-    )
+    tokio::spawn(async move { hco::hyperconverged::controller::run(c, n, Arc::default()).await })
 }
 
 #[tokio::test]
@@ -156,8 +154,7 @@ async fn children_get_placement_and_cert_defaults_and_report_back() {
 
     // The golden-image template became a DataImportCron in the boot image namespace (made by
     // the controller); an empty template list deletes it.
-    let crons: Api<operators::api::golden::DataImportCron> =
-        Api::namespaced(client.clone(), &images);
+    let crons: Api<api::golden::DataImportCron> = Api::namespaced(client.clone(), &images);
     let cron = wait_for("the golden-image DataImportCron", || async {
         crons.get_opt("fedora-image-cron").await.ok()?
     })

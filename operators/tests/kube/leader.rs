@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
-use operators::leader::{Elector, Timing};
+use kubekit::leader::{Elector, Timing};
 use serde_json::json;
 
 use crate::support::namespace;
@@ -125,7 +125,7 @@ async fn a_leader_whose_lease_is_taken_stops_its_work() {
     .unwrap();
     let outcome = within("the leader noticing", task).await.unwrap();
     let err = outcome.unwrap_err();
-    assert!(matches!(err, operators::Error::LeaseLost { .. }), "{err}");
+    assert!(matches!(err, kubekit::Error::LeaseLost { .. }), "{err}");
     assert!(err.to_string().contains(LEASE), "{err}");
     assert!(stopped.load(Ordering::SeqCst), "the work was stopped");
 }

@@ -6,16 +6,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use api::{
+    Cdi, CdiConfig, DataImportCron, DataSource, DataVolume, HostPathProvisioner, HyperConverged,
+    StorageProfile,
+};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, pinned_kind};
 use kube::{Client, CustomResourceExt};
-use operators::api::{
-    Cdi, CdiConfig, DataImportCron, DataSource, DataVolume, HostPathProvisioner, HyperConverged,
-    StorageProfile,
-};
 use serde_json::{Value, json};
 use testkit::kube::KubeApiServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -26,15 +26,15 @@ pub async fn component_client(component: &str) -> Option<Client> {
     let server = server().await?;
     let admin = server.client();
     let ns = json!({"apiVersion": "v1", "kind": "Namespace",
-                    "metadata": {"name": operators::names::NAMESPACE}});
+                    "metadata": {"name": api::names::NAMESPACE}});
     apply(&admin, &ns).await.unwrap();
-    let access = operators::api::rbac::of(component).expect("a component");
-    for obj in operators::api::rbac::objects(&access) {
+    let access = api::rbac::of(component).expect("a component");
+    for obj in api::rbac::objects(&access) {
         apply(&admin, &obj).await.unwrap();
     }
     Some(
         server
-            .service_account_client(operators::names::NAMESPACE, component)
+            .service_account_client(api::names::NAMESPACE, component)
             .await,
     )
 }

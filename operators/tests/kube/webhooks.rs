@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use api::{DataVolume, HyperConverged};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
@@ -13,7 +14,6 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
-use operators::api::{DataVolume, HyperConverged};
 use serde_json::json;
 use testkit::tls::TestCa;
 
@@ -129,7 +129,7 @@ async fn datavolume_spec_edits_are_refused_and_metadata_edits_pass() {
     };
     let ca = TestCa::new();
     let (signing_key, _) = testkit::tls::rsa_key_pair(ca.dir(), "signing");
-    let args = operators::apiserver::ApiServerArgs {
+    let args = cdi::apiserver::ApiServerArgs {
         listen: "127.0.0.1:0".parse().unwrap(),
         tls_cert: ca.cert_pem(),
         tls_key: ca.key_pem(),
@@ -138,10 +138,8 @@ async fn datavolume_spec_edits_are_refused_and_metadata_edits_pass() {
         requestheader_client_ca: Some(ca.ca_pem()),
         requestheader_allowed_names: Vec::new(),
     };
-    let bound = operators::apiserver::start(client.clone(), &args)
-        .await
-        .unwrap();
-    let path = operators::names::webhook::DATAVOLUME_PATH;
+    let bound = cdi::apiserver::start(client.clone(), &args).await.unwrap();
+    let path = api::names::webhook::DATAVOLUME_PATH;
     let registered = Registered::new(
         &client,
         &ns,
@@ -226,18 +224,18 @@ async fn hyperconverged_deletion_waits_for_datavolumes_unless_workloads_may_go()
         return;
     };
     let ca = TestCa::new();
-    let settings = operators::hyperconverged::webhook::Settings {
+    let settings = hco::hyperconverged::webhook::Settings {
         namespace: Some(ns.clone()),
         client: Some(client.clone()),
     };
-    let bound = operators::hyperconverged::webhook::serve(
+    let bound = hco::hyperconverged::webhook::serve(
         "127.0.0.1:0".parse().unwrap(),
         Some((ca.cert_pem(), ca.key_pem())),
         settings,
     )
     .await
     .unwrap();
-    let path = operators::names::webhook::HYPERCONVERGED_PATH;
+    let path = api::names::webhook::HYPERCONVERGED_PATH;
     let registered = Registered::new(
         &client,
         &ns,
@@ -264,7 +262,7 @@ async fn hyperconverged_deletion_waits_for_datavolumes_unless_workloads_may_go()
         .unwrap();
     let (_, message) = refusal(api.delete(name, &DeleteParams::default()).await);
     assert!(
-        message.contains(operators::hyperconverged::webhook::UNINSTALL_BLOCKED),
+        message.contains(hco::hyperconverged::webhook::UNINSTALL_BLOCKED),
         "{message}"
     );
     api.patch(

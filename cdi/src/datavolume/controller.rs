@@ -1,0 +1,920 @@
+//! The DataVolume controller on kube-runtime (controller-rs style): a [`Context`], [`reconcile`]
+//! and [`error_policy`], a finalizer that cleans up pods (and the PVC unless retained), status by
+//! server-side apply, a tracing span per object and Prometheus reconcile metrics. All decisions
+//! are [`decide`]'s; this module only reads the objects and carries out the actions.
+//!
+//! What triggers a reconcile: a DataVolume's spec, finalizers or deletion (never its status, so
+//! our own status writes cause no reconcile), its PVC, pod and Service, a StorageProfile change
+//! (for DataVolumes waiting for one), and timers. The settings come from [`Context::settings`],
+//! which the CDIConfig reconciler ([`crate::cdiconfig`]) keeps. A running
+//! import's progress is read on the timer ([`Config::progress_interval`]), at most once per
+//! interval whatever else triggers reconciles.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
+use kube::{Client, Resource, ResourceExt};
+use tracing::{Instrument, info_span};
+
+use super::clone::{SourceKind as CloneKind, SourceRef, resolve_source_ref};
+use super::clone_objects::temp_snapshot_name;
+use super::decide::{Event, pod_refused};
+use super::pod::{self, POD_PORT, SourceRefs};
+use super::pvc::StorageDefaults;
+use super::source::CloneSource;
+use super::source::{Source, source};
+use super::status::{CLONE_PROGRESS, IMPORT_PROGRESS, parse_counter};
+use super::{ANN_OWNED_BY, Action, FINALIZER, Observed, decide, name};
+use crate::settings::{Config, UploadTls};
+use crate::settings::{LiveSettings, Overrides, default_class};
+use api::datavolume::{ContentType, DataVolumeSourceRef};
+use api::golden::DataSource;
+use api::names;
+use api::snapshot::VolumeSnapshot;
+use api::{DataVolume, StorageProfile};
+use kubekit::error::{Error, Result};
+use kubekit::kubeops;
+use kubekit::metrics::Metrics;
+
+/// Name in metrics, events, the field manager and the user agent.
+pub const CONTROLLER: &str = "datavolume";
+
+/// What every reconcile shares.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// The settings in force (what the CDIConfig reconciler last derived; the flags' until then).
+    pub live: Arc<LiveSettings>,
+    /// Reconcile metrics.
+    pub metrics: Arc<Metrics>,
+    /// Client for importer metrics endpoints.
+    pub http: reqwest::Client,
+    /// Field manager of every write (`quarry-datavolume`).
+    pub manager: String,
+    /// Port of the importers' metrics endpoints (tests point it at a fake importer).
+    pub metrics_port: u16,
+    /// When each running import (by DataVolume UID) was last scraped.
+    scraped: Mutex<HashMap<String, Instant>>,
+    /// Pod creations refused in a row, by DataVolume UID (their back-off).
+    refused: Mutex<HashMap<String, u32>>,
+    /// The last event published, by DataVolume UID (reason, message): a decision made from a
+    /// DataVolume read before its last status write repeats the phase change, not the event.
+    announced: Mutex<HashMap<String, (String, String)>>,
+}
+
+impl Context {
+    /// A context for `client` with fixed settings (no CDIConfig reconciler beside it).
+    pub fn new(client: Client, config: Config, metrics: Arc<Metrics>) -> Self {
+        let live = Arc::new(LiveSettings::new(config, Overrides::default()));
+        Context::with_settings(client, live, metrics)
+    }
+
+    /// A context for `client` reading the settings `live` (which a CDIConfig reconciler keeps).
+    pub fn with_settings(client: Client, live: Arc<LiveSettings>, metrics: Arc<Metrics>) -> Self {
+        netkit::install_tls_provider();
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(3))
+            .build()
+            .unwrap_or_default();
+        Context {
+            client,
+            live,
+            metrics,
+            http,
+            manager: kubeops::manager(CONTROLLER),
+            metrics_port: POD_PORT as u16,
+            scraped: Mutex::default(),
+            refused: Mutex::default(),
+            announced: Mutex::default(),
+        }
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> Arc<Config> {
+        self.live.get()
+    }
+
+    /// Whether the import of `uid` is due for a progress scrape (and if so, records it).
+    fn scrape_due(&self, uid: &str) -> bool {
+        let mut scraped = self.scraped.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        // A timer may fire a little early; 90 % of the interval counts as due.
+        let due = scraped.get(uid).is_none_or(|last| {
+            now.duration_since(*last) >= self.settings().progress_interval.mul_f32(0.9)
+        });
+        if due {
+            scraped.insert(uid.to_string(), now);
+        }
+        due
+    }
+
+    fn forget(&self, uid: &str) {
+        self.scraped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
+        self.announced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
+    }
+
+    /// Whether `e` differs from the last event published for `uid` (and if so, records it).
+    fn news(&self, uid: &str, e: &Event) -> bool {
+        let mut announced = self.announced.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (e.reason.clone(), e.message.clone());
+        if announced.get(uid) == Some(&key) {
+            return false;
+        }
+        announced.insert(uid.to_string(), key);
+        true
+    }
+}
+
+/// Reconciles one DataVolume (with the finalizer around it).
+pub async fn reconcile(dv: Arc<DataVolume>, ctx: Arc<Context>) -> Result<Requeue> {
+    let ns = dv.namespace().unwrap_or_default();
+    let span =
+        info_span!("reconcile", controller = CONTROLLER, namespace = %ns, name = %dv.name_any());
+    async move {
+        let _measure = ctx.metrics.reconcile(CONTROLLER);
+        let api: Api<DataVolume> = Api::namespaced(ctx.client.clone(), &ns);
+        let has_finalizer = dv.finalizers().iter().any(|f| f == FINALIZER);
+        if dv.metadata.deletion_timestamp.is_some() {
+            if has_finalizer {
+                cleanup(&dv, &ctx).await?;
+                kubeops::remove_finalizer(&api, dv.as_ref(), FINALIZER, &ctx.manager).await?;
+            }
+            ctx.forget(dv.metadata.uid.as_deref().unwrap_or_default());
+            return Ok(Requeue::await_change());
+        }
+        if !has_finalizer {
+            // The finalizer change is watched: the next reconcile does the work.
+            kubeops::add_finalizer(&api, dv.as_ref(), FINALIZER, &ctx.manager).await?;
+            return Ok(Requeue::await_change());
+        }
+        apply(&dv, &ctx, true).await
+    }
+    .instrument(span)
+    .await
+}
+
+/// Retries failed reconciles: soon for transient errors, rarely for invalid objects.
+pub fn error_policy(dv: Arc<DataVolume>, err: &Error, ctx: Arc<Context>) -> Requeue {
+    kubeops::requeue_after(
+        CONTROLLER,
+        &dv.name_any(),
+        err,
+        &ctx.metrics,
+        Duration::from_secs(300),
+    )
+}
+
+/// The pod name a DataVolume's (resolved) source uses, and whether it is an upload server
+/// (uploads and host-assisted clones).
+fn pod_name(dv: &DataVolume, src: Option<&Source>) -> (String, bool) {
+    match src {
+        Some(Source::Upload | Source::Clone(_)) => (pod::upload_name(name(dv)), true),
+        _ => (pod::importer_pod_name(name(dv)), false),
+    }
+}
+
+/// The source of `dv`, `spec.sourceRef` standing for what it resolved to.
+fn resolved_source(dv: &DataVolume, source_ref: Option<&SourceRef>) -> Option<Source> {
+    let (kind, p) = match source_ref {
+        Some(SourceRef::Pvc(p)) => (CloneKind::Pvc, p),
+        Some(SourceRef::Snapshot(p)) => (CloneKind::Snapshot, p),
+        _ => return source(&dv.spec).ok(),
+    };
+    Some(Source::Clone(CloneSource {
+        kind,
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+    }))
+}
+
+/// Resolves `spec.sourceRef`: reads its DataSource (and the one it refers to, a chain being
+/// at most one deep) and decides with [`resolve_source_ref`].
+async fn source_ref(client: &Client, ns: &str, r: &DataVolumeSourceRef) -> Result<SourceRef> {
+    let get = |ns: String, name: String| {
+        let api: Api<DataSource> = Api::namespaced(client.clone(), &ns);
+        async move { kubeops::get(&api, &name).await }
+    };
+    let first_ns = r.namespace.clone().unwrap_or_else(|| ns.to_string());
+    let mut found = Vec::new();
+    if let Some(first) = get(first_ns.clone(), r.name.clone()).await? {
+        if let Some(next) = &first.spec.source.data_source {
+            let next_ns = if next.namespace.is_empty() {
+                first_ns
+            } else {
+                next.namespace.clone()
+            };
+            found.extend(get(next_ns, next.name.clone()).await?);
+        }
+        found.push(first);
+    }
+    Ok(resolve_source_ref(ns, r, |ns, name| {
+        found.iter().find(|d| {
+            d.metadata.namespace.as_deref() == Some(ns) && d.metadata.name.as_deref() == Some(name)
+        })
+    }))
+}
+
+/// Observes, decides and acts. `may_refresh`: before creating a pod, the DataVolume is read
+/// again from the API server (the cached copy may predate our last status write, whose
+/// restart count and back-off the decision must see) and decided on afresh if it changed.
+async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requeue> {
+    let ns = dv.namespace().unwrap_or_default();
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+    let dvs: Api<DataVolume> = Api::namespaced(ctx.client.clone(), &ns);
+    let uid = dv.metadata.uid.clone().unwrap_or_default();
+    let cfg = ctx.settings();
+    let finished = dv
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .is_some_and(|p| p.is_final());
+
+    let pvc = kubeops::get(&pvcs, name(dv)).await?;
+    let source_ref = match (&dv.spec.source, &dv.spec.source_ref) {
+        (None, Some(r)) if !finished => Some(source_ref(&ctx.client, &ns, r).await?),
+        _ => None,
+    };
+    let resolved = resolved_source(dv, source_ref.as_ref());
+    let (pod_name, upload) = pod_name(dv, resolved.as_ref());
+    let pod = kubeops::get(&pods, &pod_name).await?;
+    let service = if upload {
+        kubeops::get(&services, &pod_name).await?.is_some()
+    } else {
+        false
+    };
+    let pending = pvc
+        .as_ref()
+        .and_then(|p| p.status.as_ref())
+        .and_then(|s| s.phase.as_deref())
+        != Some("Bound");
+    let wffc = match pvc
+        .as_ref()
+        .and_then(|p| p.spec.as_ref()?.storage_class_name.clone())
+    {
+        Some(class) if pending && !finished => {
+            let classes: Api<StorageClass> = Api::all(ctx.client.clone());
+            kubeops::get(&classes, &class)
+                .await?
+                .and_then(|c| c.volume_binding_mode)
+                .as_deref()
+                == Some("WaitForFirstConsumer")
+        }
+        _ => false,
+    };
+    let refs = if pvc.is_some() && pod.is_none() && !finished {
+        source_refs(dv, ctx, &ns).await?
+    } else {
+        SourceRefs::default()
+    };
+    let progress = match &pod {
+        Some(p) if !upload && pod_running(p) && ctx.scrape_due(&uid) => {
+            scrape_progress(dv, p, ctx).await
+        }
+        _ => None,
+    };
+    let storage = if finished {
+        StorageDefaults::Builtin
+    } else {
+        storage_defaults(dv, pvc.as_ref(), ctx).await?
+    };
+    let clone = match &resolved {
+        Some(Source::Clone(c)) if !finished => {
+            observe_clone(dv, ctx, c, pvc.as_ref(), pod.as_ref(), &storage).await?
+        }
+        _ => Default::default(),
+    };
+    // A host-assisted clone's progress is its source pod's, labelled with the target's UID.
+    let progress = match (&clone.source_pod, pvc.as_ref().and_then(|p| p.uid())) {
+        (Some(p), Some(target_uid)) if pod_running(p) && ctx.scrape_due(&uid) => {
+            scrape(ctx, p, CLONE_PROGRESS, &target_uid).await
+        }
+        _ => progress,
+    };
+    let observed = Observed {
+        clone,
+        source_ref,
+        storage,
+        pvc: pvc.as_ref(),
+        pod: pod.as_ref(),
+        service,
+        wait_for_first_consumer: wffc,
+        progress,
+        refs,
+        now: Timestamp::now(),
+    };
+    let mut decision = decide(dv, &observed, &cfg);
+
+    if may_refresh
+        && decision
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::CreatePod(_)))
+        && let Some(fresh) = kubeops::get(&dvs, name(dv)).await?
+        && fresh.metadata.resource_version != dv.metadata.resource_version
+    {
+        return Box::pin(apply(&fresh, ctx, false)).await;
+    }
+
+    // An upload server's certificate before its pod, which mounts it; kept current while the
+    // pod lives.
+    if let Some(UploadTls::Issued { namespace }) = &ctx.live.base.upload_tls
+        && upload
+        && !finished
+        && (pod.is_some()
+            || decision
+                .actions
+                .iter()
+                .any(|a| matches!(a, Action::CreatePod(_))))
+    {
+        let renewal =
+            super::upload_secret::ensure(&ctx.client, dv, namespace, &ctx.manager).await?;
+        decision.requeue = Some(decision.requeue.map_or(renewal, |r| r.min(renewal)));
+    }
+
+    if let Some(ca) = pod::proxy_ca(&cfg)
+        && decision
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::CreatePod(_)))
+        && !upload
+    {
+        copy_proxy_ca(dv, ctx, ca).await?;
+    }
+
+    // Creations and events first, then the status, then deletions: a deletion triggers a
+    // reconcile, which must find the status (restart count, back-off) already written.
+    let mut deletions = Vec::new();
+    for action in std::mem::take(&mut decision.actions) {
+        match action {
+            Action::CreatePvc(p) => kubeops::create(&pvcs, &p, &ctx.manager).await?,
+            Action::CreatePod(p) => match kubeops::create(&pods, &p, &ctx.manager).await {
+                Ok(()) => {
+                    ctx.refused
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&uid);
+                }
+                Err(Error::Kube(kube::Error::Api(e))) if is_refusal(e.code) => {
+                    let attempt = {
+                        let mut refused = ctx.refused.lock().unwrap_or_else(|e| e.into_inner());
+                        let n = refused.entry(uid.clone()).or_insert(0);
+                        *n += 1;
+                        *n
+                    };
+                    let (event, delay) = pod_refused(
+                        &mut decision.status,
+                        &p,
+                        &e.message,
+                        attempt,
+                        &cfg,
+                        observed.now,
+                    );
+                    if let Some(ev) = event {
+                        publish(ctx, dv, ev).await;
+                    }
+                    decision.requeue = Some(delay);
+                    // Without its pod, the upload Service has nothing to serve yet.
+                    break;
+                }
+                Err(e) => return Err(e),
+            },
+            Action::CreateService(s) => kubeops::create(&services, &s, &ctx.manager).await?,
+            Action::DeletePod(_)
+            | Action::DeleteService(_)
+            | Action::DeleteSnapshot(_)
+            | Action::DeleteSourcePod { .. } => deletions.push(action),
+            Action::Event(e) => publish(ctx, dv, e).await,
+            Action::CreateSnapshot(s) => {
+                let api: Api<VolumeSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
+                kubeops::create(&api, &s, &ctx.manager).await?
+            }
+            Action::CreateSourcePod(p) => {
+                let src_ns = p.metadata.namespace.clone().unwrap_or_default();
+                let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &src_ns);
+                kubeops::create(&api, &p, &ctx.manager).await?
+            }
+            Action::ExpandPvc(size) => {
+                let patch = serde_json::json!({
+                    "spec": {"resources": {"requests": {"storage": size}}}
+                });
+                let params = kube::api::PatchParams {
+                    field_manager: Some(ctx.manager.clone()),
+                    ..Default::default()
+                };
+                pvcs.patch(name(dv), &params, &kube::api::Patch::Merge(&patch))
+                    .await?;
+            }
+        }
+    }
+    if dv.status.as_ref() != Some(&decision.status) {
+        let doc = serde_json::json!({
+            "apiVersion": DataVolume::api_version(&()),
+            "kind": DataVolume::kind(&()),
+            "status": decision.status,
+        });
+        kubeops::apply_status(&dvs, name(dv), doc, &ctx.manager).await?;
+    }
+    for action in deletions {
+        match action {
+            Action::DeletePod(n) => kubeops::delete(&pods, &n).await?,
+            Action::DeleteService(n) => kubeops::delete(&services, &n).await?,
+            Action::DeleteSnapshot(n) => {
+                let api: Api<VolumeSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
+                kubeops::delete(&api, &n).await?
+            }
+            Action::DeleteSourcePod { namespace, name } => {
+                let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+                kubeops::delete(&api, &name).await?;
+                // Its client certificate is named as the pod.
+                let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+                kubeops::delete(&api, &name).await?
+            }
+            _ => {}
+        }
+    }
+    Ok(match decision.requeue {
+        Some(d) => Requeue::requeue(d),
+        None => Requeue::await_change(),
+    })
+}
+
+/// Reads a clone's objects and facts; issues the clone source pod's client certificate once
+/// the target's upload server runs (when upload servers take issued certificates).
+async fn observe_clone(
+    dv: &DataVolume,
+    ctx: &Context,
+    c: &CloneSource,
+    target: Option<&PersistentVolumeClaim>,
+    upload_pod: Option<&Pod>,
+    storage: &StorageDefaults,
+) -> Result<super::clone_flow::CloneObserved> {
+    let class = match storage {
+        StorageDefaults::Cluster { class, .. } => class.clone(),
+        _ => target.and_then(|t| t.spec.as_ref()?.storage_class_name.clone()),
+    }
+    .or_else(|| {
+        dv.spec
+            .pvc
+            .as_ref()
+            .and_then(|p| p.storage_class_name.clone())
+    });
+    let mut o = super::clone_observe::observe(&ctx.client, dv, c, target, class.as_deref()).await?;
+    if let Some(UploadTls::Issued { namespace }) = &ctx.live.base.upload_tls
+        && upload_pod.is_some()
+        && let Some(uid) = target.and_then(|t| t.metadata.uid.as_deref())
+    {
+        let dv_ns = dv.namespace().unwrap_or_default();
+        let src_ns = c.namespace_or(&dv_ns);
+        o.client_secret = Some(
+            super::clone_observe::ensure_client_secret(
+                &ctx.client,
+                dv,
+                namespace,
+                (src_ns, uid),
+                &ctx.manager,
+            )
+            .await?,
+        );
+    }
+    Ok(o)
+}
+
+/// What completes a `spec.storage` claim: the PVC's own class and modes once it exists;
+/// before, the class (the DataVolume's if it exists, else the default class) and, when a mode is
+/// missing, its StorageProfile's status.
+async fn storage_defaults(
+    dv: &DataVolume,
+    pvc: Option<&PersistentVolumeClaim>,
+    ctx: &Context,
+) -> Result<StorageDefaults> {
+    let Some(st) = &dv.spec.storage else {
+        return Ok(StorageDefaults::Builtin);
+    };
+    if let Some(spec) = pvc.and_then(|p| p.spec.as_ref()) {
+        return Ok(StorageDefaults::Existing {
+            class: spec.storage_class_name.clone(),
+            access_modes: spec.access_modes.clone().unwrap_or_default(),
+            volume_mode: spec.volume_mode.clone(),
+        });
+    }
+    let classes: Api<StorageClass> = Api::all(ctx.client.clone());
+    let class = match &st.storage_class_name {
+        Some(name) => kubeops::get(&classes, name).await?.map(|_| name.clone()),
+        None => {
+            let all = classes.list(&Default::default()).await?.items;
+            let disk_image = dv.spec.content_type != Some(ContentType::Archive);
+            default_class(&all, disk_image).and_then(|c| c.metadata.name.clone())
+        }
+    };
+    let profile = match &class {
+        Some(name) if st.access_modes.is_empty() || st.volume_mode.is_none() => {
+            let profiles: Api<StorageProfile> = Api::all(ctx.client.clone());
+            kubeops::get(&profiles, name).await?.and_then(|p| p.status)
+        }
+        _ => None,
+    };
+    Ok(StorageDefaults::Cluster { class, profile })
+}
+
+/// Copies the import proxy's trusted CA ConfigMap from Quarry's namespace next to the
+/// importer pod (CDI's `import-proxy-cm-<pvc>`), owned by the DataVolume.
+async fn copy_proxy_ca(dv: &DataVolume, ctx: &Context, ca: &str) -> Result<()> {
+    let source: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), names::NAMESPACE);
+    let found = source.get(ca).await?;
+    let ns = dv.namespace().unwrap_or_default();
+    let copy = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(pod::import_proxy_config_map(name(dv))),
+            namespace: Some(ns.clone()),
+            labels: Some(super::labels(dv)),
+            owner_references: super::owner_ref(dv).map(|o| vec![o]),
+            ..Default::default()
+        },
+        data: found.data,
+        binary_data: found.binary_data,
+        immutable: None,
+    };
+    let target: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+    kubeops::create(&target, &copy, &ctx.manager).await
+}
+
+/// API answers that refuse an object as written (admission, Pod Security, quota, validation):
+/// retrying at once cannot help.
+fn is_refusal(code: u16) -> bool {
+    matches!(code, 400 | 403 | 422)
+}
+
+/// Records an event on the DataVolume; best effort (a lost event must not stall the volume).
+async fn publish(ctx: &Context, dv: &DataVolume, e: Event) {
+    if !ctx.news(dv.metadata.uid.as_deref().unwrap_or_default(), &e) {
+        return;
+    }
+    kubeops::publish_event(
+        &ctx.client,
+        &dv.object_ref(&()),
+        e.warning,
+        &e.reason,
+        &e.message,
+        &ctx.manager,
+    )
+    .await;
+}
+
+fn pod_running(p: &Pod) -> bool {
+    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+/// Keys of the CA ConfigMap and of the header Secrets, so the pod can name each file and key.
+async fn source_refs(dv: &DataVolume, ctx: &Context, ns: &str) -> Result<SourceRefs> {
+    let Ok(Source::Import(src)) = source(&dv.spec) else {
+        return Ok(SourceRefs::default());
+    };
+    let mut refs = SourceRefs::default();
+    let keys = |map: ConfigMap| -> Vec<String> {
+        let data = map.data.into_iter().flat_map(|d| d.into_keys());
+        data.chain(map.binary_data.into_iter().flat_map(|d| d.into_keys()))
+            .collect()
+    };
+    if let Some(cm) = &src.cert_config_map {
+        let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+        refs.ca_keys = keys(api.get(cm).await?);
+    }
+    if let Some(ca) = pod::proxy_ca(&ctx.settings()) {
+        let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), names::NAMESPACE);
+        refs.proxy_ca_keys = keys(api.get(ca).await?);
+    }
+    for secret in &src.secret_extra_headers {
+        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+        let s = api.get(secret).await?;
+        let keys = s.data.iter().flat_map(|d| d.keys().cloned()).collect();
+        refs.header_secrets.push((secret.clone(), keys));
+    }
+    Ok(refs)
+}
+
+/// The running importer's progress, from its metrics endpoint (None when it cannot be read).
+async fn scrape_progress(dv: &DataVolume, pod: &Pod, ctx: &Context) -> Option<f64> {
+    let owner = dv.metadata.uid.as_deref().unwrap_or_default();
+    scrape(ctx, pod, IMPORT_PROGRESS, owner).await
+}
+
+/// Reads `metric{ownerUID}` from the metrics endpoint of `pod` (None when it cannot be read).
+async fn scrape(ctx: &Context, pod: &Pod, metric: &str, owner_uid: &str) -> Option<f64> {
+    let ip = pod.status.as_ref()?.pod_ip.as_ref()?;
+    let url = format!("http://{ip}:{}/metrics", ctx.metrics_port);
+    fetch_progress(&ctx.http, &url, metric, owner_uid).await
+}
+
+/// Reads `metric{ownerUID}` from a metrics URL.
+async fn fetch_progress(
+    http: &reqwest::Client,
+    url: &str,
+    metric: &str,
+    owner_uid: &str,
+) -> Option<f64> {
+    let resp = http.get(url).send().await.ok()?.error_for_status().ok()?;
+    parse_counter(&resp.text().await.ok()?, metric, owner_uid)
+}
+
+/// Deletion: the pods and Service go; the PVC too unless the DataVolume asks to retain it.
+async fn cleanup(dv: &DataVolume, ctx: &Context) -> Result<()> {
+    let ns = dv.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    kubeops::delete(&pods, &pod::importer_pod_name(name(dv))).await?;
+    kubeops::delete(&pods, &pod::upload_name(name(dv))).await?;
+    kubeops::delete(&pods, &super::clone_objects::resize_pod_name(dv)).await?;
+    kubeops::delete(&services, &pod::upload_name(name(dv))).await?;
+    if matches!(resolved_source(dv, None), Some(Source::Clone(_))) {
+        let snapshots: Api<VolumeSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
+        // The snapshot API may not be served: nothing to delete then.
+        if let Err(e) = kubeops::delete(&snapshots, &temp_snapshot_name(dv)).await {
+            tracing::debug!("temporary snapshot: {e}");
+        }
+    }
+    let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+    kubeops::delete(&config_maps, &pod::import_proxy_config_map(name(dv))).await?;
+    if !super::pvc::retained(dv) {
+        kubeops::delete(&pvcs, name(dv)).await?;
+    }
+    Ok(())
+}
+
+/// The DataVolumes that may wait for StorageProfile `profile`: those with `spec.storage` naming
+/// that class, or none, and no phase past Pending yet.
+fn waiting_for_profile(dvs: &[Arc<DataVolume>], profile: &str) -> Vec<ObjectRef<DataVolume>> {
+    dvs.iter()
+        .filter(|dv| {
+            let class = dv
+                .spec
+                .storage
+                .as_ref()
+                .map(|s| s.storage_class_name.as_deref());
+            let pending = dv
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_none_or(|p| p == api::Phase::Pending);
+            pending && (class == Some(None) || class == Some(Some(profile)))
+        })
+        .map(|dv| ObjectRef::from_obj(dv.as_ref()))
+        .collect()
+}
+
+/// The DataVolumes whose `spec.sourceRef` names the DataSource `ds` (they wait for it).
+fn referring_to(dvs: &[Arc<DataVolume>], ds: &DataSource) -> Vec<ObjectRef<DataVolume>> {
+    let ds_ns = ds.namespace().unwrap_or_default();
+    dvs.iter()
+        .filter(|dv| {
+            dv.spec.source.is_none()
+                && dv.spec.source_ref.as_ref().is_some_and(|r| {
+                    let ns = r.namespace.clone().or_else(|| dv.namespace());
+                    r.kind == "DataSource"
+                        && r.name == ds.name_any()
+                        && ns.as_deref() == Some(&ds_ns)
+                })
+        })
+        .map(|dv| ObjectRef::from_obj(dv.as_ref()))
+        .collect()
+}
+
+/// The DataVolume a PVC belongs to, from CDI's ownedByDataVolume annotation.
+fn owner_of(pvc: PersistentVolumeClaim) -> Option<ObjectRef<DataVolume>> {
+    let key = pvc.annotations().get(ANN_OWNED_BY)?;
+    let (ns, name) = key.split_once('/')?;
+    Some(ObjectRef::new(name).within(ns))
+}
+
+/// Runs the DataVolume reconciler until the process is stopped, over every namespace
+/// (`namespace` None) or one. [`operators::process::cdi`] runs it with its neighbours.
+pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
+    use kubeops::scoped as api;
+    let client = ctx.client.clone();
+    let dvs: Api<DataVolume> = api(&client, namespace);
+    let (reader, writer) = reflector::store();
+    // Status-only changes (our own writes among them) do not pass: the spec (generation, also
+    // bumped by deletion) and the finalizers do.
+    let trigger = watcher(dvs, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(
+            predicates::generation.combine(predicates::finalizers),
+            Default::default(),
+        );
+    // A DataVolume waiting for its class's StorageProfile (no PVC yet) tries again as soon as
+    // a profile changes (as CDI's watch of StorageProfiles).
+    let waiting = reader.clone();
+    let profiles = watcher(
+        Api::<StorageProfile>::all(client.clone()),
+        Default::default(),
+    )
+    .default_backoff()
+    .touched_objects();
+    // A DataVolume whose sourceRef waits is looked at again when its DataSource changes (in any
+    // namespace: a golden-image namespace usually).
+    let referring = reader.clone();
+    let results = Controller::for_stream(trigger, reader)
+        .watches_stream(profiles, move |p: StorageProfile| {
+            waiting_for_profile(&waiting.state(), &p.name_any())
+        })
+        .watches(
+            Api::<DataSource>::all(client.clone()),
+            watcher::Config::default(),
+            move |ds| referring_to(&referring.state(), &ds),
+        )
+        .owns(api::<Pod>(&client, namespace), watcher::Config::default())
+        .owns(
+            api::<Service>(&client, namespace),
+            watcher::Config::default(),
+        )
+        .watches(
+            api::<PersistentVolumeClaim>(&client, namespace),
+            watcher::Config::default(),
+            owner_of,
+        )
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx);
+    kubeops::drain(results).await;
+}
+
+#[cfg(test)]
+mod tests {
+    //! Reconciles against the real API server are in `tests/kube/`; here only what needs none.
+
+    use std::collections::BTreeMap;
+
+    use http::Method;
+    use k8s_openapi::api::core::v1::VolumeResourceRequirements;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    use super::*;
+    use api::DataVolumeSpec;
+    use api::datavolume::{DataVolumeSource, SourceHttp, StorageSpec};
+    use kubekit::ErrorKind;
+    use kubekit::mockapi::{self};
+
+    const NS: &str = "/api/v1/namespaces/vms";
+
+    fn dv() -> DataVolume {
+        let mut dv = DataVolume::new(
+            "fedora",
+            DataVolumeSpec {
+                source: Some(DataVolumeSource {
+                    http: Some(SourceHttp {
+                        url: "http://images.example/fedora.qcow2".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                storage: Some(StorageSpec {
+                    resources: Some(VolumeResourceRequirements {
+                        requests: Some(BTreeMap::from([(
+                            "storage".into(),
+                            Quantity("1Gi".into()),
+                        )])),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        dv.metadata.namespace = Some("vms".into());
+        dv.metadata.uid = Some("uid-1".into());
+        dv.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        dv
+    }
+
+    fn context(client: Client) -> Arc<Context> {
+        Arc::new(Context::new(client, Config::default(), Arc::default()))
+    }
+
+    #[tokio::test]
+    async fn progress_is_read_from_the_importers_metrics_server() {
+        let progress = Arc::new(importer::progress::Progress::default());
+        progress
+            .virtual_size
+            .store(1000, std::sync::atomic::Ordering::Relaxed);
+        progress
+            .written
+            .store(455, std::sync::atomic::Ordering::Relaxed);
+        let addr = importer::progress::serve_metrics(
+            "127.0.0.1:0".parse().unwrap(),
+            "uid-1".into(),
+            progress,
+        )
+        .unwrap();
+        let ctx = context(mockapi::pair().0);
+        let url = format!("http://{addr}/metrics");
+        let p = fetch_progress(&ctx.http, &url, IMPORT_PROGRESS, "uid-1").await;
+        assert_eq!(
+            p.map(crate::datavolume::status::format_progress).as_deref(),
+            Some("45.50%")
+        );
+        let other = fetch_progress(&ctx.http, &url, IMPORT_PROGRESS, "someone-else").await;
+        assert_eq!(other, None);
+        let down = "http://127.0.0.1:1/metrics";
+        assert_eq!(
+            fetch_progress(&ctx.http, down, IMPORT_PROGRESS, "uid-1").await,
+            None
+        );
+    }
+
+    #[tokio::test]
+    async fn clone_progress_is_read_from_the_clone_sources_metrics_server() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let progress = Arc::new(importer::progress::Progress::default());
+        progress.source_length.store(4 << 20, Relaxed);
+        progress.source_read.store(3 << 20, Relaxed);
+        let addr = importer::progress::serve_progress(
+            "127.0.0.1:0".parse().unwrap(),
+            importer::progress::ProgressMetric::Clone,
+            "target-uid".into(),
+            progress,
+        )
+        .unwrap();
+        let ctx = context(mockapi::pair().0);
+        let url = format!("http://{addr}/metrics");
+        let p = fetch_progress(&ctx.http, &url, CLONE_PROGRESS, "target-uid").await;
+        assert_eq!(p, Some(75.0));
+        // Not an import's counter.
+        assert_eq!(
+            fetch_progress(&ctx.http, &url, IMPORT_PROGRESS, "target-uid").await,
+            None
+        );
+    }
+
+    #[test]
+    fn only_pending_storage_datavolumes_of_the_class_or_of_none_wait_for_a_profile() {
+        let with = |class: Option<&str>, phase: Option<api::Phase>, name: &str| {
+            let mut d = dv();
+            d.metadata.name = Some(name.into());
+            d.spec.storage.as_mut().unwrap().storage_class_name = class.map(String::from);
+            d.status = phase.map(|p| api::DataVolumeStatus {
+                phase: Some(p),
+                ..Default::default()
+            });
+            Arc::new(d)
+        };
+        let mut pvc_form = dv();
+        pvc_form.metadata.name = Some("pvc-form".into());
+        pvc_form.spec.storage = None;
+        let dvs = [
+            with(Some("local"), None, "new"),
+            with(Some("local"), Some(api::Phase::Pending), "pending"),
+            with(None, None, "default-class"),
+            with(Some("other"), None, "other-class"),
+            with(Some("local"), Some(api::Phase::ImportScheduled), "started"),
+            Arc::new(pvc_form),
+        ];
+        let names: Vec<_> = waiting_for_profile(&dvs, "local")
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(names, ["new", "pending", "default-class"]);
+    }
+
+    #[tokio::test]
+    async fn api_errors_surface_as_transient_errors() {
+        let (client, mut api) = mockapi::pair();
+        let ctx = context(client);
+        let task = tokio::spawn(reconcile(Arc::new(dv()), ctx.clone()));
+        api.expect(
+            Method::GET,
+            &format!("{NS}/persistentvolumeclaims/fedora"),
+            500,
+            mockapi::status(500, "InternalError"),
+        )
+        .await;
+        let err = task.await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Transient);
+        assert_eq!(
+            error_policy(Arc::new(dv()), &err, ctx.clone()),
+            Requeue::requeue(Duration::from_secs(5))
+        );
+        assert!(ctx.metrics.render().contains("kind=\"transient\"} 1"));
+    }
+}

@@ -1,0 +1,660 @@
+//! The CSI driver objects a HostPathProvisioner asks for: the per-node DaemonSet (`quarry csi`
+//! with the node-driver-registrar, csi-provisioner, csi-snapshotter and csi-resizer sidecars),
+//! the CSIDriver, one StorageClass per pool, the pool ConfigMap and RBAC, all owned by the CR.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, HostPathVolumeSource,
+    ObjectFieldSelector, PodSpec, PodTemplateSpec, SecurityContext, ServiceAccount, Volume,
+    VolumeMount,
+};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSIDriverSpec, StorageClass};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use kube::Resource;
+
+use api::HostPathProvisioner;
+use api::hostpath::StoragePool;
+use api::names::csi::{CLUSTER_ROLE, DRIVER_APP, POOLS_CONFIG_MAP};
+use api::rbac::rule;
+use kubekit::error::{Error, Result};
+
+/// Images and namespace of the driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Namespace of the DaemonSet, ConfigMap and ServiceAccount.
+    pub namespace: String,
+    /// Image with the `quarry` binary.
+    pub image: String,
+    /// node-driver-registrar image.
+    pub registrar_image: String,
+    /// csi-provisioner image.
+    pub provisioner_image: String,
+    /// csi-snapshotter image (snapshots and group snapshots).
+    pub snapshotter_image: String,
+    /// csi-resizer image (expansion, and ModifyVolume for VolumeAttributesClasses).
+    pub resizer_image: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            namespace: "quarry".into(),
+            image: api::names::DEFAULT_IMAGE.into(),
+            registrar_image: "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.13.0".into(),
+            provisioner_image: "registry.k8s.io/sig-storage/csi-provisioner:v5.2.0".into(),
+            snapshotter_image: "registry.k8s.io/sig-storage/csi-snapshotter:v8.2.1".into(),
+            resizer_image: "registry.k8s.io/sig-storage/csi-resizer:v1.13.2".into(),
+        }
+    }
+}
+
+/// StorageClass name of a pool.
+pub fn storage_class_name(pool: &str) -> String {
+    format!("hostpath-csi-{pool}")
+}
+
+/// Everything the driver needs, in apply order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DriverObjects {
+    /// The driver's ServiceAccount.
+    pub service_account: ServiceAccount,
+    /// What csi-provisioner may do.
+    pub cluster_role: ClusterRole,
+    /// Binds the role to the ServiceAccount.
+    pub cluster_role_binding: ClusterRoleBinding,
+    /// `pools.json` for `quarry csi --pools`.
+    pub pools: ConfigMap,
+    /// One driver pod per node.
+    pub daemon_set: DaemonSet,
+    /// The CSIDriver object.
+    pub csi_driver: CSIDriver,
+    /// One StorageClass per pool.
+    pub storage_classes: Vec<StorageClass>,
+}
+
+/// The pools of a HostPathProvisioner (the legacy `pathConfig` is a pool named `legacy`),
+/// checked: at least one, unique names, absolute paths.
+pub fn pools(hpp: &HostPathProvisioner) -> Result<Vec<StoragePool>> {
+    let mut pools = hpp.spec.storage_pools.clone();
+    if let Some(pc) = &hpp.spec.path_config {
+        pools.push(StoragePool {
+            name: "legacy".into(),
+            path: pc.path.clone(),
+            pvc_template: None,
+        });
+    }
+    let mut problems: Vec<String> = pools
+        .iter()
+        .filter(|p| !p.name.is_empty() && !pool_name_ok(&p.name))
+        .map(|p| {
+            format!(
+                "pool name {:?} must be lowercase letters, digits and '-', starting and ending \
+                 with a letter or digit, at most {MAX_POOL_NAME} characters",
+                p.name
+            )
+        })
+        .collect();
+    let configs: Vec<provisioner::PoolConfig> = pools
+        .iter()
+        .map(|p| provisioner::PoolConfig {
+            name: p.name.clone(),
+            path: p.path.clone().into(),
+            quota: Default::default(),
+        })
+        .collect();
+    if let Err(e) = provisioner::config::validate(&configs) {
+        problems.push(e.to_string());
+    }
+    if problems.is_empty() {
+        Ok(pools)
+    } else {
+        Err(Error::invalid(format!(
+            "spec.storagePools: {}",
+            problems.join("; ")
+        )))
+    }
+}
+
+/// Longest pool name: the DaemonSet's volume `pool-<name>` must stay a DNS-1123 label.
+const MAX_POOL_NAME: usize = 63 - "pool-".len();
+
+/// Whether a pool name makes valid object names (`pool-<name>` volumes, `hostpath-csi-<name>`
+/// StorageClasses): a DNS-1123 label, short enough for the prefix.
+fn pool_name_ok(name: &str) -> bool {
+    let b = name.as_bytes();
+    let inner = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    name.len() <= MAX_POOL_NAME
+        && b.first().is_some_and(inner)
+        && b.last().is_some_and(inner)
+        && b.iter().all(|c| inner(c) || *c == b'-')
+}
+
+fn meta(name: &str, namespace: Option<&str>, hpp: &HostPathProvisioner) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: namespace.map(Into::into),
+        labels: Some(BTreeMap::from([
+            ("app".to_string(), DRIVER_APP.to_string()),
+            (
+                "app.kubernetes.io/managed-by".to_string(),
+                "quarry-hpp-operator".to_string(),
+            ),
+        ])),
+        owner_references: hpp.controller_owner_ref(&()).map(|o| vec![o]),
+        ..Default::default()
+    }
+}
+
+fn host_path(name: &str, path: &str, type_: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        host_path: Some(HostPathVolumeSource {
+            path: path.into(),
+            type_: Some(type_.into()),
+        }),
+        ..Default::default()
+    }
+}
+
+fn mount(name: &str, path: &str, bidirectional: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        mount_propagation: bidirectional.then(|| "Bidirectional".into()),
+        ..Default::default()
+    }
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                api_version: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The driver objects for a HostPathProvisioner.
+pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverObjects> {
+    let pools = pools(hpp)?;
+    let ns = Some(s.namespace.as_str());
+    let socket_dir = format!("/var/lib/kubelet/plugins/{}", provisioner::DRIVER_NAME);
+    let pull = hpp.spec.image_pull_policy.clone();
+
+    let pool_json: Vec<_> = pools
+        .iter()
+        .map(|p| serde_json::json!({"name": p.name, "path": p.path, "quota": "auto"}))
+        .collect();
+    let config_map = ConfigMap {
+        metadata: meta(POOLS_CONFIG_MAP, ns, hpp),
+        data: Some(BTreeMap::from([(
+            "pools.json".to_string(),
+            serde_json::to_string(&pool_json).expect("pools serialise") + "\n",
+        )])),
+        ..Default::default()
+    };
+
+    let mut driver_mounts = vec![
+        mount("socket-dir", "/csi", false),
+        mount("pools-config", "/etc/quarry", false),
+        mount("mountpoint-dir", "/var/lib/kubelet/pods", true),
+        mount("plugins-dir", "/var/lib/kubelet/plugins", true),
+        mount("dev-dir", "/dev", false),
+    ];
+    let mut volumes = vec![
+        host_path("socket-dir", &socket_dir, "DirectoryOrCreate"),
+        host_path(
+            "registration-dir",
+            "/var/lib/kubelet/plugins_registry",
+            "Directory",
+        ),
+        host_path(
+            "mountpoint-dir",
+            "/var/lib/kubelet/pods",
+            "DirectoryOrCreate",
+        ),
+        host_path("plugins-dir", "/var/lib/kubelet/plugins", "Directory"),
+        host_path("dev-dir", "/dev", "Directory"),
+        Volume {
+            name: "pools-config".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: POOLS_CONFIG_MAP.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    ];
+    for p in &pools {
+        let vol = format!("pool-{}", p.name);
+        driver_mounts.push(mount(&vol, &p.path, true));
+        volumes.push(host_path(&vol, &p.path, "DirectoryOrCreate"));
+    }
+    let containers = vec![
+        Container {
+            name: DRIVER_APP.into(),
+            image: Some(s.image.clone()),
+            image_pull_policy: pull.clone(),
+            args: Some(vec![
+                "csi".into(),
+                "--endpoint=unix:///csi/csi.sock".into(),
+                "--node-id=$(NODE_NAME)".into(),
+                "--pools=@/etc/quarry/pools.json".into(),
+            ]),
+            env: Some(vec![field_env("NODE_NAME", "spec.nodeName")]),
+            // The image's default user is the unprivileged 107: the driver mounts and attaches
+            // loop devices, so it runs as root, privileged.
+            security_context: Some(SecurityContext {
+                privileged: Some(true),
+                run_as_user: Some(0),
+                ..Default::default()
+            }),
+            volume_mounts: Some(driver_mounts),
+            ..Default::default()
+        },
+        Container {
+            name: "node-driver-registrar".into(),
+            image: Some(s.registrar_image.clone()),
+            image_pull_policy: pull.clone(),
+            args: Some(vec![
+                "--csi-address=/csi/csi.sock".into(),
+                format!("--kubelet-registration-path={socket_dir}/csi.sock"),
+            ]),
+            volume_mounts: Some(vec![
+                mount("socket-dir", "/csi", false),
+                mount("registration-dir", "/registration", false),
+            ]),
+            ..Default::default()
+        },
+        Container {
+            name: "csi-provisioner".into(),
+            image: Some(s.provisioner_image.clone()),
+            image_pull_policy: pull.clone(),
+            args: Some(vec![
+                "--csi-address=/csi/csi.sock".into(),
+                "--node-deployment=true".into(),
+                "--enable-capacity=true".into(),
+                "--capacity-ownerref-level=0".into(),
+                "--extra-create-metadata=true".into(),
+                "--feature-gates=Topology=true".into(),
+                "--strict-topology=true".into(),
+            ]),
+            env: Some(vec![
+                field_env("NODE_NAME", "spec.nodeName"),
+                field_env("NAMESPACE", "metadata.namespace"),
+                field_env("POD_NAME", "metadata.name"),
+            ]),
+            volume_mounts: Some(vec![mount("socket-dir", "/csi", false)]),
+            ..Default::default()
+        },
+        // each node's snapshotter handles the snapshots of its own volumes: the
+        // snapshot-controller must run with --enable-distributed-snapshotting to label them
+        Container {
+            name: "csi-snapshotter".into(),
+            image: Some(s.snapshotter_image.clone()),
+            image_pull_policy: pull.clone(),
+            args: Some(vec![
+                "--csi-address=/csi/csi.sock".into(),
+                "--node-deployment=true".into(),
+                "--leader-election=false".into(),
+                "--extra-create-metadata=true".into(),
+                // no CSIVolumeGroupSnapshot gate: with it, csi-snapshotter v8 handles nothing
+                // until the groupsnapshot.storage.k8s.io CRDs exist, and many clusters lack them
+            ]),
+            env: Some(vec![field_env("NODE_NAME", "spec.nodeName")]),
+            volume_mounts: Some(vec![mount("socket-dir", "/csi", false)]),
+            ..Default::default()
+        },
+        // csi-resizer has no per-node mode yet: each node's resizer also tries other nodes'
+        // volumes, which this driver answers with NOT_FOUND, and the volume's own node does it
+        Container {
+            name: "csi-resizer".into(),
+            image: Some(s.resizer_image.clone()),
+            image_pull_policy: pull,
+            args: Some(vec![
+                "--csi-address=/csi/csi.sock".into(),
+                "--leader-election=false".into(),
+                "--handle-volume-inuse-error=false".into(),
+                // no VolumeAttributesClass gate: the API is v1beta1 from 1.31 and off by
+                // default until 1.34, and the resizer logs list errors where it is absent
+            ]),
+            volume_mounts: Some(vec![mount("socket-dir", "/csi", false)]),
+            ..Default::default()
+        },
+    ];
+    let app_labels = BTreeMap::from([("app".to_string(), DRIVER_APP.to_string())]);
+    let workload = hpp.spec.workload.clone().unwrap_or_default();
+    let daemon_set = DaemonSet {
+        metadata: meta(DRIVER_APP, ns, hpp),
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(app_labels.clone()),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(app_labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(DRIVER_APP.into()),
+                    containers,
+                    volumes: Some(volumes),
+                    node_selector: (!workload.node_selector.is_empty())
+                        .then_some(workload.node_selector),
+                    tolerations: (!workload.tolerations.is_empty()).then_some(workload.tolerations),
+                    affinity: workload.affinity,
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    };
+
+    let csi_driver = CSIDriver {
+        metadata: meta(provisioner::DRIVER_NAME, None, hpp),
+        spec: CSIDriverSpec {
+            attach_required: Some(false),
+            pod_info_on_mount: Some(true),
+            storage_capacity: Some(true),
+            fs_group_policy: Some("File".into()),
+            volume_lifecycle_modes: Some(vec!["Persistent".into(), "Ephemeral".into()]),
+            ..Default::default()
+        },
+    };
+    let storage_classes = pools
+        .iter()
+        .map(|p| StorageClass {
+            metadata: meta(&storage_class_name(&p.name), None, hpp),
+            provisioner: provisioner::DRIVER_NAME.into(),
+            parameters: Some(BTreeMap::from([(
+                provisioner::POOL_PARAMETER.to_string(),
+                p.name.clone(),
+            )])),
+            reclaim_policy: Some("Delete".into()),
+            volume_binding_mode: Some("WaitForFirstConsumer".into()),
+            allow_volume_expansion: Some(true),
+            ..Default::default()
+        })
+        .collect();
+
+    let service_account = ServiceAccount {
+        metadata: meta(DRIVER_APP, ns, hpp),
+        ..Default::default()
+    };
+    let cluster_role = ClusterRole {
+        metadata: meta(CLUSTER_ROLE, None, hpp),
+        rules: Some(vec![
+            rule(
+                &[""],
+                &["persistentvolumes"],
+                &["get", "list", "watch", "create", "delete", "patch"],
+            ),
+            rule(
+                &[""],
+                &["persistentvolumeclaims"],
+                &["get", "list", "watch", "update"],
+            ),
+            rule(
+                &[""],
+                &["persistentvolumeclaims/status"],
+                &["update", "patch"],
+            ),
+            rule(
+                &["storage.k8s.io"],
+                &["volumeattributesclasses"],
+                &["get", "list", "watch"],
+            ),
+            rule(
+                &["storage.k8s.io"],
+                &["storageclasses", "csinodes", "volumeattachments"],
+                &["get", "list", "watch"],
+            ),
+            rule(
+                &[""],
+                &["events"],
+                &["list", "watch", "create", "update", "patch"],
+            ),
+            rule(&[""], &["nodes"], &["get", "list", "watch"]),
+            rule(
+                &["snapshot.storage.k8s.io"],
+                &["volumesnapshots"],
+                &["get", "list", "watch"],
+            ),
+            rule(
+                &["snapshot.storage.k8s.io"],
+                &["volumesnapshotclasses"],
+                &["get", "list", "watch"],
+            ),
+            rule(
+                &["snapshot.storage.k8s.io"],
+                &["volumesnapshotcontents"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
+            ),
+            rule(
+                &["snapshot.storage.k8s.io"],
+                &["volumesnapshotcontents/status"],
+                &["update", "patch"],
+            ),
+            // group snapshots live in their own API group (external-snapshotter v8)
+            rule(
+                &["groupsnapshot.storage.k8s.io"],
+                &["volumegroupsnapshotclasses", "volumegroupsnapshots"],
+                &["get", "list", "watch"],
+            ),
+            rule(
+                &["groupsnapshot.storage.k8s.io"],
+                &["volumegroupsnapshotcontents"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
+            ),
+            rule(
+                &["groupsnapshot.storage.k8s.io"],
+                &["volumegroupsnapshotcontents/status"],
+                &["update", "patch"],
+            ),
+            rule(
+                &["storage.k8s.io"],
+                &["csistoragecapacities"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
+            ),
+            rule(&[""], &["pods"], &["get", "list", "watch"]),
+            rule(&["apps"], &["daemonsets", "replicasets"], &["get"]),
+        ]),
+        ..Default::default()
+    };
+    let cluster_role_binding = ClusterRoleBinding {
+        metadata: meta(CLUSTER_ROLE, None, hpp),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: CLUSTER_ROLE.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: DRIVER_APP.into(),
+            namespace: Some(s.namespace.clone()),
+            ..Default::default()
+        }]),
+    };
+    Ok(DriverObjects {
+        service_account,
+        cluster_role,
+        cluster_role_binding,
+        pools: config_map,
+        daemon_set,
+        csi_driver,
+        storage_classes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api::HostPathProvisionerSpec;
+    use api::hostpath::{NodePlacement, PathConfig};
+
+    fn hpp(pools: &[(&str, &str)]) -> HostPathProvisioner {
+        let mut h = HostPathProvisioner::new(
+            "hostpath-provisioner",
+            HostPathProvisionerSpec {
+                image_pull_policy: Some("IfNotPresent".into()),
+                storage_pools: pools
+                    .iter()
+                    .map(|(n, p)| StoragePool {
+                        name: n.to_string(),
+                        path: p.to_string(),
+                        pvc_template: None,
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+        );
+        h.metadata.uid = Some("hpp-uid".into());
+        h
+    }
+
+    #[test]
+    fn pool_names_are_checked_up_front_and_every_problem_named_once() {
+        let mut hpp = HostPathProvisioner::new("hpp", Default::default());
+        for (name, path) in [("Fast_Pool", "/a"), ("ok", "/b"), ("-x", "relative")] {
+            hpp.spec.storage_pools.push(StoragePool {
+                name: name.into(),
+                path: path.into(),
+                pvc_template: None,
+            });
+        }
+        let msg = pools(&hpp).unwrap_err().to_string();
+        assert!(msg.contains("\"Fast_Pool\" must be lowercase"), "{msg}");
+        assert!(msg.contains("\"-x\" must be lowercase"), "{msg}");
+        assert!(msg.contains("not absolute"), "{msg}");
+        assert!(!msg.contains("\"ok\""), "{msg}");
+        assert!(msg.len() < 400, "{msg}");
+        assert!(pool_name_ok("fast-1") && !pool_name_ok(&"a".repeat(59)));
+    }
+
+    #[test]
+    fn one_storage_class_per_pool_with_the_hpp_names() {
+        let o = driver_objects(
+            &hpp(&[("local", "/var/hpvolumes"), ("fast", "/mnt/nvme")]),
+            &Settings::default(),
+        )
+        .unwrap();
+        let names: Vec<_> = o
+            .storage_classes
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["hostpath-csi-local", "hostpath-csi-fast"]);
+        for (sc, pool) in o.storage_classes.iter().zip(["local", "fast"]) {
+            assert_eq!(sc.provisioner, "kubevirt.io.hostpath-provisioner");
+            assert_eq!(
+                sc.volume_binding_mode.as_deref(),
+                Some("WaitForFirstConsumer")
+            );
+            assert_eq!(sc.parameters.as_ref().unwrap()["storagePool"], pool);
+        }
+        assert_eq!(o.csi_driver.spec.storage_capacity, Some(true));
+        assert_eq!(o.csi_driver.spec.attach_required, Some(false));
+        assert_eq!(
+            o.csi_driver.metadata.owner_references.as_ref().unwrap()[0].uid,
+            "hpp-uid"
+        );
+        let pools = &o.pools.data.as_ref().unwrap()["pools.json"];
+        let parsed = provisioner::parse_pools(pools.trim()).unwrap();
+        assert_eq!(parsed.len(), 2);
+        assert_eq!(parsed[1].path, std::path::PathBuf::from("/mnt/nvme"));
+    }
+
+    #[test]
+    fn the_daemonset_runs_quarry_csi_and_its_sidecars_with_every_pool_mounted() {
+        let mut h = hpp(&[("local", "/var/hpvolumes")]);
+        h.spec.workload = Some(NodePlacement {
+            node_selector: [("kubevirt.io/schedulable".to_string(), "true".to_string())].into(),
+            ..Default::default()
+        });
+        let o = driver_objects(&h, &Settings::default()).unwrap();
+        let pod = o.daemon_set.spec.unwrap().template.spec.unwrap();
+        let names: Vec<_> = pod.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "quarry-csi",
+                "node-driver-registrar",
+                "csi-provisioner",
+                "csi-snapshotter",
+                "csi-resizer"
+            ]
+        );
+        let args = |i: usize| pod.containers[i].args.clone().unwrap();
+        assert!(args(3).contains(&"--node-deployment=true".to_string()));
+        // gates for APIs that Kubernetes 1.28 does not serve stay off
+        assert!(!(args(3).iter().chain(&args(4))).any(|a| a.starts_with("--feature-gates")));
+        assert_eq!(pod.containers[0].args.as_ref().unwrap()[0], "csi");
+        // The image runs as 107 by default; the driver needs root.
+        let driver = pod.containers[0].security_context.clone().unwrap();
+        assert_eq!(
+            (driver.run_as_user, driver.privileged),
+            (Some(0), Some(true))
+        );
+        assert!(
+            pod.containers
+                .iter()
+                .all(|c| c.image_pull_policy.as_deref() == Some("IfNotPresent"))
+        );
+        let m = pod.containers[0]
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.name == "pool-local")
+            .unwrap();
+        assert_eq!(
+            (m.mount_path.as_str(), m.mount_propagation.as_deref()),
+            ("/var/hpvolumes", Some("Bidirectional"))
+        );
+        assert_eq!(
+            pod.node_selector.unwrap()["kubevirt.io/schedulable"],
+            "true"
+        );
+        assert!(
+            pod.containers[1].args.as_ref().unwrap()[1]
+                .ends_with("/kubevirt.io.hostpath-provisioner/csi.sock")
+        );
+    }
+
+    #[test]
+    fn legacy_path_config_and_bad_pools() {
+        let mut h = hpp(&[]);
+        h.spec.path_config = Some(PathConfig {
+            path: "/var/hpvolumes".into(),
+            use_naming_prefix: None,
+        });
+        let o = driver_objects(&h, &Settings::default()).unwrap();
+        assert_eq!(
+            o.storage_classes[0].metadata.name.as_deref(),
+            Some("hostpath-csi-legacy")
+        );
+        for (pools, needle) in [
+            (vec![], "at least one"),
+            (vec![("a", "relative")], "not absolute"),
+            (vec![("a", "/x"), ("a", "/y")], "used twice"),
+        ] {
+            let e = driver_objects(&hpp(&pools), &Settings::default()).unwrap_err();
+            assert!(e.to_string().contains(needle), "{e}");
+        }
+    }
+}
