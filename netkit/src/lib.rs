@@ -14,6 +14,7 @@
 //! Errors are [`Error`]: each crate turns them into its own (`InvalidInput` and `Io` map onto
 //! the crate's variants of the same name).
 
+pub mod argv;
 pub mod client;
 pub mod error;
 pub mod metrics;

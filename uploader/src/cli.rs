@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::{net, proxy, server};
 
 /// `quarry upload-server`: receive one image into a volume, as CDI's upload server pod.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone, PartialEq)]
 #[command(
     after_help = "The server exits 0 after the first successful upload (as CDI's upload \
 server pod), so a second upload meets a closed port; pass --keep-serving to keep answering \
@@ -64,7 +64,7 @@ pub struct ServerArgs {
 }
 
 /// Connection limits of a listener (see `uploader::limits`).
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct ConnectionArgs {
     /// Close a new connection that has not delivered its first request's headers in this long.
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
@@ -196,7 +196,7 @@ pub struct UploadArgs {
 }
 
 /// `quarry clone-source`: stream a volume to a target upload server (CDI's cloner).
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone, PartialEq)]
 #[command(
     after_help = "Without the flags, the environment CDI's cloner pod gets is read: \
 UPLOAD_URL, SERVER_CA_CERT, CLIENT_CERT and CLIENT_KEY (the last three hold PEM text, not paths)."
@@ -240,7 +240,7 @@ pub struct CloneSourceArgs {
 }
 
 /// `quarry resize-disk`: grow a raw disk image after a clone into a larger volume.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct ResizeDiskArgs {
     /// The volume's disk.img (or block device, which is only checked).
     #[arg(long)]
@@ -254,6 +254,126 @@ pub struct ResizeDiskArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The arguments of a `quarry` subcommand, parsed as `quarry SUBCOMMAND ARGS` parses them (how
+/// a test reads back the arguments a controller gave a pod).
+pub fn parse_args<A: clap::Args>(args: &[String]) -> std::result::Result<A, clap::Error> {
+    #[derive(clap::Parser)]
+    struct Command<A: clap::Args> {
+        #[command(flatten)]
+        args: A,
+    }
+    let argv = std::iter::once("quarry".to_string()).chain(args.iter().cloned());
+    <Command<A> as clap::Parser>::try_parse_from(argv).map(|c| c.args)
+}
+
+/// A duration as [`parse_duration`] reads it back.
+fn secs(d: Duration) -> String {
+    format!("{}s", d.as_secs())
+}
+
+impl ServerArgs {
+    /// Receive into `target` on `listen`, every other option at its default.
+    pub fn new(target: impl Into<PathBuf>, listen: SocketAddr) -> Self {
+        let target: PathBuf = target.into();
+        let argv = [
+            "--target".to_string(),
+            target.display().to_string(),
+            "--listen".into(),
+            listen.to_string(),
+        ];
+        parse_args(&argv).expect("the required options parse")
+    }
+
+    /// The arguments after `quarry upload-server` that parse back to these (defaults left out).
+    pub fn to_args(&self) -> Vec<String> {
+        let default = ServerArgs::new(&self.target, self.listen);
+        let changed = |a: Duration, b: Duration| (a != b).then(|| secs(a));
+        let mut a = netkit::argv::Argv::new();
+        a.paths("target", [&self.target]);
+        a.flag("archive", self.archive);
+        a.opt("size", self.size);
+        a.opt("filesystem-overhead", self.filesystem_overhead);
+        a.opt("listen", Some(self.listen));
+        a.paths("tls-cert", &self.tls_cert);
+        a.paths("tls-key", &self.tls_key);
+        a.paths("client-ca", &self.client_ca);
+        a.flag("preallocate", self.preallocate);
+        a.opt(
+            "resume-window",
+            changed(self.resume_window, default.resume_window),
+        );
+        a.opt(
+            "idle-timeout",
+            changed(self.idle_timeout, default.idle_timeout),
+        );
+        a.flag("keep-serving", self.keep_serving);
+        let (c, d) = (&self.connections, &default.connections);
+        a.opt(
+            "header-read-timeout",
+            changed(c.header_read_timeout, d.header_read_timeout),
+        );
+        a.opt(
+            "keep-alive-timeout",
+            changed(c.keep_alive_timeout, d.keep_alive_timeout),
+        );
+        a.opt(
+            "max-connections",
+            (c.max_connections != d.max_connections).then_some(c.max_connections),
+        );
+        a.into_vec()
+    }
+}
+
+impl CloneSourceArgs {
+    /// Stream `source` as `content_type`, every other option at its default.
+    pub fn new(source: impl Into<PathBuf>, content_type: crate::clone::CloneKind) -> Self {
+        let source: PathBuf = source.into();
+        let argv = [
+            "--source".to_string(),
+            source.display().to_string(),
+            "--content-type".into(),
+            content_type.as_str().into(),
+        ];
+        parse_args(&argv).expect("the required options parse")
+    }
+
+    /// The arguments after `quarry clone-source` that parse back to these (defaults left out).
+    pub fn to_args(&self) -> Vec<String> {
+        let default = CloneSourceArgs::new(&self.source, self.content_type);
+        let mut a = netkit::argv::Argv::new();
+        a.paths("source", [&self.source]);
+        a.opt("upload-url", self.upload_url.as_ref());
+        a.opt("content-type", Some(self.content_type.as_str()));
+        a.paths("ca-file", &self.ca_file);
+        a.paths("client-cert", &self.client_cert);
+        a.paths("client-key", &self.client_key);
+        a.opt(
+            "retries",
+            (self.retries != default.retries).then_some(self.retries),
+        );
+        a.opt(
+            "retry-backoff",
+            (self.retry_backoff != default.retry_backoff).then(|| secs(self.retry_backoff)),
+        );
+        a.opt("metrics-addr", self.metrics_addr);
+        a.opt("owner-uid", self.owner_uid.as_ref());
+        a.flag("json", self.json);
+        a.into_vec()
+    }
+}
+
+impl ResizeDiskArgs {
+    /// The arguments after `quarry resize-disk` that parse back to these.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = netkit::argv::Argv::new();
+        a.paths("target", [&self.target]);
+        a.opt("size", Some(self.size));
+        a.opt("filesystem-overhead", self.filesystem_overhead);
+        a.flag("json", self.json);
+        a.into_vec()
+    }
 }
 
 fn parse_size(s: &str) -> std::result::Result<u64, String> {
@@ -515,5 +635,69 @@ mod tests {
         for bad in ["", "m", "5d", "-1s", "1.5m"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn upload_server_arguments_parse_back() {
+        let listen: SocketAddr = "0.0.0.0:8443".parse().unwrap();
+        let plain = ServerArgs::new("/data/disk.img", listen);
+        assert_eq!(
+            plain.to_args(),
+            ["--target", "/data/disk.img", "--listen", "0.0.0.0:8443"]
+        );
+        let mut all = plain.clone();
+        all.archive = true;
+        all.size = Some(10 << 30);
+        all.filesystem_overhead = Some(0.055);
+        all.tls_cert = Some("/tls/tls.crt".into());
+        all.tls_key = Some("/tls/tls.key".into());
+        all.client_ca = Some("/tls/ca.crt".into());
+        all.preallocate = true;
+        all.resume_window = Duration::from_secs(90);
+        all.idle_timeout = Duration::from_secs(7);
+        all.keep_serving = true;
+        all.connections.header_read_timeout = Duration::from_secs(3);
+        all.connections.keep_alive_timeout = Duration::from_secs(4);
+        all.connections.max_connections = 5;
+        for args in [plain, all] {
+            assert_eq!(parse_args::<ServerArgs>(&args.to_args()).unwrap(), args);
+        }
+    }
+
+    #[test]
+    fn clone_source_arguments_parse_back() {
+        let plain = CloneSourceArgs::new(
+            "/dev/cdi-block-volume",
+            crate::clone::CloneKind::Blockdevice,
+        );
+        let mut all = CloneSourceArgs::new("/data/disk.img", crate::clone::CloneKind::Filesystem);
+        all.upload_url = Some("https://cdi-upload-t.ns.svc/v1beta1/upload".into());
+        all.ca_file = Some("/tls/ca.crt".into());
+        all.client_cert = Some("/tls/tls.crt".into());
+        all.client_key = Some("/tls/tls.key".into());
+        all.retries = 2;
+        all.retry_backoff = Duration::from_secs(3);
+        all.metrics_addr = Some("0.0.0.0:8443".parse().unwrap());
+        all.owner_uid = Some("-uid-starting-with-a-dash".into());
+        all.json = true;
+        for args in [plain, all] {
+            assert_eq!(
+                parse_args::<CloneSourceArgs>(&args.to_args()).unwrap(),
+                args
+            );
+        }
+    }
+
+    #[test]
+    fn resize_disk_arguments_parse_back() {
+        let mut args = ResizeDiskArgs {
+            target: "/data/disk.img".into(),
+            size: 5 << 30,
+            filesystem_overhead: None,
+            json: false,
+        };
+        assert_eq!(parse_args::<ResizeDiskArgs>(&args.to_args()).unwrap(), args);
+        (args.filesystem_overhead, args.json) = (Some(0.1), true);
+        assert_eq!(parse_args::<ResizeDiskArgs>(&args.to_args()).unwrap(), args);
     }
 }

@@ -5,6 +5,7 @@
 //! which to create when.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 
 use k8s_openapi::api::core::v1::{
     Affinity, Container, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
@@ -12,6 +13,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use uploader::cli::{CloneSourceArgs, ResizeDiskArgs};
+use uploader::clone::CloneKind;
 
 use super::clone::Strategy;
 use super::pod::{self, BLOCK_DEVICE, DISK_IMG, TLS_DIR};
@@ -178,42 +181,26 @@ pub struct SourcePodSpec<'a> {
 /// controller deletes it).
 pub fn source_pod(dv: &DataVolume, s: &SourcePodSpec, cfg: &Config) -> Pod {
     let (path, content_type) = match s.mode {
-        VolumeMode::Filesystem => (DISK_IMG, "filesystem-clone"),
-        VolumeMode::Block => (BLOCK_DEVICE, "blockdevice-clone"),
+        VolumeMode::Filesystem => (DISK_IMG, CloneKind::Filesystem),
+        VolumeMode::Block => (BLOCK_DEVICE, CloneKind::Blockdevice),
     };
-    let mut args = vec![
-        "clone-source".to_string(),
-        "--source".into(),
-        path.into(),
-        "--upload-url".into(),
-        upload_url(dv, cfg.upload_tls.is_some()),
-        "--content-type".into(),
-        content_type.into(),
-    ];
+    let mut args = CloneSourceArgs::new(path, content_type);
+    args.upload_url = Some(upload_url(dv, cfg.upload_tls.is_some()));
     let mut volumes = Vec::new();
     let mut mounts = Vec::new();
     if let Some(secret) = s.tls_secret {
-        args.extend([
-            "--ca-file".into(),
-            format!("{TLS_DIR}/ca.crt"),
-            "--client-cert".into(),
-            format!("{TLS_DIR}/tls.crt"),
-            "--client-key".into(),
-            format!("{TLS_DIR}/tls.key"),
-        ]);
+        args.ca_file = Some(format!("{TLS_DIR}/ca.crt").into());
+        args.client_cert = Some(format!("{TLS_DIR}/tls.crt").into());
+        args.client_key = Some(format!("{TLS_DIR}/tls.key").into());
         mounts.push(pod::mount("cdi-client-tls", TLS_DIR, true));
         volumes.push(pod::secret_volume("cdi-client-tls", secret));
     }
     // Its progress, as CDI's cloner serves it: the controller reads it as an importer's.
-    args.extend([
-        "--metrics-addr".into(),
-        format!("0.0.0.0:{}", pod::POD_PORT),
-        "--owner-uid".into(),
-        s.target_uid.into(),
-    ]);
+    args.metrics_addr = Some(SocketAddr::from(([0, 0, 0, 0], pod::POD_PORT as u16)));
+    args.owner_uid = Some(s.target_uid.into());
     let c = Container {
         name: "cdi-clone-source".into(),
-        args: Some(args),
+        args: Some(pod::subcommand("clone-source", args.to_args())),
         volume_mounts: Some(mounts),
         ports: pod::port("metrics"),
         ..Default::default()
@@ -280,13 +267,16 @@ fn on_node(node: &str) -> Affinity {
 pub fn resize_pod(dv: &DataVolume, claim: &Claim, size: u64, cfg: &Config) -> Pod {
     let c = Container {
         name: "cdi-expand".into(),
-        args: Some(vec![
-            "resize-disk".into(),
-            "--target".into(),
-            DISK_IMG.into(),
-            "--size".into(),
-            size.to_string(),
-        ]),
+        args: Some(pod::subcommand(
+            "resize-disk",
+            ResizeDiskArgs {
+                target: DISK_IMG.into(),
+                size,
+                filesystem_overhead: None,
+                json: false,
+            }
+            .to_args(),
+        )),
         ..Default::default()
     };
     let meta = (Vec::new(), BTreeMap::new());

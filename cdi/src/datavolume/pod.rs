@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use importer::cli::ImportArgs;
+use uploader::cli::ServerArgs;
 
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
@@ -369,11 +370,7 @@ fn importer_pod_via(
     }
     let c = Container {
         name: "importer".into(),
-        args: Some(
-            std::iter::once("import".into())
-                .chain(args.to_args())
-                .collect(),
-        ),
+        args: Some(subcommand("import", args.to_args())),
         env: (!env.is_empty()).then_some(env),
         volume_mounts: Some(mounts),
         // Plain-HTTP Prometheus metrics.
@@ -382,6 +379,11 @@ fn importer_pod_via(
     };
     let pod_name = importer_pod_name(name(dv));
     pod(dv, pod_name, claim, c, (volumes, BTreeMap::new()), cfg)
+}
+
+/// A container's arguments: `quarry SUBCOMMAND` and the subcommand's.
+pub fn subcommand(name: &str, args: Vec<String>) -> Vec<String> {
+    std::iter::once(name.to_string()).chain(args).collect()
 }
 
 /// The importer pod for a blank disk: an import of an empty source, which leaves a sparse disk
@@ -399,29 +401,18 @@ pub fn blank_pod(dv: &DataVolume, claim: &Claim, cfg: &Config) -> Pod {
 /// the UID of the PVC it fills, which its Service selects on.
 pub fn upload_pod(dv: &DataVolume, claim: &Claim, cfg: &Config, pvc_uid: &str) -> Pod {
     let archive = super::source::is_archive(&dv.spec);
-    let mut args = vec![
-        "upload-server".to_string(),
-        "--target".into(),
-        target_of(claim.mode, archive).into(),
-        "--size".into(),
-        claim.size.to_string(),
-    ];
-    if archive {
-        args.push("--archive".into());
-    }
+    let listen = SocketAddr::from(([0, 0, 0, 0], POD_PORT as u16));
+    let mut args = ServerArgs::new(target_of(claim.mode, archive), listen);
+    args.archive = archive;
+    args.size = Some(claim.size);
     if claim.mode == VolumeMode::Filesystem {
-        args.extend(["--filesystem-overhead".into(), claim.overhead.to_string()]);
+        args.filesystem_overhead = Some(claim.overhead);
     }
-    args.extend(["--listen".into(), format!("0.0.0.0:{POD_PORT}")]);
     let mut mounts = Vec::new();
     let mut volumes = Vec::new();
-    let tls_args = |args: &mut Vec<String>| {
-        args.extend([
-            "--tls-cert".into(),
-            format!("{TLS_DIR}/tls.crt"),
-            "--tls-key".into(),
-            format!("{TLS_DIR}/tls.key"),
-        ])
+    let tls_args = |args: &mut ServerArgs| {
+        args.tls_cert = Some(format!("{TLS_DIR}/tls.crt").into());
+        args.tls_key = Some(format!("{TLS_DIR}/tls.key").into());
     };
     match &cfg.upload_tls {
         Some(UploadTls::Shared {
@@ -432,14 +423,14 @@ pub fn upload_pod(dv: &DataVolume, claim: &Claim, cfg: &Config, pvc_uid: &str) -
             mounts.push(mount("cdi-upload-tls", TLS_DIR, true));
             volumes.push(secret_volume("cdi-upload-tls", secret));
             if let Some(ca) = client_ca_config_map {
-                args.extend(["--client-ca".into(), format!("{CLIENT_CA_DIR}/ca.crt")]);
+                args.client_ca = Some(format!("{CLIENT_CA_DIR}/ca.crt").into());
                 mounts.push(mount("cdi-client-ca", CLIENT_CA_DIR, true));
                 volumes.push(config_map_volume("cdi-client-ca", ca));
             }
         }
         Some(UploadTls::Issued { .. }) => {
             tls_args(&mut args);
-            args.extend(["--client-ca".into(), format!("{TLS_DIR}/ca.crt")]);
+            args.client_ca = Some(format!("{TLS_DIR}/ca.crt").into());
             mounts.push(mount("cdi-upload-tls", TLS_DIR, true));
             volumes.push(secret_volume("cdi-upload-tls", &upload_name(name(dv))));
         }
@@ -447,7 +438,7 @@ pub fn upload_pod(dv: &DataVolume, claim: &Claim, cfg: &Config, pvc_uid: &str) -
     }
     let c = Container {
         name: "cdi-upload-server".into(),
-        args: Some(args),
+        args: Some(subcommand("upload-server", args.to_args())),
         readiness_probe: Some(Probe {
             tcp_socket: Some(TCPSocketAction {
                 port: IntOrString::Int(POD_PORT),

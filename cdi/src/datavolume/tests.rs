@@ -1111,11 +1111,11 @@ fn an_archive_datavolume_extracts_into_the_volume_directory() {
     upload.spec.content_type = dv.spec.content_type;
     let claim = pvc::claim(&upload, &cfg, &pvc::StorageDefaults::Builtin).unwrap();
     let p = pod::upload_pod(&upload, &claim, &cfg, "pvc-uid");
-    assert_eq!(
-        args(&p)[..4],
-        ["upload-server", "--target", "/data", "--size"]
-    );
-    assert!(args(&p).contains(&"--archive".to_string()));
+    assert_eq!(args(&p)[0], "upload-server");
+    let server: uploader::cli::ServerArgs = uploader::cli::parse_args(&args(&p)[1..]).unwrap();
+    assert_eq!(server.target, std::path::PathBuf::from("/data"));
+    assert!(server.archive);
+    assert_eq!(server.size, Some(claim.size));
 
     let mut block = dv.clone();
     block.spec.storage.as_mut().unwrap().volume_mode = Some("Block".into());
