@@ -70,7 +70,7 @@ pub struct Config {
     pub preallocation: bool,
     /// Pull secrets of importer and upload pods.
     pub image_pull_secrets: Vec<LocalObjectReference>,
-    /// Checks the clone tokens the DataVolume webhook signs (`datavolume::clone_token`); None: a clone
+    /// Checks the clone tokens the DataVolume webhook signs (`datavolume::clone::token`); None: a clone
     /// from another namespace is refused.
     pub clone_token_key: Option<token::PublicKey>,
 }

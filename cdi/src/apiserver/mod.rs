@@ -318,7 +318,7 @@ async fn clone_token(app: &App, req: &AdmissionRequest<DynamicObject>) -> Admiss
             Err(e) => return pass.deny(format!("authorizing the clone: {e}")),
         }
     }
-    let claims = crate::datavolume::clone_token::claims(
+    let claims = crate::datavolume::clone::token::claims(
         kind,
         (&src_ns, &src_name),
         (&dv_ns, &dv_name),
@@ -327,7 +327,7 @@ async fn clone_token(app: &App, req: &AdmissionRequest<DynamicObject>) -> Admiss
     let signed = token::sign(&claims, &app.signing_key).map_err(|e| e.to_string());
     let patched = signed.and_then(|t| {
         pass.clone()
-            .with_patch(crate::datavolume::clone_token::patch(&dv, t))
+            .with_patch(crate::datavolume::clone::token::patch(&dv, t))
             .map_err(|e| e.to_string())
     });
     patched.unwrap_or_else(|e| {

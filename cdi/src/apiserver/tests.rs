@@ -414,7 +414,7 @@ async fn the_mutating_webhook_signs_a_clone_token_for_the_source_it_authorized()
     let patch: Vec<u8> = serde_json::from_value(r["patch"].clone()).unwrap();
     let patch: Value = serde_json::from_slice(&patch).unwrap();
     assert_eq!(patch[0]["path"], "/metadata/annotations");
-    let token = patch[0]["value"][crate::datavolume::clone_token::ANN_CLONE_TOKEN]
+    let token = patch[0]["value"][crate::datavolume::clone::token::ANN_CLONE_TOKEN]
         .as_str()
         .unwrap();
     let claims = token::verify_signed(token, &f.public_key).unwrap();

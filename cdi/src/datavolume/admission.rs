@@ -9,7 +9,7 @@
 //! - CREATE of a clone (`spec.source.pvc|snapshot`, or a `sourceRef` through its DataSource,
 //!   [`clone_source`]): from another namespace, CDI's SubjectAccessReviews for the requesting
 //!   user ([`authorize_clone`]), refused with CDI's message when denied; then the signed clone
-//!   token is added ([`super::clone_token`]), which the controller checks. A `sourceRef` whose
+//!   token is added ([`super::clone::token`]), which the controller checks. A `sourceRef` whose
 //!   DataSource does not exist is refused (CDI answers NotFound).
 //!
 //! Unlike CDI, an UPDATE does not check an unchanged spec again: a DataVolume created before the
@@ -24,7 +24,8 @@ use serde_json::Value;
 use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 
-use super::clone::{SourceKind, clone_authorized, clone_reviews};
+use super::clone::{clone_authorized, clone_reviews};
+use super::source::CloneSourceKind;
 use super::validate;
 use crate::settings::Config;
 use api::DataVolume;
@@ -184,7 +185,7 @@ pub fn clone_source<'a>(
     dv: &DataVolume,
     request_namespace: &str,
     data_source: impl Fn(&str, &str) -> Option<&'a api::DataSource>,
-) -> Result<Option<(SourceKind, String, String)>, String> {
+) -> Result<Option<(CloneSourceKind, String, String)>, String> {
     let ns = dv
         .metadata
         .namespace
@@ -200,8 +201,8 @@ pub fn clone_source<'a>(
     };
     let (kind, (source_ns, name)) = match (&dv.spec.source, &dv.spec.source_ref) {
         (Some(src), _) => match (&src.pvc, &src.snapshot) {
-            (Some(p), _) => (SourceKind::Pvc, in_ns(&ns, p)),
-            (None, Some(p)) => (SourceKind::Snapshot, in_ns(&ns, p)),
+            (Some(p), _) => (CloneSourceKind::Pvc, in_ns(&ns, p)),
+            (None, Some(p)) => (CloneSourceKind::Snapshot, in_ns(&ns, p)),
             (None, None) => return Ok(None),
         },
         (None, Some(r)) if r.kind == "DataSource" => {
@@ -218,8 +219,8 @@ pub fn clone_source<'a>(
                 ds = data_source(&at.0, &at.1).ok_or_else(|| not_found(&at.0, &at.1))?;
             }
             match (&ds.spec.source.pvc, &ds.spec.source.snapshot) {
-                (Some(p), _) => (SourceKind::Pvc, in_ns(&at.0, p)),
-                (None, Some(p)) => (SourceKind::Snapshot, in_ns(&at.0, p)),
+                (Some(p), _) => (CloneSourceKind::Pvc, in_ns(&at.0, p)),
+                (None, Some(p)) => (CloneSourceKind::Snapshot, in_ns(&at.0, p)),
                 (None, None) => return Ok(None),
             }
         }
@@ -232,7 +233,7 @@ pub fn clone_source<'a>(
 /// ([`clone_authorized`]): `Ok(Err(message))` when the user may not clone the source.
 pub async fn authorize_clone(
     client: &kube::Client,
-    (kind, namespace, name): (SourceKind, &str, &str),
+    (kind, namespace, name): (CloneSourceKind, &str, &str),
     user: &UserInfo,
 ) -> kubekit::error::Result<Result<(), String>> {
     let api: kube::Api<SubjectAccessReview> = kube::Api::all(client.clone());
@@ -437,13 +438,17 @@ mod tests {
         let other = clone_dv(json!({"pvc": {"namespace": "golden", "name": "fedora"}}));
         assert_eq!(
             clone_source(&other, "vms", none),
-            Ok(Some((SourceKind::Pvc, "golden".into(), "fedora".into())))
+            Ok(Some((
+                CloneSourceKind::Pvc,
+                "golden".into(),
+                "fedora".into()
+            )))
         );
         let same = clone_dv(json!({"snapshot": {"namespace": "", "name": "fedora-snap"}}));
         assert_eq!(
             clone_source(&same, "vms", none),
             Ok(Some((
-                SourceKind::Snapshot,
+                CloneSourceKind::Snapshot,
                 "vms".into(),
                 "fedora-snap".into()
             )))
@@ -478,7 +483,7 @@ mod tests {
         assert_eq!(
             clone_source(&dv, "vms", found),
             Ok(Some((
-                SourceKind::Snapshot,
+                CloneSourceKind::Snapshot,
                 "golden".into(),
                 "fedora-v1".into()
             )))
@@ -499,7 +504,11 @@ mod tests {
         };
         assert_eq!(
             clone_source(&dv, "vms", found),
-            Ok(Some((SourceKind::Pvc, "golden".into(), "fedora-v2".into())))
+            Ok(Some((
+                CloneSourceKind::Pvc,
+                "golden".into(),
+                "fedora-v2".into()
+            )))
         );
         // A DataSource without a source yet: nothing to authorize or sign (CDI's noClone).
         let empty = data_source("fedora", json!({}));

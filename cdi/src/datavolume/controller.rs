@@ -25,12 +25,13 @@ use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{Instrument, info_span};
 
-use super::clone::{SourceKind as CloneKind, SourceRef, resolve_source_ref};
-use super::clone_objects::temp_snapshot_name;
+use super::clone::objects::temp_snapshot_name;
+use super::clone::{SourceRef, resolve_source_ref};
 use super::decide::{Event, pod_refused};
 use super::pod::{self, POD_PORT, SourceRefs};
 use super::pvc::StorageDefaults;
 use super::source::CloneSource;
+use super::source::CloneSourceKind;
 use super::source::{Source, source};
 use super::status::{CLONE_PROGRESS, IMPORT_PROGRESS, parse_counter};
 use super::{ANN_OWNED_BY, Action, FINALIZER, Observed, decide, name};
@@ -195,8 +196,8 @@ fn pod_name(dv: &DataVolume, src: Option<&Source>) -> (String, bool) {
 /// The source of `dv`, `spec.sourceRef` standing for what it resolved to.
 fn resolved_source(dv: &DataVolume, source_ref: Option<&SourceRef>) -> Option<Source> {
     let (kind, p) = match source_ref {
-        Some(SourceRef::Pvc(p)) => (CloneKind::Pvc, p),
-        Some(SourceRef::Snapshot(p)) => (CloneKind::Snapshot, p),
+        Some(SourceRef::Pvc(p)) => (CloneSourceKind::Pvc, p),
+        Some(SourceRef::Snapshot(p)) => (CloneSourceKind::Snapshot, p),
         _ => return source(&dv.spec).ok(),
     };
     Some(Source::Clone(CloneSource {
@@ -468,7 +469,7 @@ async fn observe_clone(
     target: Option<&PersistentVolumeClaim>,
     upload_pod: Option<&Pod>,
     storage: &StorageDefaults,
-) -> Result<super::clone_flow::CloneObserved> {
+) -> Result<super::clone::flow::CloneObserved> {
     let class = match storage {
         StorageDefaults::Cluster { class, .. } => class.clone(),
         _ => target.and_then(|t| t.spec.as_ref()?.storage_class_name.clone()),
@@ -479,7 +480,8 @@ async fn observe_clone(
             .as_ref()
             .and_then(|p| p.storage_class_name.clone())
     });
-    let mut o = super::clone_observe::observe(&ctx.client, dv, c, target, class.as_deref()).await?;
+    let mut o =
+        super::clone::observe::observe(&ctx.client, dv, c, target, class.as_deref()).await?;
     if let Some(UploadTls::Issued { namespace }) = &ctx.live.base.upload_tls
         && upload_pod.is_some()
         && let Some(uid) = target.and_then(|t| t.metadata.uid.as_deref())
@@ -487,7 +489,7 @@ async fn observe_clone(
         let dv_ns = dv.namespace().unwrap_or_default();
         let src_ns = c.namespace_or(&dv_ns);
         o.client_secret = Some(
-            super::clone_observe::ensure_client_secret(
+            super::clone::observe::ensure_client_secret(
                 &ctx.client,
                 dv,
                 namespace,
@@ -645,7 +647,7 @@ async fn cleanup(dv: &DataVolume, ctx: &Context) -> Result<()> {
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
     kubeops::delete(&pods, &pod::importer_pod_name(name(dv))).await?;
     kubeops::delete(&pods, &pod::upload_name(name(dv))).await?;
-    kubeops::delete(&pods, &super::clone_objects::resize_pod_name(dv)).await?;
+    kubeops::delete(&pods, &super::clone::objects::resize_pod_name(dv)).await?;
     kubeops::delete(&services, &pod::upload_name(name(dv))).await?;
     if matches!(resolved_source(dv, None), Some(Source::Clone(_))) {
         let snapshots: Api<VolumeSnapshot> = Api::namespaced(ctx.client.clone(), &ns);

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 
 use super::clone::SourceRef;
-use super::clone_flow::CloneObserved;
+use super::clone::flow::CloneObserved;
 use super::name;
 use super::pod::{self, SourceRefs};
 use super::pvc::{self, Claim, StorageDefaults};
@@ -373,7 +373,7 @@ pub fn decide(dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) -> Decision {
         }
     }
     if let Source::Clone(c) = &src {
-        super::clone_flow::decide_clone(&mut cx, c, &claim);
+        super::clone::flow::decide_clone(&mut cx, c, &claim);
         return cx.finish();
     }
     if !claim_ready(&mut cx, &claim) {

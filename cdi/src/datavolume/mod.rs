@@ -4,8 +4,9 @@
 //! - [`pvc`]: the PVC to create (CDI's size inflation and defaults);
 //! - [`pod`]: the importer pod (`quarry import`), the upload server pod and Service;
 //! - [`status`]: conditions, progress, CDI's phases and event reasons;
-//! - [`clone`], [`clone_flow`], [`clone_objects`]: clones (strategy, phases, objects);
-//! - [`clone_token`]: the signed clone token that authorizes a clone from another namespace;
+//! - [`clone`]: clones: the strategy, its steps ([`clone::flow`]), the objects it makes
+//!   ([`clone::objects`]), what it reads ([`clone::observe`]) and the signed clone token that
+//!   authorizes one from another namespace ([`clone::token`]);
 //! - [`decide`]: the state machine: observed PVC and pod in, status and actions out;
 //! - [`retry`]: terminal versus retryable failures and the back-off;
 //! - [`controller`]: the kube-runtime controller that executes the actions;
@@ -22,10 +23,6 @@ use api::DataVolume;
 
 pub mod admission;
 pub mod clone;
-pub mod clone_flow;
-pub mod clone_objects;
-pub mod clone_observe;
-pub mod clone_token;
 pub mod controller;
 pub mod decide;
 pub mod pod;

@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::pvc::{Claim, VolumeMode};
-use super::source::{ImportSource, SourceKind};
+use super::source::{ImportKind, ImportSource};
 use super::{labels, name};
 use crate::settings::{Config, UploadTls, default_resources};
 use api::DataVolume;
@@ -134,8 +134,8 @@ fn import_args(
         .collect();
     if let Some(secret) = &src.secret_ref {
         match src.kind {
-            SourceKind::S3 => args.s3_credentials = Some(SECRET_DIR.into()),
-            SourceKind::Http | SourceKind::Registry => {
+            ImportKind::S3 => args.s3_credentials = Some(SECRET_DIR.into()),
+            ImportKind::Http | ImportKind::Registry => {
                 // The user goes through the environment (kubelet expands `$(VAR)` in args); the
                 // password stays in the mounted file, never on a command line.
                 env.push(secret_env("IMPORTER_ACCESS_KEY_ID", secret, "accessKeyId"));

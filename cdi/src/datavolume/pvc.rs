@@ -37,7 +37,7 @@ impl VolumeMode {
         }
     }
 
-    fn parse(s: Option<&str>) -> Result<Self> {
+    pub(crate) fn parse(s: Option<&str>) -> Result<Self> {
         match s {
             None | Some("Filesystem") => Ok(VolumeMode::Filesystem),
             Some("Block") => Ok(VolumeMode::Block),

@@ -8,7 +8,7 @@ use importer::import::ImportRequest;
 use importer::source::SourceSpec;
 
 use super::pvc::Claim;
-use super::source::{ImportSource, SourceKind, header};
+use super::source::{ImportKind, ImportSource, header};
 use kubekit::error::{Error, Result};
 
 fn object_dir(refs_dir: Option<&Path>, what: &str, obj: &str) -> Result<PathBuf> {
@@ -51,8 +51,8 @@ pub fn import_request(
     if let Some(secret) = &src.secret_ref {
         let dir = object_dir(refs_dir, "Secret", secret)?;
         match src.kind {
-            SourceKind::S3 => args.s3_credentials = Some(dir),
-            SourceKind::Http | SourceKind::Registry => {
+            ImportKind::S3 => args.s3_credentials = Some(dir),
+            ImportKind::Http | ImportKind::Registry => {
                 args.user = Some(read_key(&dir, "accessKeyId")?);
                 args.password_file = Some(dir.join("secretKey"));
             }

@@ -21,15 +21,24 @@ pub enum Source {
     Upload,
     /// A blank disk of the requested size.
     Blank,
-    /// Cloned from a PVC or a VolumeSnapshot ([`super::clone_flow`]).
+    /// Cloned from a PVC or a VolumeSnapshot ([`super::clone::flow`]).
     Clone(CloneSource),
+}
+
+/// What a clone is made from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloneSourceKind {
+    /// A PVC.
+    Pvc,
+    /// A VolumeSnapshot.
+    Snapshot,
 }
 
 /// The checked contents of `spec.source.pvc|snapshot`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CloneSource {
     /// A PVC or a VolumeSnapshot.
-    pub kind: super::clone::SourceKind,
+    pub kind: CloneSourceKind,
     /// Its namespace (empty: the DataVolume's).
     pub namespace: String,
     /// Its name.
@@ -53,7 +62,7 @@ pub struct ImportSource {
     /// `http(s)://...`, `docker://...` or `s3://...` as `quarry import` takes it.
     pub url: String,
     /// Which source type it came from.
-    pub kind: SourceKind,
+    pub kind: ImportKind,
     /// Secret with `accessKeyId` / `secretKey`.
     pub secret_ref: Option<String>,
     /// ConfigMap with CA certificates.
@@ -72,7 +81,7 @@ pub struct ImportSource {
 
 /// The source type of an [`ImportSource`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SourceKind {
+pub enum ImportKind {
     /// `source.http`.
     #[default]
     Http,
@@ -116,7 +125,7 @@ fn sources(spec: &DataVolumeSpec) -> Result<Source> {
     if let Some(h) = &src.http {
         found.push(Source::Import(ImportSource {
             url: h.url.clone(),
-            kind: SourceKind::Http,
+            kind: ImportKind::Http,
             secret_ref: nonempty(&h.secret_ref),
             cert_config_map: nonempty(&h.cert_config_map),
             extra_headers: h.extra_headers.clone(),
@@ -142,7 +151,7 @@ fn sources(spec: &DataVolumeSpec) -> Result<Source> {
             .ok_or_else(|| Error::invalid("source.registry.url is required"))?;
         found.push(Source::Import(ImportSource {
             url,
-            kind: SourceKind::Registry,
+            kind: ImportKind::Registry,
             secret_ref: nonempty(&r.secret_ref),
             cert_config_map: nonempty(&r.cert_config_map),
             platform: r
@@ -156,7 +165,7 @@ fn sources(spec: &DataVolumeSpec) -> Result<Source> {
     if let Some(s) = &src.s3 {
         found.push(Source::Import(ImportSource {
             url: s.url.clone(),
-            kind: SourceKind::S3,
+            kind: ImportKind::S3,
             secret_ref: nonempty(&s.secret_ref),
             cert_config_map: nonempty(&s.cert_config_map),
             ..Default::default()
@@ -169,8 +178,8 @@ fn sources(spec: &DataVolumeSpec) -> Result<Source> {
         found.push(Source::Blank);
     }
     for (p, kind) in [
-        (&src.pvc, super::clone::SourceKind::Pvc),
-        (&src.snapshot, super::clone::SourceKind::Snapshot),
+        (&src.pvc, CloneSourceKind::Pvc),
+        (&src.snapshot, CloneSourceKind::Snapshot),
     ] {
         if let Some(p) = p {
             if p.name.is_empty() {
@@ -215,9 +224,9 @@ fn nonempty(s: &Option<String>) -> Option<String> {
 fn check(src: &ImportSource) -> Result<()> {
     let lower = src.url.to_ascii_lowercase();
     let schemes: &[&str] = match src.kind {
-        SourceKind::Http => &["http://", "https://"],
-        SourceKind::Registry => &["docker://"],
-        SourceKind::S3 => &["s3://", "http://", "https://"],
+        ImportKind::Http => &["http://", "https://"],
+        ImportKind::Registry => &["docker://"],
+        ImportKind::S3 => &["s3://", "http://", "https://"],
     };
     if !schemes.iter().any(|s| lower.starts_with(s)) {
         return Err(Error::invalid(format!(
@@ -265,10 +274,10 @@ impl ImportSource {
         args.filesystem_overhead = (claim.mode == VolumeMode::Filesystem).then_some(claim.overhead);
         args.checksum = self.checksum.clone();
         args.s3 =
-            self.kind == SourceKind::S3 && !self.url.to_ascii_lowercase().starts_with("s3://");
+            self.kind == ImportKind::S3 && !self.url.to_ascii_lowercase().starts_with("s3://");
         args.headers = self.extra_headers.clone();
         args.archive = self.archive;
-        if self.kind == SourceKind::Registry {
+        if self.kind == ImportKind::Registry {
             args.platform = self.platform.clone();
             args.insecure = insecure_registry(&self.url, insecure_registries);
         }
@@ -307,7 +316,7 @@ mod tests {
         }))
         .unwrap();
         let Source::Import(i) = s else { panic!() };
-        assert_eq!(i.kind, SourceKind::Http);
+        assert_eq!(i.kind, ImportKind::Http);
         assert!(i.checksum.unwrap().starts_with("sha256:abab"));
     }
 
@@ -363,7 +372,7 @@ mod tests {
         assert_eq!(
             source(&clone).unwrap(),
             Source::Clone(CloneSource {
-                kind: crate::datavolume::clone::SourceKind::Pvc,
+                kind: CloneSourceKind::Pvc,
                 namespace: "a".into(),
                 name: "b".into()
             })

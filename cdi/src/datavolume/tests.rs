@@ -1042,12 +1042,12 @@ fn a_resolved_source_ref_is_the_data_sources_clone_source() {
     let d = step(&mut unsigned, &resolved, &Config::default());
     assert_eq!(
         cond(&d, condition::BOUND).reason.as_deref(),
-        Some(super::clone_token::CLONE_VALIDATION_FAILED)
+        Some(super::clone::token::CLONE_VALIDATION_FAILED)
     );
     let mut dv = source_ref_dv();
     let source = ("golden", "fedora-3d8e5b5ff4b1");
-    super::clone_token::testing::sign_for(&mut dv, clone::SourceKind::Pvc, source);
-    let d = step(&mut dv, &resolved, &super::clone_token::testing::config());
+    super::clone::token::testing::sign_for(&mut dv, super::source::CloneSourceKind::Pvc, source);
+    let d = step(&mut dv, &resolved, &super::clone::token::testing::config());
     assert_eq!(d.status.phase, Some(Phase::Pending));
     assert_eq!(
         cond(&d, condition::BOUND).message.as_deref(),

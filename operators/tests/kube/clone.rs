@@ -7,9 +7,9 @@
 
 use api::snapshot::VolumeSnapshot;
 use api::{DataVolume, Phase, StorageProfile};
-use cdi::datavolume::clone::SourceKind;
-use cdi::datavolume::clone_objects::ANN_SELECTED_NODE;
-use cdi::datavolume::clone_token;
+use cdi::datavolume::clone::objects::ANN_SELECTED_NODE;
+use cdi::datavolume::clone::token as clone_token;
+use cdi::datavolume::source::CloneSourceKind;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PostParams};
@@ -149,7 +149,7 @@ fn token_annotations(ns: &str, src_ns: &str) -> Value {
     }
     let source = (src_ns, "golden-disk");
     let now = token::now();
-    let c = clone_token::claims(SourceKind::Pvc, source, (ns, "vm-disk"), now);
+    let c = clone_token::claims(CloneSourceKind::Pvc, source, (ns, "vm-disk"), now);
     let t = token::sign(&c, token_key()).unwrap();
     json!({ clone_token::ANN_CLONE_TOKEN: t })
 }
@@ -404,7 +404,7 @@ async fn cross_namespace_clones_are_authorized_by_the_servers_rbac() {
         async move {
             cdi::datavolume::admission::authorize_clone(
                 &webhook,
-                (SourceKind::Pvc, &golden, "golden-disk"),
+                (CloneSourceKind::Pvc, &golden, "golden-disk"),
                 &u,
             )
             .await
@@ -572,7 +572,7 @@ async fn the_webhooks_clone_token_lets_the_controller_clone_and_a_datavolume_wit
 #[tokio::test]
 async fn the_source_pods_client_certificate_is_issued_once_from_the_client_signer() {
     use api::names::secret;
-    use cdi::datavolume::clone_observe::ensure_client_secret;
+    use cdi::datavolume::clone::observe::ensure_client_secret;
     use certs::pki;
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     let Some((admin, install)) = namespace("clone-certs", &[]).await else {

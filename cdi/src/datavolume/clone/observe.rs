@@ -12,11 +12,12 @@ use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 
-use super::clone::SourceKind;
-use super::clone_flow::{CloneInputs, CloneObserved};
-use super::clone_objects::{self as objects, client_secret_meta};
-use super::name;
-use super::source::CloneSource;
+use super::CloneFacts;
+use super::flow::CloneObserved;
+use super::objects::{self as objects, client_secret_meta};
+use crate::datavolume::name;
+use crate::datavolume::source::CloneSource;
+use crate::datavolume::source::CloneSourceKind;
 use api::names::secret;
 use api::snapshot::{self, VolumeSnapshot};
 use api::{Cdi, DataVolume, StorageProfile};
@@ -42,7 +43,7 @@ pub async fn observe(
     let src_ns = c.namespace_or(&dv_ns).to_string();
     let mut o = CloneObserved::default();
     match c.kind {
-        SourceKind::Pvc => {
+        CloneSourceKind::Pvc => {
             let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &src_ns);
             o.source_pvc = kubeops::get(&api, &c.name).await?;
             let api: Api<VolumeSnapshot> = Api::namespaced(client.clone(), &dv_ns);
@@ -50,7 +51,7 @@ pub async fn observe(
                 .await
                 .unwrap_or(None);
         }
-        SourceKind::Snapshot => {
+        CloneSourceKind::Snapshot => {
             let api: Api<VolumeSnapshot> = Api::namespaced(client.clone(), &src_ns);
             o.source_snapshot = kubeops::get(&api, &c.name).await?;
             let origin = o
@@ -83,9 +84,9 @@ async fn facts(
     client: &Client,
     o: &CloneObserved,
     target_class: Option<&str>,
-) -> Result<CloneInputs> {
+) -> Result<CloneFacts> {
     let classes: Api<StorageClass> = Api::all(client.clone());
-    let mut f = CloneInputs::default();
+    let mut f = CloneFacts::default();
     if let Some(class) = target_class {
         if let Some(sc) = kubeops::get(&classes, class).await? {
             f.target_driver = Some(sc.provisioner);

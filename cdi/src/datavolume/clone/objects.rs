@@ -1,7 +1,7 @@
 //! The objects a clone creates, as pure builders: the target PVC with a `dataSource` (CSI clone,
 //! or a restore from a VolumeSnapshot) pinned to the source's node, the temporary VolumeSnapshot
 //! of a smart clone, the host-assisted clone source pod (`quarry clone-source`), and the pod that
-//! grows `disk.img` after an expansion (`quarry resize-disk`). [`super::clone_flow`] decides
+//! grows `disk.img` after an expansion (`quarry resize-disk`). [`super::flow`] decides
 //! which to create when.
 
 use std::collections::BTreeMap;
@@ -16,10 +16,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use uploader::cli::{CloneSourceArgs, ResizeDiskArgs};
 use uploader::clone::CloneKind;
 
-use super::clone::Strategy;
-use super::pod::{self, BLOCK_DEVICE, DISK_IMG, TLS_DIR};
-use super::pvc::{ALIGN, Claim, VolumeMode, desired_pvc};
-use super::{labels, name, owner_ref};
+use super::Strategy;
+use crate::datavolume::pod::{self, BLOCK_DEVICE, DISK_IMG, TLS_DIR};
+use crate::datavolume::pvc::{ALIGN, Claim, VolumeMode, desired_pvc};
+use crate::datavolume::{labels, name, owner_ref};
 use crate::settings::Config;
 use api::DataVolume;
 use api::snapshot::{self, VolumeSnapshot, VolumeSnapshotSource, VolumeSnapshotSpec};

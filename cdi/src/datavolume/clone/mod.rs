@@ -3,6 +3,13 @@
 //! hostpath volumes), and the SubjectAccessReviews that authorize cloning from another
 //! namespace (sent by the DataVolume webhook, [`super::admission`]).
 
+pub mod flow;
+pub mod objects;
+pub mod observe;
+pub mod token;
+
+use super::pvc::VolumeMode;
+use super::source::CloneSourceKind;
 use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
@@ -146,38 +153,31 @@ impl Strategy {
     }
 }
 
-/// The clone's source.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SourceKind {
-    /// A PVC.
-    Pvc,
-    /// A VolumeSnapshot.
-    Snapshot,
-}
-
-/// What the controller knows about source and target when choosing.
+/// What the controller knows about source and target when choosing: what it reads from the
+/// cluster for the target (`clone::observe`), and what the DataVolume and its source say
+/// (`clone::flow`).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct CloneFacts<'a> {
+pub struct CloneFacts {
     /// `CDI.spec.cloneStrategyOverride`.
-    pub global_override: Option<&'a str>,
+    pub global_override: Option<String>,
     /// The target StorageClass's StorageProfile `status.cloneStrategy`.
-    pub profile_strategy: Option<&'a str>,
-    /// CSI driver of the source (its PV's, or the snapshot's).
-    pub source_driver: Option<&'a str>,
+    pub profile_strategy: Option<String>,
+    /// CSI driver of the source (its StorageClass's provisioner, or the snapshot's driver).
+    pub source_driver: Option<String>,
     /// Provisioner of the target StorageClass.
-    pub target_driver: Option<&'a str>,
-    /// A VolumeSnapshotClass exists for the source's driver.
-    pub snapshot_class: bool,
-    /// `Filesystem` or `Block` (unset: Filesystem).
-    pub source_volume_mode: Option<&'a str>,
-    /// `Filesystem` or `Block` (unset: Filesystem).
-    pub target_volume_mode: Option<&'a str>,
+    pub target_driver: Option<String>,
+    /// The VolumeSnapshotClass whose driver is the source's.
+    pub snapshot_class: Option<String>,
+    /// The target StorageClass allows volume expansion.
+    pub allow_expansion: bool,
+    /// The source's volume mode (unset: Filesystem).
+    pub source_volume_mode: Option<VolumeMode>,
+    /// The target's volume mode (unset: Filesystem).
+    pub target_volume_mode: Option<VolumeMode>,
     /// Source capacity (a PVC's `status.capacity`, a snapshot's `restoreSize`), bytes.
     pub source_size: Option<u64>,
     /// Target request, bytes.
     pub target_size: Option<u64>,
-    /// The target StorageClass allows volume expansion.
-    pub allow_expansion: bool,
     /// Source and target are in different namespaces.
     pub cross_namespace: bool,
     /// The source is node-local (a hostpath volume): `Some(false)` when the target cannot be
@@ -221,7 +221,7 @@ fn host_assisted(reason: &'static str, message: &'static str) -> Choice {
 /// else snapshot; snapshot without a VolumeSnapshotClass, a change of driver or volume mode, or
 /// a size change the target class cannot expand fall back to host-assisted. A node-local source
 /// also falls back when the target cannot be on its node.
-pub fn choose_strategy(kind: SourceKind, f: &CloneFacts) -> Result<Choice, CloneError> {
+pub fn choose_strategy(kind: CloneSourceKind, f: &CloneFacts) -> Result<Choice, CloneError> {
     if let (Some(source), Some(target)) = (f.source_size, f.target_size)
         && target < source
     {
@@ -234,8 +234,8 @@ pub fn choose_strategy(kind: SourceKind, f: &CloneFacts) -> Result<Choice, Clone
         (Some(s), Some(t)) => s != t,
         _ => true,
     };
-    let same_driver = matches!((f.source_driver, f.target_driver), (Some(a), Some(b)) if a == b);
-    if kind == SourceKind::Snapshot {
+    let same_driver = matches!((&f.source_driver, &f.target_driver), (Some(a), Some(b)) if a == b);
+    if kind == CloneSourceKind::Snapshot {
         // A snapshot is restored (smart clone) or copied; CSI clone does not apply.
         if !same_driver {
             return Ok(host_assisted(
@@ -253,8 +253,9 @@ pub fn choose_strategy(kind: SourceKind, f: &CloneFacts) -> Result<Choice, Clone
     }
     let strategy = f
         .global_override
+        .as_deref()
         .and_then(Strategy::parse)
-        .or_else(|| f.profile_strategy.and_then(Strategy::parse))
+        .or_else(|| f.profile_strategy.as_deref().and_then(Strategy::parse))
         .unwrap_or(Strategy::Snapshot);
     if strategy == Strategy::HostAssisted {
         return Ok(Choice {
@@ -262,7 +263,7 @@ pub fn choose_strategy(kind: SourceKind, f: &CloneFacts) -> Result<Choice, Clone
             fallback: None,
         });
     }
-    if strategy == Strategy::Snapshot && !f.snapshot_class {
+    if strategy == Strategy::Snapshot && f.snapshot_class.is_none() {
         return Ok(host_assisted(
             reason::NO_VOLUME_SNAPSHOT_CLASS,
             "No compatible volumesnapshotclass found",
@@ -274,7 +275,7 @@ pub fn choose_strategy(kind: SourceKind, f: &CloneFacts) -> Result<Choice, Clone
             "Provisioners are incompatible",
         ));
     }
-    let mode = |m: Option<&str>| m.unwrap_or("Filesystem") == "Block";
+    let mode = |m: Option<VolumeMode>| m.unwrap_or(VolumeMode::Filesystem);
     if mode(f.source_volume_mode) != mode(f.target_volume_mode) {
         return Ok(host_assisted(
             reason::INCOMPATIBLE_VOLUME_MODES,
@@ -323,7 +324,7 @@ pub struct CloneReviews {
 
 /// Builds [`CloneReviews`] for `user` (the DataVolume's creator, from the admission request).
 pub fn clone_reviews(
-    kind: SourceKind,
+    kind: CloneSourceKind,
     namespace: &str,
     name: &str,
     user: &UserInfo,
@@ -349,8 +350,8 @@ pub fn clone_reviews(
             ..Default::default()
         };
     let implicit = match kind {
-        SourceKind::Pvc => vec![review(None, "pods", None)],
-        SourceKind::Snapshot => vec![review(None, "pods", None), review(None, "pvcs", None)],
+        CloneSourceKind::Pvc => vec![review(None, "pods", None)],
+        CloneSourceKind::Snapshot => vec![review(None, "pods", None), review(None, "pvcs", None)],
     };
     CloneReviews {
         explicit: review(Some("cdi.kubevirt.io"), "datavolumes", Some("source")),
@@ -516,11 +517,11 @@ mod tests {
         assert!(matches!(resolve(&r, &[]), SourceRef::Invalid(m) if m.contains("only DataSource")));
     }
 
-    fn facts() -> CloneFacts<'static> {
+    fn facts() -> CloneFacts {
         CloneFacts {
-            source_driver: Some("kubevirt.io.hostpath-provisioner"),
-            target_driver: Some("kubevirt.io.hostpath-provisioner"),
-            snapshot_class: true,
+            source_driver: Some("kubevirt.io.hostpath-provisioner".into()),
+            target_driver: Some("kubevirt.io.hostpath-provisioner".into()),
+            snapshot_class: Some("hostpath-snapclass".into()),
             source_size: Some(1 << 30),
             target_size: Some(1 << 30),
             target_on_source_node: Some(true),
@@ -528,7 +529,7 @@ mod tests {
         }
     }
 
-    fn chosen(kind: SourceKind, f: &CloneFacts) -> (Strategy, Option<&'static str>) {
+    fn chosen(kind: CloneSourceKind, f: &CloneFacts) -> (Strategy, Option<&'static str>) {
         let c = choose_strategy(kind, f).unwrap();
         (c.strategy, c.fallback.map(|f| f.0))
     }
@@ -536,7 +537,7 @@ mod tests {
     #[test]
     fn snapshot_is_the_default_strategy() {
         assert_eq!(
-            chosen(SourceKind::Pvc, &facts()),
+            chosen(CloneSourceKind::Pvc, &facts()),
             (Strategy::Snapshot, None)
         );
     }
@@ -544,49 +545,52 @@ mod tests {
     #[test]
     fn the_storage_profile_strategy_is_taken() {
         let f = CloneFacts {
-            profile_strategy: Some("csi-clone"),
+            profile_strategy: Some("csi-clone".into()),
             ..facts()
         };
-        assert_eq!(chosen(SourceKind::Pvc, &f), (Strategy::CsiClone, None));
+        assert_eq!(chosen(CloneSourceKind::Pvc, &f), (Strategy::CsiClone, None));
     }
 
     #[test]
     fn the_cdi_override_wins_over_the_profile() {
         let f = CloneFacts {
-            global_override: Some("copy"),
-            profile_strategy: Some("csi-clone"),
+            global_override: Some("copy".into()),
+            profile_strategy: Some("csi-clone".into()),
             ..facts()
         };
-        assert_eq!(chosen(SourceKind::Pvc, &f), (Strategy::HostAssisted, None));
+        assert_eq!(
+            chosen(CloneSourceKind::Pvc, &f),
+            (Strategy::HostAssisted, None)
+        );
     }
 
     #[test]
     fn snapshot_without_a_snapshot_class_falls_back() {
         let f = CloneFacts {
-            snapshot_class: false,
+            snapshot_class: None,
             ..facts()
         };
         assert_eq!(
-            chosen(SourceKind::Pvc, &f),
+            chosen(CloneSourceKind::Pvc, &f),
             (Strategy::HostAssisted, Some("NoVolumeSnapshotClass"))
         );
         // csi-clone does not need one.
         let f = CloneFacts {
-            profile_strategy: Some("csi-clone"),
+            profile_strategy: Some("csi-clone".into()),
             ..f
         };
-        assert_eq!(chosen(SourceKind::Pvc, &f).0, Strategy::CsiClone);
+        assert_eq!(chosen(CloneSourceKind::Pvc, &f).0, Strategy::CsiClone);
     }
 
     #[test]
     fn another_driver_falls_back() {
         let f = CloneFacts {
-            profile_strategy: Some("csi-clone"),
-            target_driver: Some("rbd.csi.ceph.com"),
+            profile_strategy: Some("csi-clone".into()),
+            target_driver: Some("rbd.csi.ceph.com".into()),
             ..facts()
         };
         assert_eq!(
-            chosen(SourceKind::Pvc, &f),
+            chosen(CloneSourceKind::Pvc, &f),
             (Strategy::HostAssisted, Some("IncompatibleProvisioners"))
         );
     }
@@ -594,12 +598,12 @@ mod tests {
     #[test]
     fn a_volume_mode_change_falls_back() {
         let f = CloneFacts {
-            profile_strategy: Some("csi-clone"),
-            target_volume_mode: Some("Block"),
+            profile_strategy: Some("csi-clone".into()),
+            target_volume_mode: Some(VolumeMode::Block),
             ..facts()
         };
         assert_eq!(
-            chosen(SourceKind::Pvc, &f),
+            chosen(CloneSourceKind::Pvc, &f),
             (Strategy::HostAssisted, Some("IncompatibleVolumeModes"))
         );
     }
@@ -607,30 +611,30 @@ mod tests {
     #[test]
     fn a_size_change_falls_back_unless_the_class_expands() {
         let f = CloneFacts {
-            profile_strategy: Some("csi-clone"),
+            profile_strategy: Some("csi-clone".into()),
             target_size: Some(2 << 30),
             ..facts()
         };
         assert_eq!(
-            chosen(SourceKind::Pvc, &f),
+            chosen(CloneSourceKind::Pvc, &f),
             (Strategy::HostAssisted, Some("NoVolumeExpansion"))
         );
         let f = CloneFacts {
             allow_expansion: true,
             ..f
         };
-        assert_eq!(chosen(SourceKind::Pvc, &f), (Strategy::CsiClone, None));
+        assert_eq!(chosen(CloneSourceKind::Pvc, &f), (Strategy::CsiClone, None));
     }
 
     #[test]
     fn a_target_off_the_node_of_a_local_source_falls_back() {
         let f = CloneFacts {
-            profile_strategy: Some("csi-clone"),
+            profile_strategy: Some("csi-clone".into()),
             target_on_source_node: Some(false),
             ..facts()
         };
         assert_eq!(
-            chosen(SourceKind::Pvc, &f),
+            chosen(CloneSourceKind::Pvc, &f),
             (Strategy::HostAssisted, Some("TargetNotOnSourceNode"))
         );
         // Storage reachable from every node has no such constraint.
@@ -638,19 +642,19 @@ mod tests {
             target_on_source_node: None,
             ..f
         };
-        assert_eq!(chosen(SourceKind::Pvc, &f).0, Strategy::CsiClone);
+        assert_eq!(chosen(CloneSourceKind::Pvc, &f).0, Strategy::CsiClone);
     }
 
     #[test]
     fn a_cross_namespace_clone_is_copied() {
         for profile in ["csi-clone", "snapshot"] {
             let f = CloneFacts {
-                profile_strategy: Some(profile),
+                profile_strategy: Some(profile.into()),
                 cross_namespace: true,
                 ..facts()
             };
             assert_eq!(
-                chosen(SourceKind::Pvc, &f),
+                chosen(CloneSourceKind::Pvc, &f),
                 (Strategy::HostAssisted, Some("CrossNamespaceClone"))
             );
         }
@@ -663,7 +667,7 @@ mod tests {
             ..facts()
         };
         assert!(matches!(
-            choose_strategy(SourceKind::Pvc, &f),
+            choose_strategy(CloneSourceKind::Pvc, &f),
             Err(CloneError::TargetTooSmall { .. })
         ));
     }
@@ -671,15 +675,15 @@ mod tests {
     #[test]
     fn a_snapshot_source_restores_on_its_driver_and_copies_otherwise() {
         assert_eq!(
-            chosen(SourceKind::Snapshot, &facts()),
+            chosen(CloneSourceKind::Snapshot, &facts()),
             (Strategy::Snapshot, None)
         );
         let f = CloneFacts {
-            target_driver: Some("rbd.csi.ceph.com"),
+            target_driver: Some("rbd.csi.ceph.com".into()),
             ..facts()
         };
         assert_eq!(
-            chosen(SourceKind::Snapshot, &f),
+            chosen(CloneSourceKind::Snapshot, &f),
             (Strategy::HostAssisted, Some("NoProvisionerMatch"))
         );
     }
@@ -695,7 +699,7 @@ mod tests {
 
     #[test]
     fn the_explicit_review_is_create_on_datavolumes_source_for_the_creator() {
-        let r = clone_reviews(SourceKind::Pvc, "golden", "fedora-3d8e", &user());
+        let r = clone_reviews(CloneSourceKind::Pvc, "golden", "fedora-3d8e", &user());
         let spec = &r.explicit.spec;
         assert_eq!(spec.user.as_deref(), Some("alice"));
         assert_eq!(spec.uid.as_deref(), Some("u-1"));
@@ -742,11 +746,11 @@ mod tests {
                 .collect()
         };
         assert_eq!(
-            res(&clone_reviews(SourceKind::Pvc, "g", "n", &user())),
+            res(&clone_reviews(CloneSourceKind::Pvc, "g", "n", &user())),
             ["pods"]
         );
         assert_eq!(
-            res(&clone_reviews(SourceKind::Snapshot, "g", "n", &user())),
+            res(&clone_reviews(CloneSourceKind::Snapshot, "g", "n", &user())),
             ["pods", "pvcs"]
         );
     }

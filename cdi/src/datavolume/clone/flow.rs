@@ -1,4 +1,4 @@
-//! A clone's steps as a pure decision, CDI's DataVolume phases on the way ([`super::decide`]
+//! A clone's steps as a pure decision, CDI's DataVolume phases on the way ([`crate::datavolume::decide`]
 //! hands clones here):
 //! - CSI clone: the target PVC with the source as `dataSource` (CSICloneInProgress);
 //! - snapshot (smart clone): a temporary VolumeSnapshot (SnapshotForSmartCloneInProgress), once
@@ -17,18 +17,15 @@
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::clone::{CloneFacts, SourceKind, Strategy, choose_strategy};
-use super::clone_objects::{
-    self as objects, ANN_CLONE_TYPE, SourcePodSpec, capacity, node_of, usable_space,
-};
-use super::clone_token::{
-    self, CLONE_VALIDATION_FAILED, CLONE_VALIDATION_FAILED_MESSAGE, TokenCheck,
-};
-use super::decide::{Action, Ctx, Work};
-use super::pvc::{Claim, VolumeMode};
-use super::source::CloneSource;
-use super::status::{self, reason};
-use super::{name, pod};
+use super::objects::{self, ANN_CLONE_TYPE, SourcePodSpec, capacity, node_of, usable_space};
+use super::token::{self, CLONE_VALIDATION_FAILED, CLONE_VALIDATION_FAILED_MESSAGE, TokenCheck};
+use super::{CloneFacts, Strategy, choose_strategy};
+use crate::datavolume::decide::{Action, Ctx, Work};
+use crate::datavolume::pvc::{Claim, VolumeMode};
+use crate::datavolume::source::CloneSource;
+use crate::datavolume::source::CloneSourceKind;
+use crate::datavolume::status::{self, reason};
+use crate::datavolume::{name, pod};
 use api::Phase;
 use api::datavolume::condition;
 use api::snapshot::VolumeSnapshot;
@@ -88,40 +85,23 @@ pub struct CloneObserved {
     /// The pod that grows `disk.img`.
     pub resize_pod: Option<Pod>,
     /// Facts of the strategy choice.
-    pub facts: CloneInputs,
+    pub facts: CloneFacts,
     /// The clone source pod's client certificate Secret, in the source namespace (None: the
     /// upload server takes plain HTTP, or no certificate is issued yet).
     pub client_secret: Option<String>,
 }
 
-/// The strategy facts the controller gathered, owned (see [`CloneFacts`]).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct CloneInputs {
-    /// `CDI.spec.cloneStrategyOverride`.
-    pub global_override: Option<String>,
-    /// The target class's StorageProfile `status.cloneStrategy`.
-    pub profile_strategy: Option<String>,
-    /// The source's CSI driver (its StorageClass's provisioner, or the snapshot's driver).
-    pub source_driver: Option<String>,
-    /// The target StorageClass's provisioner.
-    pub target_driver: Option<String>,
-    /// The VolumeSnapshotClass whose driver is the source's.
-    pub snapshot_class: Option<String>,
-    /// The target StorageClass allows volume expansion.
-    pub allow_expansion: bool,
-}
-
 /// The source PVC or snapshot as far as the clone needs it: `Err` with the awaited message.
-fn source_ready(kind: SourceKind, ns: &str, n: &str, o: &CloneObserved) -> Result<(), String> {
+fn source_ready(kind: CloneSourceKind, ns: &str, n: &str, o: &CloneObserved) -> Result<(), String> {
     match kind {
-        SourceKind::Pvc => match &o.source_pvc {
+        CloneSourceKind::Pvc => match &o.source_pvc {
             None => Err(format!("The source pvc {ns}/{n} doesn't exist")),
             Some(p) if p.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") => {
                 Err(format!("The source pvc {ns}/{n} is not bound"))
             }
             Some(_) => Ok(()),
         },
-        SourceKind::Snapshot => match &o.source_snapshot {
+        CloneSourceKind::Snapshot => match &o.source_snapshot {
             None => Err(format!("The source snapshot {ns}/{n} doesn't exist")),
             Some(s) if !s.ready() => Err(format!("The source snapshot {ns}/{n} is not ready")),
             Some(_) => Ok(()),
@@ -130,10 +110,10 @@ fn source_ready(kind: SourceKind, ns: &str, n: &str, o: &CloneObserved) -> Resul
 }
 
 /// Bytes the source holds: the PVC's capacity, or the snapshot's `restoreSize`.
-fn source_size(kind: SourceKind, o: &CloneObserved) -> Option<u64> {
+fn source_size(kind: CloneSourceKind, o: &CloneObserved) -> Option<u64> {
     match kind {
-        SourceKind::Pvc => o.source_pvc.as_ref().and_then(capacity),
-        SourceKind::Snapshot => {
+        CloneSourceKind::Pvc => o.source_pvc.as_ref().and_then(capacity),
+        CloneSourceKind::Snapshot => {
             let q = o
                 .source_snapshot
                 .as_ref()?
@@ -146,8 +126,8 @@ fn source_size(kind: SourceKind, o: &CloneObserved) -> Option<u64> {
     }
 }
 
-fn volume_mode(p: &PersistentVolumeClaim) -> Option<&str> {
-    p.spec.as_ref()?.volume_mode.as_deref()
+fn volume_mode(p: &PersistentVolumeClaim) -> Option<VolumeMode> {
+    VolumeMode::parse(p.spec.as_ref()?.volume_mode.as_deref()).ok()
 }
 
 /// Bytes the DataVolume asks for, before any filesystem overhead (a clone copies the source's
@@ -176,7 +156,7 @@ fn recorded(pvc: &PersistentVolumeClaim) -> Option<Strategy> {
 }
 
 /// Decides the next step of a clone into the DataVolume's PVC.
-pub(super) fn decide_clone(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim) {
+pub(in crate::datavolume) fn decide_clone(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim) {
     let dv_ns = cx.dv.metadata.namespace.clone().unwrap_or_default();
     let src_ns = src.namespace_or(&dv_ns).to_string();
     let o = &cx.obs.clone;
@@ -185,9 +165,9 @@ pub(super) fn decide_clone(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim) {
 
     // Every step checks the token: a DataVolume edited to name another source stops.
     let key = cx.cfg.clone_token_key.as_ref();
-    if let TokenCheck::Refused(why) = clone_token::check(cx.dv, src, key) {
+    if let TokenCheck::Refused(why) = token::check(cx.dv, src, key) {
         let message = format!("{CLONE_VALIDATION_FAILED_MESSAGE}: {why}");
-        super::decide::wait_for_source(cx, CLONE_VALIDATION_FAILED, &message);
+        crate::datavolume::decide::wait_for_source(cx, CLONE_VALIDATION_FAILED, &message);
         return;
     }
 
@@ -195,30 +175,28 @@ pub(super) fn decide_clone(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim) {
         Some(s) => s,
         None => {
             if let Err(message) = source_ready(src.kind, &src_ns, &src.name, o) {
-                super::decide::wait_for_source(cx, event::CLONE_WITHOUT_SOURCE, &message);
+                crate::datavolume::decide::wait_for_source(
+                    cx,
+                    event::CLONE_WITHOUT_SOURCE,
+                    &message,
+                );
                 return;
             }
-            let f = &o.facts;
             let facts = CloneFacts {
-                global_override: f.global_override.as_deref(),
-                profile_strategy: f.profile_strategy.as_deref(),
-                source_driver: f.source_driver.as_deref(),
-                target_driver: f.target_driver.as_deref(),
-                snapshot_class: f.snapshot_class.is_some(),
                 source_volume_mode: match src.kind {
-                    SourceKind::Pvc => o.source_pvc.as_ref().and_then(volume_mode),
+                    CloneSourceKind::Pvc => o.source_pvc.as_ref().and_then(volume_mode),
                     // A snapshot keeps its source's mode; CDI records it in an annotation.
-                    SourceKind::Snapshot => Some(claim.mode.as_str()),
+                    CloneSourceKind::Snapshot => Some(claim.mode),
                 },
-                target_volume_mode: Some(claim.mode.as_str()),
+                target_volume_mode: Some(claim.mode),
                 source_size: source_size(src.kind, o),
                 // the claim as it is made (a `storage` request inflated for filesystem overhead,
                 // as the source's was when this controller made it): PVC bytes against PVC
                 // bytes, so a target that asks for its source's size is never too small
                 target_size: Some(claim.size),
-                allow_expansion: f.allow_expansion,
                 cross_namespace: src_ns != dv_ns,
                 target_on_source_node: None,
+                ..o.facts.clone()
             };
             let choice = match choose_strategy(src.kind, &facts) {
                 Ok(c) => c,
@@ -231,7 +209,7 @@ pub(super) fn decide_clone(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim) {
                     return;
                 }
             };
-            if choice.strategy == Strategy::HostAssisted && src.kind == SourceKind::Snapshot {
+            if choice.strategy == Strategy::HostAssisted && src.kind == CloneSourceKind::Snapshot {
                 let why = choice.fallback.map(|f| f.1).unwrap_or("copy requested");
                 let message = format!(
                     "a host-assisted clone of snapshot {from} is not supported by Quarry ({why})"
@@ -257,24 +235,24 @@ pub(super) fn decide_clone(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim) {
 fn by_driver(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim, strategy: Strategy, from: &str) {
     let o = &cx.obs.clone;
     let node = match src.kind {
-        SourceKind::Pvc => o.source_pvc.as_ref().and_then(node_of).map(String::from),
-        SourceKind::Snapshot => o.snapshot_node.clone(),
+        CloneSourceKind::Pvc => o.source_pvc.as_ref().and_then(node_of).map(String::from),
+        CloneSourceKind::Snapshot => o.snapshot_node.clone(),
     };
     let size = source_size(src.kind, o).unwrap_or(claim.size);
     let (data_source, phase, ev, message) = match (src.kind, strategy) {
-        (SourceKind::Snapshot, _) => (
+        (CloneSourceKind::Snapshot, _) => (
             objects::snapshot_source(&src.name),
             Phase::CloneFromSnapshotSourceInProgress,
             event::CLONE_FROM_SNAPSHOT_SOURCE_IN_PROGRESS,
             format!("Creating PVC from snapshot source {from} is in progress"),
         ),
-        (SourceKind::Pvc, Strategy::CsiClone) => (
+        (CloneSourceKind::Pvc, Strategy::CsiClone) => (
             objects::pvc_source(&src.name),
             Phase::CsiCloneInProgress,
             event::CSI_CLONE_IN_PROGRESS,
             format!("CSI Volume clone in progress (for pvc {from})"),
         ),
-        (SourceKind::Pvc, _) => (
+        (CloneSourceKind::Pvc, _) => (
             objects::snapshot_source(&objects::temp_snapshot_name(cx.dv)),
             Phase::SmartClonePvcInProgress,
             event::SMART_CLONE_PVC_IN_PROGRESS,
@@ -282,7 +260,7 @@ fn by_driver(cx: &mut Ctx<'_>, src: &CloneSource, claim: &Claim, strategy: Strat
         ),
     };
     let Some(target) = cx.obs.pvc else {
-        if src.kind == SourceKind::Pvc && strategy == Strategy::Snapshot {
+        if src.kind == CloneSourceKind::Pvc && strategy == Strategy::Snapshot {
             smart_clone_snapshot(cx, src, claim, from, node.as_deref(), size);
             return;
         }
@@ -414,10 +392,11 @@ fn expand(cx: &mut Ctx<'_>, target: &PersistentVolumeClaim, claim: &Claim, base:
             let p = objects::resize_pod(cx.dv, claim, size, cx.cfg);
             cx.actions.push(Action::CreatePod(Box::new(p)));
         }
-        Some(p) => match super::decide::pod_phase(p) {
+        Some(p) => match crate::datavolume::decide::pod_phase(p) {
             "Succeeded" => succeed(cx, from, p.metadata.name.clone()),
             "Failed" => {
-                let (code, msg) = super::decide::terminated(p).unwrap_or((-1, String::new()));
+                let (code, msg) =
+                    crate::datavolume::decide::terminated(p).unwrap_or((-1, String::new()));
                 let message = format!(
                     "Growing disk.img of {} failed: {msg} (exit code {code})",
                     name(cx.dv)
@@ -465,7 +444,7 @@ fn host_assisted(
         Some(crate::settings::UploadTls::Shared { .. })
     ) && cx.obs.clone.source_pod.is_none()
     {
-        super::decide::wait_for_source(
+        crate::datavolume::decide::wait_for_source(
             cx,
             event::HOST_ASSISTED_CLONE_NOT_POSSIBLE,
             SHARED_TLS_REFUSED,
@@ -482,7 +461,7 @@ fn host_assisted(
             )),
         );
     };
-    if !super::decide::claim_ready(cx, claim) {
+    if !crate::datavolume::decide::claim_ready(cx, claim) {
         // A new target records the strategy.
         for a in &mut cx.actions {
             if let Action::CreatePvc(p) = a {
@@ -499,10 +478,15 @@ fn host_assisted(
             return;
         }
     }
-    let target_uid = super::decide::pvc_uid(cx);
+    let target_uid = crate::datavolume::decide::pvc_uid(cx);
     let source_pod = cx.obs.clone.source_pod.clone();
     let Some(upload) = cx.obs.pod else {
-        super::decide::start_pod(cx, &super::source::Source::Upload, claim, Work::Upload);
+        crate::datavolume::decide::start_pod(
+            cx,
+            &crate::datavolume::source::Source::Upload,
+            claim,
+            Work::Upload,
+        );
         scheduled(cx);
         return;
     };
@@ -517,18 +501,18 @@ fn host_assisted(
             });
         }
     };
-    match super::decide::pod_phase(upload) {
+    match crate::datavolume::decide::pod_phase(upload) {
         "Succeeded" => {
             succeed(cx, from, None);
-            super::decide::remove_pod(cx, pod::upload_name(name(cx.dv)), Work::Upload);
+            crate::datavolume::decide::remove_pod(cx, pod::upload_name(name(cx.dv)), Work::Upload);
             delete_source(cx);
         }
         "Failed" => {
             let upload_name = upload.metadata.name.clone().unwrap_or_default();
-            super::decide::pod_failed(cx, upload, upload_name, Work::Upload);
+            crate::datavolume::decide::pod_failed(cx, upload, upload_name, Work::Upload);
             delete_source(cx);
         }
-        "Running" if super::decide::pod_ready(upload) => match &source_pod {
+        "Running" if crate::datavolume::decide::pod_ready(upload) => match &source_pod {
             None => {
                 let mode = cx
                     .obs
@@ -536,13 +520,7 @@ fn host_assisted(
                     .source_pvc
                     .as_ref()
                     .and_then(volume_mode)
-                    .map_or(VolumeMode::Filesystem, |m| {
-                        if m == "Block" {
-                            VolumeMode::Block
-                        } else {
-                            VolumeMode::Filesystem
-                        }
-                    });
+                    .unwrap_or(VolumeMode::Filesystem);
                 let o = &cx.obs.clone;
                 let spec = SourcePodSpec {
                     namespace: src_ns,
@@ -558,7 +536,7 @@ fn host_assisted(
                 scheduled(cx);
             }
             // The source pod is not watched (another namespace, no owner): look again soon.
-            Some(p) => match super::decide::pod_phase(p) {
+            Some(p) => match crate::datavolume::decide::pod_phase(p) {
                 "Running" | "Succeeded" => {
                     cx.requeue = Some(cx.cfg.progress_interval);
                     cx.transfer_running();
@@ -575,7 +553,8 @@ fn host_assisted(
                 }
                 "Failed" => {
                     // The upload server keeps waiting: a new source pod starts over.
-                    let (code, msg) = super::decide::terminated(p).unwrap_or((-1, String::new()));
+                    let (code, msg) =
+                        crate::datavolume::decide::terminated(p).unwrap_or((-1, String::new()));
                     let message =
                         format!("Clone source pod failed: {msg} (exit code {code}); restarting");
                     cx.cond(condition::RUNNING, false, event::CLONE_FAILED, &message);
@@ -589,7 +568,7 @@ fn host_assisted(
             },
         },
         _ => {
-            super::decide::pending_reason(cx, upload);
+            crate::datavolume::decide::pending_reason(cx, upload);
             scheduled(cx);
         }
     }
@@ -597,7 +576,7 @@ fn host_assisted(
 
 #[cfg(test)]
 mod tests {
-    //! One test per rule of the clone steps, each driving [`super::super::decide`].
+    //! One test per rule of the clone steps, each driving [`crate::datavolume::decide`].
 
     use std::collections::BTreeMap;
 
@@ -607,7 +586,7 @@ mod tests {
     use k8s_openapi::jiff::Timestamp;
 
     use super::*;
-    use crate::datavolume::clone_token::testing::{config as token_config, sign_for};
+    use crate::datavolume::clone::token::testing::{config as token_config, sign_for};
     use crate::datavolume::decide::{Decision, Observed, decide};
     use crate::datavolume::pod::SourceRefs;
     use crate::datavolume::status;
@@ -637,7 +616,7 @@ mod tests {
             "1Gi",
             "Filesystem",
         );
-        sign_for(&mut d, SourceKind::Pvc, (ns, "golden-disk"));
+        sign_for(&mut d, CloneSourceKind::Pvc, (ns, "golden-disk"));
         d
     }
 
@@ -688,8 +667,8 @@ mod tests {
         p
     }
 
-    fn facts(profile: &str) -> CloneInputs {
-        CloneInputs {
+    fn facts(profile: &str) -> CloneFacts {
+        CloneFacts {
             profile_strategy: Some(profile.into()),
             source_driver: Some(DRIVER.into()),
             target_driver: Some(DRIVER.into()),

@@ -19,8 +19,8 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation};
 use token::{self, Claims, OPERATION_CLONE, PublicKey, Resource};
 
-use super::clone::SourceKind;
-use super::source::CloneSource;
+use crate::datavolume::source::CloneSource;
+use crate::datavolume::source::CloneSourceKind;
 use api::DataVolume;
 
 /// The DataVolume annotation holding the token (CDI's `AnnCloneToken`).
@@ -40,10 +40,10 @@ const TARGET_NAMESPACE: &str = "targetNamespace";
 const TARGET_NAME: &str = "targetName";
 
 /// The resource a token names for a source kind (CDI's token resources).
-pub fn resource(kind: SourceKind) -> Resource {
+pub fn resource(kind: CloneSourceKind) -> Resource {
     let (group, resource) = match kind {
-        SourceKind::Pvc => ("", token::RESOURCE_PVC),
-        SourceKind::Snapshot => ("snapshot.storage.k8s.io", "volumesnapshots"),
+        CloneSourceKind::Pvc => ("", token::RESOURCE_PVC),
+        CloneSourceKind::Snapshot => ("snapshot.storage.k8s.io", "volumesnapshots"),
     };
     Resource {
         group: group.into(),
@@ -54,7 +54,12 @@ pub fn resource(kind: SourceKind) -> Resource {
 
 /// The claims the webhook signs: a clone of `source` (namespace, name) into DataVolume
 /// `target` (namespace, name), issued at `now`.
-pub fn claims(kind: SourceKind, source: (&str, &str), target: (&str, &str), now: i64) -> Claims {
+pub fn claims(
+    kind: CloneSourceKind,
+    source: (&str, &str),
+    target: (&str, &str),
+    now: i64,
+) -> Claims {
     let mut c = Claims::issued(OPERATION_CLONE, source, resource(kind), now, TTL);
     c.params = BTreeMap::from([
         (TARGET_NAMESPACE.into(), target.0.into()),
@@ -134,7 +139,8 @@ pub fn check(dv: &DataVolume, src: &CloneSource, key: Option<&PublicKey>) -> Tok
             "it names {} {}/{}, not {} {src_ns}/{}",
             c.resource.resource, c.namespace, c.name, want.resource, src.name
         ))
-    } else if (param(TARGET_NAMESPACE), param(TARGET_NAME)) != (dv_ns, super::name(dv)) {
+    } else if (param(TARGET_NAMESPACE), param(TARGET_NAME)) != (dv_ns, crate::datavolume::name(dv))
+    {
         Some(format!(
             "it is for target {}/{}",
             param(TARGET_NAMESPACE),
@@ -190,7 +196,7 @@ pub(crate) mod testing {
     }
 
     /// Gives `dv` (created at [`CREATED`] unless it says) the webhook's token for `source`.
-    pub fn sign_for(dv: &mut DataVolume, kind: SourceKind, source: (&str, &str)) {
+    pub fn sign_for(dv: &mut DataVolume, kind: CloneSourceKind, source: (&str, &str)) {
         let created = k8s_openapi::jiff::Timestamp::from_second(CREATED).unwrap();
         let at = dv
             .metadata
@@ -202,7 +208,7 @@ pub(crate) mod testing {
             .as_second();
         let target = (
             dv.metadata.namespace.clone().unwrap_or_default(),
-            super::super::name(dv).to_string(),
+            crate::datavolume::name(dv).to_string(),
         );
         let c = claims(kind, source, (&target.0, &target.1), at);
         let t = token::sign(&c, &keys().0).unwrap();
@@ -238,7 +244,7 @@ mod tests {
 
     fn src(ns: &str, name: &str) -> CloneSource {
         CloneSource {
-            kind: SourceKind::Pvc,
+            kind: CloneSourceKind::Pvc,
             namespace: ns.into(),
             name: name.into(),
         }
@@ -249,7 +255,12 @@ mod tests {
     }
 
     fn good(at: i64) -> Claims {
-        claims(SourceKind::Pvc, ("golden", "fedora"), ("vms", "vm"), at)
+        claims(
+            CloneSourceKind::Pvc,
+            ("golden", "fedora"),
+            ("vms", "vm"),
+            at,
+        )
     }
 
     fn check_with(t: Option<String>, s: &CloneSource) -> TokenCheck {
@@ -312,12 +323,12 @@ mod tests {
             "{why}"
         );
         let snap = CloneSource {
-            kind: SourceKind::Snapshot,
+            kind: CloneSourceKind::Snapshot,
             ..src("golden", "fedora")
         };
         assert!(refused(check_with(t, &snap)).starts_with("invalid token"));
         let other_target = claims(
-            SourceKind::Pvc,
+            CloneSourceKind::Pvc,
             ("golden", "fedora"),
             ("vms", "vm2"),
             CREATED,
