@@ -27,7 +27,7 @@ use tracing::{Instrument, info_span};
 
 use super::clone::objects::temp_snapshot_name;
 use super::clone::{SourceRef, resolve_source_ref};
-use super::decide::{Event, pod_refused};
+use super::decide::{Event, PodRefusal};
 use super::pod::{self, POD_PORT, SourceRefs};
 use super::pvc::StorageDefaults;
 use super::source::CloneSource;
@@ -65,8 +65,8 @@ pub struct Context {
     pub metrics_port: u16,
     /// When each running import (by DataVolume UID) was last scraped.
     scraped: Mutex<HashMap<String, Instant>>,
-    /// Pod creations refused in a row, by DataVolume UID (their back-off).
-    refused: Mutex<HashMap<String, u32>>,
+    /// Pod creations refused in a row, by DataVolume UID (an input of their back-off).
+    refused: Mutex<HashMap<String, PodRefusal>>,
     /// The last event published, by DataVolume UID (reason, message): a decision made from a
     /// DataVolume read before its last status write repeats the phase change, not the event.
     announced: Mutex<HashMap<String, (String, String)>>,
@@ -116,6 +116,20 @@ impl Context {
             scraped.insert(uid.to_string(), now);
         }
         due
+    }
+
+    /// The pod creations of `uid` refused in a row.
+    fn refusal(&self, uid: &str) -> Option<PodRefusal> {
+        let refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        refused.get(uid).cloned()
+    }
+
+    fn set_refusal(&self, uid: &str, refusal: Option<PodRefusal>) {
+        let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        match refusal {
+            Some(r) => refused.insert(uid.to_string(), r),
+            None => refused.remove(uid),
+        };
     }
 
     fn forget(&self, uid: &str) {
@@ -322,6 +336,7 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         wait_for_first_consumer: wffc,
         progress,
         refs,
+        refused: ctx.refusal(&uid),
         now: Timestamp::now(),
     };
     let mut decision = decide(dv, &observed, &cfg);
@@ -335,22 +350,6 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         && fresh.metadata.resource_version != dv.metadata.resource_version
     {
         return Box::pin(apply(&fresh, ctx, false)).await;
-    }
-
-    // An upload server's certificate before its pod, which mounts it; kept current while the
-    // pod lives.
-    if let Some(UploadTls::Issued { namespace }) = &ctx.live.base.upload_tls
-        && upload
-        && !finished
-        && (pod.is_some()
-            || decision
-                .actions
-                .iter()
-                .any(|a| matches!(a, Action::CreatePod(_))))
-    {
-        let renewal =
-            super::upload_secret::ensure(&ctx.client, dv, namespace, &ctx.manager).await?;
-        decision.requeue = Some(decision.requeue.map_or(renewal, |r| r.min(renewal)));
     }
 
     if let Some(ca) = pod::proxy_ca(&cfg)
@@ -370,32 +369,27 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         match action {
             Action::CreatePvc(p) => kubeops::create(&pvcs, &p, &ctx.manager).await?,
             Action::CreatePod(p) => match kubeops::create(&pods, &p, &ctx.manager).await {
-                Ok(()) => {
-                    ctx.refused
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&uid);
-                }
+                Ok(()) => ctx.set_refusal(&uid, None),
                 Err(Error::Kube(kube::Error::Api(e))) if is_refusal(e.code) => {
-                    let attempt = {
-                        let mut refused = ctx.refused.lock().unwrap_or_else(|e| e.into_inner());
-                        let n = refused.entry(uid.clone()).or_insert(0);
-                        *n += 1;
-                        *n
+                    // The refusal is the decision's input: decided again, the pod waits for
+                    // its back-off and Running says why (the actions before it have run).
+                    let refused = ctx.refusal(&uid).map_or(1, |r| r.attempt + 1);
+                    let refused = PodRefusal {
+                        attempt: refused,
+                        message: e.message.clone(),
+                        at: observed.now,
                     };
-                    let (event, delay) = pod_refused(
-                        &mut decision.status,
-                        &p,
-                        &e.message,
-                        attempt,
-                        &cfg,
-                        observed.now,
-                    );
-                    if let Some(ev) = event {
-                        publish(ctx, dv, ev).await;
+                    ctx.set_refusal(&uid, Some(refused.clone()));
+                    let again = Observed {
+                        refused: Some(refused),
+                        ..observed.clone()
+                    };
+                    decision = decide(dv, &again, &cfg);
+                    for action in std::mem::take(&mut decision.actions) {
+                        if let Action::Event(ev) = action {
+                            publish(ctx, dv, ev).await;
+                        }
                     }
-                    decision.requeue = Some(delay);
-                    // Without its pod, the upload Service has nothing to serve yet.
                     break;
                 }
                 Err(e) => return Err(e),
@@ -414,6 +408,11 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
                 let src_ns = p.metadata.namespace.clone().unwrap_or_default();
                 let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &src_ns);
                 kubeops::create(&api, &p, &ctx.manager).await?
+            }
+            Action::EnsureUploadSecret { namespace } => {
+                let renewal =
+                    super::upload_secret::ensure(&ctx.client, dv, &namespace, &ctx.manager).await?;
+                decision.requeue = Some(decision.requeue.map_or(renewal, |r| r.min(renewal)));
             }
             Action::ExpandPvc(size) => {
                 let patch = serde_json::json!({

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::clone::SourceRef;
 use super::clone::flow::CloneObserved;
@@ -20,7 +20,7 @@ use super::pvc::{self, Claim, StorageDefaults};
 use super::retry::classify;
 use super::source::{self, Source};
 use super::status::{self, PROGRESS_UNKNOWN, reason};
-use crate::settings::Config;
+use crate::settings::{Config, UploadTls};
 use api::datavolume::{DataVolumeSource, DataVolumeSpec, DataVolumeStatus, condition};
 use api::{DataVolume, Phase};
 use kubekit::error::Error;
@@ -46,8 +46,22 @@ pub struct Observed<'a> {
     pub source_ref: Option<SourceRef>,
     /// A clone's source, temporary snapshot, source pod and strategy facts.
     pub clone: CloneObserved,
+    /// The last creation of the pod the API server refused (None: the last one succeeded):
+    /// a refusal leaves no object behind, so the executor remembers it.
+    pub refused: Option<PodRefusal>,
     /// The current time.
     pub now: Timestamp,
+}
+
+/// Pod creations the API server refused in a row (Pod Security, quota, admission webhooks).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodRefusal {
+    /// 1 for the first refusal.
+    pub attempt: u32,
+    /// The API server's message.
+    pub message: String,
+    /// When the last one was refused.
+    pub at: Timestamp,
 }
 
 /// A Kubernetes event on the DataVolume.
@@ -91,6 +105,12 @@ pub enum Action {
     },
     /// Grow the PVC's storage request to this.
     ExpandPvc(k8s_openapi::apimachinery::pkg::api::resource::Quantity),
+    /// Issue (or renew) the upload server's serving certificate from the signer in `namespace`
+    /// (`UploadTls::Issued`), before the pod that mounts it; look again by its renewal time.
+    EnsureUploadSecret {
+        /// The cert controller's namespace, holding the signer.
+        namespace: String,
+    },
 }
 
 /// The outcome of one decision.
@@ -174,36 +194,77 @@ pub(super) fn pending_reason(cx: &mut Ctx<'_>, p: &Pod) {
     }
 }
 
-/// A pod creation the API server refused (Pod Security, quota, admission webhooks): Running
-/// turns False with the API's message, a Warning event says so when the message is new, and the
-/// creation is retried after the back-off of `attempt` (1 for the first refusal). Returns the
-/// event and the delay.
-pub fn pod_refused(
-    st: &mut DataVolumeStatus,
-    pod: &Pod,
-    api_message: &str,
-    attempt: u32,
-    cfg: &Config,
-    now: Timestamp,
-) -> (Option<Event>, Duration) {
+/// A pod creation the API server refused lately (Pod Security, quota, admission webhooks) is
+/// made again once the back-off of its attempt has passed; until then Running turns False with
+/// the API's message (a Warning event when the message is new), the actions from the pod's
+/// creation on wait, and the DataVolume is looked at again when the back-off ends.
+fn back_off_refused_pod(d: &mut Decision, obs: &Observed<'_>, cfg: &Config) {
+    let Some(r) = &obs.refused else { return };
+    let Some(i) = d
+        .actions
+        .iter()
+        .position(|a| matches!(a, Action::CreatePod(_)))
+    else {
+        return;
+    };
+    let delay = cfg.retry.delay(r.attempt);
+    let due = SignedDuration::try_from(delay)
+        .ok()
+        .and_then(|delay| r.at.checked_add(delay).ok())
+        .unwrap_or(Timestamp::MAX);
+    if obs.now >= due {
+        return;
+    }
+    let Action::CreatePod(pod) = &d.actions[i] else {
+        return;
+    };
     let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
-    let message = format!("cannot create pod {pod_name}: {api_message}");
-    let new = status::find(&st.conditions, condition::RUNNING)
+    let message = format!("cannot create pod {pod_name}: {}", r.message);
+    let new = status::find(&d.status.conditions, condition::RUNNING)
         .is_none_or(|c| c.message.as_deref() != Some(message.as_str()));
     status::set_condition(
-        &mut st.conditions,
+        &mut d.status.conditions,
         condition::RUNNING,
         false,
         reason::CREATE_POD_FAILED,
         &message,
-        now,
+        obs.now,
     );
-    let event = new.then(|| Event {
-        warning: true,
-        reason: reason::CREATE_POD_FAILED.into(),
-        message,
-    });
-    (event, cfg.retry.delay(attempt))
+    d.actions.truncate(i);
+    if new {
+        d.actions.push(Action::Event(Event {
+            warning: true,
+            reason: reason::CREATE_POD_FAILED.into(),
+            message,
+        }));
+    }
+    let wait = obs.now.duration_until(due).unsigned_abs();
+    d.requeue = Some(d.requeue.map_or(wait, |r| r.min(wait)));
+}
+
+/// An upload server's certificate before its pod, which mounts it; kept current while the pod
+/// lives (when upload servers take certificates issued per pod).
+fn ensure_upload_secret(d: &mut Decision, dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) {
+    let Some(UploadTls::Issued { namespace }) = &cfg.upload_tls else {
+        return;
+    };
+    let finished = dv
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .is_some_and(Phase::is_final);
+    let upload_server = pod::upload_name(name(dv));
+    let is_upload_server = |p: &Pod| p.metadata.name.as_deref() == Some(upload_server.as_str());
+    let creates = d
+        .actions
+        .iter()
+        .any(|a| matches!(a, Action::CreatePod(p) if is_upload_server(p)));
+    if !finished && (obs.pod.is_some_and(is_upload_server) || creates) {
+        let ensure = Action::EnsureUploadSecret {
+            namespace: namespace.clone(),
+        };
+        d.actions.insert(0, ensure);
+    }
 }
 
 pub(super) struct Ctx<'a> {
@@ -305,6 +366,14 @@ impl Ctx<'_> {
 
 /// Decides the next status and actions of a DataVolume.
 pub fn decide(dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) -> Decision {
+    let mut d = steps(dv, obs, cfg);
+    back_off_refused_pod(&mut d, obs, cfg);
+    ensure_upload_secret(&mut d, dv, obs, cfg);
+    d
+}
+
+/// The decision of the DataVolume's phase: its source's steps.
+fn steps(dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) -> Decision {
     let mut st = dv.status.clone().unwrap_or_default();
     st.claim_name = Some(name(dv).to_string());
     st.observed_generation = dv.metadata.generation;

@@ -130,6 +130,7 @@ fn obs<'a>(pvc: Option<&'a PersistentVolumeClaim>, pod: Option<&'a Pod>) -> Obse
         storage: Default::default(),
         source_ref: None,
         clone: Default::default(),
+        refused: None,
         now: t0(),
     }
 }
@@ -829,19 +830,62 @@ fn a_refused_pod_sets_running_with_the_apis_message_once_and_backs_off() {
     let mut dv = http_dv();
     let bound = pvc("Bound");
     let d = step(&mut dv, &obs(Some(&bound), None), &cfg);
-    let p = created_pod(&d).clone();
-    let mut st = d.status.clone();
-    let msg = "pods \"importer-fedora\" is forbidden: exceeded quota: q";
-    let (ev, delay) = decide::pod_refused(&mut st, &p, msg, 1, &cfg, t0());
-    let ev = ev.expect("a first refusal is an event");
-    assert!(ev.warning && ev.reason == "CreatePodFailed" && ev.message.contains(msg));
-    assert_eq!(delay, cfg.retry.delay(1));
-    let running = crate::datavolume::status::find(&st.conditions, "Running").unwrap();
+    assert!(created_pod(&d).metadata.name.is_some());
+    let message = "pods \"importer-fedora\" is forbidden: exceeded quota: q";
+    let refused = |attempt, at| Observed {
+        refused: Some(decide::PodRefusal {
+            attempt,
+            message: message.into(),
+            at,
+        }),
+        ..obs(Some(&bound), None)
+    };
+    // Just refused: no pod, Running says why, an event, a look again when the back-off ends.
+    let d = step(&mut dv, &refused(1, t0()), &cfg);
+    assert!(!d.actions.iter().any(|a| matches!(a, Action::CreatePod(_))));
+    assert_eq!(events(&d), [(true, "CreatePodFailed".to_string())]);
+    let running = cond(&d, "Running");
     assert_eq!(running.reason.as_deref(), Some("CreatePodFailed"));
-    // The same refusal again: no new event, a longer back-off.
-    let (ev, delay) = decide::pod_refused(&mut st, &p, msg, 2, &cfg, t0());
-    assert!(ev.is_none());
-    assert_eq!(delay, cfg.retry.delay(2));
+    assert!(running.message.as_deref().unwrap().contains(message));
+    assert_eq!(d.requeue, Some(cfg.retry.delay(1)));
+    // Refused again: no new event for the same message, a longer back-off.
+    let d = step(&mut dv, &refused(2, t0()), &cfg);
+    assert!(events(&d).is_empty());
+    assert_eq!(d.requeue, Some(cfg.retry.delay(2)));
+    // Once the back-off has passed, the pod is made again.
+    let late = t0() - k8s_openapi::jiff::SignedDuration::try_from(cfg.retry.delay(2)).unwrap();
+    let d = step(&mut dv, &refused(2, late), &cfg);
+    assert!(d.actions.iter().any(|a| matches!(a, Action::CreatePod(_))));
+}
+
+#[test]
+fn an_issued_upload_certificate_comes_before_the_upload_server_and_while_it_runs() {
+    let cfg = Config {
+        upload_tls: Some(UploadTls::Issued {
+            namespace: "quarry".into(),
+        }),
+        ..Config::default()
+    };
+    let ensure = Action::EnsureUploadSecret {
+        namespace: "quarry".into(),
+    };
+    let mut dv = upload_dv();
+    let bound = pvc("Bound");
+    let d = step(&mut dv, &obs(Some(&bound), None), &cfg);
+    let create = d
+        .actions
+        .iter()
+        .position(|a| matches!(a, Action::CreatePod(_)))
+        .expect("the upload server is made");
+    assert_eq!(d.actions.iter().position(|a| *a == ensure), Some(0));
+    assert!(create > 0);
+    let server = created_pod(&d).clone();
+    let d = step(&mut dv, &obs(Some(&bound), Some(&server)), &cfg);
+    assert!(d.actions.contains(&ensure), "{:?}", d.actions);
+    // An import never gets one.
+    let mut import = http_dv();
+    let d = step(&mut import, &obs(Some(&bound), None), &cfg);
+    assert!(!d.actions.contains(&ensure));
 }
 
 use super::pvc::tests::profile;

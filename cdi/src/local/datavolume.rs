@@ -335,6 +335,8 @@ pub fn apply(
             storage: StorageDefaults::Builtin,
             source_ref: None,
             clone: Default::default(),
+            // A local import runs in-process: no API server refuses it.
+            refused: None,
             now: Timestamp::now(),
         };
         let d = decide(&dv, &observed, &cfg);
@@ -368,7 +370,10 @@ pub fn apply(
                 }
                 Action::CreatePod(_) => pod = Some(local_pod(&dv, "Pending", None)),
                 Action::DeletePod(_) => pod = None,
-                Action::CreateService(_) | Action::DeleteService(_) => {}
+                // Local mode has no upload servers.
+                Action::CreateService(_)
+                | Action::DeleteService(_)
+                | Action::EnsureUploadSecret { .. } => {}
                 // Clones are refused above.
                 Action::CreateSnapshot(_)
                 | Action::DeleteSnapshot(_)

@@ -718,6 +718,7 @@ mod tests {
             storage: Default::default(),
             source_ref: None,
             clone,
+            refused: None,
             now: Timestamp::from_second(1_800_000_000).unwrap(),
         }
     }
