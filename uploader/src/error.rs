@@ -48,10 +48,12 @@ impl ErrorKind {
 pub enum Error {
     #[error("invalid input: {0}")]
     InvalidInput(String),
-    #[error("malformed token: {0}")]
-    MalformedToken(String),
+    /// The upload proxy answered 401.
     #[error("token rejected: {0}")]
     Unauthorized(String),
+    /// Signing, reading or checking a token (its kind kept: the proxy answers each differently).
+    #[error(transparent)]
+    Token(#[from] token::Error),
     #[error("upload refused with HTTP {status}: {message}")]
     Refused { status: u16, message: String },
     #[error("upload endpoint unavailable: {0}")]
@@ -79,8 +81,13 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidInput(_) => ErrorKind::InvalidInput,
-            Error::MalformedToken(_) => ErrorKind::MalformedToken,
             Error::Unauthorized(_) => ErrorKind::Unauthorized,
+            Error::Token(e) => match e.kind() {
+                token::ErrorKind::InvalidInput => ErrorKind::InvalidInput,
+                token::ErrorKind::MalformedToken => ErrorKind::MalformedToken,
+                token::ErrorKind::Unauthorized => ErrorKind::Unauthorized,
+                token::ErrorKind::Io => ErrorKind::Io,
+            },
             Error::Refused { .. } => ErrorKind::Refused,
             Error::Unavailable(_) => ErrorKind::Unavailable,
             Error::Io { .. } => ErrorKind::Io,
@@ -92,18 +99,6 @@ impl Error {
         Error::Io {
             context: context.into(),
             cause,
-        }
-    }
-}
-
-/// A token's error keeps its kind: the proxy answers each differently.
-impl From<token::Error> for Error {
-    fn from(e: token::Error) -> Self {
-        match e {
-            token::Error::InvalidInput(m) => Error::InvalidInput(m),
-            token::Error::MalformedToken(m) => Error::MalformedToken(m),
-            token::Error::Unauthorized(m) => Error::Unauthorized(m),
-            token::Error::Io { context, cause } => Error::Io { context, cause },
         }
     }
 }
