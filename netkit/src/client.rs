@@ -18,6 +18,8 @@ pub struct HttpOptions {
     /// Extra trusted CA certificates (PEM files, each may hold several). They are trusted in
     /// addition to the platform's roots.
     pub ca_certs: Vec<PathBuf>,
+    /// Extra trusted CA certificates given in memory (a ConfigMap's keys read from the API).
+    pub ca_bundles: Vec<CaBundle>,
     /// Skip TLS certificate verification entirely.
     pub insecure: bool,
     /// Extra request headers (CDI `extraHeaders` / `secretExtraHeaders`).
@@ -44,6 +46,7 @@ impl Default for HttpOptions {
     fn default() -> Self {
         HttpOptions {
             ca_certs: Vec::new(),
+            ca_bundles: Vec::new(),
             insecure: false,
             headers: Vec::new(),
             basic_auth: None,
@@ -66,6 +69,10 @@ impl std::fmt::Debug for HttpOptions {
             .collect();
         f.debug_struct("HttpOptions")
             .field("ca_certs", &self.ca_certs)
+            .field(
+                "ca_bundles",
+                &self.ca_bundles.iter().map(|b| &b.name).collect::<Vec<_>>(),
+            )
             .field("insecure", &self.insecure)
             .field("headers", &headers)
             .field(
@@ -80,6 +87,13 @@ impl std::fmt::Debug for HttpOptions {
             .field("chunk_depth", &self.chunk_depth)
             .finish()
     }
+}
+
+/// PEM CA certificates held in memory, named for errors (`ConfigMap ns/name key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaBundle {
+    pub name: String,
+    pub pem: Vec<u8>,
 }
 
 /// Redirects followed at most.
@@ -106,19 +120,22 @@ pub fn client_builder(opts: &HttpOptions) -> Result<reqwest::ClientBuilder> {
         b = b.tls_danger_accept_invalid_certs(true);
     }
     let mut certs = Vec::new();
+    let mut add = |name: &str, pem: &[u8]| {
+        let found = reqwest::Certificate::from_pem_bundle(pem)
+            .map_err(|e| Error::InvalidInput(format!("bad CA certificate file {name}: {e}")))?;
+        if found.is_empty() {
+            return Err(Error::InvalidInput(format!("no PEM certificate in {name}")));
+        }
+        certs.extend(found);
+        Ok(())
+    };
     for path in &opts.ca_certs {
         let pem = std::fs::read(path)
             .map_err(|e| Error::io(format!("reading CA certificates {}", path.display()), e))?;
-        let found = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
-            Error::InvalidInput(format!("bad CA certificate file {}: {e}", path.display()))
-        })?;
-        if found.is_empty() {
-            return Err(Error::InvalidInput(format!(
-                "no PEM certificate in {}",
-                path.display()
-            )));
-        }
-        certs.extend(found);
+        add(&path.display().to_string(), &pem)?;
+    }
+    for bundle in &opts.ca_bundles {
+        add(&bundle.name, &bundle.pem)?;
     }
     if !certs.is_empty() {
         b = b.tls_certs_merge(certs);
@@ -154,5 +171,29 @@ mod tests {
         let err = client_builder(&opts).unwrap_err();
         assert!(matches!(err, Error::InvalidInput(_)), "{err}");
         assert!(err.to_string().contains("junk.pem"), "{err}");
+    }
+
+    #[test]
+    fn ca_bundles_in_memory_are_trusted_and_a_bad_one_is_refused_by_name() {
+        let ca = testkit::tls::TestCa::new();
+        let good = CaBundle {
+            name: "ConfigMap vms/ca key ca.crt".into(),
+            pem: std::fs::read(ca.ca_pem()).unwrap(),
+        };
+        let opts = HttpOptions {
+            ca_bundles: vec![good.clone()],
+            ..HttpOptions::default()
+        };
+        assert!(client_builder(&opts).is_ok());
+        let bad = CaBundle {
+            name: "ConfigMap vms/ca key junk".into(),
+            pem: b"not a certificate".to_vec(),
+        };
+        let opts = HttpOptions {
+            ca_bundles: vec![good, bad],
+            ..HttpOptions::default()
+        };
+        let err = client_builder(&opts).unwrap_err();
+        assert!(err.to_string().contains("key junk"), "{err}");
     }
 }
