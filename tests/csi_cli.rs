@@ -32,7 +32,9 @@ fn spawn_with(endpoint: &str, pool: &Path, crash_at: Option<&str>) -> Child {
 /// SIGTERM, then the exit status within `limit`.
 async fn terminate(child: &mut Child, limit: Duration) -> ExitStatus {
     let pid = child.id() as libc::pid_t;
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    // SAFETY: kill(2) takes integers only; `child` is not reaped yet, so `pid` is still its.
+    let sent = unsafe { libc::kill(pid, libc::SIGTERM) };
+    assert_eq!(sent, 0);
     let start = Instant::now();
     loop {
         if let Some(st) = child.try_wait().unwrap() {
@@ -174,7 +176,9 @@ async fn a_hung_client_does_not_block_exit() {
     assert_info(&plugin_info(ch.clone()).await);
     // blocks this (single-threaded) runtime: the client cannot react to GOAWAY
     let pid = child.id() as libc::pid_t;
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    // SAFETY: kill(2) takes integers only; `child` is not reaped yet, so `pid` is still its.
+    let sent = unsafe { libc::kill(pid, libc::SIGTERM) };
+    assert_eq!(sent, 0);
     let start = Instant::now();
     let limit = csi::SHUTDOWN_GRACE + Duration::from_secs(5);
     let st = loop {

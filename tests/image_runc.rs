@@ -506,7 +506,10 @@ impl Container {
     /// `runc create`; `name` is made unique per test process (runc names its cgroups by it).
     fn create(bundle: &Bundle, spec: &Value, name: &str) -> Container {
         let id = &format!("{name}-{}", std::process::id());
+        // Become the subreaper of runc's orphans, so the container's init is our child to wait for.
         assert_eq!(
+            // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes integers only and changes nothing but
+            // which process inherits this one's orphaned descendants.
             unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) },
             0
         );
@@ -570,6 +573,8 @@ impl Container {
     /// The exit code, if the process has exited.
     fn try_wait(&mut self) -> Option<i32> {
         let mut status = 0;
+        // SAFETY: `status` is a live c_int that waitpid may write; WNOHANG never blocks. `pid`
+        // is the container's init, our child through PR_SET_CHILD_SUBREAPER (see create).
         let r = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
         assert!(
             r >= 0,
@@ -645,6 +650,7 @@ impl Drop for Container {
             // reap it (not asserting anything: this may run while a test panics)
             for _ in 0..400 {
                 let mut status = 0;
+                // SAFETY: as in try_wait: waitpid writes only the live `status`.
                 if unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) } != 0 {
                     break;
                 }

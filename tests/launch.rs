@@ -189,8 +189,8 @@ impl Launch {
     }
 
     fn signal(&self, sig: libc::c_int) {
-        // SAFETY: plain kill(2) on our own child.
         assert_eq!(
+            // SAFETY: kill(2) takes integers only; the launcher is our child, not reaped yet.
             unsafe { libc::kill(self.child.id() as libc::pid_t, sig) },
             0
         );
@@ -429,8 +429,9 @@ fn qemu_dying_fails_the_vm_with_its_exit_status() {
         return;
     };
     let pid = vm.l.qemu_pid();
-    // SAFETY: plain kill(2) of the qemu the launcher started for this test.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    // SAFETY: kill(2) takes integers only; `pid` is the qemu the launcher started for this test.
+    let sent = unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert_eq!(sent, 0);
     let (status, last) = vm.l.finish();
     assert_eq!(status.code(), Some(1), "{}", vm.l.context());
     assert_eq!(last["state"], "Failed");

@@ -47,8 +47,8 @@ fn wait_log(log: &Path, what: &str) {
 }
 
 fn term(child: &mut Child) -> std::process::ExitStatus {
-    // SAFETY: kill(2) on our own child's PID.
     assert_eq!(
+        // SAFETY: kill(2) takes integers only; `child` is not reaped yet, so its PID is its own.
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
         0
     );

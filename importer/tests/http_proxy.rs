@@ -15,7 +15,10 @@ fn http_proxy_from_the_environment_is_used_and_no_proxy_respected() {
     let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     let proxy = FaultServer::start(FaultConfig::new(data.clone()));
     let direct = FaultServer::start(FaultConfig::new(b"direct".to_vec()));
-    // SAFETY: this binary's only test, run before any other thread reads the environment.
+    // SAFETY: set_var and remove_var need that no other thread reads or writes the environment
+    // meanwhile. This is the binary's only test, so the harness runs nothing beside it; the only
+    // other threads, the two fault servers' accept loops above, never touch the environment; the
+    // client thread that reads these variables starts below.
     unsafe {
         for v in [
             "http_proxy",

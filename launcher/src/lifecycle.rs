@@ -631,8 +631,9 @@ mod tests {
             .parse()
             .unwrap();
         // Reaped by run(): the pid no longer exists.
-        // SAFETY: kill with signal 0 only checks for existence.
-        assert_eq!(unsafe { libc::kill(pid, 0) }, -1);
+        // SAFETY: kill(2) takes integers only, and signal 0 only checks that the pid exists.
+        let alive = unsafe { libc::kill(pid, 0) };
+        assert_eq!(alive, -1);
     }
 
     #[tokio::test]

@@ -59,9 +59,17 @@ struct FsInfoArgs {
     rest: [u8; 1024 - 32],
 }
 
-fn ioctl<T>(f: &File, req: libc::c_ulong, arg: &mut T) -> io::Result<()> {
-    // SAFETY: every caller passes the repr(C) structure (of the size encoded in `req`) that the
-    // btrfs ioctl reads or fills.
+/// A btrfs ioctl on `f` whose argument is a pointer to `arg`.
+///
+/// # Safety
+///
+/// `T` must mirror the structure request `req` reads or fills: `repr(C)`, the kernel's layout
+/// and the size `req` encodes, and made of integers and byte arrays only, so whatever the kernel
+/// writes into it is a valid `T`.
+unsafe fn ioctl<T>(f: &File, req: libc::c_ulong, arg: &mut T) -> io::Result<()> {
+    // SAFETY: `f` is open for the call and `arg` is a live, exclusive reference, so the pointer
+    // is valid for reads and writes of one `T`; the caller guarantees that `T` is the structure
+    // `req` expects, so the kernel touches no byte outside it and leaves a valid `T`.
     if unsafe { libc::ioctl(f.as_raw_fd(), req as _, arg as *mut T) } < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -77,7 +85,9 @@ fn fsid(path: &Path) -> io::Result<String> {
         fsid: [0; 16],
         rest: [0; 1024 - 32],
     };
-    ioctl(&f, BTRFS_IOC_FS_INFO, &mut args)?;
+    // SAFETY: FsInfoArgs mirrors struct btrfs_ioctl_fs_info_args (integers and bytes; sizes
+    // checked by ioctl_argument_sizes_match_the_kernel_abi).
+    unsafe { ioctl(&f, BTRFS_IOC_FS_INFO, &mut args) }?;
     Ok(uuid_string(&args.fsid))
 }
 
@@ -106,7 +116,8 @@ pub fn enable_quota(path: &Path) -> io::Result<()> {
         cmd: BTRFS_QUOTA_CTL_ENABLE,
         status: 0,
     };
-    ioctl(&f, BTRFS_IOC_QUOTA_CTL, &mut args)
+    // SAFETY: QuotaCtlArgs mirrors struct btrfs_ioctl_quota_ctl_args (two u64).
+    unsafe { ioctl(&f, BTRFS_IOC_QUOTA_CTL, &mut args) }
 }
 
 /// Creates `dir` as a new subvolume (its parent must exist).
@@ -133,7 +144,8 @@ pub fn create_subvolume(dir: &Path) -> io::Result<()> {
         name: [0; BTRFS_PATH_NAME_MAX + 1],
     };
     args.name[..name.len()].copy_from_slice(name.as_bytes());
-    ioctl(&parent, BTRFS_IOC_SUBVOL_CREATE, &mut args)
+    // SAFETY: VolArgs mirrors struct btrfs_ioctl_vol_args (an i64 and a byte array).
+    unsafe { ioctl(&parent, BTRFS_IOC_SUBVOL_CREATE, &mut args) }
 }
 
 /// Whether `dir` is the root of a subvolume (btrfs gives every subvolume root inode 256).
@@ -153,7 +165,8 @@ pub fn set_limit(dir: &Path, bytes: u64) -> io::Result<()> {
         max_rfer: if bytes == 0 { CLEAR_LIMIT } else { bytes },
         ..Default::default()
     };
-    ioctl(&f, BTRFS_IOC_QGROUP_LIMIT, &mut args)
+    // SAFETY: QgroupLimitArgs mirrors struct btrfs_ioctl_qgroup_limit_args (six u64).
+    unsafe { ioctl(&f, BTRFS_IOC_QGROUP_LIMIT, &mut args) }
 }
 
 #[cfg(test)]

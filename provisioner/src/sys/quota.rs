@@ -25,6 +25,7 @@ const fn qcmd(cmd: i32, kind: i32) -> i32 {
     (cmd << 8) | (kind & 0xff)
 }
 
+const FS_QSTATV_VERSION1: u8 = 1;
 const FS_DQUOT_VERSION: i8 = 1;
 const FS_PROJ_QUOTA: i8 = 2;
 const FS_DQ_BSOFT: u16 = 1 << 2;
@@ -84,10 +85,18 @@ pub struct ProjectUsage {
     pub limit_bytes: u64,
 }
 
-fn quotactl(on: &Path, cmd: i32, id: u32, addr: *mut libc::c_void) -> io::Result<()> {
+/// quotactl_fd(2) on the filesystem holding `on`, for project quotas.
+///
+/// # Safety
+///
+/// `addr` must point to a live, writable structure of the layout `cmd` reads or fills (for
+/// `Q_XGETQSTATV`, a `struct fs_quota_statv` with its version set; for `Q_XGETQUOTA` and
+/// `Q_XSETQLIM`, a `struct fs_disk_quota`), valid for the whole call.
+unsafe fn quotactl(on: &Path, cmd: i32, id: u32, addr: *mut libc::c_void) -> io::Result<()> {
     let f = File::open(on)?;
-    // SAFETY: quotactl_fd with a valid fd, and `addr` points to a live structure of the size
-    // the command expects (the callers pass their own repr(C) structs).
+    // SAFETY: `f` is open for the whole call, so the descriptor is valid; the caller guarantees
+    // that `addr` points to a live structure of the layout and size `cmd` expects. The integer
+    // arguments are passed by value.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_quotactl_fd,
@@ -106,14 +115,16 @@ fn quotactl(on: &Path, cmd: i32, id: u32, addr: *mut libc::c_void) -> io::Result
 
 /// Whether project quota accounting AND enforcement are on for the filesystem holding `path`.
 pub fn project_quota_enforced(path: &Path) -> io::Result<bool> {
-    // struct fs_quota_statv: version (s8), pad (u8), flags (u16), ...; 160 bytes on Linux.
+    // struct fs_quota_statv: version (s8), pad (u8), flags (u16), ...; 160 bytes on Linux. The
+    // first word holds version, pad and flags in memory order.
     let mut buf = [0u64; 24];
-    // SAFETY: buf is 192 bytes, larger than fs_quota_statv; we write the version byte.
-    unsafe { *(buf.as_mut_ptr() as *mut i8) = 1 };
-    match quotactl(path, Q_XGETQSTATV, 0, buf.as_mut_ptr().cast()) {
+    buf[0] = u64::from_ne_bytes([FS_QSTATV_VERSION1, 0, 0, 0, 0, 0, 0, 0]);
+    // SAFETY: `buf` is 192 bytes, larger than struct fs_quota_statv, 8-byte aligned (its fields
+    // need 8 at most), lives across the call and has the version byte the kernel checks set.
+    match unsafe { quotactl(path, Q_XGETQSTATV, 0, buf.as_mut_ptr().cast()) } {
         Ok(()) => {
-            // SAFETY: flags is the u16 at offset 2 of the buffer the kernel filled.
-            let flags = unsafe { *((buf.as_ptr() as *const u8).add(2) as *const u16) };
+            let head = buf[0].to_ne_bytes();
+            let flags = u16::from_ne_bytes([head[2], head[3]]);
             Ok(flags & FS_QUOTA_PDQ_ACCT != 0 && flags & FS_QUOTA_PDQ_ENFD != 0)
         }
         Err(e)
@@ -133,13 +144,15 @@ pub fn project_quota_enforced(path: &Path) -> io::Result<bool> {
 pub fn set_project(dir: &Path, id: u32) -> io::Result<()> {
     let f = File::open(dir)?;
     let mut x = FsXattr::default();
-    // SAFETY: FS_IOC_FSGETXATTR fills a struct fsxattr (28 bytes), which FsXattr mirrors.
+    // SAFETY: FS_IOC_FSGETXATTR writes one struct fsxattr (28 bytes) through its argument;
+    // `x` is a live FsXattr, which mirrors it (repr(C), size checked by the tests), and `f` is
+    // open for the call.
     if unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_FSGETXATTR, &mut x) } < 0 {
         return Err(io::Error::last_os_error());
     }
     x.projid = id;
     x.xflags |= FS_XFLAG_PROJINHERIT;
-    // SAFETY: as above, the kernel reads a struct fsxattr.
+    // SAFETY: as above; FS_IOC_FSSETXATTR only reads the struct fsxattr `x` holds.
     if unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_FSSETXATTR, &x) } < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -150,7 +163,7 @@ pub fn set_project(dir: &Path, id: u32) -> io::Result<()> {
 pub fn get_project(path: &Path) -> io::Result<u32> {
     let f = File::open(path)?;
     let mut x = FsXattr::default();
-    // SAFETY: see set_project.
+    // SAFETY: as in set_project: the kernel writes one struct fsxattr, which `x` mirrors.
     if unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_FSGETXATTR, &mut x) } < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -170,13 +183,17 @@ pub fn set_limit(on: &Path, id: u32, bytes: u64) -> io::Result<()> {
         blk_softlimit: blocks,
         ..Default::default()
     };
-    quotactl(on, Q_XSETQLIM, id, (&mut q as *mut FsDiskQuota).cast())
+    // SAFETY: `q` is a live FsDiskQuota, which mirrors struct fs_disk_quota (repr(C), size
+    // checked by the tests), the structure Q_XSETQLIM reads.
+    unsafe { quotactl(on, Q_XSETQLIM, id, (&raw mut q).cast()) }
 }
 
 /// Usage and limit of project `id`; an unknown project reads as all zeros.
 pub fn usage(on: &Path, id: u32) -> io::Result<ProjectUsage> {
     let mut q = FsDiskQuota::default();
-    match quotactl(on, Q_XGETQUOTA, id, (&mut q as *mut FsDiskQuota).cast()) {
+    // SAFETY: `q` is a live FsDiskQuota, which mirrors struct fs_disk_quota (repr(C), size
+    // checked by the tests), the structure Q_XGETQUOTA fills.
+    match unsafe { quotactl(on, Q_XGETQUOTA, id, (&raw mut q).cast()) } {
         Ok(()) => Ok(ProjectUsage {
             bytes: q.bcount * 512,
             inodes: q.icount,
