@@ -283,6 +283,19 @@ mod tests {
         assert!(kinds[..kinds.len() - 1].iter().all(|(_, end)| !end));
     }
 
+    /// RUSTSEC-2023-0085: hpack 0.3.0's decoder panicked on a dynamic table size update whose
+    /// integer is cut short (the block `[0x3f]`); hpack-patched's returns an error, which ends
+    /// the connection.
+    #[tokio::test]
+    async fn a_truncated_table_size_update_ends_the_connection_without_a_panic() {
+        let mut input = PREFACE.to_vec();
+        input.extend_from_slice(&frames(1, END_STREAM, &[0x3f]));
+        let mut out = Vec::new();
+        let err = relay_requests(&mut &input[..], &mut out).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert_eq!(out, PREFACE);
+    }
+
     #[test]
     fn padding_and_priority_are_stripped() {
         let payload = [2, 0, 0, 0, 1, 16, 0xaa, 0xbb, 0, 0];
