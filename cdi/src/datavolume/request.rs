@@ -1,100 +1,148 @@
-//! The importer's request for a DataVolume's source: what the importer pod's arguments say,
-//! built in-process, for local mode and the DataImportCron's polls.
+//! The importer's request for a DataVolume's source, built in-process for local mode and the
+//! DataImportCron's polls: what the importer pod's arguments say, with the Secrets and ConfigMap
+//! the source names given as data ([`SourceObjects`]) rather than mounted files.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use importer::cli::ArgsError;
 use importer::import::ImportRequest;
 use importer::source::SourceSpec;
+use importer::source::s3::Credentials;
+use netkit::client::CaBundle;
 
 use super::pvc::Claim;
-use super::source::{ImportKind, ImportSource, header};
+use super::source::{ImportKind, ImportSource};
 use kubekit::error::{Error, Result};
 
-fn object_dir(refs_dir: Option<&Path>, what: &str, obj: &str) -> Result<PathBuf> {
-    let dir = refs_dir.ok_or_else(|| {
-        Error::invalid(format!(
-            "the source references {what} {obj:?}: give --secrets-dir DIR with DIR/{obj}/KEY files"
-        ))
-    })?;
-    let d = dir.join(obj);
-    if !d.is_dir() {
-        return Err(Error::invalid(format!(
-            "{what} {obj:?}: {} is not a directory",
-            d.display()
-        )));
+/// An object's data, key by key.
+pub type ObjectData = BTreeMap<String, Vec<u8>>;
+
+/// The Secrets and ConfigMap an import source names, by name: read from the API (the cron's
+/// polls) or from a directory laid out as Kubernetes mounts them (local mode's `--secrets-dir`).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct SourceObjects {
+    pub secrets: BTreeMap<String, ObjectData>,
+    pub config_maps: BTreeMap<String, ObjectData>,
+}
+
+impl SourceObjects {
+    /// The objects `src` names, read from `dir/NAME/KEY` files (dot-files, Kubernetes' own,
+    /// skipped); None when the source names none.
+    pub fn from_dir(src: &ImportSource, dir: Option<&Path>) -> Result<Self> {
+        let mut out = SourceObjects::default();
+        for name in src.secret_ref.iter().chain(&src.secret_extra_headers) {
+            let data = read_dir(dir, "Secret", name)?;
+            out.secrets.insert(name.clone(), data);
+        }
+        if let Some(name) = &src.cert_config_map {
+            let data = read_dir(dir, "ConfigMap", name)?;
+            out.config_maps.insert(name.clone(), data);
+        }
+        Ok(out)
     }
-    Ok(d)
+
+    fn secret(&self, name: &str) -> Result<&ObjectData> {
+        self.secrets
+            .get(name)
+            .ok_or_else(|| Error::invalid(format!("the source's Secret {name:?} was not read")))
+    }
 }
 
-fn read_key(dir: &Path, key: &str) -> Result<String> {
-    let p = dir.join(key);
-    std::fs::read_to_string(&p)
-        .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
-        .map_err(|e| Error::io(format!("reading {}", p.display()), e))
+/// A Secret's value as text, its line end dropped (as a mounted file's is read).
+fn text(data: &ObjectData, object: &str, key: &str) -> Result<String> {
+    let value = data
+        .get(key)
+        .ok_or_else(|| Error::invalid(format!("Secret {object:?} has no key {key:?}")))?;
+    let text = String::from_utf8(value.clone())
+        .map_err(|_| Error::invalid(format!("Secret {object:?} key {key:?} is not text")))?;
+    Ok(text.trim_end_matches(['\n', '\r']).to_string())
 }
 
-/// The import request for a source, with the Secrets and ConfigMaps it references read from
-/// `refs_dir` (`<dir>/<name>/<key>`, as Kubernetes mounts them).
+/// The import request for a source, with the credentials, header lines and CA certificates of
+/// the objects it names taken from `objects`.
 pub fn import_request(
     src: &ImportSource,
     target: PathBuf,
     claim: &Claim,
     preallocate: bool,
-    refs_dir: Option<&Path>,
+    objects: &SourceObjects,
     insecure_registries: &[String],
 ) -> Result<ImportRequest> {
     let mut args = src.import_args(target, claim, insecure_registries);
     // The target is always a file here, whatever the volume mode.
     args.filesystem_overhead = Some(claim.overhead);
     args.preallocate = preallocate && !src.archive;
-    if let Some(secret) = &src.secret_ref {
-        let dir = object_dir(refs_dir, "Secret", secret)?;
-        match src.kind {
-            ImportKind::S3 => args.s3_credentials = Some(dir),
-            ImportKind::Http | ImportKind::Registry => {
-                args.user = Some(read_key(&dir, "accessKeyId")?);
-                args.password_file = Some(dir.join("secretKey"));
-            }
+    for name in &src.secret_extra_headers {
+        for key in objects.secret(name)?.keys() {
+            args.headers.push(text(objects.secret(name)?, name, key)?);
         }
     }
-    for secret in &src.secret_extra_headers {
-        let dir = object_dir(refs_dir, "Secret", secret)?;
-        for file in files(&dir)? {
-            let key = file.file_name().unwrap_or_default().to_string_lossy();
-            let line = read_key(&dir, &key)?;
-            header(&line)?;
-            args.headers.push(line);
-        }
+    let mut req = args
+        .to_request()
+        .map_err(|e| Error::invalid(format!("source {}: {}", src.url, netkit::error::chain(&e))))?;
+    if let Some(name) = &src.cert_config_map {
+        let data = objects.config_maps.get(name).ok_or_else(|| {
+            Error::invalid(format!("the source's ConfigMap {name:?} was not read"))
+        })?;
+        req.http.ca_bundles = data
+            .iter()
+            .map(|(key, pem)| CaBundle {
+                name: format!("ConfigMap {name} key {key}"),
+                pem: pem.clone(),
+            })
+            .collect();
     }
-    if let Some(cm) = &src.cert_config_map {
-        args.ca_certs = files(&object_dir(refs_dir, "ConfigMap", cm)?)?;
-    }
-    let mut req = args.to_request().map_err(|e| match e {
-        ArgsError::PasswordFile { path, source } => {
-            Error::io(format!("reading {}", path.display()), source)
+    let credentials = match &src.secret_ref {
+        Some(name) => {
+            let data = objects.secret(name)?;
+            Some((
+                text(data, name, "accessKeyId")?,
+                text(data, name, "secretKey")?,
+            ))
         }
-        e => Error::invalid(format!("source {}: {}", src.url, netkit::error::chain(&e))),
-    })?;
-    // As in the importer pod, an S3 source without a Secret is read unsigned: the AWS_*
-    // variables of this process are not the DataVolume's.
-    if let SourceSpec::S3 { options, .. } = &mut req.source
-        && src.secret_ref.is_none()
-    {
-        options.credentials = None;
+        None => None,
+    };
+    match (&mut req.source, src.kind) {
+        // As in the importer pod, an S3 source without a Secret is read unsigned: the AWS_*
+        // variables of this process are not the DataVolume's.
+        (SourceSpec::S3 { options, .. }, _) => {
+            options.credentials = credentials.map(|(id, secret)| Credentials {
+                access_key_id: id.trim().to_string(),
+                secret_access_key: secret.trim().to_string(),
+                session_token: None,
+            });
+        }
+        (SourceSpec::Registry { options, .. }, _) => options.credentials = credentials,
+        (_, ImportKind::Http) => req.http.basic_auth = credentials,
+        _ => {}
     }
     Ok(req)
 }
 
-/// The files of a mounted Secret or ConfigMap directory (dot-files, Kubernetes' own, skipped).
-fn files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let listing = |e| Error::io(format!("listing {}", dir.display()), e);
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(listing)? {
+/// The files of `dir/name`, a Secret or ConfigMap as Kubernetes mounts it.
+fn read_dir(dir: Option<&Path>, what: &str, name: &str) -> Result<ObjectData> {
+    let dir = dir.ok_or_else(|| {
+        Error::invalid(format!(
+            "the source references {what} {name:?}: give --secrets-dir DIR with DIR/{name}/KEY files"
+        ))
+    })?;
+    let d = dir.join(name);
+    if !d.is_dir() {
+        return Err(Error::invalid(format!(
+            "{what} {name:?}: {} is not a directory",
+            d.display()
+        )));
+    }
+    let listing = |e| Error::io(format!("listing {}", d.display()), e);
+    let mut data = ObjectData::new();
+    for entry in std::fs::read_dir(&d).map_err(listing)? {
         let entry = entry.map_err(listing)?;
-        if entry.path().is_file() && !entry.file_name().to_string_lossy().starts_with('.') {
-            files.push(entry.path());
+        let key = entry.file_name().to_string_lossy().into_owned();
+        if entry.path().is_file() && !key.starts_with('.') {
+            let value = std::fs::read(entry.path())
+                .map_err(|e| Error::io(format!("reading {}", entry.path().display()), e))?;
+            data.insert(key, value);
         }
     }
-    Ok(files)
+    Ok(data)
 }

@@ -251,7 +251,7 @@ fn check(src: &ImportSource) -> Result<()> {
 
 /// Checks a header line `Name: value`, as CDI's extraHeaders are written (with the importer's
 /// parser).
-pub fn header(h: &str) -> Result<()> {
+fn header(h: &str) -> Result<()> {
     importer::cli::parse_header(h).map(drop).map_err(|_| {
         Error::invalid(format!(
             "extra header {h:?} is not of the form 'Name: value'"

@@ -27,7 +27,7 @@ use super::cron::{
 use super::poll::poll;
 use super::version::SourceVersion;
 use crate::datavolume::pvc::{StorageDefaults, claim};
-use crate::datavolume::request::import_request;
+use crate::datavolume::request::{SourceObjects, import_request};
 use crate::datavolume::source::{ImportSource, Source, source};
 use crate::settings::Config;
 use api::DataVolume;
@@ -168,8 +168,8 @@ pub fn error_policy(cron: Arc<DataImportCron>, err: &Error, ctx: Arc<Context>) -
 }
 
 /// Polls the template's source with the options its importer pod would get: its Secret,
-/// header Secrets and CA ConfigMap are read from the API into a private directory that the
-/// local import request reads (the same code builds both).
+/// header Secrets and CA ConfigMap, read from the API, go into the request in memory (the same
+/// code builds local mode's).
 async fn poll_source(ctx: &Context, cron: &DataImportCron) -> Result<SourceVersion> {
     let ns = cron.namespace().unwrap_or_default();
     let template = DataVolume::new(&cron.name_any(), cron.spec.template.spec.clone());
@@ -178,65 +178,37 @@ async fn poll_source(ctx: &Context, cron: &DataImportCron) -> Result<SourceVersi
             "a DataImportCron's template must import from http, registry or s3",
         ));
     };
-    let dir = std::env::temp_dir().join(format!(
-        "quarry-poll-{}-{}",
-        std::process::id(),
-        cron.uid().unwrap_or_default()
-    ));
-    let result = async {
-        write_refs(&ctx.client, &ns, &src, &dir).await?;
-        let c = claim(&template, &Config::default(), &StorageDefaults::Builtin)?;
-        let req = import_request(
-            &src,
-            PathBuf::new(),
-            &c,
-            false,
-            Some(&dir),
-            &ctx.insecure_registries,
-        )?;
-        poll(&req.source, &req.http)
-            .await
-            .map_err(|e| Error::Poll(Box::new(e)))
-    }
-    .await;
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    let objects = read_objects(&ctx.client, &ns, &src).await?;
+    let c = claim(&template, &Config::default(), &StorageDefaults::Builtin)?;
+    let req = import_request(
+        &src,
+        PathBuf::new(),
+        &c,
+        false,
+        &objects,
+        &ctx.insecure_registries,
+    )?;
+    poll(&req.source, &req.http)
+        .await
+        .map_err(|e| Error::Poll(Box::new(e)))
 }
 
-/// Writes the Secrets and ConfigMap `src` references as `dir/NAME/KEY` files.
-async fn write_refs(
-    client: &Client,
-    ns: &str,
-    src: &ImportSource,
-    dir: &std::path::Path,
-) -> Result<()> {
+/// The Secrets and ConfigMap `src` names, from the API.
+async fn read_objects(client: &Client, ns: &str, src: &ImportSource) -> Result<SourceObjects> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    let write = |obj: &str, data: BTreeMap<String, Vec<u8>>| -> Result<()> {
-        let d = dir.join(obj);
-        std::fs::create_dir_all(&d)
-            .map_err(|e| Error::io(format!("creating {}", d.display()), e))?;
-        for (k, v) in data {
-            let p = d.join(&k);
-            std::fs::write(&p, v).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
-        }
-        Ok(())
-    };
-    let names = src.secret_ref.iter().chain(&src.secret_extra_headers);
-    for s in names {
-        let secret = secrets.get(s).await?;
-        let data = secret.data.unwrap_or_default();
-        write(s, data.into_iter().map(|(k, v)| (k, v.0)).collect())?;
+    let mut out = SourceObjects::default();
+    for name in src.secret_ref.iter().chain(&src.secret_extra_headers) {
+        let data = secrets.get(name).await?.data.unwrap_or_default();
+        let data = data.into_iter().map(|(k, v)| (k, v.0)).collect();
+        out.secrets.insert(name.clone(), data);
     }
-    if let Some(cm) = &src.cert_config_map {
-        let map = maps.get(cm).await?;
-        let data = map.data.unwrap_or_default();
-        write(
-            cm,
-            data.into_iter().map(|(k, v)| (k, v.into_bytes())).collect(),
-        )?;
+    if let Some(name) = &src.cert_config_map {
+        let data = maps.get(name).await?.data.unwrap_or_default();
+        let data = data.into_iter().map(|(k, v)| (k, v.into_bytes())).collect();
+        out.config_maps.insert(name.clone(), data);
     }
-    Ok(())
+    Ok(out)
 }
 
 /// The state of the cron's current import: its DataVolume's phase, else whether its PVC exists.

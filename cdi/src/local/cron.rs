@@ -15,6 +15,7 @@ use kube::ResourceExt;
 use super::datavolume::{self as local, ApplyOptions};
 use super::store::ObjectStore;
 use crate::datavolume::pvc::{StorageDefaults, claim};
+use crate::datavolume::request::{SourceObjects, import_request};
 use crate::datavolume::source::{Source, source};
 use crate::golden::cron::{
     ImportState, annotation, decide, import_data_volume, managed_data_source,
@@ -132,12 +133,13 @@ fn poll_now(
         ));
     };
     let c = claim(&template, &Config::default(), &StorageDefaults::Builtin)?;
-    let req = crate::datavolume::request::import_request(
+    let objects = SourceObjects::from_dir(&src, opts.secrets_dir.as_deref())?;
+    let req = import_request(
         &src,
         PathBuf::new(),
         &c,
         false,
-        opts.secrets_dir.as_deref(),
+        &objects,
         &opts.insecure_registries,
     )?;
     let rt = tokio::runtime::Builder::new_current_thread()

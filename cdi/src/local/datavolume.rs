@@ -24,6 +24,7 @@ use provisioner::{CapacityRange, CreateVolume, PoolConfig, Provisioner};
 
 use crate::datavolume::pod::{SourceRefs, importer_pod_name};
 use crate::datavolume::pvc::{StorageDefaults, VolumeMode, claim};
+use crate::datavolume::request::{SourceObjects, import_request};
 use crate::datavolume::source::{Source, source};
 use crate::datavolume::{Action, Observed, decide, name};
 use crate::settings::{Config, RetryPolicy};
@@ -400,12 +401,12 @@ pub fn apply(
                 dir.join(provisioner::pool::BLOCK_FILE)
             };
             let job = match source(&dv.spec)? {
-                Source::Import(i) => Job::Named(crate::datavolume::request::import_request(
+                Source::Import(i) => Job::Named(import_request(
                     &i,
                     target,
                     &claim(&dv, &cfg, &StorageDefaults::Builtin)?,
                     dv.spec.preallocation == Some(true),
-                    opts.secrets_dir.as_deref(),
+                    &SourceObjects::from_dir(&i, opts.secrets_dir.as_deref())?,
                     &opts.insecure_registries,
                 )?),
                 _ => {
