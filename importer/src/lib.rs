@@ -28,3 +28,4 @@ pub mod pipe;
 pub mod progress;
 pub mod resize;
 pub mod size;
+pub(crate) mod tarwalk;

@@ -28,21 +28,16 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::sync_channel;
 
 use crate::archive::sparse::{self, Expand};
-use crate::chunks::{self, ChunkReader};
+use crate::chunks::ChunkReader;
 use crate::decode::{BoxRead, Compression};
 use crate::error::{Error, Result};
 use crate::format::hold::HeldBytes;
 use crate::pipe::read_full;
-use crate::source::registry::layer::normalize;
-use crate::source::registry::{WalkOut, tar_error};
+use crate::tarwalk::{self, CHUNK, WalkOut, normalize, tar_error};
 use ovf::OvfDisk;
 
 /// Descriptors larger than this are refused (real ones are a few KiB).
 const MAX_OVF: u64 = 16 << 20;
-/// Chunks in flight between the tar walk and the import.
-const DEPTH: usize = 16;
-/// Bytes read from the tar per chunk.
-const CHUNK: usize = 128 << 10;
 
 /// Which disk of an OVA to import.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,42 +200,25 @@ pub fn open_disk(
     source_name: &str,
 ) -> Result<(ChunkReader, OvaDisk)> {
     let what = format!("OVA {source_name}");
-    let (chunk_tx, chunks) = chunks::channel(
-        DEPTH,
-        format!("{what}: the tar walk ended before the disk was complete"),
-    );
-    let (found_tx, found_rx) = sync_channel(1);
     let (chosen_tx, chosen_rx) = sync_channel(1);
-    let thread_what = what.clone();
-    std::thread::Builder::new()
-        .name("quarry-ova".into())
-        .spawn(move || {
-            let mut out = WalkOut::new(found_tx, chunk_tx);
-            let outcome = walk(stream, &opts, &mut out, &chosen_tx, &thread_what);
-            out.finish(outcome);
-        })
-        .map_err(|e| Error::io("spawning the OVA thread", e))?;
-    match found_rx.recv() {
-        Ok(Ok((href, size))) => {
-            let (index, count, disk) = chosen_rx.recv().map_err(|_| {
-                Error::SourceUnavailable(format!("{what}: the tar walk ended without an answer"))
-            })?;
-            tracing::info!(ova = %source_name, disk = %href, index, count, size, "importing the OVA's disk");
-            Ok((
-                chunks,
-                OvaDisk {
-                    disk,
-                    index,
-                    count,
-                    size,
-                },
-            ))
-        }
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(Error::SourceUnavailable(format!(
-            "{what}: the tar walk ended without an answer"
-        ))),
-    }
+    let walk_what = what.clone();
+    let (chunks, href, size) =
+        tarwalk::spawn("OVA", &format!("{what}: the tar walk"), move |out| {
+            walk(stream, &opts, out, &chosen_tx, &walk_what)
+        })?;
+    let (index, count, disk) = chosen_rx.recv().map_err(|_| {
+        Error::SourceUnavailable(format!("{what}: the tar walk ended without an answer"))
+    })?;
+    tracing::info!(ova = %source_name, disk = %href, index, count, size, "importing the OVA's disk");
+    Ok((
+        chunks,
+        OvaDisk {
+            disk,
+            index,
+            count,
+            size,
+        },
+    ))
 }
 
 type Chosen = (usize, usize, OvfDisk);
