@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 pub mod blocks;
 pub mod cost;
+pub(crate) mod fields;
 pub(crate) mod hold;
 pub mod inflate_pool;
 pub mod qcow2;

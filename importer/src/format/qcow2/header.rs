@@ -7,8 +7,8 @@
 //! [`Error::Corrupt`] for headers that contradict themselves. The checks follow qemu's
 //! `qcow2_do_open` so that what qemu opens, this opens, and the limits are qemu's.
 
-use super::{be32, be64};
 use crate::error::{Error, Result};
+use crate::format::fields::{be32, be64};
 
 /// The four bytes every qcow image starts with.
 pub const MAGIC: [u8; 4] = *b"QFI\xfb";

@@ -64,15 +64,6 @@ enum Input {
     File { file: std::fs::File, length: u64 },
 }
 
-/// Big-endian integers at `at` in `b`, as every qcow2 structure stores them.
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn be64(b: &[u8], at: usize) -> u64 {
-    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
 /// Reads until `buf` holds `want` bytes or the stream ends.
 fn read_up_to(reader: &mut dyn Read, buf: &mut Vec<u8>, want: usize) -> Result<()> {
     let mut at = buf.len();

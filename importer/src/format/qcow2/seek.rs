@@ -14,6 +14,7 @@
 //! compressed bytes, up to [`SPAN_MAX`], per worker), plus one L2 table, the active L1 table and
 //! the set of L2 table places in the planner.
 
+use crate::format::fields::be64;
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -483,7 +484,7 @@ fn plan(
     let l1 = shared.read(h.l1_offset, l1_needed * 8, "L1 table")?;
     let mut tables = Vec::with_capacity(l1_needed as usize);
     for index in 0..l1_needed {
-        let raw = super::be64(&l1, (index * 8) as usize);
+        let raw = be64(&l1, (index * 8) as usize);
         let table = l2::l1_entry(raw, g.cluster_bits)
             .map_err(|e| shared.corrupt(format!("L1 entry {index}: {e}")))?;
         if let Some(off) = table

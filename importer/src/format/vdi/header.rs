@@ -9,6 +9,7 @@
 
 use super::error::VdiError;
 use crate::format::blocks::{HOLE, Layout, MAX_BLOCKS};
+use crate::format::fields::{le32, le64};
 
 pub const HEADER_LEN: usize = 512;
 pub const SIGNATURE: u32 = 0xbeda_107f;
@@ -20,14 +21,6 @@ const BLOCKS_MAX: u64 = (i32::MAX as u64 + 1 - SECTOR) / 4;
 const DISK_SIZE_MAX: u64 = BLOCKS_MAX * BLOCK_SIZE;
 /// Block map entries from this one up are not allocated (discarded, never allocated).
 const FIRST_UNALLOCATED: u32 = 0xffff_fffe;
-
-fn le32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn le64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
 
 /// A validated header.
 #[derive(Debug, Clone, PartialEq, Eq)]

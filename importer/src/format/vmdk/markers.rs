@@ -29,6 +29,7 @@
 //! and its data; with the tables after them, the [`Trailer`]'s 8 bytes per grain and 32 per
 //! table until the end.
 
+use crate::format::fields::le32;
 use flate2::{Decompress, FlushDecompress, Status};
 
 use super::error::VmdkError;
@@ -402,7 +403,7 @@ fn mapped_grain(
             false => Ok(None),
         };
     };
-    let size = u64::from(super::header::le32(head, 8));
+    let size = u64::from(le32(head, 8));
     if size == 0 || size > 2 * h.grain_size() {
         return Err(corrupt(format!(
             "{}, where a grain marker says {size} compressed bytes (1 to two grains)",

@@ -10,6 +10,7 @@
 
 use super::error::VpcError;
 use crate::format::blocks::{HOLE, Layout, MAX_BLOCKS};
+use crate::format::fields::{be16, be32, be64};
 
 pub const FOOTER_LEN: usize = 512;
 /// What qemu reads of the dynamic disk header (the rest is about parent images).
@@ -27,18 +28,6 @@ const MAX_GEOMETRY: u64 = 65535 * 16 * 255;
 const MAX_TABLE_ENTRIES: u64 = i32::MAX as u64 / 4;
 /// Creator applications whose disks are sized by their CHS geometry, not the current size.
 const SIZED_BY_GEOMETRY: [&[u8; 4]; 2] = [b"vpc ", b"qemu"];
-
-fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
-}
-
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn be64(b: &[u8], at: usize) -> u64 {
-    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
 
 /// The footer's disk types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
