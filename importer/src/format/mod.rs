@@ -18,6 +18,7 @@ pub mod vhdx;
 pub mod vmdk;
 pub mod vpc;
 
+pub use crate::error::{FormatError, FormatFault};
 use crate::error::Result;
 use crate::sink::ExtentSink;
 
@@ -266,5 +267,33 @@ mod tests {
         let mut iso = vec![0u8; 512];
         iso[1..6].copy_from_slice(b"CD001");
         assert_eq!(detect(&iso), ImageFormat::Raw);
+    }
+}
+
+#[cfg(test)]
+mod fault_tests {
+    use crate::error::{Error, ErrorKind};
+    use crate::format::vpc::VpcError;
+
+    #[test]
+    fn a_fault_keeps_its_type_offset_and_kind() {
+        let e = Error::from(VpcError::NoDynamicHeader { offset: 0x200 });
+        assert_eq!(e.kind(), ErrorKind::CorruptImage);
+        assert_eq!(
+            e.to_string(),
+            "corrupt image: vhd: dynamic disk header at 0x200: no \"cxsparse\" magic"
+        );
+        let Error::Format(f) = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(f.offset(), Some(0x200));
+        assert_eq!(
+            f.fault::<VpcError>(),
+            Some(&VpcError::NoDynamicHeader { offset: 0x200 })
+        );
+        assert!(std::error::Error::source(&e).is_none());
+        let refused = Error::from(VpcError::Differencing { offset: 0 });
+        assert_eq!(refused.kind(), ErrorKind::Unsupported);
+        assert!(refused.to_string().starts_with("unsupported image: vhd: "));
     }
 }

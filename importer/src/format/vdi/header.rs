@@ -147,6 +147,7 @@ pub fn parse(b: &[u8]) -> Result<Header, VdiError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::error::FormatFault;
 
     /// A header as `qemu-img create -f vdi` writes it for `size` bytes (`static` for
     /// `-o static=on`): block map at 0x200, data right after it.
@@ -207,14 +208,14 @@ pub(crate) mod tests {
         assert_eq!(e, VdiError::ShortHeader { len: 300 });
         let e = parse(&with(header(1 << 20, false), 0x40, &[0; 4])).unwrap_err();
         assert!(matches!(e, VdiError::Signature { signature: 0 }), "{e}");
-        assert!(!e.is_unsupported());
+        assert!(!e.is_refusal());
     }
 
     #[test]
     fn other_versions_sector_and_block_sizes_are_unsupported() {
         for (at, v) in [(0x44, 0x0001_0000u32), (360, 4096), (376, 2 << 20)] {
             let e = parse(&with(header(4 << 20, false), at, &v.to_le_bytes())).unwrap_err();
-            assert!(e.is_unsupported(), "{e}");
+            assert!(e.is_refusal(), "{e}");
         }
     }
 
@@ -245,7 +246,7 @@ pub(crate) mod tests {
         assert!(matches!(e, VdiError::TooLarge { .. }), "{e}");
         let e = parse(&with(header(1 << 20, false), 384, &u32::MAX.to_le_bytes())).unwrap_err();
         assert!(matches!(e, VdiError::TableTooLarge { .. }), "{e}");
-        assert!(!e.is_unsupported());
+        assert!(!e.is_refusal());
     }
 
     #[test]
@@ -258,7 +259,7 @@ pub(crate) mod tests {
         );
         let e = parse(&h).unwrap_err();
         assert!(matches!(e, VdiError::TooManyBlocks { .. }), "{e}");
-        assert!(e.is_unsupported());
+        assert!(e.is_refusal());
     }
 
     #[test]

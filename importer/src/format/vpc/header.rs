@@ -236,6 +236,7 @@ pub fn bat_hosts(bat: &[u8]) -> Vec<u64> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::error::FormatFault;
 
     /// A footer with these fields and a right checksum.
     pub(crate) struct FooterFields {
@@ -377,7 +378,7 @@ pub(crate) mod tests {
         };
         let e = parse_footer(&f.bytes(), 0).unwrap_err();
         assert_eq!(e, VpcError::Differencing { offset: 0 });
-        assert!(e.is_unsupported());
+        assert!(e.is_refusal());
         let e = crate::Error::from(e);
         assert_eq!(e.kind(), crate::ErrorKind::Unsupported);
     }
@@ -457,7 +458,7 @@ pub(crate) mod tests {
         );
         let e = parse_dynamic(&dyn_header(1536, u32::MAX, 2 << 20), &footer(8 << 20)).unwrap_err();
         assert!(matches!(e, VpcError::TableTooLarge { .. }), "{e}");
-        assert!(!e.is_unsupported());
+        assert!(!e.is_refusal());
     }
 
     #[test]
@@ -470,7 +471,7 @@ pub(crate) mod tests {
         };
         let footer = parse_footer(&f.bytes(), 0).unwrap();
         let e = parse_dynamic(&dyn_header(1536, 4 << 20, 512), &footer).unwrap_err();
-        assert!(e.is_unsupported(), "{e}");
+        assert!(e.is_refusal(), "{e}");
     }
 
     #[test]
