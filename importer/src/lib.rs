@@ -21,6 +21,7 @@ pub mod checksum;
 pub mod chunks;
 pub mod cli;
 pub mod decode;
+#[cfg(feature = "cli")]
 pub mod import;
 pub mod ova;
 pub mod peek;

@@ -8,6 +8,8 @@
 use std::path::PathBuf;
 
 pub mod blocks;
+/// Benchmark instrumentation (feature `bench`): not part of the import pipeline.
+#[cfg(any(test, feature = "bench"))]
 pub mod cost;
 pub mod detect;
 pub(crate) mod fields;

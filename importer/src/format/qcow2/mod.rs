@@ -36,6 +36,7 @@ mod stream;
 #[cfg(test)]
 pub(crate) mod tests;
 
+#[cfg(any(test, feature = "bench"))]
 pub use crate::format::cost::InflateCost;
 pub use error::Qcow2Error;
 pub use header::{Compression, Header, MAGIC};
@@ -142,6 +143,7 @@ fn file_header(file: &std::fs::File, length: u64) -> Result<Header> {
     header::parse(&head)
 }
 
+#[cfg(any(test, feature = "bench"))]
 /// Inflates every compressed cluster of the qcow2 image in the local `file` (`length` bytes) on
 /// one thread, writing nothing, and tells what it cost: the image's decode bound.
 pub fn inflate_cost(file: &std::fs::File, length: u64) -> Result<InflateCost> {

@@ -30,6 +30,7 @@ use super::inflate::Inflater;
 use super::l2::{self, Compressed, Mapping};
 use super::roles::FixedRoles;
 use crate::error::{Error, Result};
+#[cfg(any(test, feature = "bench"))]
 use crate::format::cost::InflateCost;
 use crate::sink::ExtentSink;
 
@@ -170,6 +171,7 @@ pub(super) fn convert(
     })
 }
 
+#[cfg(any(test, feature = "bench"))]
 /// Inflates every compressed cluster of the image in `file` on the calling thread, as the
 /// converter's workers do, and measures it.
 pub(super) fn inflate_cost(h: &Header, file: &File, file_len: u64) -> Result<InflateCost> {
@@ -197,6 +199,7 @@ pub(super) fn inflate_cost(h: &Header, file: &File, file_len: u64) -> Result<Inf
     })
 }
 
+#[cfg(any(test, feature = "bench"))]
 /// The inflating of [`inflate_cost`]: takes the planner's jobs until there are none (returning
 /// drops `jobs`, which stops the planner after an error).
 fn measure_inflating(shared: &Shared<'_>, h: &Header, jobs: Receiver<Job>) -> Result<InflateCost> {

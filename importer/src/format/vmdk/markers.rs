@@ -38,6 +38,7 @@ use super::tables::{Map, Mapped};
 use super::trailer::Trailer;
 use super::window::Window;
 use crate::error::{Error, Result};
+#[cfg(any(test, feature = "bench"))]
 use crate::format::cost::InflateCost;
 use crate::format::inflate_pool::{Batch, InflatePool, PieceDecoder};
 use crate::format::qcow2::extent::ExtentWriter;
@@ -142,6 +143,7 @@ pub(super) fn inflate_grain(
     }
 }
 
+#[cfg(any(test, feature = "bench"))]
 /// Inflates every grain of the streamOptimized extent behind `win` (at its start) on the calling
 /// thread, writing nothing, and measures it: the extent's decode bound.
 pub(super) fn inflate_cost(h: &SparseHeader, win: &mut Window) -> Result<InflateCost> {
