@@ -69,7 +69,7 @@ pub struct ImportArgs {
     /// Block devices: do not zero unused ranges (the device is known to read zeroes).
     #[arg(long)]
     pub no_zero: bool,
-    /// Force the image format instead of detecting it.
+    /// Force the image format (raw, qcow2, vmdk, vpc, vdi or vhdx) instead of detecting it.
     #[arg(long, value_parser = parse_format)]
     pub format: Option<ImageFormat>,
     /// OVA sources: the disk to import, its number in the OVF descriptor's order (from 1) or

@@ -19,7 +19,7 @@
 //! An OVA is recognised by its content: a tar (`ustar` magic) whose first member is a `.ovf`, or
 //! another part of an OVF package (a manifest, a certificate, a vmdk, vhd, vhdx, vdi or qcow2
 //! disk: the descriptor comes later), or a tar whose source is named `.ova` (compression suffixes
-//! looked through).
+//! looked through): [`crate::format::detect::is_ova`].
 
 pub mod ovf;
 
