@@ -21,7 +21,7 @@ pub mod source;
 pub use error::{Error, ErrorKind, Result};
 pub mod checksum;
 pub mod chunks;
-#[cfg(feature = "cli")]
+#[cfg(any(test, feature = "cli"))]
 pub mod cli;
 pub mod decode;
 pub mod import;

@@ -4,10 +4,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-#[cfg(feature = "cli")]
+#[cfg(any(test, feature = "cli"))]
 mod live;
 
-#[cfg(feature = "cli")]
+#[cfg(any(test, feature = "cli"))]
 pub use live::{ProgressBar, serve_metrics, serve_progress};
 
 /// Shared counters of one import.
