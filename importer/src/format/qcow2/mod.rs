@@ -38,7 +38,7 @@ pub(crate) mod tests;
 
 #[cfg(any(test, feature = "bench"))]
 pub use crate::format::cost::InflateCost;
-pub use error::Qcow2Error;
+pub use error::{HeaderError, Qcow2Error};
 pub use header::{Compression, Header, MAGIC};
 pub use stream::Qcow2Stats;
 
