@@ -1,9 +1,9 @@
 //! Format readers: turn a decoded image stream into guest extents.
 //!
-//! [`detect`] says what a stream holds from its first bytes (a compression layer, an OVA, an image
-//! format); [`open`] is the one factory that names the image's format and opens its reader. Each
-//! reader parses its header when it is built (so the virtual size is known before anything is
-//! written) and then streams the image into an [`ExtentSink`](crate::sink::ExtentSink).
+//! [`detect`](mod@detect) says what a stream holds from its first bytes (a compression layer, an
+//! OVA, an image format); [`open()`] is the one factory that names the image's format and opens
+//! its reader. Each reader parses its header when it is built (so the virtual size is known before
+//! anything is written) and then streams the image into a [`crate::sink::ExtentSink`].
 
 use std::path::PathBuf;
 

@@ -1,5 +1,5 @@
 //! The one factory of format readers: it names the image's format (the requested one, or what
-//! the image's first bytes say, [`detect`]) and opens that format's reader on the image, by
+//! the image's first bytes say, [`detect`](mod@detect)) and opens that format's reader on the image, by
 //! random access when the image is an uncompressed local file, as a stream otherwise. Parsing
 //! stays in each format's pure decoders; what is opened on what is decided here only.
 
