@@ -60,9 +60,9 @@ tools are not competitors; they are left out of quarry/best, and kept with --qua
           pigz's inflate is single-threaded too), the gzip layer of the registry row likewise, and
           for compressed qcow2 and streamOptimized vmdk the CPU seconds of inflating every
           compressed cluster or grain (`inflate_cost`, an example of the importer crate:
-          `cargo build --release -p importer --example inflate_cost`, built if missing; one
-          thread per core inflating the whole image at once, as an import's workers inflate side
-          by side, the mean per thread) divided by the cores;
+          `cargo build --release -p importer --features bench --example inflate_cost`, built if
+          missing; one thread per core inflating the whole image at once, as an import's workers
+          inflate side by side, the mean per thread) divided by the cores;
   transfer  for HTTP rows, `curl -o /dev/null URL`: the body's bytes received and thrown away;
   phased  where the parts' shares vary along the image: the sum, over stretches of 64 MiB read or
           written, of the slowest part's share in the stretch (the floor and the transfer shared
@@ -1097,7 +1097,7 @@ def find_quarry(arg: str | None) -> str:
 
 
 def find_example(arg: str | None, name: str) -> str:
-    return release_exe(arg, name, "examples", ["-p", "importer", "--example", name])
+    return release_exe(arg, name, "examples", ["-p", "importer", "--features", "bench", "--example", name])
 
 
 def main() -> int:

@@ -23,8 +23,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Import a disk image (raw or qcow2, optionally gzip/xz/zstd compressed) into a volume, or
-    /// extract a tar archive into one (--archive).
+    /// Import a disk image (qcow2, raw, vmdk, vhd, vhdx, vdi or the disk of an OVA, plain or
+    /// gzip/xz/zstd compressed) into a volume, or extract a tar archive into one (--archive).
     Import(Box<importer::cli::ImportArgs>),
     /// Serve the CSI hostpath driver (Identity, Controller, Node) on one socket.
     Csi(csi::CsiArgs),

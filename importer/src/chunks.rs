@@ -27,7 +27,6 @@ use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use tokio::sync::mpsc;
 
-use crate::source::{ByteSource, SourceInfo};
 use crate::{Error, ErrorKind};
 
 enum Chunk {
@@ -192,41 +191,6 @@ fn again(kind: ErrorKind, msg: String) -> Error {
         ErrorKind::CorruptImage => Error::Corrupt(msg),
         ErrorKind::SourceRejected => Error::SourceRejected(msg),
         _ => Error::SourceUnavailable(msg),
-    }
-}
-
-/// A source whose bytes come through the adapter: what is known of it, and its chunks (which the
-/// import takes with [`ByteSource::take_chunks`]).
-pub struct ChunkSource {
-    info: SourceInfo,
-    chunks: Option<ChunkReader>,
-}
-
-impl ChunkSource {
-    pub fn new(info: SourceInfo, chunks: ChunkReader) -> Self {
-        ChunkSource {
-            info,
-            chunks: Some(chunks),
-        }
-    }
-}
-
-impl Read for ChunkSource {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self.chunks.as_mut() {
-            Some(chunks) => chunks.read(buf),
-            None => Ok(0),
-        }
-    }
-}
-
-impl ByteSource for ChunkSource {
-    fn info(&self) -> &SourceInfo {
-        &self.info
-    }
-
-    fn take_chunks(&mut self) -> Option<ChunkReader> {
-        self.chunks.take()
     }
 }
 

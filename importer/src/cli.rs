@@ -69,7 +69,7 @@ pub struct ImportArgs {
     /// Block devices: do not zero unused ranges (the device is known to read zeroes).
     #[arg(long)]
     pub no_zero: bool,
-    /// Force the image format instead of detecting it.
+    /// Force the image format (raw, qcow2, vmdk, vpc, vdi or vhdx) instead of detecting it.
     #[arg(long, value_parser = parse_format)]
     pub format: Option<ImageFormat>,
     /// OVA sources: the disk to import, its number in the OVF descriptor's order (from 1) or
@@ -252,9 +252,10 @@ impl ImportArgs {
         let target = self.target.to_string_lossy().into_owned();
         let dashed = |s: &str| s.starts_with('-') && s != "-";
         let positionals_last = dashed(&self.source) || dashed(&target);
-        let mut a = Argv(Vec::new());
+        let mut a = netkit::argv::Argv::new();
         if !positionals_last {
-            a.0.extend([self.source.clone(), target.clone()]);
+            a.positional(self.source.clone());
+            a.positional(target.clone());
         }
         a.flag("archive", self.archive);
         a.opt("size", self.size);
@@ -296,9 +297,11 @@ impl ImportArgs {
         a.opt("owner-uid", self.owner_uid.as_ref());
         a.flag("json", self.json);
         if positionals_last {
-            a.0.extend(["--".into(), self.source.clone(), target]);
+            a.positional("--");
+            a.positional(self.source.clone());
+            a.positional(target);
         }
-        a.0
+        a.into_vec()
     }
 
     /// The import these arguments ask for: the source with its registry or S3 options, the
@@ -398,37 +401,6 @@ impl ImportArgs {
             (None, None) => String::new(),
         };
         Ok(Some((user, password)))
-    }
-}
-
-/// Arguments being written by [`ImportArgs::to_args`].
-struct Argv(Vec<String>);
-
-impl Argv {
-    /// `--name VALUE` when there is a value; `--name=VALUE` when it could pass for an option,
-    /// or holds a `$(VAR)` the kubelet expands (a Secret's value may start with `-`).
-    fn opt(&mut self, name: &str, value: Option<impl std::fmt::Display>) {
-        let Some(value) = value.map(|v| v.to_string()) else {
-            return;
-        };
-        if value.starts_with('-') || value.contains("$(") {
-            self.0.push(format!("--{name}={value}"));
-        } else {
-            self.0.extend([format!("--{name}"), value]);
-        }
-    }
-
-    /// `--name PATH` for each path (paths that are not UTF-8 are written lossily).
-    fn paths<'a>(&mut self, name: &str, paths: impl IntoIterator<Item = &'a PathBuf>) {
-        for p in paths {
-            self.opt(name, Some(p.display()));
-        }
-    }
-
-    fn flag(&mut self, name: &str, set: bool) {
-        if set {
-            self.0.push(format!("--{name}"));
-        }
     }
 }
 

@@ -13,13 +13,8 @@ use std::time::Instant;
 use crate::checksum::{Checksum, Hasher};
 use crate::decode::{self, Compression};
 use crate::error::{Error, Result};
-use crate::format::qcow2::Qcow2Reader;
-use crate::format::raw::{RawReader, SparseFileReader};
-use crate::format::vdi::VdiReader;
-use crate::format::vhdx::VhdxReader;
-use crate::format::vmdk::{StreamedBecause, VmdkReader};
-use crate::format::vpc::VpcReader;
-use crate::format::{self, FormatReader, ImageFormat, ReaderOptions};
+use crate::format::vmdk::StreamedBecause;
+use crate::format::{self, Content, FormatReader, ImageFormat, Input, ReaderOptions};
 use crate::ova::{self, DiskChoice};
 use crate::peek::Peeked;
 use crate::pipe::{self, ChunkObserver};
@@ -465,17 +460,7 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
     };
     if req.checksum.is_some()
         || req.disk.is_some()
-        || !matches!(
-            req.format,
-            None | Some(
-                ImageFormat::Raw
-                    | ImageFormat::Qcow2
-                    | ImageFormat::Vpc
-                    | ImageFormat::Vdi
-                    | ImageFormat::Vhdx
-                    | ImageFormat::Vmdk
-            )
-        )
+        || !req.format.is_none_or(format::open::is_readable)
     {
         return Ok(None);
     }
@@ -483,22 +468,29 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
     let Some(length) = info.length else {
         return Ok(None); // a pipe or device: stream it
     };
-    let head = Peeked::new(&file, decode::SNIFF_LEN).map_err(|e| Error::from_read(e, "source"))?;
-    if decode::detect(head.head()).is_some() || ova::is_ova(head.head(), &info.name) {
+    let head = Peeked::new(&file, decode::SNIFF_LEN)
+        .map_err(|e| Error::from_read(e, "source"))?
+        .head()
+        .to_vec();
+    if !matches!(format::probe(&head, &info.name), Content::Image(_)) {
         // compressed: stream it through the decoders, which detect its format; an OVA: stream
         // its disk out of the tar
         return Ok(None);
     }
-    let format = image_format(req, head.head(), &info.name);
-    let reader: Box<dyn FormatReader> = match format {
-        ImageFormat::Raw => Box::new(SparseFileReader::new(file, length)),
-        ImageFormat::Qcow2 => Box::new(Qcow2Reader::open(file, length)?),
-        ImageFormat::Vpc => Box::new(VpcReader::open(file, length)?),
-        ImageFormat::Vdi => Box::new(VdiReader::open(file, length)?),
-        ImageFormat::Vhdx => Box::new(VhdxReader::open(file, length)?),
-        ImageFormat::Vmdk => Box::new(VmdkReader::open(path, file, length)?),
-        other => return Err(refused(other)),
+    let plan = MemoryPlan::PLAIN;
+    let input = Input::File {
+        path: path.to_path_buf(),
+        file,
+        length,
     };
+    let reader = format::open(
+        input,
+        &head,
+        &info.name,
+        req.format,
+        &reader_options(req, &plan),
+    )?;
+    let format = reader.format();
     Ok(Some(Opened {
         source_length: Some(length),
         reader,
@@ -506,7 +498,7 @@ fn open_local_file(req: &ImportRequest) -> Result<Option<Opened>> {
         format,
         source_name: info.name,
         stages: Stages::none(),
-        plan: MemoryPlan::PLAIN,
+        plan,
     }))
 }
 
@@ -600,7 +592,7 @@ fn open_layers<S>(
     let (mut decoded, mut layers) = decode::unwrap_layers(raw_stream)?;
     let mut chain: Vec<String> = layers.iter().map(|c| c.as_str().to_string()).collect();
     let mut name = info.name.clone();
-    let in_ova = req.format.is_none() && ova::is_ova(decoded.head(), &info.name);
+    let in_ova = req.format.is_none() && format::probe(decoded.head(), &info.name) == Content::Ova;
     // Why a vmdk descriptor (readable only as a local file) arrived as a stream.
     let descriptor_because = match layers.first() {
         _ if in_ova => StreamedBecause::InOva,
@@ -632,7 +624,7 @@ fn open_layers<S>(
             "--disk picks a disk of an OVA, and the source is not one".into(),
         ));
     }
-    let format = image_format(req, decoded.head(), &name);
+    let head = decoded.head().to_vec();
     let plan = MemoryPlan::for_layers(&layers);
     tracing::debug!(?plan, buffers = plan.buffers(), ?layers, "memory plan");
     let stream: Box<dyn std::io::Read + Send> = if plan.decode_stage {
@@ -642,15 +634,13 @@ fn open_layers<S>(
     } else {
         Box::new(decoded)
     };
-    let reader = open_reader(
-        req,
-        format,
+    let input = Input::Stream {
         stream,
-        &layers,
-        source_length,
-        &plan,
-        descriptor_because,
-    )?;
+        length: source_length.filter(|_| layers.is_empty()),
+        because: descriptor_because,
+    };
+    let reader = format::open(input, &head, &name, req.format, &reader_options(req, &plan))?;
+    let format = reader.format();
     Ok((reader, chain, format, plan))
 }
 
@@ -681,60 +671,13 @@ fn open_sink<S>(
     Ok(sink)
 }
 
-fn open_reader<S>(
-    req: &ImportRequest<S>,
-    format: ImageFormat,
-    stream: Box<dyn std::io::Read + Send>,
-    layers: &[Compression],
-    source_length: Option<u64>,
-    plan: &MemoryPlan,
-    descriptor_because: StreamedBecause,
-) -> Result<Box<dyn FormatReader>> {
-    let opts = ReaderOptions {
+/// The readers' options for `req` under `plan`.
+fn reader_options<S>(req: &ImportRequest<S>, plan: &MemoryPlan) -> ReaderOptions {
+    ReaderOptions {
         spill_dir: spill_dir(req),
         memory_budget: req.memory_budget,
         read_ahead: plan.read_ahead,
-    };
-    Ok(match format {
-        ImageFormat::Raw => Box::new(RawReader::new(
-            stream,
-            if layers.is_empty() {
-                source_length
-            } else {
-                None
-            },
-            opts.read_ahead.min(format::COPY_READ),
-        )),
-        ImageFormat::Qcow2 => Box::new(Qcow2Reader::new(stream, &opts)?),
-        ImageFormat::Vpc => Box::new(VpcReader::new(stream, &opts)?),
-        ImageFormat::Vdi => Box::new(VdiReader::new(stream, &opts)?),
-        ImageFormat::Vhdx => Box::new(VhdxReader::new(stream, &opts)?),
-        ImageFormat::Vmdk => Box::new(VmdkReader::streamed(stream, &opts, descriptor_because)?),
-        other => return Err(refused(other)),
-    })
-}
-
-/// The format of the (decoded) image whose first bytes are `head`: the requested one, else the
-/// one its magic (or a `.dmg` name) says. Each import names its format here, once: a local file
-/// after seeing it is not compressed, a stream after its compression layers are peeled.
-fn image_format<S>(req: &ImportRequest<S>, head: &[u8], name: &str) -> ImageFormat {
-    req.format
-        .unwrap_or_else(|| format::detect_named(head, name))
-}
-
-/// Why an image of a format Quarry has no reader for is refused.
-fn refused(format: ImageFormat) -> Error {
-    if format == ImageFormat::Luks {
-        return Error::Unsupported(
-            "the image is LUKS-encrypted (luks): Quarry does not decrypt images; decrypt it \
-             with `qemu-img convert -O qcow2 --object secret,...` first"
-                .into(),
-        );
     }
-    Error::Unsupported(format!(
-        "{} images are not supported; convert with `qemu-img convert -O qcow2` first",
-        format.as_str()
-    ))
 }
 
 /// Spill files live beside a file target (on the volume being filled), or in the temp directory

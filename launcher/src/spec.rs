@@ -78,8 +78,9 @@ impl Quantity {
     fn bytes(&self) -> Result<u64> {
         match self {
             Quantity::Bytes(n) => Ok(*n),
-            Quantity::Text(s) => importer::size::parse_quantity(s)
-                .map_err(|e| Error::InvalidSpec(format!("memory {s:?}: {e}"))),
+            Quantity::Text(s) => {
+                quantity::parse(s).map_err(|e| Error::InvalidSpec(format!("memory {s:?}: {e}")))
+            }
         }
     }
 }

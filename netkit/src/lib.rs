@@ -5,8 +5,9 @@
 //!   insecure mode, redirects, timeouts, one user agent.
 //! - [`tls`]: the process's crypto provider, PEM certificates, serving identities and client CAs
 //!   that follow their files when kubelet rotates a mounted Secret, the rustls server
-//!   configuration, and an axum listener that completes the handshake before serving.
-//! - [`metrics`]: binding a listener and serving a Prometheus `/metrics` endpoint, on the
+//!   configuration, and an axum listener that completes the handshake before serving (feature
+//!   `serve`).
+//! - `metrics` (feature `serve`): binding a listener and serving a Prometheus `/metrics` endpoint, on the
 //!   caller's runtime or on a thread of its own.
 //! - [`percent`]: percent-decoding of URL parts.
 //! - [`runtime`]: a thread with a tokio runtime of its own.
@@ -17,6 +18,7 @@
 pub mod argv;
 pub mod client;
 pub mod error;
+#[cfg(feature = "serve")]
 pub mod metrics;
 pub mod percent;
 pub mod runtime;

@@ -1,6 +1,6 @@
 //! TLS for Quarry's servers and clients: the one crypto provider (ring), PEM certificates,
 //! serving identities and client CA bundles that follow their files, the rustls server
-//! configuration built from them, and [`TlsListener`], an axum listener that completes the
+//! configuration built from them, and `TlsListener` (feature `serve`), an axum listener that completes the
 //! handshake (bounded in time) before a connection is served.
 //!
 //! # Files that rotate
@@ -14,6 +14,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Once};
+#[cfg(feature = "serve")]
 use std::time::Duration;
 
 use rustls::client::danger::HandshakeSignatureValid;
@@ -116,6 +117,7 @@ pub fn server_config(files: &TlsFiles, alpn: Alpn) -> Result<Arc<rustls::ServerC
 }
 
 /// A TLS listener for axum: TCP accept, then the TLS handshake (at most 10 s).
+#[cfg(feature = "serve")]
 pub struct TlsListener {
     pub tcp: tokio::net::TcpListener,
     pub acceptor: tokio_rustls::TlsAcceptor,
@@ -124,8 +126,10 @@ pub struct TlsListener {
 }
 
 /// How long a client may take over its handshake before [`TlsListener`] drops it.
+#[cfg(feature = "serve")]
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
 
+#[cfg(feature = "serve")]
 impl axum::serve::Listener for TlsListener {
     type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
     type Addr = std::net::SocketAddr;

@@ -377,7 +377,7 @@ impl ResizeDiskArgs {
 }
 
 fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    importer::size::parse_quantity(s).map_err(|e| e.to_string())
+    quantity::parse(s).map_err(|e| e.to_string())
 }
 
 /// `300`, `300s`, `5m`, `1h`.

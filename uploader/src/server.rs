@@ -49,9 +49,10 @@ use axum::routing::{get, post};
 use bytes::{Buf, Bytes};
 use futures_util::Stream;
 use importer::checksum::Checksum;
-use importer::chunks::{ChunkSender, ChunkSource, Forward, Forwarded};
+use importer::chunks::{ChunkSender, Forward, Forwarded};
 use importer::import::ImportRequest;
 use importer::progress::Progress;
+use importer::source::ChunkSource;
 use importer::source::{ByteSource, SourceInfo};
 use tokio::sync::watch;
 

@@ -171,7 +171,7 @@ fn canonical(v: &Value) -> Value {
 
 fn quantity(q: &Value) -> Value {
     q.as_str()
-        .and_then(|s| importer::size::parse_quantity(s).ok())
+        .and_then(|s| quantity::parse(s).ok())
         .map_or_else(|| q.clone(), Value::from)
 }
 

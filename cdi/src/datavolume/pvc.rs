@@ -152,7 +152,7 @@ fn requested_size(res: Option<&VolumeResourceRequirements>, field: &str) -> Resu
         .and_then(|r| r.requests.as_ref())
         .and_then(|r| r.get("storage"))
         .ok_or_else(|| Error::invalid(format!("{field}.resources.requests.storage is required")))?;
-    let size = importer::size::parse_quantity(&q.0)
+    let size = quantity::parse(&q.0)
         .map_err(|e| Error::invalid(format!("{field}.resources.requests.storage: {e}")))?;
     if size == 0 {
         // CDI's webhook refuses a zero size too.

@@ -19,7 +19,7 @@
 //! An OVA is recognised by its content: a tar (`ustar` magic) whose first member is a `.ovf`, or
 //! another part of an OVF package (a manifest, a certificate, a vmdk, vhd, vhdx, vdi or qcow2
 //! disk: the descriptor comes later), or a tar whose source is named `.ova` (compression suffixes
-//! looked through).
+//! looked through): [`crate::format::detect::is_ova`].
 
 pub mod ovf;
 
@@ -28,21 +28,16 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::sync_channel;
 
 use crate::archive::sparse::{self, Expand};
-use crate::chunks::{self, ChunkReader};
+use crate::chunks::ChunkReader;
 use crate::decode::{BoxRead, Compression};
 use crate::error::{Error, Result};
 use crate::format::hold::HeldBytes;
 use crate::pipe::read_full;
-use crate::source::registry::layer::normalize;
-use crate::source::registry::{WalkOut, tar_error};
+use crate::tarwalk::{self, CHUNK, WalkOut, normalize, tar_error};
 use ovf::OvfDisk;
 
 /// Descriptors larger than this are refused (real ones are a few KiB).
 const MAX_OVF: u64 = 16 << 20;
-/// Chunks in flight between the tar walk and the import.
-const DEPTH: usize = 16;
-/// Bytes read from the tar per chunk.
-const CHUNK: usize = 128 << 10;
 
 /// Which disk of an OVA to import.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,64 +92,6 @@ impl OvaDisk {
     }
 }
 
-/// What the first block of a tar says of its first member.
-#[derive(Debug, PartialEq, Eq)]
-enum FirstMember<'a> {
-    /// Its name.
-    Named(&'a [u8]),
-    /// Its name is in an extension header's data, past the first block: a GNU long name (`L`),
-    /// a PAX extended header (`x`) that does not show it, or a PAX global header (`g`).
-    Hidden,
-}
-
-/// The first member of the tar whose first block is `head`, when it is a tar.
-fn first_member(head: &[u8]) -> Option<FirstMember<'_>> {
-    if head.len() < 512 || &head[257..262] != b"ustar" {
-        return None;
-    }
-    let field = &head[..100];
-    let name = &field[..field.iter().position(|&b| b == 0).unwrap_or(100)];
-    match head[156] {
-        b'L' | b'K' | b'g' => Some(FirstMember::Hidden),
-        // GNU tar names a PAX header `DIR/PaxHeaders[.PID]/BASENAME` (cut at 100 bytes), Python
-        // `././@PaxHeader`: only a whole base name after a `PaxHeaders` directory tells.
-        b'x' => match name.rsplit(|&b| b == b'/').nth(1) {
-            Some(dir) if dir.starts_with(b"PaxHeaders") && name.len() < 100 => {
-                name.rsplit(|&b| b == b'/').next().map(FirstMember::Named)
-            }
-            _ => Some(FirstMember::Hidden),
-        },
-        _ => Some(FirstMember::Named(name)),
-    }
-}
-
-/// The other parts of an OVF package: a tar that starts with one of them is an OVA whose
-/// descriptor comes later (a tar holding a disk image is no raw disk, and a stream has no `.ova`
-/// name to go by). A disk stored gzip-compressed keeps its name with `.gz` added.
-const PACKAGE_PARTS: [&str; 7] = [".mf", ".cert", ".vmdk", ".vhd", ".vhdx", ".vdi", ".qcow2"];
-
-/// Whether a (decoded) stream starting with `head`, from a source named `name`, is an OVA. A tar
-/// whose first member's name is past the first block (a long name) is taken for one: it is no
-/// raw disk either, and the walk says so when it holds no descriptor.
-pub fn is_ova(head: &[u8], name: &str) -> bool {
-    let first = match first_member(head) {
-        None => return false,
-        Some(FirstMember::Hidden) => return true,
-        Some(FirstMember::Named(first)) => first,
-    };
-    let first = String::from_utf8_lossy(first).to_ascii_lowercase();
-    let part = first.strip_suffix(".gz").unwrap_or(&first);
-    if first.ends_with(".ovf") || PACKAGE_PARTS.iter().any(|p| part.ends_with(p)) {
-        return true;
-    }
-    let name = name.to_ascii_lowercase();
-    let name = name.split(['?', '#']).next().unwrap_or_default();
-    let bare = [".gz", ".xz", ".zst"]
-        .iter()
-        .fold(name, |n, suffix| n.strip_suffix(suffix).unwrap_or(n));
-    bare.ends_with(".ova")
-}
-
 /// Picks the disk `choice` names (the first without one).
 pub fn choose(disks: &[OvfDisk], choice: Option<&DiskChoice>) -> Result<(usize, OvfDisk)> {
     let listed = || {
@@ -205,42 +142,25 @@ pub fn open_disk(
     source_name: &str,
 ) -> Result<(ChunkReader, OvaDisk)> {
     let what = format!("OVA {source_name}");
-    let (chunk_tx, chunks) = chunks::channel(
-        DEPTH,
-        format!("{what}: the tar walk ended before the disk was complete"),
-    );
-    let (found_tx, found_rx) = sync_channel(1);
     let (chosen_tx, chosen_rx) = sync_channel(1);
-    let thread_what = what.clone();
-    std::thread::Builder::new()
-        .name("quarry-ova".into())
-        .spawn(move || {
-            let mut out = WalkOut::new(found_tx, chunk_tx);
-            let outcome = walk(stream, &opts, &mut out, &chosen_tx, &thread_what);
-            out.finish(outcome);
-        })
-        .map_err(|e| Error::io("spawning the OVA thread", e))?;
-    match found_rx.recv() {
-        Ok(Ok((href, size))) => {
-            let (index, count, disk) = chosen_rx.recv().map_err(|_| {
-                Error::SourceUnavailable(format!("{what}: the tar walk ended without an answer"))
-            })?;
-            tracing::info!(ova = %source_name, disk = %href, index, count, size, "importing the OVA's disk");
-            Ok((
-                chunks,
-                OvaDisk {
-                    disk,
-                    index,
-                    count,
-                    size,
-                },
-            ))
-        }
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(Error::SourceUnavailable(format!(
-            "{what}: the tar walk ended without an answer"
-        ))),
-    }
+    let walk_what = what.clone();
+    let (chunks, href, size) =
+        tarwalk::spawn("OVA", &format!("{what}: the tar walk"), move |out| {
+            walk(stream, &opts, out, &chosen_tx, &walk_what)
+        })?;
+    let (index, count, disk) = chosen_rx.recv().map_err(|_| {
+        Error::SourceUnavailable(format!("{what}: the tar walk ended without an answer"))
+    })?;
+    tracing::info!(ova = %source_name, disk = %href, index, count, size, "importing the OVA's disk");
+    Ok((
+        chunks,
+        OvaDisk {
+            disk,
+            index,
+            count,
+            size,
+        },
+    ))
 }
 
 type Chosen = (usize, usize, OvfDisk);
@@ -550,70 +470,5 @@ mod tests {
             "{e}"
         );
         assert!("0".parse::<DiskChoice>().is_err());
-    }
-
-    #[test]
-    fn an_ova_is_known_by_its_first_member() {
-        let mut head = vec![0u8; 512];
-        head[..6].copy_from_slice(b"vm.ovf");
-        head[257..262].copy_from_slice(b"ustar");
-        assert!(is_ova(&head, "x"));
-        head[..6].copy_from_slice(b"vm.txt");
-        assert!(!is_ova(&head, "x.tar"));
-        assert!(is_ova(&head, "http://h/export.OVA.gz?sig=1"));
-        assert!(!is_ova(&[0u8; 512], "x.ova"));
-    }
-
-    #[test]
-    fn a_tar_that_starts_with_another_package_part_is_an_ova_whatever_its_name() {
-        for first in [
-            "disk1.vmdk",
-            "VM.MF",
-            "vm.cert",
-            "d.vhdx",
-            "d.qcow2",
-            "disk1.vmdk.gz",
-        ] {
-            let mut head = vec![0u8; 512];
-            head[..first.len()].copy_from_slice(first.as_bytes());
-            head[257..262].copy_from_slice(b"ustar");
-            assert!(is_ova(&head, "-"), "{first}");
-        }
-        for first in ["disk.img", "notes.txt", "vm.ovf.bak"] {
-            let mut head = vec![0u8; 512];
-            head[..first.len()].copy_from_slice(first.as_bytes());
-            head[257..262].copy_from_slice(b"ustar");
-            assert!(!is_ova(&head, "-"), "{first}");
-        }
-    }
-
-    /// A tar's first block: an extension header of type `kind` named `name`.
-    fn extension(kind: u8, name: &str) -> Vec<u8> {
-        let mut head = vec![0u8; 512];
-        head[..name.len()].copy_from_slice(name.as_bytes());
-        head[156] = kind;
-        head[257..262].copy_from_slice(b"ustar");
-        head
-    }
-
-    #[test]
-    fn a_long_name_or_pax_header_first_is_looked_through() {
-        // GNU long name, Python's PAX header, a global header: the name is further on.
-        for (kind, name) in [
-            (b'L', "././@LongLink"),
-            (b'x', "././@PaxHeader"),
-            (b'g', "pax_global_header"),
-        ] {
-            assert!(is_ova(&extension(kind, name), "-"), "{name}");
-        }
-        // GNU tar's PAX header shows the base name, when whole.
-        assert!(is_ova(&extension(b'x', "./PaxHeaders/vm.ovf"), "-"));
-        assert!(is_ova(
-            &extension(b'x', "./PaxHeaders.4242/disk1.vmdk"),
-            "-"
-        ));
-        assert!(!is_ova(&extension(b'x', "./PaxHeaders/disk.img"), "-"));
-        let cut = format!("./PaxHeaders/{}", "a".repeat(87));
-        assert!(is_ova(&extension(b'x', &cut), "-"));
     }
 }

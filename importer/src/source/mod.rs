@@ -5,11 +5,14 @@
 //! plus what is known about it up front. Errors that cross the `Read` boundary carry a
 //! [`crate::Error`] inside the `io::Error` (see [`crate::Error::into_io`]) so their kind survives.
 
+pub mod chunked;
 pub mod http;
 pub mod registry;
 pub mod s3;
 
 use std::io::Read;
+
+pub use chunked::ChunkSource;
 
 /// What is known about a source before reading it.
 #[derive(Debug, Clone, Default)]

@@ -121,7 +121,7 @@ fn source_size(kind: CloneSourceKind, o: &CloneObserved) -> Option<u64> {
                 .as_ref()?
                 .restore_size
                 .as_ref()?;
-            importer::size::parse_quantity(&q.0).ok()
+            quantity::parse(&q.0).ok()
         }
     }
 }
@@ -146,7 +146,7 @@ fn storage_request(
     resources: Option<&k8s_openapi::api::core::v1::VolumeResourceRequirements>,
 ) -> Option<u64> {
     let q = resources?.requests.as_ref()?.get("storage")?;
-    importer::size::parse_quantity(&q.0).ok()
+    quantity::parse(&q.0).ok()
 }
 
 /// The strategy the target PVC records.
@@ -313,7 +313,7 @@ fn smart_clone_snapshot(
                 .status
                 .as_ref()
                 .and_then(|st| st.restore_size.as_ref())
-                .and_then(|q| importer::size::parse_quantity(&q.0).ok())
+                .and_then(|q| quantity::parse(&q.0).ok())
                 .unwrap_or(size);
             let pvc = objects::target_pvc(
                 cx.dv,
@@ -364,7 +364,7 @@ fn expand(cx: &mut Ctx<'_>, target: &PersistentVolumeClaim, claim: &Claim, base:
         .status
         .as_ref()
         .and_then(|s| s.capacity.as_ref()?.get("storage"))
-        .and_then(|q| importer::size::parse_quantity(&q.0).ok())
+        .and_then(|q| quantity::parse(&q.0).ok())
         .unwrap_or(asked);
     // Derived from the sizes, not the recorded phase (which may be stale).
     if want <= base {

@@ -57,7 +57,7 @@ pub fn capacity(pvc: &PersistentVolumeClaim) -> Option<u64> {
                 .as_ref()?
                 .get("storage")
         })?;
-    importer::size::parse_quantity(&q.0).ok()
+    quantity::parse(&q.0).ok()
 }
 
 /// The name of a smart clone's temporary VolumeSnapshot (CDI's `cdi-tmp-<uid>`).

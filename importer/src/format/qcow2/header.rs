@@ -2,13 +2,14 @@
 //!
 //! [`parse`] takes the first bytes of the image (up to one cluster: the header, its extensions and
 //! the backing file name all live there) and returns a validated [`Header`], or the reason the image
-//! cannot be converted: [`Error::Unsupported`] for well-formed images using a feature Quarry refuses
-//! (backing file, encryption, external data file, unknown incompatible features) and
-//! [`Error::Corrupt`] for headers that contradict themselves. The checks follow qemu's
+//! cannot be converted, a [`HeaderError`]: a refusal (unsupported) for well-formed images using a
+//! feature Quarry refuses (backing file, encryption, external data file, unknown incompatible
+//! features), corrupt for headers that contradict themselves. The checks follow qemu's
 //! `qcow2_do_open` so that what qemu opens, this opens, and the limits are qemu's.
 
-use super::{be32, be64};
-use crate::error::{Error, Result};
+use super::error::HeaderError;
+use crate::error::Result;
+use crate::format::fields::{be32, be64};
 
 /// The four bytes every qcow image starts with.
 pub const MAGIC: [u8; 4] = *b"QFI\xfb";
@@ -136,10 +137,6 @@ impl Header {
     }
 }
 
-fn corrupt(msg: impl std::fmt::Display) -> Error {
-    Error::Corrupt(format!("qcow2 header: {msg}"))
-}
-
 /// Reads the cluster_bits field if the buffer is long enough and it is in range: how many bytes
 /// [`parse`] may want (the whole first cluster).
 pub fn wanted_len(head: &[u8]) -> usize {
@@ -159,11 +156,11 @@ fn text(bytes: &[u8]) -> String {
 }
 
 /// Host byte range `[offset, offset + len)`, refusing overflow past `i64::MAX` like qemu.
-fn table_end(what: &str, offset: u64, len: u64) -> Result<u64> {
-    offset
+fn table_end(what: &'static str, offset: u64, len: u64) -> Result<u64> {
+    Ok(offset
         .checked_add(len)
         .filter(|&end| end <= i64::MAX as u64)
-        .ok_or_else(|| corrupt(format!("{what} at {offset:#x} (+{len} bytes) overflows")))
+        .ok_or(HeaderError::TableOverflow { what, offset, len })?)
 }
 
 /// What the extension area told us.
@@ -181,41 +178,42 @@ fn parse_extensions(buf: &[u8], start: u64, end: u64) -> Result<Extensions> {
     while off < end {
         let hdr_end = off + 8;
         if hdr_end > end {
-            return Err(corrupt(format!(
-                "header extension at {off:#x} does not fit before {end:#x}"
-            )));
+            return Err(HeaderError::ExtensionOutside { offset: off, end }.into());
         }
         if hdr_end > buf.len() as u64 {
-            return Err(corrupt(format!(
-                "truncated: header extension at {off:#x} is past the end of the image ({} bytes)",
-                buf.len()
-            )));
+            return Err(HeaderError::ExtensionTruncated {
+                offset: off,
+                len: buf.len(),
+            }
+            .into());
         }
         let magic = be32(buf, off as usize);
         let len = u64::from(be32(buf, off as usize + 4));
         // qemu checks the length before the type: an end marker too long is corrupt too.
         let data_end = hdr_end + len;
         if data_end > end {
-            return Err(corrupt(format!(
-                "header extension {magic:#010x} at {off:#x} ({len} bytes) is too large"
-            )));
+            return Err(HeaderError::ExtensionTooLarge {
+                magic,
+                offset: off,
+                len,
+            }
+            .into());
         }
         if magic == ext::END {
             break;
         }
         if data_end > buf.len() as u64 {
-            return Err(corrupt(format!(
-                "truncated: header extension {magic:#010x} at {off:#x} is past the end of the image"
-            )));
+            return Err(HeaderError::ExtensionDataTruncated { magic, offset: off }.into());
         }
         let data = &buf[hdr_end as usize..data_end as usize];
         match magic {
             ext::BACKING_FORMAT => {
                 if data.len() >= 16 {
-                    return Err(corrupt(format!(
-                        "backing format extension is {} bytes long (at most 15)",
-                        data.len()
-                    )));
+                    return Err(HeaderError::BackingFormatTooLong {
+                        offset: off,
+                        len: data.len(),
+                    }
+                    .into());
                 }
                 exts.backing_format = Some(text(data));
             }
@@ -243,34 +241,30 @@ fn parse_extensions(buf: &[u8], start: u64, end: u64) -> Result<Extensions> {
 /// cluster; fewer at the end of a short stream).
 pub fn parse(buf: &[u8]) -> Result<Header> {
     if buf.len() >= 4 && buf[..4] != MAGIC {
-        return Err(corrupt(format!(
-            "bad magic {:02x?} (not a qcow2 image)",
-            &buf[..4]
-        )));
+        let magic = buf[..4].try_into().expect("4 bytes");
+        return Err(HeaderError::BadMagic { magic }.into());
     }
     if buf.len() < V2_HEADER_LEN {
-        return Err(corrupt(format!(
-            "truncated: the image is {} bytes, shorter than a header",
-            buf.len()
-        )));
+        return Err(HeaderError::ShortHeader { len: buf.len() }.into());
     }
     let version = be32(buf, 4);
     match version {
         2 | 3 => {}
         1 => {
-            return Err(Error::Unsupported(
-                "qcow version 1 (the original qcow format, not qcow2)".into(),
-            ));
+            return Err(HeaderError::Qcow1.into());
         }
-        v => return Err(corrupt(format!("unknown version {v} (expected 2 or 3)"))),
+        version => return Err(HeaderError::UnknownVersion { version }.into()),
     }
     let backing_file_offset = be64(buf, 8);
     let backing_file_size = be32(buf, 16);
     let cluster_bits = be32(buf, 20);
     if !(MIN_CLUSTER_BITS..=MAX_CLUSTER_BITS).contains(&cluster_bits) {
-        return Err(corrupt(format!(
-            "cluster_bits {cluster_bits} is outside {MIN_CLUSTER_BITS}..={MAX_CLUSTER_BITS}"
-        )));
+        return Err(HeaderError::ClusterBits {
+            cluster_bits,
+            min: MIN_CLUSTER_BITS,
+            max: MAX_CLUSTER_BITS,
+        }
+        .into());
     }
     let cluster_size = 1u64 << cluster_bits;
     let header_size = be64(buf, 24);
@@ -291,10 +285,7 @@ pub fn parse(buf: &[u8]) -> Result<Header> {
         compression_type = 0u8;
     } else {
         if buf.len() < V3_HEADER_MIN_LEN {
-            return Err(corrupt(format!(
-                "truncated: the image is {} bytes, shorter than a version 3 header",
-                buf.len()
-            )));
+            return Err(HeaderError::ShortV3Header { len: buf.len() }.into());
         }
         incompatible = be64(buf, 72);
         compatible = be64(buf, 80);
@@ -302,29 +293,35 @@ pub fn parse(buf: &[u8]) -> Result<Header> {
         refcount_order = be32(buf, 96);
         header_length = be32(buf, 100);
         if (header_length as usize) < V3_HEADER_MIN_LEN {
-            return Err(corrupt(format!(
-                "header_length {header_length} is shorter than {V3_HEADER_MIN_LEN}"
-            )));
+            return Err(HeaderError::HeaderLengthTooShort {
+                header_length,
+                min: V3_HEADER_MIN_LEN,
+            }
+            .into());
         }
         if u64::from(header_length) > cluster_size {
-            return Err(corrupt(format!(
-                "header_length {header_length} exceeds the cluster size {cluster_size}"
-            )));
+            return Err(HeaderError::HeaderLengthTooLong {
+                header_length,
+                cluster_size,
+            }
+            .into());
         }
         if buf.len() < header_length as usize {
-            return Err(corrupt(format!(
-                "truncated: the image is {} bytes, shorter than its {header_length}-byte header",
-                buf.len()
-            )));
+            return Err(HeaderError::ShortForHeaderLength {
+                len: buf.len(),
+                header_length,
+            }
+            .into());
         }
         compression_type = if header_length > 104 { buf[104] } else { 0 };
     }
 
     // The extension area ends where the backing file name starts, or at the end of the cluster.
     if backing_file_offset > cluster_size {
-        return Err(corrupt(format!(
-            "backing file name offset {backing_file_offset:#x} is outside the first cluster"
-        )));
+        return Err(HeaderError::BackingNameOutside {
+            offset: backing_file_offset,
+        }
+        .into());
     }
     let ext_end = if backing_file_offset != 0 {
         backing_file_offset
@@ -346,14 +343,11 @@ pub fn parse(buf: &[u8]) -> Result<Header> {
                 None => "<name past the end of the stream>".into(),
             }
         };
-        let fmt = exts
-            .backing_format
-            .as_deref()
-            .map(|f| format!(" (format {f})"))
-            .unwrap_or_default();
-        return Err(Error::Unsupported(format!(
-            "qcow2 image has a backing file {name}{fmt}; images with backing files are not supported"
-        )));
+        return Err(HeaderError::BackingFile {
+            name,
+            backing_format: exts.backing_format,
+        }
+        .into());
     }
     if crypt_method != 0 || exts.crypto {
         let how = match crypt_method {
@@ -362,9 +356,7 @@ pub fn parse(buf: &[u8]) -> Result<Header> {
             0 => "a crypto header".to_string(),
             m => format!("method {m}"),
         };
-        return Err(Error::Unsupported(format!(
-            "qcow2 image is encrypted ({how}); encrypted images are not supported"
-        )));
+        return Err(HeaderError::Encrypted { how }.into());
     }
     let unknown = incompatible & !incompat::KNOWN;
     if unknown != 0 {
@@ -381,44 +373,37 @@ pub fn parse(buf: &[u8]) -> Result<Header> {
                 }
             })
             .collect();
-        return Err(Error::Unsupported(format!(
-            "qcow2 image uses unknown incompatible feature {}",
-            names.join(", ")
-        )));
+        return Err(HeaderError::UnknownIncompatible {
+            names: names.join(", "),
+        }
+        .into());
     }
     if incompatible & incompat::DATA_FILE != 0 || exts.data_file.is_some() {
-        let name = exts
-            .data_file
-            .as_deref()
-            .map(|n| format!(" {n:?}"))
-            .unwrap_or_default();
-        return Err(Error::Unsupported(format!(
-            "qcow2 image keeps its data in an external data file{name}; external data files are not supported"
-        )));
+        return Err(HeaderError::ExternalDataFile {
+            name: exts.data_file,
+        }
+        .into());
     }
 
     // Consistency.
     let compression = match compression_type {
         0 => Compression::Deflate,
         1 => Compression::Zstd,
-        t => return Err(corrupt(format!("unknown compression type {t}"))),
+        compression_type => return Err(HeaderError::UnknownCompression { compression_type }.into()),
     };
     let has_compression_bit = incompatible & incompat::COMPRESSION != 0;
     if has_compression_bit != (compression != Compression::Deflate) {
-        return Err(corrupt(format!(
-            "compression type {compression_type} disagrees with the compression feature bit"
-        )));
+        return Err(HeaderError::CompressionBit { compression_type }.into());
     }
     let extended_l2 = incompatible & incompat::EXTENDED_L2 != 0;
     if extended_l2 && cluster_size / 32 < 512 {
-        return Err(corrupt(format!(
-            "extended L2 entries need clusters of at least 16 KiB, not {cluster_size} bytes"
-        )));
+        return Err(HeaderError::ExtendedL2Clusters { cluster_size }.into());
     }
     if refcount_order > 6 {
-        return Err(corrupt(format!(
-            "refcount_order {refcount_order}: refcounts wider than 64 bits"
-        )));
+        return Err(HeaderError::RefcountOrder {
+            order: refcount_order,
+        }
+        .into());
     }
 
     let header = Header {
@@ -445,58 +430,87 @@ pub fn parse(buf: &[u8]) -> Result<Header> {
     // The L1 table: capped, aligned, large enough for the disk, clear of the header.
     let l1_bytes = u64::from(l1_entries) * 8;
     if l1_bytes > MAX_L1_BYTES {
-        return Err(corrupt(format!(
-            "L1 table of {l1_entries} entries is too large (qemu's limit is {} entries)",
-            MAX_L1_BYTES / 8
-        )));
+        return Err(HeaderError::L1TooLarge {
+            entries: l1_entries,
+            max: MAX_L1_BYTES / 8,
+        }
+        .into());
     }
     // qemu checks the L1 size against the header's size before rounding it to sectors.
     let needed = header_size
         .div_ceil(cluster_size)
         .div_ceil(header.l2_entries());
     if needed > u64::from(l1_entries) {
-        return Err(corrupt(format!(
-            "L1 table of {l1_entries} entries is too small for a {header_size}-byte disk ({needed} needed)"
-        )));
+        return Err(HeaderError::L1TooSmall {
+            entries: l1_entries,
+            size: header_size,
+            needed,
+        }
+        .into());
     }
     if !l1_offset.is_multiple_of(cluster_size) {
-        return Err(corrupt(format!(
-            "L1 table offset {l1_offset:#x} is not cluster aligned"
-        )));
+        return Err(HeaderError::Misaligned {
+            what: "L1 table",
+            offset: l1_offset,
+        }
+        .into());
     }
     let l1_end = table_end("L1 table", l1_offset, l1_bytes)?;
     if l1_bytes > 0 && l1_offset < cluster_size {
-        return Err(corrupt("the L1 table overlaps the header"));
+        return Err(HeaderError::Overlap {
+            what: "L1 table",
+            offset: l1_offset,
+            other: "header",
+        }
+        .into());
     }
 
     // The refcount table: Quarry does not need refcounts, but they must make sense.
     if u64::from(refcount_table_clusters) > MAX_REFTABLE_BYTES >> cluster_bits {
-        return Err(corrupt(format!(
-            "refcount table of {refcount_table_clusters} clusters is too large"
-        )));
+        return Err(HeaderError::RefcountTableTooLarge {
+            clusters: refcount_table_clusters,
+        }
+        .into());
     }
     if !refcount_table_offset.is_multiple_of(cluster_size) {
-        return Err(corrupt(format!(
-            "refcount table offset {refcount_table_offset:#x} is not cluster aligned"
-        )));
+        return Err(HeaderError::Misaligned {
+            what: "refcount table",
+            offset: refcount_table_offset,
+        }
+        .into());
     }
     let rt_bytes = u64::from(refcount_table_clusters) << cluster_bits;
     let rt_end = table_end("refcount table", refcount_table_offset, rt_bytes)?;
     if rt_bytes > 0 && refcount_table_offset < cluster_size {
-        return Err(corrupt("the refcount table overlaps the header"));
+        return Err(HeaderError::Overlap {
+            what: "refcount table",
+            offset: refcount_table_offset,
+            other: "header",
+        }
+        .into());
     }
     if l1_bytes > 0 && rt_bytes > 0 && l1_offset < rt_end && refcount_table_offset < l1_end {
-        return Err(corrupt("the L1 table overlaps the refcount table"));
+        return Err(HeaderError::Overlap {
+            what: "L1 table",
+            offset: l1_offset,
+            other: "refcount table",
+        }
+        .into());
     }
 
     // Snapshots: only the active L1 is converted, but the table must be plausible.
     if nb_snapshots > MAX_SNAPSHOTS {
-        return Err(corrupt(format!("{nb_snapshots} snapshots is too many")));
+        return Err(HeaderError::TooManySnapshots {
+            count: nb_snapshots,
+        }
+        .into());
     }
     if !snapshots_offset.is_multiple_of(cluster_size) {
-        return Err(corrupt(format!(
-            "snapshot table offset {snapshots_offset:#x} is not cluster aligned"
-        )));
+        return Err(HeaderError::Misaligned {
+            what: "snapshot table",
+            offset: snapshots_offset,
+        }
+        .into());
     }
     table_end(
         "snapshot table",
@@ -509,7 +523,7 @@ pub fn parse(buf: &[u8]) -> Result<Header> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::ErrorKind;
+    use crate::{Error, ErrorKind};
 
     /// Header fields for building test images; `encode` lays them out big-endian.
     #[derive(Debug, Clone)]
@@ -939,6 +953,25 @@ pub(crate) mod tests {
             ..Fields::v3(16, 0)
         };
         assert_err(&f, ErrorKind::CorruptImage, "too small");
+    }
+
+    #[test]
+    fn a_header_fault_keeps_its_type_and_place() {
+        let f = Fields {
+            l1_offset: 0x10200,
+            ..Fields::v3(16, 1 << 20)
+        };
+        let Error::Format(e) = err(&f) else {
+            panic!("not a format error")
+        };
+        assert_eq!(e.offset(), Some(0x10200));
+        assert_eq!(
+            e.fault::<HeaderError>(),
+            Some(&HeaderError::Misaligned {
+                what: "L1 table",
+                offset: 0x10200
+            })
+        );
     }
 
     #[test]

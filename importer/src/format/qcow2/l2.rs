@@ -5,6 +5,7 @@
 use super::error::Qcow2Error;
 use super::geometry::ClusterGeometry;
 use crate::error::{Error, Result};
+use crate::format::fields::be64;
 
 /// Bits 9..=55 of an L1 entry: the L2 table's host offset.
 pub const L1E_OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
@@ -142,8 +143,8 @@ pub(super) fn decode_table(
     let n = g.l2_entries.min(g.guest_clusters - g0);
     let esize = if g.extended { 16 } else { 8 };
     for j in 0..n as usize {
-        let raw = super::be64(bytes, j * esize);
-        let bitmap = g.extended.then(|| super::be64(bytes, j * esize + 8));
+        let raw = be64(bytes, j * esize);
+        let bitmap = g.extended.then(|| be64(bytes, j * esize + 8));
         let m = l2_entry(raw, bitmap, g.cluster_bits).map_err(|e| {
             Error::Corrupt(format!(
                 "qcow2 L2 table at {table:#x}, entry {j} (guest offset {:#x}): {e}",

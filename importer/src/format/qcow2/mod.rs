@@ -36,8 +36,9 @@ mod stream;
 #[cfg(test)]
 pub(crate) mod tests;
 
+#[cfg(any(test, feature = "bench"))]
 pub use crate::format::cost::InflateCost;
-pub use error::Qcow2Error;
+pub use error::{HeaderError, Qcow2Error};
 pub use header::{Compression, Header, MAGIC};
 pub use stream::Qcow2Stats;
 
@@ -62,15 +63,6 @@ enum Input {
     /// A local file of `length` bytes, read at random (see `seek`): tables first, then data read
     /// and inflated on several threads.
     File { file: std::fs::File, length: u64 },
-}
-
-/// Big-endian integers at `at` in `b`, as every qcow2 structure stores them.
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn be64(b: &[u8], at: usize) -> u64 {
-    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 /// Reads until `buf` holds `want` bytes or the stream ends.
@@ -151,6 +143,7 @@ fn file_header(file: &std::fs::File, length: u64) -> Result<Header> {
     header::parse(&head)
 }
 
+#[cfg(any(test, feature = "bench"))]
 /// Inflates every compressed cluster of the qcow2 image in the local `file` (`length` bytes) on
 /// one thread, writing nothing, and tells what it cost: the image's decode bound.
 pub fn inflate_cost(file: &std::fs::File, length: u64) -> Result<InflateCost> {

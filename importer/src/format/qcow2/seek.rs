@@ -14,6 +14,7 @@
 //! compressed bytes, up to [`SPAN_MAX`], per worker), plus one L2 table, the active L1 table and
 //! the set of L2 table places in the planner.
 
+use crate::format::fields::be64;
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -29,6 +30,7 @@ use super::inflate::Inflater;
 use super::l2::{self, Compressed, Mapping};
 use super::roles::FixedRoles;
 use crate::error::{Error, Result};
+#[cfg(any(test, feature = "bench"))]
 use crate::format::cost::InflateCost;
 use crate::sink::ExtentSink;
 
@@ -169,6 +171,7 @@ pub(super) fn convert(
     })
 }
 
+#[cfg(any(test, feature = "bench"))]
 /// Inflates every compressed cluster of the image in `file` on the calling thread, as the
 /// converter's workers do, and measures it.
 pub(super) fn inflate_cost(h: &Header, file: &File, file_len: u64) -> Result<InflateCost> {
@@ -196,6 +199,7 @@ pub(super) fn inflate_cost(h: &Header, file: &File, file_len: u64) -> Result<Inf
     })
 }
 
+#[cfg(any(test, feature = "bench"))]
 /// The inflating of [`inflate_cost`]: takes the planner's jobs until there are none (returning
 /// drops `jobs`, which stops the planner after an error).
 fn measure_inflating(shared: &Shared<'_>, h: &Header, jobs: Receiver<Job>) -> Result<InflateCost> {
@@ -483,7 +487,7 @@ fn plan(
     let l1 = shared.read(h.l1_offset, l1_needed * 8, "L1 table")?;
     let mut tables = Vec::with_capacity(l1_needed as usize);
     for index in 0..l1_needed {
-        let raw = super::be64(&l1, (index * 8) as usize);
+        let raw = be64(&l1, (index * 8) as usize);
         let table = l2::l1_entry(raw, g.cluster_bits)
             .map_err(|e| shared.corrupt(format!("L1 entry {index}: {e}")))?;
         if let Some(off) = table

@@ -30,6 +30,7 @@
 //! clusters in flight. Work is proportional to the stream length plus the
 //! number of guest clusters (the caller checks the virtual size against the target first).
 
+use crate::format::fields::be64;
 use std::collections::BTreeMap;
 use std::io::{self, Read};
 
@@ -408,7 +409,7 @@ impl<'s> Stream<'s> {
         let l1 = std::mem::take(&mut self.l1);
         let cb = self.g.cluster_bits;
         for (i, e) in l1.chunks_exact(8).enumerate() {
-            let raw = super::be64(e, 0);
+            let raw = be64(e, 0);
             match l2::l1_entry(raw, cb) {
                 Err(m) => return Err(self.corrupt(format!("L1 entry {i}: {m}"))),
                 Ok(None) => {

@@ -1,7 +1,6 @@
-//! What the vdi parsers find wrong, and how it maps into the crate error: refusals by design are
-//! [`Error::Unsupported`] (exit 11), contradictions of the format [`Error::Corrupt`] (exit 12).
+//! What the vdi parsers find wrong or refuse, as the format contract ([`FormatFault`]) reports it.
 
-use crate::error::Error;
+use crate::error::FormatFault;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VdiError {
@@ -37,9 +36,10 @@ pub enum VdiError {
     Linked { what: &'static str },
 }
 
-impl VdiError {
-    /// True for images refused by design rather than found wrong.
-    pub fn is_unsupported(&self) -> bool {
+impl FormatFault for VdiError {
+    const PREFIX: &'static str = "vdi: ";
+
+    fn is_refusal(&self) -> bool {
         matches!(
             self,
             VdiError::Version { .. }
@@ -49,14 +49,14 @@ impl VdiError {
                 | VdiError::Linked { .. }
         )
     }
-}
 
-impl From<VdiError> for Error {
-    fn from(e: VdiError) -> Error {
-        if e.is_unsupported() {
-            Error::Unsupported(format!("vdi: {e}"))
-        } else {
-            Error::Corrupt(format!("vdi: {e}"))
+    /// The block map's offset for its faults; the header (at 0) for the rest.
+    fn offset(&self) -> Option<u64> {
+        match self {
+            VdiError::TableTooSmall { offset, .. }
+            | VdiError::TableTooLarge { offset, .. }
+            | VdiError::TooManyBlocks { offset, .. } => Some(*offset),
+            _ => Some(0),
         }
     }
 }

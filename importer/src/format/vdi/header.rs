@@ -9,6 +9,7 @@
 
 use super::error::VdiError;
 use crate::format::blocks::{HOLE, Layout, MAX_BLOCKS};
+use crate::format::fields::{le32, le64};
 
 pub const HEADER_LEN: usize = 512;
 pub const SIGNATURE: u32 = 0xbeda_107f;
@@ -20,14 +21,6 @@ const BLOCKS_MAX: u64 = (i32::MAX as u64 + 1 - SECTOR) / 4;
 const DISK_SIZE_MAX: u64 = BLOCKS_MAX * BLOCK_SIZE;
 /// Block map entries from this one up are not allocated (discarded, never allocated).
 const FIRST_UNALLOCATED: u32 = 0xffff_fffe;
-
-fn le32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn le64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
 
 /// A validated header.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,6 +147,7 @@ pub fn parse(b: &[u8]) -> Result<Header, VdiError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::error::FormatFault;
 
     /// A header as `qemu-img create -f vdi` writes it for `size` bytes (`static` for
     /// `-o static=on`): block map at 0x200, data right after it.
@@ -214,14 +208,14 @@ pub(crate) mod tests {
         assert_eq!(e, VdiError::ShortHeader { len: 300 });
         let e = parse(&with(header(1 << 20, false), 0x40, &[0; 4])).unwrap_err();
         assert!(matches!(e, VdiError::Signature { signature: 0 }), "{e}");
-        assert!(!e.is_unsupported());
+        assert!(!e.is_refusal());
     }
 
     #[test]
     fn other_versions_sector_and_block_sizes_are_unsupported() {
         for (at, v) in [(0x44, 0x0001_0000u32), (360, 4096), (376, 2 << 20)] {
             let e = parse(&with(header(4 << 20, false), at, &v.to_le_bytes())).unwrap_err();
-            assert!(e.is_unsupported(), "{e}");
+            assert!(e.is_refusal(), "{e}");
         }
     }
 
@@ -252,7 +246,7 @@ pub(crate) mod tests {
         assert!(matches!(e, VdiError::TooLarge { .. }), "{e}");
         let e = parse(&with(header(1 << 20, false), 384, &u32::MAX.to_le_bytes())).unwrap_err();
         assert!(matches!(e, VdiError::TableTooLarge { .. }), "{e}");
-        assert!(!e.is_unsupported());
+        assert!(!e.is_refusal());
     }
 
     #[test]
@@ -265,7 +259,7 @@ pub(crate) mod tests {
         );
         let e = parse(&h).unwrap_err();
         assert!(matches!(e, VdiError::TooManyBlocks { .. }), "{e}");
-        assert!(e.is_unsupported());
+        assert!(e.is_refusal());
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! What the pure VHDX parsers find wrong with an image's structures. Each error names the
-//! structure and where it is; [`VhdxError::is_refusal`] tells a well-formed image that Quarry
+//! structure and where it is; [`FormatFault::is_refusal`] tells a well-formed image that Quarry
 //! refuses by design (exit 11) from a corrupt one (exit 12).
 
-use crate::error::Error;
+use crate::error::FormatFault;
 
 /// A VHDX structure that contradicts the format, or a feature Quarry refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -142,9 +142,10 @@ pub enum VhdxError {
     },
 }
 
-impl VhdxError {
-    /// True for well-formed images Quarry refuses by design (exit 11), false for corrupt ones.
-    pub fn is_refusal(&self) -> bool {
+impl FormatFault for VhdxError {
+    const PREFIX: &'static str = "vhdx: ";
+
+    fn is_refusal(&self) -> bool {
         matches!(
             self,
             VhdxError::LogNeedsReplay { .. }
@@ -153,14 +154,35 @@ impl VhdxError {
                 | VhdxError::Differencing { .. }
         )
     }
-}
 
-impl From<VhdxError> for Error {
-    fn from(e: VhdxError) -> Error {
-        if e.is_refusal() {
-            Error::Unsupported(format!("vhdx: {e}"))
-        } else {
-            Error::Corrupt(format!("vhdx: {e}"))
-        }
+    fn offset(&self) -> Option<u64> {
+        Some(match self {
+            VhdxError::NoSignature => 0,
+            VhdxError::NoValidHeader | VhdxError::NoValidRegionTable => return None,
+            VhdxError::HeadersDisagree { .. } => 0x10000,
+            VhdxError::Truncated { offset, .. }
+            | VhdxError::MetadataRegionTooShort { offset, .. }
+            | VhdxError::MetadataSignature { offset }
+            | VhdxError::MetadataCount { offset, .. }
+            | VhdxError::DuplicateMetadata { offset, .. }
+            | VhdxError::MissingMetadata { offset, .. }
+            | VhdxError::Differencing { offset }
+            | VhdxError::ParentWithoutLocator { offset }
+            | VhdxError::BlockSize { offset, .. }
+            | VhdxError::LogicalSectorSize { offset, .. }
+            | VhdxError::VirtualSize { offset, .. }
+            | VhdxError::BatTooShort { offset, .. }
+            | VhdxError::BatState { offset, .. }
+            | VhdxError::PayloadOverlap { offset, .. } => *offset,
+            VhdxError::BadLog { header, .. } | VhdxError::LogNeedsReplay { header, .. } => *header,
+            VhdxError::RegionCount { table, .. }
+            | VhdxError::RegionOverlap { table, .. }
+            | VhdxError::RegionOverflow { table, .. }
+            | VhdxError::DuplicateRegion { table, .. }
+            | VhdxError::MissingRegion { table, .. }
+            | VhdxError::UnknownRequiredRegion { table, .. }
+            | VhdxError::UnknownRequiredMetadata { table, .. }
+            | VhdxError::MetadataItemOutOfRange { table, .. } => *table,
+        })
     }
 }

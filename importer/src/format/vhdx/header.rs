@@ -4,7 +4,7 @@
 
 use super::crc::checksum_is_valid;
 use super::error::VhdxError;
-use super::{le16, le32, le64};
+use crate::format::fields::{le16, le32, le64};
 
 /// The header section's size: nothing else may lie in the first MiB.
 pub const HEADER_SECTION: u64 = 1 << 20;

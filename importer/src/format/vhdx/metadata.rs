@@ -5,7 +5,7 @@
 
 use super::error::VhdxError;
 use super::header::{Guid, Region, guid, guid_text};
-use super::{le16, le32, le64};
+use crate::format::fields::{le16, le32, le64};
 
 /// The metadata table's size, at the start of the region.
 pub const TABLE_LEN: usize = 0x10000;

@@ -36,19 +36,6 @@ mod tests;
 pub use crc::{crc32c, structure_checksum};
 pub use error::VhdxError;
 
-/// Little-endian integers at `at` in `b`, as every VHDX structure stores them.
-fn le16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes"))
-}
-
-fn le32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn le64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
 /// What a conversion did, for logs and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VhdxStats {

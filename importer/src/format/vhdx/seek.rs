@@ -8,15 +8,16 @@
 //!
 //! Memory: the BAT, one plan entry per run, and [`IN_FLIGHT`] buffers of up to [`RUN_MAX`].
 
+use crate::format::fields::le64;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
+use super::VhdxStats;
 use super::bat::{Geometry, Payload};
 use super::error::VhdxError;
 use super::header::{self, HEAD_LEN, Layout};
 use super::metadata::{self, Metadata, TABLE_LEN};
-use super::{VhdxStats, le64};
 use crate::error::{Error, Result};
 use crate::sink::ExtentSink;
 

@@ -23,14 +23,15 @@
 //! Memory: one read of [`ReaderOptions::read_ahead`], the 64 KiB metadata table, one map entry
 //! per data block still ahead, and the hold's budget.
 
+use crate::format::fields::le64;
 use std::collections::BTreeMap;
 use std::io::Read;
 
+use super::VhdxStats;
 use super::bat::{Geometry, MAX_BAT_BYTES, Payload};
 use super::error::VhdxError;
 use super::header::{HEAD_LEN, Layout};
 use super::metadata::{self, Items, Metadata, TABLE_LEN};
-use super::{VhdxStats, le64};
 use crate::error::{Error, Result};
 use crate::format::ReaderOptions;
 use crate::format::hold::HeldBytes;

@@ -1,7 +1,9 @@
 //! What the pure VMDK decoders ([`super::header`], [`super::descriptor`], [`super::marker`]) find
 //! wrong or refuse. Each variant names the structure and, where it has one, its offset; the
-//! mapping into [`crate::Error`] decides the exit code: refusals are unsupported (11), the rest
-//! corrupt (12).
+//! format contract ([`FormatFault`]) decides the exit code: refusals are unsupported (11), the
+//! rest corrupt (12).
+
+use crate::error::FormatFault;
 
 /// A VMDK structure that contradicts the format, or uses a feature Quarry refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -98,9 +100,11 @@ impl std::fmt::Display for StreamedBecause {
     }
 }
 
-impl VmdkError {
-    /// True for refusals of well-formed images (exit 11); false for corruption (exit 12).
-    pub fn is_refusal(&self) -> bool {
+impl FormatFault for VmdkError {
+    /// Every message names the vmdk structure it is about (`vmdk sparse header: ...`).
+    const PREFIX: &'static str = "";
+
+    fn is_refusal(&self) -> bool {
         matches!(
             self,
             VmdkError::UnsupportedVersion { .. }
@@ -115,14 +119,17 @@ impl VmdkError {
                 | VmdkError::StreamedDescriptor(_)
         )
     }
-}
 
-impl From<VmdkError> for crate::Error {
-    fn from(e: VmdkError) -> Self {
-        if e.is_refusal() {
-            crate::Error::Unsupported(e.to_string())
-        } else {
-            crate::Error::Corrupt(e.to_string())
+    /// A marker's offset; the sparse header's (0) for its faults; none for a descriptor's (text).
+    fn offset(&self) -> Option<u64> {
+        match self {
+            VmdkError::BadMarker { offset, .. } => Some(*offset),
+            VmdkError::BadDescriptor(_)
+            | VmdkError::UnsupportedCreateType(_)
+            | VmdkError::HasParent(_)
+            | VmdkError::UnsupportedExtent { .. }
+            | VmdkError::StreamedDescriptor(_) => None,
+            _ => Some(0),
         }
     }
 }

@@ -7,6 +7,7 @@
 //! of at most [`MAX_GD_ENTRIES`] entries (memory stays bounded whatever the header says).
 
 use super::error::VmdkError;
+use crate::format::fields::{le16, le32, le64};
 
 /// The first four bytes of a hosted sparse extent.
 pub const MAGIC: [u8; 4] = *b"KDMV";
@@ -70,18 +71,6 @@ pub struct SparseHeader {
     pub gd_offset: u64,
     pub grain_offset: u64,
     pub compress_algorithm: u16,
-}
-
-fn le16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-pub(super) fn le32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn le64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 impl SparseHeader {

@@ -29,6 +29,7 @@
 //! and its data; with the tables after them, the [`Trailer`]'s 8 bytes per grain and 32 per
 //! table until the end.
 
+use crate::format::fields::le32;
 use flate2::{Decompress, FlushDecompress, Status};
 
 use super::error::VmdkError;
@@ -37,6 +38,7 @@ use super::tables::{Map, Mapped};
 use super::trailer::Trailer;
 use super::window::Window;
 use crate::error::{Error, Result};
+#[cfg(any(test, feature = "bench"))]
 use crate::format::cost::InflateCost;
 use crate::format::inflate_pool::{Batch, InflatePool, PieceDecoder};
 use crate::format::qcow2::extent::ExtentWriter;
@@ -141,6 +143,7 @@ pub(super) fn inflate_grain(
     }
 }
 
+#[cfg(any(test, feature = "bench"))]
 /// Inflates every grain of the streamOptimized extent behind `win` (at its start) on the calling
 /// thread, writing nothing, and measures it: the extent's decode bound.
 pub(super) fn inflate_cost(h: &SparseHeader, win: &mut Window) -> Result<InflateCost> {
@@ -402,7 +405,7 @@ fn mapped_grain(
             false => Ok(None),
         };
     };
-    let size = u64::from(super::header::le32(head, 8));
+    let size = u64::from(le32(head, 8));
     if size == 0 || size > 2 * h.grain_size() {
         return Err(corrupt(format!(
             "{}, where a grain marker says {size} compressed bytes (1 to two grains)",

@@ -127,6 +127,7 @@ fn sparse_extent(
     Ok((h, Window::new(head, reader, read_size)))
 }
 
+#[cfg(any(test, feature = "bench"))]
 /// Inflates every grain of the streamOptimized vmdk in the local `file` on one thread, writing
 /// nothing, and tells what it cost: the image's decode bound.
 pub fn inflate_cost(mut file: File) -> Result<crate::format::cost::InflateCost> {

@@ -18,10 +18,11 @@
 //! grain whose table has passed and whose data has not: with qemu's layout, 8 bytes per allocated
 //! 64 KiB grain (1/8192 of the data).
 
+use crate::format::fields::le32;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::header::{GrainEntry, SECTOR, SparseHeader, grain_entry, le32};
+use super::header::{GrainEntry, SECTOR, SparseHeader, grain_entry};
 use super::window::Window;
 use crate::error::{Error, Result};
 use crate::format::qcow2::extent::ExtentWriter;

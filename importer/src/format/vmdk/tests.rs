@@ -7,7 +7,7 @@ use super::header::{
     GD_AT_END, GRAIN_MARKER_LEN, GrainEntry, Marker, flags, grain_entry, parse_marker,
 };
 use super::*;
-use crate::error::ErrorKind;
+use crate::error::{ErrorKind, FormatFault};
 
 const S: usize = 512;
 

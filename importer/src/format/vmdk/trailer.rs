@@ -9,8 +9,9 @@
 //! for that guest grain, every directory entry at a table of its own span, and every grain is
 //! in a table. A disagreement is corruption, found before the import ends.
 
-use super::header::{GrainEntry, SparseHeader, grain_entry, le32};
+use super::header::{GrainEntry, SparseHeader, grain_entry};
 use crate::error::{Error, Result};
+use crate::format::fields::le32;
 
 fn corrupt(msg: String) -> Error {
     Error::Corrupt(format!("vmdk: {msg}"))

@@ -1,7 +1,6 @@
-//! What the vhd parsers find wrong, and how it maps into the crate error: refusals by design are
-//! [`Error::Unsupported`] (exit 11), contradictions of the format [`Error::Corrupt`] (exit 12).
+//! What the vhd parsers find wrong or refuse, as the format contract ([`FormatFault`]) reports it.
 
-use crate::error::Error;
+use crate::error::FormatFault;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VpcError {
@@ -61,22 +60,29 @@ pub enum VpcError {
     FixedSize { size: u64, data: u64 },
 }
 
-impl VpcError {
-    /// True for images refused by design rather than found wrong.
-    pub fn is_unsupported(&self) -> bool {
+impl FormatFault for VpcError {
+    const PREFIX: &'static str = "vhd: ";
+
+    fn is_refusal(&self) -> bool {
         matches!(
             self,
             VpcError::Differencing { .. } | VpcError::TooManyBlocks { .. }
         )
     }
-}
 
-impl From<VpcError> for Error {
-    fn from(e: VpcError) -> Error {
-        if e.is_unsupported() {
-            Error::Unsupported(format!("vhd: {e}"))
-        } else {
-            Error::Corrupt(format!("vhd: {e}"))
+    fn offset(&self) -> Option<u64> {
+        match self {
+            VpcError::NoFooter { .. } | VpcError::FixedSize { .. } => None,
+            VpcError::FooterChecksum { offset, .. }
+            | VpcError::Differencing { offset }
+            | VpcError::UnknownType { offset, .. }
+            | VpcError::MisplacedFooter { offset, .. }
+            | VpcError::TooLarge { offset, .. }
+            | VpcError::NoDynamicHeader { offset }
+            | VpcError::BlockSize { offset, .. }
+            | VpcError::TableTooSmall { offset, .. }
+            | VpcError::TableTooLarge { offset, .. }
+            | VpcError::TooManyBlocks { offset, .. } => Some(*offset),
         }
     }
 }

@@ -10,6 +10,7 @@
 
 use super::error::VpcError;
 use crate::format::blocks::{HOLE, Layout, MAX_BLOCKS};
+use crate::format::fields::{be16, be32, be64};
 
 pub const FOOTER_LEN: usize = 512;
 /// What qemu reads of the dynamic disk header (the rest is about parent images).
@@ -27,18 +28,6 @@ const MAX_GEOMETRY: u64 = 65535 * 16 * 255;
 const MAX_TABLE_ENTRIES: u64 = i32::MAX as u64 / 4;
 /// Creator applications whose disks are sized by their CHS geometry, not the current size.
 const SIZED_BY_GEOMETRY: [&[u8; 4]; 2] = [b"vpc ", b"qemu"];
-
-fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
-}
-
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn be64(b: &[u8], at: usize) -> u64 {
-    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
 
 /// The footer's disk types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,6 +236,7 @@ pub fn bat_hosts(bat: &[u8]) -> Vec<u64> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::error::FormatFault;
 
     /// A footer with these fields and a right checksum.
     pub(crate) struct FooterFields {
@@ -388,7 +378,7 @@ pub(crate) mod tests {
         };
         let e = parse_footer(&f.bytes(), 0).unwrap_err();
         assert_eq!(e, VpcError::Differencing { offset: 0 });
-        assert!(e.is_unsupported());
+        assert!(e.is_refusal());
         let e = crate::Error::from(e);
         assert_eq!(e.kind(), crate::ErrorKind::Unsupported);
     }
@@ -468,7 +458,7 @@ pub(crate) mod tests {
         );
         let e = parse_dynamic(&dyn_header(1536, u32::MAX, 2 << 20), &footer(8 << 20)).unwrap_err();
         assert!(matches!(e, VpcError::TableTooLarge { .. }), "{e}");
-        assert!(!e.is_unsupported());
+        assert!(!e.is_refusal());
     }
 
     #[test]
@@ -481,7 +471,7 @@ pub(crate) mod tests {
         };
         let footer = parse_footer(&f.bytes(), 0).unwrap();
         let e = parse_dynamic(&dyn_header(1536, 4 << 20, 512), &footer).unwrap_err();
-        assert!(e.is_unsupported(), "{e}");
+        assert!(e.is_refusal(), "{e}");
     }
 
     #[test]

@@ -87,7 +87,8 @@ pub mod transfer;
 use std::io::{self, Read};
 
 use crate::Result;
-use crate::chunks::{self, ChunkReader, ChunkSource};
+use crate::chunks::{self, ChunkReader};
+use crate::source::ChunkSource;
 use crate::source::{ByteSource, SourceInfo};
 
 pub use client::{HttpRequest, RequestSigner};

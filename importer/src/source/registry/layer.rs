@@ -93,29 +93,6 @@ pub fn layer_compression(media_type: &str, head: &[u8]) -> Option<Compression> {
     }
 }
 
-/// A layer entry path made relative and normalised (`./disk/x` -> `disk/x`); `..` refused.
-pub fn normalize(raw: &[u8]) -> Result<String> {
-    let s = std::str::from_utf8(raw).map_err(|_| {
-        Error::Corrupt(format!(
-            "layer entry name {:?} is not UTF-8",
-            String::from_utf8_lossy(raw)
-        ))
-    })?;
-    let mut parts = Vec::new();
-    for part in s.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                return Err(Error::Corrupt(format!(
-                    "layer entry {s:?} escapes the image root (path traversal refused)"
-                )));
-            }
-            p => parts.push(p),
-        }
-    }
-    Ok(parts.join("/"))
-}
-
 /// What upper layers removed: whited-out paths and opaque directories.
 #[derive(Debug, Default)]
 pub struct Whiteouts {
@@ -182,15 +159,6 @@ pub fn in_disk_dir(path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn traversal_is_refused_and_paths_normalised() {
-        assert_eq!(normalize(b"./disk//x.img").unwrap(), "disk/x.img");
-        assert_eq!(normalize(b"/disk/x").unwrap(), "disk/x");
-        let e = normalize(b"disk/../../etc/passwd").unwrap_err();
-        assert_eq!(e.kind(), crate::ErrorKind::CorruptImage);
-        assert!(e.to_string().contains("traversal"), "{e}");
-    }
 
     #[test]
     fn whiteouts_hide_lower_paths() {

@@ -37,7 +37,7 @@
 //!
 //! Threads: resolution runs on a short-lived thread with its own runtime (the caller may or may
 //! not be in one); the layer walk runs on a `quarry-registry` thread feeding the import through one bounded
-//! channel ([`crate::chunks`]).
+//! channel ([`crate::tarwalk`]).
 
 pub mod auth;
 pub mod layer;
@@ -46,7 +46,6 @@ pub mod reference;
 
 use std::io::{self, Read};
 use std::path::PathBuf;
-use std::sync::mpsc::{SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -55,18 +54,18 @@ use reqwest::{Client, StatusCode, Url};
 use tracing::{debug, info, warn};
 
 use crate::checksum::{Checksum, Hasher};
-use crate::chunks::{self, ChunkSender, ChunkSource};
 use crate::decode;
 use crate::error::{Error, Result};
 use crate::peek::Peeked;
-use crate::pipe::read_full;
+use crate::source::ChunkSource;
 use crate::source::SourceInfo;
 use crate::source::http::{
     self, HttpOptions, HttpRequest, HttpSource, RequestSigner, backoff_delay, build_client,
     classify_error,
 };
+use crate::tarwalk::{self, WalkOut, normalize, tar_error};
 use auth::Basic;
-use layer::{DigestReader, Whiteouts, in_disk_dir, layer_compression, normalize, verify_digest};
+use layer::{DigestReader, Whiteouts, in_disk_dir, layer_compression, verify_digest};
 use manifest::{ImageConfig, Manifest, Platform};
 use reference::{Reference, parse_digest};
 
@@ -74,10 +73,6 @@ use reference::{Reference, parse_digest};
 pub const DEFAULT_PLATFORM: &str = "linux/amd64";
 /// Manifests and configs larger than this are refused (real ones are a few KiB).
 const MAX_DOCUMENT: u64 = 4 << 20;
-/// Bytes per chunk handed from the layer walk to the reader.
-const CHUNK: usize = 128 << 10;
-/// Chunks in flight between the layer walk and the reader.
-const DEPTH: usize = 16;
 
 /// How to pull from a registry. `Debug` redacts the password.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -105,65 +100,6 @@ impl std::fmt::Debug for RegistryOptions {
     }
 }
 
-/// Where a tar walk (a registry's layers, an OVA) sends what it finds: the disk's path and size
-/// once (or why it found none), then the disk's bytes.
-pub(crate) struct WalkOut {
-    found: SyncSender<Result<(String, u64)>>,
-    announced: bool,
-    chunks: ChunkSender,
-}
-
-impl WalkOut {
-    /// A walk's output: `found` gets the disk's path and size, `chunks` its bytes.
-    pub(crate) fn new(found: SyncSender<Result<(String, u64)>>, chunks: ChunkSender) -> Self {
-        WalkOut {
-            found,
-            announced: false,
-            chunks,
-        }
-    }
-
-    fn announce(&mut self, path: String, size: u64) -> bool {
-        self.announced = true;
-        self.found.send(Ok((path, size))).is_ok()
-    }
-
-    /// Announces the disk `path` of `size` bytes, then sends its bytes, read from `file`.
-    pub(crate) fn stream_file(
-        &mut self,
-        path: String,
-        size: u64,
-        file: &mut dyn Read,
-        what: &str,
-    ) -> Result<()> {
-        let gone = || Error::SourceUnavailable(format!("{what}: the import stopped reading"));
-        if !self.announce(path, size) {
-            return Err(gone());
-        }
-        loop {
-            let mut buf = vec![0u8; CHUNK];
-            let n = read_full(&mut &mut *file, &mut buf).map_err(|e| tar_error(e, what))?;
-            if n == 0 {
-                return Ok(());
-            }
-            buf.truncate(n);
-            if !self.chunks.send_blocking(Bytes::from(buf)) {
-                return Err(gone());
-            }
-        }
-    }
-
-    /// Ends the walk: the error goes where the opener or the reader will see it.
-    pub(crate) fn finish(self, outcome: Result<()>) {
-        match outcome {
-            Err(e) if !self.announced => {
-                let _ = self.found.send(Err(e));
-            }
-            outcome => self.chunks.finish_blocking(outcome),
-        }
-    }
-}
-
 /// Resolves the image and opens its disk file (see the module docs); fails (before any target
 /// is touched) when the image cannot be pulled, is refused, or has no disk.
 pub fn open(spec: &str, http: &HttpOptions, opts: &RegistryOptions) -> Result<ChunkSource> {
@@ -180,34 +116,17 @@ pub fn open(spec: &str, http: &HttpOptions, opts: &RegistryOptions) -> Result<Ch
         http.clone(),
     ))?;
     let name = plan.name.clone();
-    let (chunk_tx, chunks) = chunks::channel(
-        DEPTH,
-        format!("{name}: the layer walk ended before the disk was complete"),
-    );
-    let (found_tx, found_rx) = sync_channel(1);
     let http = http.clone();
-    std::thread::Builder::new()
-        .name("quarry-registry".into())
-        .spawn(move || {
-            let mut out = WalkOut::new(found_tx, chunk_tx);
-            let outcome = walk_layers(&plan, &http, &mut out);
-            out.finish(outcome);
-        })
-        .map_err(|e| Error::io("spawning the registry thread", e))?;
-    match found_rx.recv() {
-        Ok(Ok((path, size))) => {
-            info!(image = %name, disk = %path, size, "found the disk");
-            let info = SourceInfo {
-                name: format!("{name} (/{path})"),
-                length: Some(size),
-            };
-            Ok(ChunkSource::new(info, chunks))
-        }
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(Error::SourceUnavailable(format!(
-            "{name}: the layer walk ended without an answer"
-        ))),
-    }
+    let (chunks, path, size) =
+        tarwalk::spawn("registry", &format!("{name}: the layer walk"), move |out| {
+            walk_layers(&plan, &http, out)
+        })?;
+    info!(image = %name, disk = %path, size, "found the disk");
+    let info = SourceInfo {
+        name: format!("{name} (/{path})"),
+        length: Some(size),
+    };
+    Ok(ChunkSource::new(info, chunks))
 }
 
 /// The manifest digest an image reference names now (`sha256:HEX`), as a DataImportCron polls
@@ -711,16 +630,6 @@ fn walk_layers(plan: &Plan, http: &HttpOptions, out: &mut WalkOut) -> Result<()>
         "{}: no disk in the image: a containerDisk holds its disk as the one regular file under /disk/",
         plan.name
     )))
-}
-
-/// Errors out of the tar reader (layers, OVAs): its own complaints about the archive (plain
-/// `Other` errors with a message) are a bad archive; ours (HTTP, digest, a spill file read back)
-/// and the system's keep their kind, so a local read failure is not called corruption.
-pub(crate) fn tar_error(e: io::Error, what: &str) -> Error {
-    if !Error::carried_by(&e) && e.raw_os_error().is_none() && e.kind() == io::ErrorKind::Other {
-        return Error::Corrupt(format!("{what}: not a valid tar archive: {e}"));
-    }
-    Error::from_read(e, what)
 }
 
 /// Reads one layer tarball; streams the visible disk file if it has one, refusing a second.

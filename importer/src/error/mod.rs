@@ -4,7 +4,11 @@
 //! import (the source was unreachable, a transient I/O fault) or give up at once (the image is
 //! corrupt, too large, refused, or its checksum is wrong). The CLI maps kinds to exit codes.
 
+mod format;
+
 use std::io;
+
+pub use format::{FormatError, FormatFault};
 
 /// What went wrong, coarsely: enough to decide retry versus fail and to pick an exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -100,6 +104,12 @@ pub enum Error {
     Unsupported(String),
     #[error("corrupt image: {0}")]
     Corrupt(String),
+    /// A format's parser refused the image or found it corrupt: its typed fault, kept whole.
+    #[error(
+        "{label}: {0}",
+        label = if .0.kind() == ErrorKind::Unsupported { "unsupported image" } else { "corrupt image" }
+    )]
+    Format(FormatError),
     #[error(
         "image does not fit the target: it needs {needed} bytes but only {available} bytes are usable{}",
         if detail.is_empty() { String::new() } else { format!(" ({detail})") }
@@ -154,6 +164,7 @@ impl Error {
             Error::InvalidInput(_) => ErrorKind::InvalidInput,
             Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::Corrupt(_) => ErrorKind::CorruptImage,
+            Error::Format(e) => e.kind(),
             Error::TooSmall { .. } => ErrorKind::TooSmall,
             Error::ChecksumMismatch { .. } => ErrorKind::ChecksumMismatch,
             Error::SourceRejected(_) => ErrorKind::SourceRejected,
