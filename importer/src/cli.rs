@@ -329,10 +329,7 @@ impl ImportArgs {
         req.http.idle_timeout = Duration::from_secs(self.idle_timeout);
         req.http.min_rate = self.min_rate;
         req.http.max_retries = self.retries;
-        if !matches!(req.source, SourceSpec::Registry { .. }) {
-            req.http.basic_auth = basic;
-        }
-        Ok(req)
+        Ok(req.with_basic_auth(basic))
     }
 
     /// The source with the registry and S3 options filled in.
@@ -349,7 +346,6 @@ impl ImportArgs {
         match &mut spec {
             SourceSpec::Registry { options, .. } => {
                 options.platform = self.platform.as_deref().map(Platform::parse).transpose()?;
-                options.credentials = basic;
                 options.auth_file = self.auth_file.clone();
             }
             SourceSpec::S3 { options, .. } => {

@@ -79,6 +79,39 @@ impl<S> ImportRequest<S> {
     }
 }
 
+/// Credentials and CA certificates given in memory, each where its source takes it: how a
+/// caller that holds them (a controller reading Secrets from the API) builds a request without
+/// writing them to files for the CLI's options.
+impl ImportRequest<SourceSpec> {
+    /// `user:password`: a registry's login, or HTTP basic authentication (an S3 source takes
+    /// its keys through [`Self::with_s3_credentials`] instead; they are ignored for it).
+    pub fn with_basic_auth(mut self, credentials: Option<(String, String)>) -> Self {
+        match &mut self.source {
+            SourceSpec::Registry { options, .. } => options.credentials = credentials,
+            SourceSpec::S3 { .. } => {}
+            _ => self.http.basic_auth = credentials,
+        }
+        self
+    }
+
+    /// An S3 source's keys (None: the request is sent unsigned); other sources ignore them.
+    pub fn with_s3_credentials(
+        mut self,
+        credentials: Option<crate::source::s3::Credentials>,
+    ) -> Self {
+        if let SourceSpec::S3 { options, .. } = &mut self.source {
+            options.credentials = credentials;
+        }
+        self
+    }
+
+    /// CA certificates (PEM) trusted besides the platform's roots, named for errors.
+    pub fn with_ca_bundles(mut self, bundles: Vec<netkit::client::CaBundle>) -> Self {
+        self.http.ca_bundles.extend(bundles);
+        self
+    }
+}
+
 /// What an import did, printed by `quarry import --json`.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ImportReport {

@@ -6,12 +6,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use importer::import::ImportRequest;
-use importer::source::SourceSpec;
 use importer::source::s3::Credentials;
 use netkit::client::CaBundle;
 
 use super::pvc::Claim;
-use super::source::{ImportKind, ImportSource};
+use super::source::ImportSource;
 use kubekit::error::{Error, Result};
 
 /// An object's data, key by key.
@@ -77,20 +76,18 @@ pub fn import_request(
             args.headers.push(text(objects.secret(name)?, name, key)?);
         }
     }
-    let mut req = args
+    let req = args
         .to_request()
         .map_err(|e| Error::invalid(format!("source {}: {}", src.url, netkit::error::chain(&e))))?;
+    let mut bundles = Vec::new();
     if let Some(name) = &src.cert_config_map {
         let data = objects.config_maps.get(name).ok_or_else(|| {
             Error::invalid(format!("the source's ConfigMap {name:?} was not read"))
         })?;
-        req.http.ca_bundles = data
-            .iter()
-            .map(|(key, pem)| CaBundle {
-                name: format!("ConfigMap {name} key {key}"),
-                pem: pem.clone(),
-            })
-            .collect();
+        bundles.extend(data.iter().map(|(key, pem)| CaBundle {
+            name: format!("ConfigMap {name} key {key}"),
+            pem: pem.clone(),
+        }));
     }
     let credentials = match &src.secret_ref {
         Some(name) => {
@@ -102,21 +99,17 @@ pub fn import_request(
         }
         None => None,
     };
-    match (&mut req.source, src.kind) {
-        // As in the importer pod, an S3 source without a Secret is read unsigned: the AWS_*
-        // variables of this process are not the DataVolume's.
-        (SourceSpec::S3 { options, .. }, _) => {
-            options.credentials = credentials.map(|(id, secret)| Credentials {
-                access_key_id: id.trim().to_string(),
-                secret_access_key: secret.trim().to_string(),
-                session_token: None,
-            });
-        }
-        (SourceSpec::Registry { options, .. }, _) => options.credentials = credentials,
-        (_, ImportKind::Http) => req.http.basic_auth = credentials,
-        _ => {}
-    }
-    Ok(req)
+    // As in the importer pod, an S3 source without a Secret is read unsigned: the AWS_*
+    // variables of this process are not the DataVolume's.
+    let s3_keys = credentials.clone().map(|(id, secret)| Credentials {
+        access_key_id: id.trim().to_string(),
+        secret_access_key: secret.trim().to_string(),
+        session_token: None,
+    });
+    Ok(req
+        .with_basic_auth(credentials)
+        .with_s3_credentials(s3_keys)
+        .with_ca_bundles(bundles))
 }
 
 /// The files of `dir/name`, a Secret or ConfigMap as Kubernetes mounts it.
