@@ -31,8 +31,6 @@ const MAX_AUTHORIZATION: usize = 16 << 10;
 
 /// The pause between those tries.
 const UPSTREAM_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
-/// How long an idle connection to an upload server is kept for reuse.
-const UPSTREAM_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Request headers passed on to the upload server.
 const FORWARDED: [&str; 4] = [
@@ -272,41 +270,6 @@ fn route(
             format!("rejecting the upload for PVC {pvc}: it has no upload server"),
         )),
     }
-}
-
-/// The client the proxy forwards with: the upload servers' CA, the proxy's client certificate.
-pub fn upstream_client(
-    upstream_ca: Option<&std::path::Path>,
-    identity: Option<(&std::path::Path, &std::path::Path)>,
-) -> Result<reqwest::Client> {
-    let opts = netkit::HttpOptions {
-        ca_certs: upstream_ca
-            .map(|p| vec![p.to_path_buf()])
-            .unwrap_or_default(),
-        ..Default::default()
-    };
-    let mut b = netkit::client_builder(&opts)?
-        .redirect(reqwest::redirect::Policy::none())
-        // Under the upload server's default keep-alive timeout, so the proxy drops an idle
-        // connection before the server does instead of racing the server's close with a request.
-        .pool_idle_timeout(UPSTREAM_IDLE)
-        .user_agent(concat!("quarry-upload-proxy/", env!("CARGO_PKG_VERSION")));
-    if let Some((cert, key)) = identity {
-        let mut pem = crate::error::read_file(cert, "client certificate")?;
-        pem.push(b'\n');
-        pem.extend(crate::error::read_file(key, "client key")?);
-        let id = reqwest::Identity::from_pem(&pem).map_err(|e| {
-            Error::InvalidInput(format!(
-                "client certificate {} with key {}: {}",
-                cert.display(),
-                key.display(),
-                chain(&e)
-            ))
-        })?;
-        b = b.identity(id);
-    }
-    b.build()
-        .map_err(|e| Error::InvalidInput(format!("configuring the proxy's client: {}", chain(&e))))
 }
 
 #[cfg(test)]

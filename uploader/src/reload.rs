@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use netkit::tls::Reloading;
 pub use netkit::tls::{ReloadingClientVerifier, ReloadingIdentity};
 
-use crate::error::Result;
+use crate::error::{Error, Result, read_file};
+use netkit::error::chain;
 
 /// The upload proxy's client to the upload servers (their CA bundle, the proxy's client
 /// certificate), built again when those files change.
@@ -24,7 +25,7 @@ impl ReloadingUpstream {
             paths.extend([c.clone(), k.clone()]);
         }
         let load = move |_: &[PathBuf]| {
-            crate::proxy::upstream_client(
+            upstream_client(
                 ca.as_deref(),
                 identity.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
             )
@@ -36,6 +37,44 @@ impl ReloadingUpstream {
     pub fn get(&self) -> reqwest::Client {
         (*self.0.get()).clone()
     }
+}
+
+/// How long an idle connection to an upload server is kept for reuse.
+const UPSTREAM_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The client the proxy forwards with: the upload servers' CA, the proxy's client certificate.
+pub fn upstream_client(
+    upstream_ca: Option<&std::path::Path>,
+    identity: Option<(&std::path::Path, &std::path::Path)>,
+) -> Result<reqwest::Client> {
+    let opts = netkit::HttpOptions {
+        ca_certs: upstream_ca
+            .map(|p| vec![p.to_path_buf()])
+            .unwrap_or_default(),
+        ..Default::default()
+    };
+    let mut b = netkit::client_builder(&opts)?
+        .redirect(reqwest::redirect::Policy::none())
+        // Under the upload server's default keep-alive timeout, so the proxy drops an idle
+        // connection before the server does instead of racing the server's close with a request.
+        .pool_idle_timeout(UPSTREAM_IDLE)
+        .user_agent(concat!("quarry-upload-proxy/", env!("CARGO_PKG_VERSION")));
+    if let Some((cert, key)) = identity {
+        let mut pem = read_file(cert, "client certificate")?;
+        pem.push(b'\n');
+        pem.extend(read_file(key, "client key")?);
+        let id = reqwest::Identity::from_pem(&pem).map_err(|e| {
+            Error::InvalidInput(format!(
+                "client certificate {} with key {}: {}",
+                cert.display(),
+                key.display(),
+                chain(&e)
+            ))
+        })?;
+        b = b.identity(id);
+    }
+    b.build()
+        .map_err(|e| Error::InvalidInput(format!("configuring the proxy's client: {}", chain(&e))))
 }
 
 #[cfg(test)]
