@@ -7,7 +7,6 @@
 //! deleted when a new version arrives. This module only reads and writes.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,12 +23,10 @@ use super::cron::{
     annotation, decide, garbage, import_data_volume, import_state_of, labelled_manager,
     managed_data_source, next_run, poll_due,
 };
-use super::poll::poll;
+use super::poll::{poll, poll_request, template_source};
 use super::version::SourceVersion;
-use crate::datavolume::pvc::{StorageDefaults, claim};
-use crate::datavolume::request::{SourceObjects, import_request};
-use crate::datavolume::source::{ImportSource, Source, source};
-use crate::settings::Config;
+use crate::datavolume::request::SourceObjects;
+use crate::datavolume::source::ImportSource;
 use api::DataVolume;
 use api::golden::{DATA_IMPORT_CRON_LABEL, DataImportCron, DataSource, RetentionPolicy};
 use kubekit::error::{Error, Result};
@@ -172,22 +169,9 @@ pub fn error_policy(cron: Arc<DataImportCron>, err: &Error, ctx: Arc<Context>) -
 /// code builds local mode's).
 async fn poll_source(ctx: &Context, cron: &DataImportCron) -> Result<SourceVersion> {
     let ns = cron.namespace().unwrap_or_default();
-    let template = DataVolume::new(&cron.name_any(), cron.spec.template.spec.clone());
-    let Source::Import(src) = source(&template.spec)? else {
-        return Err(Error::invalid(
-            "a DataImportCron's template must import from http, registry or s3",
-        ));
-    };
-    let objects = read_objects(&ctx.client, &ns, &src).await?;
-    let c = claim(&template, &Config::default(), &StorageDefaults::Builtin)?;
-    let req = import_request(
-        &src,
-        PathBuf::new(),
-        &c,
-        false,
-        &objects,
-        &ctx.insecure_registries,
-    )?;
+    let template = template_source(cron)?;
+    let objects = read_objects(&ctx.client, &ns, &template.1).await?;
+    let req = poll_request(&template, &objects, &ctx.insecure_registries)?;
     poll(&req.source, &req.http)
         .await
         .map_err(|e| Error::Poll(Box::new(e)))

@@ -7,16 +7,24 @@
 //!   bytes (hashed) are the version;
 //! - S3: the object's ETag, from a signed one-byte ranged `GET`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
+use api::{DataImportCron, DataVolume};
+use importer::import::ImportRequest;
 use importer::source::SourceSpec;
 use importer::source::http::{HttpOptions, HttpRequest, RequestSigner, client_builder};
 use importer::source::registry::{RegistryOptions, manifest_digest};
 use importer::source::s3::{S3Object, S3Options, signer};
+use kube::ResourceExt;
 use reqwest::header::{ETAG, HeaderMap, LAST_MODIFIED, RANGE};
 use reqwest::{Client, Method, RequestBuilder, Response};
 
 use super::version::SourceVersion;
+use crate::datavolume::pvc::{StorageDefaults, claim};
+use crate::datavolume::request::{SourceObjects, import_request};
+use crate::datavolume::source::{ImportSource, Source, source};
+use crate::settings::Config;
 
 /// Bytes of an HTTP object hashed when the server sends neither `ETag` nor `Last-Modified`.
 pub const HEAD_BYTES: u64 = 64 << 10;
@@ -70,6 +78,35 @@ pub enum PollError {
     /// The source kind has nothing to poll.
     #[error("polling: {0} sources have no version to poll (http, registry or s3 only)")]
     Unsupported(&'static str),
+}
+
+/// A DataImportCron's template source: an import (http, registry or s3), as its imports run.
+pub fn template_source(cron: &DataImportCron) -> kubekit::Result<(DataVolume, ImportSource)> {
+    let template = DataVolume::new(&cron.name_any(), cron.spec.template.spec.clone());
+    let Source::Import(src) = source(&template.spec)? else {
+        return Err(kubekit::Error::invalid(
+            "a DataImportCron's template must import from http, registry or s3",
+        ));
+    };
+    Ok((template, src))
+}
+
+/// The request a poll of the template's source ([`template_source`]) is made with: the
+/// options its import would get, with the Secrets and ConfigMap it names (`objects`).
+pub fn poll_request(
+    (template, src): &(DataVolume, ImportSource),
+    objects: &SourceObjects,
+    insecure_registries: &[String],
+) -> kubekit::Result<ImportRequest> {
+    let claim = claim(template, &Config::default(), &StorageDefaults::Builtin)?;
+    import_request(
+        src,
+        PathBuf::new(),
+        &claim,
+        false,
+        objects,
+        insecure_registries,
+    )
 }
 
 /// The current version of an import source.

@@ -5,7 +5,6 @@
 //! beyond `importsToKeep` are deleted (volume and status). The same [`crate::golden::cron`] decisions as
 //! the cluster controller; the cron and DataSource are kept in the [`ObjectStore`].
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use importer::progress::Progress;
@@ -14,14 +13,11 @@ use kube::ResourceExt;
 
 use super::datavolume::{self as local, ApplyOptions};
 use super::store::ObjectStore;
-use crate::datavolume::pvc::{StorageDefaults, claim};
-use crate::datavolume::request::{SourceObjects, import_request};
-use crate::datavolume::source::{Source, source};
+use crate::datavolume::request::SourceObjects;
 use crate::golden::cron::{
     ImportState, annotation, decide, import_data_volume, managed_data_source,
 };
-use crate::golden::poll::poll;
-use crate::settings::Config;
+use crate::golden::poll::{poll, poll_request, template_source};
 use api::golden::{DATA_IMPORT_CRON_LABEL, DataImportCron, DataSource};
 use api::{DataVolume, Phase};
 use kubekit::error::{Error, Result};
@@ -126,22 +122,9 @@ fn poll_now(
     cron: &DataImportCron,
     opts: &ApplyOptions,
 ) -> Result<crate::golden::version::SourceVersion> {
-    let template = DataVolume::new(&cron.name_any(), cron.spec.template.spec.clone());
-    let Source::Import(src) = source(&template.spec)? else {
-        return Err(Error::invalid(
-            "a DataImportCron's template must import from http, registry or s3",
-        ));
-    };
-    let c = claim(&template, &Config::default(), &StorageDefaults::Builtin)?;
-    let objects = SourceObjects::from_dir(&src, opts.secrets_dir.as_deref())?;
-    let req = import_request(
-        &src,
-        PathBuf::new(),
-        &c,
-        false,
-        &objects,
-        &opts.insecure_registries,
-    )?;
+    let template = template_source(cron)?;
+    let objects = SourceObjects::from_dir(&template.1, opts.secrets_dir.as_deref())?;
+    let req = poll_request(&template, &objects, &opts.insecure_registries)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
