@@ -207,14 +207,19 @@ fn refusal_status(e: &Error) -> u16 {
     }
 }
 
+/// A scratch folder for the images and an empty volume folder (kept while the TempDir lives).
+fn dirs() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let (work, volume) = (dir.path().join("work"), dir.path().join("volume"));
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::create_dir_all(&volume).unwrap();
+    (dir, work, volume)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_qcow2_sent_through_the_proxy_is_written_as_qemu_img_reads_it_and_a_second_upload_gets_409()
  {
-    let dir = tempfile::tempdir().unwrap();
-    let work = dir.path().join("work");
-    let volume = dir.path().join("volume");
-    std::fs::create_dir_all(&work).unwrap();
-    std::fs::create_dir_all(&volume).unwrap();
+    let (_dir, work, volume) = dirs();
     let raw = raw_disk(&work);
     let qcow2 = work.join("disk.qcow2");
     qemu_img(&[
@@ -278,11 +283,7 @@ async fn a_qcow2_sent_through_the_proxy_is_written_as_qemu_img_reads_it_and_a_se
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raw_image_with_a_checksum_is_verified_on_the_sync_path() {
-    let dir = tempfile::tempdir().unwrap();
-    let work = dir.path().join("work");
-    let volume = dir.path().join("volume");
-    std::fs::create_dir_all(&work).unwrap();
-    std::fs::create_dir_all(&volume).unwrap();
+    let (_dir, work, volume) = dirs();
     let raw = raw_disk(&work);
     let expected = reference(&raw, &work);
     let (key, public) = keys(&work);
@@ -329,11 +330,7 @@ async fn a_raw_image_with_a_checksum_is_verified_on_the_sync_path() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_refuses_expired_and_malformed_tokens_before_the_server_sees_a_byte() {
-    let dir = tempfile::tempdir().unwrap();
-    let work = dir.path().join("work");
-    let volume = dir.path().join("volume");
-    std::fs::create_dir_all(&work).unwrap();
-    std::fs::create_dir_all(&volume).unwrap();
+    let (_dir, work, volume) = dirs();
     let raw = raw_disk(&work);
     let (key, public) = keys(&work);
     let stack = Stack::start(&volume.join("disk.img"), &public).await;
