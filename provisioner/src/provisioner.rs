@@ -356,6 +356,10 @@ impl Provisioner {
         }
         let mut size = if required > 0 {
             required
+        } else if min > 0 {
+            // No size asked: a volume made from a snapshot or another volume takes its source's
+            // (CSI leaves the choice to the plugin; the source's is what a restore means).
+            min
         } else if req.mode == VolumeMode::Block {
             if limit > 0 {
                 limit.min(DEFAULT_BLOCK_SIZE)

@@ -170,6 +170,18 @@ fn a_block_volume_grows_and_its_snapshot_and_clones_hold_its_bytes_until_all_are
         Some(ContentSource::Snapshot("snap".into()))
     );
     assert!(std::fs::read(block_file(&p, "restored")).unwrap() == before);
+    // Restored with no size asked: the snapshot's size, not the default of a new block volume.
+    let no_size = p
+        .create_volume(&request(
+            "restored-unsized",
+            0,
+            VolumeMode::Block,
+            Some(ContentSource::Snapshot("snap".into())),
+        ))
+        .unwrap();
+    assert_eq!(no_size.capacity_bytes, s.size_bytes);
+    assert!(std::fs::read(block_file(&p, "restored-unsized")).unwrap() == before);
+    p.delete_volume("restored-unsized").unwrap();
 
     // Cloned from the volume into a larger one: its bytes now, then zeroes up to the size.
     let copy = p
