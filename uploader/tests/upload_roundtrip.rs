@@ -216,6 +216,13 @@ fn dirs() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     (dir, work, volume)
 }
 
+/// A refused upload left the volume empty and the server idle, waiting for a new one.
+async fn assert_nothing_received(stack: &Stack, volume: &Path) {
+    assert!(names(volume).is_empty(), "left behind: {:?}", names(volume));
+    assert_eq!(stack.server_state().await, "idle");
+    assert!(!*stack.succeeded.borrow());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_qcow2_sent_through_the_proxy_is_written_as_qemu_img_reads_it_and_a_second_upload_gets_409()
  {
@@ -298,13 +305,7 @@ async fn a_raw_image_with_a_checksum_is_verified_on_the_sync_path() {
     assert_eq!(refusal_status(&e), 500, "{e}");
     assert_eq!(e.kind(), ErrorKind::Refused);
     assert!(e.to_string().contains("Saving stream failed"), "{e}");
-    assert!(
-        names(&volume).is_empty(),
-        "left behind: {:?}",
-        names(&volume)
-    );
-    assert_eq!(stack.server_state().await, "idle");
-    assert!(!*stack.succeeded.borrow());
+    assert_nothing_received(&stack, &volume).await;
 
     let digest = Sha256::digest(std::fs::read(&raw).unwrap());
     let right = format!(
@@ -347,12 +348,6 @@ async fn the_proxy_refuses_expired_and_malformed_tokens_before_the_server_sees_a
     assert_eq!(refusal_status(&e), 400, "{e}");
     assert!(e.to_string().contains("three dot-separated parts"), "{e}");
 
-    assert!(
-        names(&volume).is_empty(),
-        "left behind: {:?}",
-        names(&volume)
-    );
-    assert_eq!(stack.server_state().await, "idle");
-    assert!(!*stack.succeeded.borrow());
+    assert_nothing_received(&stack, &volume).await;
     stack.stop().await;
 }
