@@ -14,6 +14,9 @@
 //! The same key signs CDI's clone tokens (operation `Clone`, the source as name/namespace/resource
 //! and the target in `params`), which the DataVolume webhook puts on a cloning DataVolume;
 //! [`verify_signed`] checks only the signature and leaves their claims to the caller.
+//!
+//! [`sign_jwt`] signs other claims too, PS256 or RS256: the importer's Google service-account
+//! assertions (RS256 with `typ` and `kid`) use it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -162,26 +165,68 @@ struct Header {
     alg: String,
 }
 
-/// Signs `claims` into a compact JWT.
+/// The RSA signature algorithms JWTs are signed with here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Algorithm {
+    /// RSASSA-PSS with SHA-256: CDI's upload and clone tokens.
+    #[serde(rename = "PS256")]
+    Ps256,
+    /// RSASSA-PKCS1-v1_5 with SHA-256: what Google's token endpoint takes from service accounts.
+    #[serde(rename = "RS256")]
+    Rs256,
+}
+
+/// A JWT's header: the algorithm, and the `typ` and `kid` when a verifier wants them.
+#[derive(Debug, Clone, Serialize)]
+pub struct JwtHeader<'a> {
+    pub alg: Algorithm,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub typ: Option<&'a str>,
+    /// The id of the signing key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kid: Option<&'a str>,
+}
+
+/// Signs `claims` into a compact CDI token (PS256, a header of `alg` only, as CDI's).
 pub fn sign(claims: &Claims, key: &PrivateKey) -> Result<String> {
-    let header = serde_json::to_vec(&Header {
-        alg: "PS256".into(),
-    })
-    .expect("serialisable");
-    let payload = serde_json::to_vec(claims).expect("serialisable");
-    let signing_input = format!(
-        "{}.{}",
-        URL_SAFE_NO_PAD.encode(header),
-        URL_SAFE_NO_PAD.encode(payload)
-    );
-    let signer = rsa::pss::SigningKey::<Sha256>::new(key.clone());
-    let signature = signer
-        .try_sign(signing_input.as_bytes())
-        .map_err(|e| Error::InvalidInput(format!("signing the token: {e}")))?;
+    let header = JwtHeader {
+        alg: Algorithm::Ps256,
+        typ: None,
+        kid: None,
+    };
+    sign_jwt(&header, claims, key)
+}
+
+/// Signs any claims (a JSON object) into a compact JWT with `header`'s algorithm.
+pub fn sign_jwt(
+    header: &JwtHeader<'_>,
+    claims: &impl Serialize,
+    key: &PrivateKey,
+) -> Result<String> {
+    let signing_input = format!("{}.{}", base64_json(header)?, base64_json(claims)?);
+    let input = signing_input.as_bytes();
+    let failed = |e: rsa::signature::Error| Error::InvalidInput(format!("signing the token: {e}"));
+    let signature = match header.alg {
+        Algorithm::Ps256 => rsa::pss::SigningKey::<Sha256>::new(key.clone())
+            .try_sign(input)
+            .map_err(failed)?
+            .to_bytes(),
+        Algorithm::Rs256 => rsa::pkcs1v15::SigningKey::<Sha256>::new(key.clone())
+            .try_sign(input)
+            .map_err(failed)?
+            .to_bytes(),
+    };
     Ok(format!(
         "{signing_input}.{}",
-        URL_SAFE_NO_PAD.encode(signature.to_bytes())
+        URL_SAFE_NO_PAD.encode(signature)
     ))
+}
+
+/// A JWT part: JSON, base64url without padding.
+fn base64_json(v: &impl Serialize) -> Result<String> {
+    serde_json::to_vec(v)
+        .map(|json| URL_SAFE_NO_PAD.encode(json))
+        .map_err(|e| Error::InvalidInput(format!("the token's claims are not JSON: {e}")))
 }
 
 /// Verifies a compact JWT's PS256 signature and upload claims at time `now`. A string that is
@@ -342,6 +387,38 @@ mod tests {
         )
         .unwrap();
         assert_eq!(header["alg"], "PS256");
+    }
+
+    /// RS256 is PKCS#1 v1.5 (deterministic: the same input, the same signature) and the header
+    /// carries `typ` and `kid` when given.
+    #[test]
+    fn rs256_jwts_verify_with_pkcs1_v15() {
+        let header = JwtHeader {
+            alg: Algorithm::Rs256,
+            typ: Some("JWT"),
+            kid: Some("key-1"),
+        };
+        let claims = serde_json::json!({"iss": "sa@example.iam", "exp": NOW});
+        let t = sign_jwt(&header, &claims, &keys().0).unwrap();
+        assert_eq!(t, sign_jwt(&header, &claims, &keys().0).unwrap());
+        let parts: Vec<&str> = t.split('.').collect();
+        assert_eq!(
+            URL_SAFE_NO_PAD.decode(parts[0]).unwrap(),
+            br#"{"alg":"RS256","typ":"JWT","kid":"key-1"}"#
+        );
+        let signature = URL_SAFE_NO_PAD.decode(parts[2]).unwrap();
+        let signature = rsa::pkcs1v15::Signature::try_from(signature.as_slice()).unwrap();
+        let input = &t.as_bytes()[..parts[0].len() + 1 + parts[1].len()];
+        let verifier = rsa::pkcs1v15::VerifyingKey::<Sha256>::new(public());
+        assert!(verifier.verify(input, &signature).is_ok());
+        let other = rsa::pkcs1v15::VerifyingKey::<Sha256>::new(keys().1.to_public_key());
+        assert!(other.verify(input, &signature).is_err());
+        // A CDI token's header is `alg` alone, as before.
+        let cdi = token(&Claims::upload("vms", "disk", NOW, DEFAULT_TTL));
+        let h = URL_SAFE_NO_PAD
+            .decode(cdi.split('.').next().unwrap())
+            .unwrap();
+        assert_eq!(h, br#"{"alg":"PS256"}"#);
     }
 
     #[test]
