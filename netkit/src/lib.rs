@@ -9,7 +9,7 @@
 //!   `serve`).
 //! - `metrics` (feature `serve`): binding a listener and serving a Prometheus `/metrics` endpoint, on the
 //!   caller's runtime or on a thread of its own.
-//! - [`percent`]: percent-decoding of URL parts.
+//! - [`percent`]: percent-decoding of URL parts, and the strict encoding object stores want.
 //! - [`runtime`]: a thread with a tokio runtime of its own.
 //!
 //! Errors are [`Error`]: each crate turns them into its own (`InvalidInput` and `Io` map onto
@@ -26,6 +26,6 @@ pub mod tls;
 
 pub use client::{HttpOptions, build_client, client_builder};
 pub use error::{Error, Result};
-pub use percent::percent_decode;
+pub use percent::{percent_decode, percent_encode};
 pub use runtime::thread_with_runtime;
 pub use tls::install_tls_provider;

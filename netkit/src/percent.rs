@@ -1,6 +1,23 @@
 //! Percent-decoding of URL parts (user info, S3 keys, header names): `%XX` becomes the byte
 //! XX; anything else, a lone `%` included, stays as it is; `+` stays `+` (this is not form
-//! decoding). Bytes that are not UTF-8 become U+FFFD.
+//! decoding). Bytes that are not UTF-8 become U+FFFD. And the strict encoding object stores
+//! want (S3 signatures, S3 and GCS object paths, form values).
+
+/// Encodes every byte of `s` but RFC 3986's unreserved `A-Za-z0-9-._~` as `%XX` (upper-case
+/// hex); `/` too unless `keep_slash`.
+pub fn percent_encode(s: &str, keep_slash: bool) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                out.push(b as char)
+            }
+            b'/' if keep_slash => out.push('/'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
 
 /// Decodes `%XX` escapes in `s`.
 pub fn percent_decode(s: &str) -> String {
@@ -39,6 +56,14 @@ mod tests {
     fn userinfo_is_percent_decoded() {
         assert_eq!(percent_decode("a%40b%3Ac"), "a@b:c");
         assert_eq!(percent_decode("100%"), "100%");
+    }
+
+    #[test]
+    fn encoding_is_strict_and_decodes_back() {
+        let s = "dir/a b+c&d=é~_.-";
+        assert_eq!(percent_encode(s, true), "dir/a%20b%2Bc%26d%3D%C3%A9~_.-");
+        assert_eq!(percent_encode("a/b:c", false), "a%2Fb%3Ac");
+        assert_eq!(percent_decode(&percent_encode(s, false)), s);
     }
 
     #[test]

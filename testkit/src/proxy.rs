@@ -7,19 +7,18 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::accept::AcceptLoop;
 use crate::faults::set_linger_zero;
 
 pub struct CutProxy {
     port: u16,
-    stop: Arc<AtomicBool>,
     cuts: Arc<AtomicUsize>,
     sent: Arc<Mutex<Vec<u8>>>,
-    thread: Option<JoinHandle<()>>,
+    _serving: AcceptLoop,
 }
 
 impl CutProxy {
@@ -46,32 +45,22 @@ impl CutProxy {
             upload,
         };
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
-        let stop = Arc::new(AtomicBool::new(false));
         let cuts = Arc::new(AtomicUsize::new(0));
         let sent = Arc::new(Mutex::new(Vec::new()));
-        let (s, c, log) = (stop.clone(), cuts.clone(), sent.clone());
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                let Ok((client, _)) = listener.accept() else {
-                    std::thread::sleep(Duration::from_millis(5));
-                    continue;
-                };
-                let _ = client.set_nonblocking(false);
-                let Ok(server) = TcpStream::connect(upstream) else {
-                    continue;
-                };
-                let (c, log) = (c.clone(), log.clone());
-                std::thread::spawn(move || relay(client, server, cut, &c, &log));
-            }
+        let (c, log) = (cuts.clone(), sent.clone());
+        let serving = AcceptLoop::start(listener, move |client| {
+            let Ok(server) = TcpStream::connect(upstream) else {
+                return;
+            };
+            let (c, log) = (c.clone(), log.clone());
+            std::thread::spawn(move || relay(client, server, cut, &c, &log));
         });
         CutProxy {
             port,
-            stop,
             cuts,
             sent,
-            thread: Some(thread),
+            _serving: serving,
         }
     }
 
@@ -92,15 +81,6 @@ impl CutProxy {
     /// Everything clients sent, as text (request lines and headers, lower-cased).
     pub fn sent(&self) -> String {
         String::from_utf8_lossy(&self.sent.lock().unwrap()).to_lowercase()
-    }
-}
-
-impl Drop for CutProxy {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

@@ -7,14 +7,13 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use tempfile::TempDir;
 
+use crate::accept::AcceptLoop;
 use crate::nginx::{free_port, stop_child};
 use crate::tls::TestCa;
 
@@ -245,9 +244,8 @@ pub struct TokenService {
     pub password: String,
     port: u16,
     dir: TempDir,
-    stop: Arc<AtomicBool>,
     requests: Arc<Mutex<Vec<String>>>,
-    thread: Option<JoinHandle<()>>,
+    _serving: AcceptLoop,
 }
 
 impl TokenService {
@@ -291,34 +289,23 @@ impl TokenService {
             .stdout;
         let x5c = base64::engine::general_purpose::STANDARD.encode(der);
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
-        let stop = Arc::new(AtomicBool::new(false));
         let requests = Arc::new(Mutex::new(Vec::new()));
-        let (s, r) = (stop.clone(), requests.clone());
+        let r = requests.clone();
         let expected = format!(
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
         );
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((conn, _)) => {
-                        let _ = conn.set_nonblocking(false);
-                        serve_token(conn, &d, &x5c, &expected, secs, &r);
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
+        let serving = AcceptLoop::start(listener, move |conn| {
+            serve_token(conn, &d, &x5c, &expected, secs, &r);
         });
         TokenService {
             user: user.into(),
             password: password.into(),
             port,
             dir,
-            stop,
             requests,
-            thread: Some(thread),
+            _serving: serving,
         }
     }
 
@@ -333,15 +320,6 @@ impl TokenService {
     /// Request lines (`GET /token?... HTTP/1.1`) so far, each followed by ` auth=yes|no`.
     pub fn requests(&self) -> Vec<String> {
         self.requests.lock().unwrap().clone()
-    }
-}
-
-impl Drop for TokenService {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 
@@ -442,7 +420,7 @@ fn serve_token(
     );
 }
 
-fn percent_decode(s: &str) -> String {
+pub(crate) fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;

@@ -5,7 +5,8 @@
 //! - HTTP: `ETag`, else `Last-Modified` from a `HEAD`; a server that answers `HEAD` without
 //!   either (or refuses it) gets a ranged `GET` of the first [`HEAD_BYTES`], whose headers or
 //!   bytes (hashed) are the version;
-//! - S3: the object's ETag, from a signed one-byte ranged `GET`.
+//! - S3: the object's ETag, from a signed one-byte ranged `GET`;
+//! - GCS: as HTTP, with the service account's bearer token.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,11 +14,12 @@ use std::time::Duration;
 use api::{DataImportCron, DataVolume};
 use importer::import::ImportRequest;
 use importer::source::SourceSpec;
+use importer::source::gcs::{self, GcsOptions, TokenSigner};
 use importer::source::http::{HttpOptions, HttpRequest, RequestSigner, client_builder};
 use importer::source::registry::{RegistryOptions, manifest_digest};
 use importer::source::s3::{S3Object, S3Options, signer};
 use kube::ResourceExt;
-use reqwest::header::{ETAG, HeaderMap, LAST_MODIFIED, RANGE};
+use reqwest::header::{AUTHORIZATION, ETAG, HeaderMap, LAST_MODIFIED, RANGE};
 use reqwest::{Client, Method, RequestBuilder, Response};
 
 use super::version::SourceVersion;
@@ -76,16 +78,16 @@ pub enum PollError {
     #[error("polling {0}: the answer has no ETag")]
     NoVersion(String),
     /// The source kind has nothing to poll.
-    #[error("polling: {0} sources have no version to poll (http, registry or s3 only)")]
+    #[error("polling: {0} sources have no version to poll (http, registry, s3 or gcs only)")]
     Unsupported(&'static str),
 }
 
-/// A DataImportCron's template source: an import (http, registry or s3), as its imports run.
+/// A DataImportCron's template source: an import (http, registry, s3 or gcs), as its imports run.
 pub fn template_source(cron: &DataImportCron) -> kubekit::Result<(DataVolume, ImportSource)> {
     let template = DataVolume::new(&cron.name_any(), cron.spec.template.spec.clone());
     let Source::Import(src) = source(&template.spec)? else {
         return Err(kubekit::Error::invalid(
-            "a DataImportCron's template must import from http, registry or s3",
+            "a DataImportCron's template must import from http, registry, s3 or gcs",
         ));
     };
     Ok((template, src))
@@ -115,6 +117,7 @@ pub async fn poll(source: &SourceSpec, http: &HttpOptions) -> Result<SourceVersi
         SourceSpec::Http(url) => http_version(url, http).await,
         SourceSpec::Registry { image, options } => registry_version(image, http, options).await,
         SourceSpec::S3 { url, options } => s3_version(url, options, http).await,
+        SourceSpec::Gcs { url, options } => gcs_version(url, options, http).await,
         SourceSpec::File(_) => Err(PollError::Unsupported("file")),
         SourceSpec::Stdin => Err(PollError::Unsupported("stream")),
     }
@@ -137,12 +140,38 @@ pub async fn registry_version(
 
 /// An HTTP object's `ETag`, else `Last-Modified`, else the hash of its first bytes.
 pub async fn http_version(url: &str, http: &HttpOptions) -> Result<SourceVersion, PollError> {
+    let req = HttpRequest::from_url(url, http).map_err(|cause| PollError::Importer {
+        what: url.into(),
+        cause,
+    })?;
+    request_version(req, http).await
+}
+
+/// A GCS object's version as an HTTP object's, asked with a token of the service account.
+pub async fn gcs_version(
+    url: &str,
+    options: &GcsOptions,
+    http: &HttpOptions,
+) -> Result<SourceVersion, PollError> {
     let importer_err = |cause| PollError::Importer {
         what: url.into(),
         cause,
     };
-    let req = HttpRequest::from_url(url, http).map_err(importer_err)?;
-    let client = client(http).map_err(importer_err)?;
+    let mut req = gcs::object_request(url).map_err(importer_err)?;
+    if let Some(key) = &options.credentials {
+        let signer = TokenSigner::new(key, http).map_err(importer_err)?;
+        let token = signer.request_token().await.map_err(importer_err)?;
+        req.headers.insert(AUTHORIZATION, token.authorization);
+    }
+    request_version(req, http).await
+}
+
+/// The version of the object `req` asks for (see [`http_version`]).
+async fn request_version(req: HttpRequest, http: &HttpOptions) -> Result<SourceVersion, PollError> {
+    let client = client(http).map_err(|cause| PollError::Importer {
+        what: req.name.clone(),
+        cause,
+    })?;
     let what = req.name.clone();
     let request = |method: Method| {
         let mut rb = client
@@ -282,12 +311,16 @@ mod tests {
 
     use super::*;
 
-    fn poll_http(server: &FaultServer) -> SourceVersion {
+    fn block_on<T>(f: impl Future<Output = T>) -> T {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
-        rt.block_on(http_version(
+        rt.block_on(f)
+    }
+
+    fn poll_http(server: &FaultServer) -> SourceVersion {
+        block_on(http_version(
             &server.url("/disk.img"),
             &HttpOptions::default(),
         ))
@@ -346,21 +379,39 @@ mod tests {
         assert_eq!(poll_http(&server), SourceVersion::HttpEtag("\"g1\"".into()));
     }
 
+    /// A GCS object's version is its ETag, asked with the service account's token (the
+    /// token endpoint verifies the assertion).
+    #[test]
+    fn a_gcs_object_is_polled_with_a_bearer_token() {
+        use testkit::gcs::{Grant, TokenEndpoint};
+        let server = FaultServer::start(FaultConfig::new(vec![1u8; 4096]).etag(Some("\"g7\"")));
+        let tokens = TokenEndpoint::start(Grant::Verify { expires_in: 3600 });
+        let key = gcs::ServiceAccountKey::from_json(tokens.key_json().as_bytes(), "key").unwrap();
+        let options = GcsOptions {
+            credentials: Some(key),
+        };
+        let v = block_on(gcs_version(
+            &server.url("/bkt/disk.img"),
+            &options,
+            &HttpOptions::default(),
+        ))
+        .unwrap();
+        assert_eq!(v, SourceVersion::HttpEtag("\"g7\"".into()));
+        let reqs = server.requests();
+        assert_eq!(reqs[0].header("authorization"), Some("Bearer token-1"));
+        assert_eq!(tokens.requests()[0].outcome, Ok("token-1".into()));
+    }
+
     #[test]
     fn an_error_status_fails_naming_the_source() {
         let server = FaultServer::start(
             FaultConfig::new(vec![1u8; 16]).script([Step::status(404), Step::status(404)]),
         );
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let err = rt
-            .block_on(http_version(
-                &server.url("/disk.img"),
-                &HttpOptions::default(),
-            ))
-            .unwrap_err();
+        let err = block_on(http_version(
+            &server.url("/disk.img"),
+            &HttpOptions::default(),
+        ))
+        .unwrap_err();
         assert!(
             matches!(err, PollError::Status { status, .. } if status == 404),
             "{err}"

@@ -1,12 +1,14 @@
 //! Byte sources: where an image's bytes come from (a local file, stdin, HTTP(S), a container
-//! registry's containerDisk image, an S3 object).
+//! registry's containerDisk image, an S3 or GCS object).
 //!
 //! A source is a blocking [`Read`] of the image exactly as stored at the source (still compressed),
 //! plus what is known about it up front. Errors that cross the `Read` boundary carry a
 //! [`crate::Error`] inside the `io::Error` (see [`crate::Error::into_io`]) so their kind survives.
 
 pub mod chunked;
+pub mod gcs;
 pub mod http;
+mod object;
 pub mod registry;
 pub mod s3;
 
@@ -65,6 +67,22 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
+/// Runs `fut` to completion on a fresh current-thread runtime on a thread of its own: network
+/// work (a registry's resolution, a new token) from code that may or may not run in a runtime.
+pub(crate) fn run_async<T: Send>(fut: impl Future<Output = Result<T>> + Send) -> Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| Error::io("starting a network runtime", e))?;
+            rt.block_on(fut)
+        })
+        .join()
+        .unwrap_or_else(|_| Err(Error::SourceUnavailable("a network thread panicked".into())))
+    })
+}
+
 /// Where an import reads from, as the user named it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SourceSpec {
@@ -80,6 +98,11 @@ pub enum SourceSpec {
     S3 {
         url: String,
         options: s3::S3Options,
+    },
+    /// `gs://BUCKET/OBJECT`, or CDI's `http(s)://HOST/BUCKET/OBJECT` when chosen explicitly.
+    Gcs {
+        url: String,
+        options: gcs::GcsOptions,
     },
 }
 
@@ -104,9 +127,15 @@ impl SourceSpec {
                 options: Default::default(),
             });
         }
+        if lower.starts_with("gs://") {
+            return Ok(SourceSpec::Gcs {
+                url: spec.to_string(),
+                options: Default::default(),
+            });
+        }
         if let Some((scheme, _)) = spec.split_once("://") {
             return Err(Error::InvalidInput(format!(
-                "source scheme {scheme:?} is not supported (use a path, '-', http://, https://, docker:// or s3://)"
+                "source scheme {scheme:?} is not supported (use a path, '-', http://, https://, docker://, s3:// or gs://)"
             )));
         }
         Ok(SourceSpec::File(PathBuf::from(spec)))
@@ -130,6 +159,7 @@ impl SourceSpec {
                 Box::new(registry::open(image, http, options)?)
             }
             SourceSpec::S3 { url, options } => Box::new(s3::open(url, options, http)?),
+            SourceSpec::Gcs { url, options } => Box::new(gcs::open(url, options, http)?),
         })
     }
 }
@@ -156,6 +186,10 @@ mod tests {
         assert!(matches!(
             SourceSpec::parse("S3://b/k").unwrap(),
             SourceSpec::S3 { .. }
+        ));
+        assert!(matches!(
+            SourceSpec::parse("GS://b/dir/o").unwrap(),
+            SourceSpec::Gcs { .. }
         ));
         assert_eq!(
             SourceSpec::parse("ftp://h/x").unwrap_err().kind(),

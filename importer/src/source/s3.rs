@@ -21,7 +21,8 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::source::http::{HttpOptions, HttpRequest, HttpSource, RequestSigner};
-use netkit::percent_decode;
+use crate::source::object;
+use netkit::{percent_decode, percent_encode};
 
 /// The region signatures are scoped to when none is given or derivable (as CDI does).
 pub const DEFAULT_REGION: &str = "us-east-1";
@@ -152,65 +153,25 @@ pub struct S3Object {
 impl S3Object {
     /// `s3://BUCKET/KEY` (on `opts.endpoint`), or CDI's form `http(s)://HOST[:PORT]/BUCKET/KEY`.
     pub fn parse(spec: &str, opts: &S3Options) -> Result<S3Object> {
-        let bad = |why: &str| Error::InvalidInput(format!("S3 source {spec:?}: {why}"));
-        let (endpoint, path) = if let Some(rest) = strip_prefix_ci(spec, "s3://") {
-            let endpoint = match &opts.endpoint {
-                Some(e) => e.clone(),
-                None => format!("https://s3.{}.amazonaws.com", region_for(None, opts)),
-            };
-            (endpoint, rest.to_string())
-        } else {
-            let url = Url::parse(spec).map_err(|e| bad(&e.to_string()))?;
-            if !matches!(url.scheme(), "http" | "https") {
-                return Err(bad("expected s3://BUCKET/KEY or http(s)://HOST/BUCKET/KEY"));
-            }
-            let endpoint = format!(
-                "{}://{}",
-                url.scheme(),
-                &url[url::Position::BeforeHost..url::Position::AfterPort]
-            );
-            (endpoint, percent_decode(url.path()))
-        };
-        let endpoint = Url::parse(&endpoint)
-            .map_err(|e| Error::InvalidInput(format!("invalid S3 endpoint {endpoint:?}: {e}")))?;
-        if !matches!(endpoint.scheme(), "http" | "https") || endpoint.host_str().is_none() {
-            return Err(Error::InvalidInput(format!(
-                "S3 endpoint {endpoint} is not an http(s)://HOST[:PORT] URL"
-            )));
-        }
-        let path = path.trim_start_matches('/');
-        let (bucket, key) = path
-            .split_once('/')
-            .ok_or_else(|| bad("expected a bucket and a key"))?;
-        if bucket.is_empty() || key.is_empty() {
-            return Err(bad("the bucket or the key is empty"));
-        }
+        let o = object::parse(spec, "s3://", "S3", || match &opts.endpoint {
+            Some(e) => e.clone(),
+            None => format!("https://s3.{}.amazonaws.com", region_for(None, opts)),
+        })?;
         Ok(S3Object {
-            endpoint,
-            bucket: bucket.to_string(),
-            key: key.to_string(),
+            endpoint: o.endpoint,
+            bucket: o.bucket,
+            key: o.key,
         })
     }
 
     /// The path-style URL of the object.
     pub fn url(&self) -> Url {
-        let mut url = self.endpoint.clone();
-        let mut path = format!("/{}", uri_encode(&self.bucket, true));
-        path.push('/');
-        path.push_str(&uri_encode(&self.key, false));
-        url.set_path(&path);
-        url.set_query(None);
-        url
+        object::url(&self.endpoint, &self.bucket, &self.key)
     }
 
     pub fn name(&self) -> String {
         format!("s3://{}/{} at {}", self.bucket, self.key, self.endpoint)
     }
-}
-
-fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
-    (s.len() >= prefix.len() && s[..prefix.len()].eq_ignore_ascii_case(prefix))
-        .then(|| &s[prefix.len()..])
 }
 
 /// The signing region: the option, else `s3.REGION.amazonaws.com` / `s3-REGION.amazonaws.com`
@@ -384,14 +345,14 @@ fn canonical_uri(url: &Url) -> String {
     if path.is_empty() {
         return "/".into();
     }
-    uri_encode(&percent_decode(path), false)
+    percent_encode(&percent_decode(path), true)
 }
 
 /// Query parameters encoded strictly and sorted by name, then value.
 fn canonical_query(url: &Url) -> String {
     let mut pairs: Vec<(String, String)> = url
         .query_pairs()
-        .map(|(k, v)| (uri_encode(&k, true), uri_encode(&v, true)))
+        .map(|(k, v)| (percent_encode(&k, false), percent_encode(&v, false)))
         .collect();
     pairs.sort();
     pairs
@@ -399,21 +360,6 @@ fn canonical_query(url: &Url) -> String {
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join("&")
-}
-
-/// SigV4 URI encoding: everything but `A-Za-z0-9-._~` as `%XX`; `/` too when `slash`.
-fn uri_encode(s: &str, slash: bool) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                out.push(b as char)
-            }
-            b'/' if !slash => out.push('/'),
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
 }
 
 /// `YYYYMMDDTHHMMSSZ` in UTC.

@@ -1,9 +1,11 @@
 //! The request side of an HTTP transfer: what one transfer asks for ([`HttpRequest`]), how a
 //! signer authenticates each attempt ([`RequestSigner`]), and a user's URL and options turned
 //! into a request (credentials in the URL become basic auth). The client itself comes from
-//! [`netkit::client`].
+//! [`netkit::client`]. Also the reading of small answers (manifests, tokens) whole.
 
 use std::sync::Arc;
+
+use bytes::Bytes;
 
 use reqwest::Url;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -12,14 +14,17 @@ use crate::{Error, Result};
 use netkit::{HttpOptions, percent_decode};
 
 /// Signs each attempt's request just before it is sent (S3 SigV4 signatures carry the time, so
-/// they are made per attempt, not once).
+/// they are made per attempt, not once; a GCS token is renewed before it expires). Both methods
+/// may block: they run on the transfer's own thread. An error of a retryable kind (a token
+/// endpoint that did not answer) ends the attempt, to be retried as a dropped connection is; any
+/// other ends the transfer.
 pub trait RequestSigner: Send + Sync {
     /// Adds the authentication headers for a `GET` of `url` to `headers`.
     fn sign(&self, url: &Url, headers: &mut HeaderMap) -> Result<()>;
 
     /// Called when the server answers 401 (with its `WWW-Authenticate`, if any): `Ok(true)` when
-    /// new credentials were obtained (an expired registry token renewed), so the request is sent
-    /// again; at most once in a row. It may block: it runs on the transfer's own thread.
+    /// new credentials were obtained (an expired registry or GCS token renewed), so the request
+    /// is sent again; at most once in a row.
     fn renew(&self, _challenge: Option<&str>) -> Result<bool> {
         Ok(false)
     }
@@ -97,4 +102,33 @@ pub(super) fn strip_userinfo(url: &Url) -> String {
     let _ = u.set_username("");
     let _ = u.set_password(None);
     u.to_string()
+}
+
+/// A small response body, at most `limit` bytes, each chunk within `idle`.
+pub async fn read_limited(
+    mut resp: reqwest::Response,
+    limit: u64,
+    idle: std::time::Duration,
+    name: &str,
+) -> Result<Bytes> {
+    let mut out = Vec::new();
+    loop {
+        let chunk = tokio::time::timeout(idle, resp.chunk())
+            .await
+            .map_err(|_| {
+                Error::SourceUnavailable(format!("{name}: no response data for {idle:?}"))
+            })?
+            .map_err(|e| {
+                Error::SourceUnavailable(format!("{name}: reading a response: {}", e.without_url()))
+            })?;
+        let Some(chunk) = chunk else {
+            return Ok(out.into());
+        };
+        if (out.len() + chunk.len()) as u64 > limit {
+            return Err(Error::SourceRejected(format!(
+                "{name}: an answer larger than {limit} bytes (a manifest, config or token answer is a few KiB)"
+            )));
+        }
+        out.extend_from_slice(&chunk);
+    }
 }

@@ -91,9 +91,9 @@ use crate::chunks::{self, ChunkReader};
 use crate::source::ChunkSource;
 use crate::source::{ByteSource, SourceInfo};
 
-pub use client::{HttpRequest, RequestSigner};
+pub use client::{HttpRequest, RequestSigner, read_limited};
 pub use netkit::{HttpOptions, build_client, client_builder, install_tls_provider};
-pub use retry::{backoff_delay, classify_error, is_transient, retry_after};
+pub use retry::{backoff_delay, classify_error, classify_request_error, is_transient, retry_after};
 
 /// The largest body chunk hyper hands out: its read buffer's limit (8 KiB + 100 pages).
 pub const LARGEST_CHUNK: usize = 8192 + 4096 * 100;

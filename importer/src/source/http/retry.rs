@@ -36,9 +36,24 @@ pub(super) fn retry(cause: impl Into<String>) -> Failure {
     }
 }
 
-/// Classifies a request error: `(error, retryable)`. TLS verification failures and refused
+/// A signer's failure (no new token): another attempt when its kind is retryable (a token
+/// endpoint that did not answer), final otherwise (credentials refused).
+pub(super) fn signer_failure(e: Error) -> Failure {
+    match e {
+        Error::SourceUnavailable(cause) => retry(cause),
+        e if e.kind().is_retryable() => retry(e.to_string()),
+        e => Failure::Fatal(e),
+    }
+}
+
+/// Classifies a `GET` error: `(error, retryable)`. TLS verification failures and refused
 /// redirects are terminal; connection errors and timeouts are worth retrying.
 pub fn classify_error(name: &str, e: reqwest::Error) -> (Error, bool) {
+    classify_request_error("GET", name, e)
+}
+
+/// As [`classify_error`], for a request of `method` (a token request's `POST`).
+pub fn classify_request_error(method: &str, name: &str, e: reqwest::Error) -> (Error, bool) {
     let e = e.without_url();
     let msg = chain(&e);
     if let Some(tls) = find_rustls_error(&e) {
@@ -63,7 +78,10 @@ pub fn classify_error(name: &str, e: reqwest::Error) -> (Error, bool) {
     if e.is_builder() {
         return (Error::InvalidInput(format!("{name}: {msg}")), false);
     }
-    (Error::SourceUnavailable(format!("GET {name}: {msg}")), true)
+    (
+        Error::SourceUnavailable(format!("{method} {name}: {msg}")),
+        true,
+    )
 }
 
 /// The delay before retry number `failures` (1-based): `base` doubled each time, capped at

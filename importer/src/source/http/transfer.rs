@@ -12,7 +12,9 @@ use sha2::{Digest, Sha256};
 use tracing::{debug, warn};
 
 use super::client::{HttpRequest, RequestSigner, strip_userinfo};
-use super::retry::{Failure, backoff_delay, classify_error, is_transient, retry, retry_after};
+use super::retry::{
+    Failure, backoff_delay, classify_error, is_transient, retry, retry_after, signer_failure,
+};
 use crate::chunks::{ChunkSender, Forward, Forwarded};
 use crate::error::chain;
 use crate::source::SourceInfo;
@@ -225,7 +227,7 @@ impl Transfer {
             let mut signed = HeaderMap::new();
             signer
                 .sign(&self.url, &mut signed)
-                .map_err(Failure::Fatal)?;
+                .map_err(signer_failure)?;
             rb = rb.headers(signed);
         }
         if offset > 0
@@ -308,7 +310,7 @@ impl Transfer {
             && let Some(signer) = &self.signer
         {
             let challenge = header_str(&resp, header::WWW_AUTHENTICATE);
-            if signer.renew(challenge.as_deref()).map_err(Failure::Fatal)? {
+            if signer.renew(challenge.as_deref()).map_err(signer_failure)? {
                 debug!(source = %self.name, "credentials renewed after a 401; asking again");
                 self.renewed = true;
                 return Err(Failure::Renewed);

@@ -61,8 +61,9 @@ use crate::source::ChunkSource;
 use crate::source::SourceInfo;
 use crate::source::http::{
     self, HttpOptions, HttpRequest, HttpSource, RequestSigner, backoff_delay, build_client,
-    classify_error,
+    classify_error, read_limited,
 };
+use crate::source::run_async;
 use crate::tarwalk::{self, WalkOut, normalize, tar_error};
 use auth::Basic;
 use layer::{DigestReader, Whiteouts, in_disk_dir, layer_compression, verify_digest};
@@ -159,25 +160,6 @@ pub async fn manifest_digest(
     let mut h: Hasher = crate::checksum::Algorithm::Sha256.hasher();
     h.update(&body);
     Ok(h.finish().to_string())
-}
-
-/// Runs `fut` to completion on a fresh current-thread runtime on its own thread.
-fn run_async<T: Send>(fut: impl Future<Output = Result<T>> + Send) -> Result<T> {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| Error::io("starting the registry runtime", e))?;
-            rt.block_on(fut)
-        })
-        .join()
-        .unwrap_or_else(|_| {
-            Err(Error::SourceUnavailable(
-                "the registry resolution thread panicked".into(),
-            ))
-        })
-    })
 }
 
 /// What resolution found: where the blobs are, how to authorise, which layers.
@@ -566,35 +548,6 @@ fn strip_query(url: &Url) -> String {
     let mut u = url.clone();
     u.set_query(None);
     u.to_string()
-}
-
-/// A small response body, at most `limit` bytes, each chunk within `idle`.
-async fn read_limited(
-    mut resp: reqwest::Response,
-    limit: u64,
-    idle: std::time::Duration,
-    name: &str,
-) -> Result<Bytes> {
-    let mut out = Vec::new();
-    loop {
-        let chunk = tokio::time::timeout(idle, resp.chunk())
-            .await
-            .map_err(|_| {
-                Error::SourceUnavailable(format!("{name}: no response data for {idle:?}"))
-            })?
-            .map_err(|e| {
-                Error::SourceUnavailable(format!("{name}: reading a response: {}", e.without_url()))
-            })?;
-        let Some(chunk) = chunk else {
-            return Ok(out.into());
-        };
-        if (out.len() + chunk.len()) as u64 > limit {
-            return Err(Error::SourceRejected(format!(
-                "{name}: a manifest, config or token answer larger than {limit} bytes"
-            )));
-        }
-        out.extend_from_slice(&chunk);
-    }
 }
 
 /// The layer walk (see the module docs); sends `Found` and the disk's bytes to `tx`.
