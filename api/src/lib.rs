@@ -13,6 +13,7 @@ pub mod golden;
 pub mod hostpath;
 pub mod hyperconverged;
 pub mod names;
+pub mod populator;
 pub mod rbac;
 pub mod snapshot;
 

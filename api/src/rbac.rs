@@ -188,6 +188,23 @@ fn datavolume() -> Access {
         ),
         rule(&[CDI], &["dataimportcrons/status"], &["patch", "update"]),
         rule(&[CDI], &["dataimportcrons/finalizers"], &["update"]),
+        // Volume populators: the sources PVCs name, the volume of a filled PVC' rebound to its
+        // target, and their registration for the volume data source validator.
+        rule(
+            &[CDI],
+            &[
+                "volumeimportsources",
+                "volumeuploadsources",
+                "volumeclonesources",
+            ],
+            &["get", "list", "watch"],
+        ),
+        rule(&[""], &["persistentvolumes"], &["get", "patch"]),
+        rule(
+            &["populator.storage.k8s.io"],
+            &["volumepopulators"],
+            &["get", "create", "patch"],
+        ),
     ];
     let mut home = leader_rules(component::DATAVOLUME_CONTROLLER);
     // The CDI CR's status follows the CDI components' Deployments.

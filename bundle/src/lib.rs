@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use kube::CustomResourceExt;
 use serde::Serialize;
 
+use api::populator::{VolumeCloneSource, VolumeImportSource, VolumeUploadSource};
 use api::rbac;
 use api::{
     Cdi, CdiConfig, DataImportCron, DataSource, DataVolume, HostPathProvisioner, HyperConverged,
@@ -190,6 +191,21 @@ fn crds() -> Result<Vec<(PathBuf, String)>> {
             "storageprofiles.cdi.kubevirt.io",
             "CDI's StorageProfile (cdi.kubevirt.io/v1beta1): one per StorageClass, kept by `quarry controller datavolume`.",
             yaml(&StorageProfile::crd())?,
+        ),
+        crd(
+            "volumeimportsources.cdi.kubevirt.io",
+            "CDI's VolumeImportSource (cdi.kubevirt.io/v1beta1): a PVC whose dataSourceRef names one is imported into by Quarry's populator.",
+            yaml(&VolumeImportSource::crd())?,
+        ),
+        crd(
+            "volumeuploadsources.cdi.kubevirt.io",
+            "CDI's VolumeUploadSource (cdi.kubevirt.io/v1beta1): a PVC whose dataSourceRef names one is filled by an upload through the proxy.",
+            yaml(&VolumeUploadSource::crd())?,
+        ),
+        crd(
+            "volumeclonesources.cdi.kubevirt.io",
+            "CDI's VolumeCloneSource (cdi.kubevirt.io/v1beta1): a PVC or VolumeSnapshot to copy into the PVC whose dataSourceRef names it.",
+            yaml(&VolumeCloneSource::crd())?,
         ),
         crd(
             "hyperconvergeds.hco.kubevirt.io",

@@ -9,4 +9,5 @@ pub mod cdiconfig;
 pub mod datavolume;
 pub mod golden;
 pub mod local;
+pub mod populator;
 pub mod settings;

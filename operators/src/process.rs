@@ -6,10 +6,12 @@ use cdi::cdiconfig;
 use cdi::datavolume;
 use cdi::datavolume::controller::Context;
 use cdi::golden;
+use cdi::populator;
 
 /// CDI's controller process (`quarry controller datavolume`), over every namespace (`namespace`
 /// None) or one: the DataVolume reconciler with the CDIConfig, StorageProfile, DataSource and
-/// DataImportCron reconcilers beside it, as CDI's cdi-deployment runs them. The settings the
+/// DataImportCron reconcilers and the volume populators beside it, as CDI's cdi-deployment
+/// runs them. The settings the
 /// CDIConfig reconciler derives reach the DataVolume reconciles through `ctx.live`.
 pub async fn cdi(ctx: Arc<Context>, namespace: Option<&str>) {
     let config_ctx = Arc::new(cdiconfig::controller::Context {
@@ -34,7 +36,18 @@ pub async fn cdi(ctx: Arc<Context>, namespace: Option<&str>) {
     let scope = namespace.map(str::to_string);
     let crons =
         tokio::spawn(async move { golden::cron_controller::run(cron_ctx, scope.as_deref()).await });
+    let populator_ctx = Arc::new(populator::controller::Context::new(
+        ctx.client.clone(),
+        ctx.live.clone(),
+        ctx.metrics.clone(),
+    ));
+    let scope = namespace.map(str::to_string);
+    let populators =
+        tokio::spawn(
+            async move { populator::controller::run(populator_ctx, scope.as_deref()).await },
+        );
     datavolume::controller::run(ctx, namespace).await;
+    populators.abort();
     config.abort();
     profiles.abort();
     data_sources.abort();

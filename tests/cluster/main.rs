@@ -9,4 +9,5 @@ mod common;
 mod faults;
 mod flows;
 mod operators;
+mod populators;
 mod support;

@@ -32,7 +32,7 @@ use super::pod::{self, POD_PORT, SourceRefs};
 use super::pvc::StorageDefaults;
 use super::source::CloneSource;
 use super::source::CloneSourceKind;
-use super::source::{Source, source};
+use super::source::{ImportSource, Source, source};
 use super::status::{CLONE_PROGRESS, IMPORT_PROGRESS, parse_counter};
 use super::{ANN_OWNED_BY, Action, FINALIZER, Observed, decide, name};
 use crate::settings::{Config, UploadTls};
@@ -96,6 +96,14 @@ impl Context {
             scraped: Mutex::default(),
             refused: Mutex::default(),
             announced: Mutex::default(),
+        }
+    }
+
+    /// Where importer metrics are read.
+    pub(crate) fn metrics_client(&self) -> MetricsClient<'_> {
+        MetricsClient {
+            http: &self.http,
+            port: self.metrics_port,
         }
     }
 
@@ -298,7 +306,10 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         _ => false,
     };
     let refs = if pvc.is_some() && pod.is_none() && !finished {
-        source_refs(dv, ctx, &ns).await?
+        match source(&dv.spec) {
+            Ok(Source::Import(src)) => source_refs(&ctx.client, &cfg, &src, &ns).await?,
+            _ => SourceRefs::default(),
+        }
     } else {
         SourceRefs::default()
     };
@@ -322,7 +333,7 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
     // A host-assisted clone's progress is its source pod's, labelled with the target's UID.
     let progress = match (&clone.source_pod, pvc.as_ref().and_then(|p| p.uid())) {
         (Some(p), Some(target_uid)) if pod_running(p) && ctx.scrape_due(&uid) => {
-            scrape(ctx, p, CLONE_PROGRESS, &target_uid).await
+            scrape(ctx.metrics_client(), p, CLONE_PROGRESS, &target_uid).await
         }
         _ => progress,
     };
@@ -359,7 +370,8 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
             .any(|a| matches!(a, Action::CreatePod(_)))
         && !upload
     {
-        copy_proxy_ca(dv, ctx, ca).await?;
+        let w = pod::Workload::of(dv);
+        copy_proxy_ca(&ctx.client, &ctx.manager, &w, ca).await?;
     }
 
     // Creations and events first, then the status, then deletions: a deletion triggers a
@@ -410,8 +422,13 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
                 kubeops::create(&api, &p, &ctx.manager).await?
             }
             Action::EnsureUploadSecret { namespace } => {
-                let renewal =
-                    super::upload_secret::ensure(&ctx.client, dv, &namespace, &ctx.manager).await?;
+                let renewal = super::upload_secret::ensure(
+                    &ctx.client,
+                    &pod::Workload::of(dv),
+                    &namespace,
+                    &ctx.manager,
+                )
+                .await?;
                 decision.requeue = Some(decision.requeue.map_or(renewal, |r| r.min(renewal)));
             }
             Action::ExpandPvc(size) => {
@@ -540,24 +557,29 @@ async fn storage_defaults(
 
 /// Copies the import proxy's trusted CA ConfigMap from Quarry's namespace next to the
 /// importer pod (CDI's `import-proxy-cm-<pvc>`), owned by the DataVolume.
-async fn copy_proxy_ca(dv: &DataVolume, ctx: &Context, ca: &str) -> Result<()> {
-    let source: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), names::NAMESPACE);
+pub(crate) async fn copy_proxy_ca(
+    client: &Client,
+    manager: &str,
+    w: &pod::Workload,
+    ca: &str,
+) -> Result<()> {
+    let source: Api<ConfigMap> = Api::namespaced(client.clone(), names::NAMESPACE);
     let found = source.get(ca).await?;
-    let ns = dv.namespace().unwrap_or_default();
+    let ns = w.namespace.clone().unwrap_or_default();
     let copy = ConfigMap {
         metadata: ObjectMeta {
-            name: Some(pod::import_proxy_config_map(name(dv))),
+            name: Some(pod::import_proxy_config_map(&w.name)),
             namespace: Some(ns.clone()),
-            labels: Some(super::labels(dv)),
-            owner_references: super::owner_ref(dv).map(|o| vec![o]),
+            labels: Some(w.labels.clone()),
+            owner_references: w.owner.clone().map(|o| vec![o]),
             ..Default::default()
         },
         data: found.data,
         binary_data: found.binary_data,
         immutable: None,
     };
-    let target: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
-    kubeops::create(&target, &copy, &ctx.manager).await
+    let target: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    kubeops::create(&target, &copy, manager).await
 }
 
 /// API answers that refuse an object as written (admission, Pod Security, quota, validation):
@@ -587,10 +609,12 @@ fn pod_running(p: &Pod) -> bool {
 }
 
 /// Keys of the CA ConfigMap and of the header Secrets, so the pod can name each file and key.
-async fn source_refs(dv: &DataVolume, ctx: &Context, ns: &str) -> Result<SourceRefs> {
-    let Ok(Source::Import(src)) = source(&dv.spec) else {
-        return Ok(SourceRefs::default());
-    };
+pub(crate) async fn source_refs(
+    client: &Client,
+    cfg: &Config,
+    src: &ImportSource,
+    ns: &str,
+) -> Result<SourceRefs> {
     let mut refs = SourceRefs::default();
     let keys = |map: ConfigMap| -> Vec<String> {
         let data = map.data.into_iter().flat_map(|d| d.into_keys());
@@ -598,15 +622,15 @@ async fn source_refs(dv: &DataVolume, ctx: &Context, ns: &str) -> Result<SourceR
             .collect()
     };
     if let Some(cm) = &src.cert_config_map {
-        let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
         refs.ca_keys = keys(api.get(cm).await?);
     }
-    if let Some(ca) = pod::proxy_ca(&ctx.settings()) {
-        let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), names::NAMESPACE);
+    if let Some(ca) = pod::proxy_ca(cfg) {
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), names::NAMESPACE);
         refs.proxy_ca_keys = keys(api.get(ca).await?);
     }
     for secret in &src.secret_extra_headers {
-        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+        let api: Api<Secret> = Api::namespaced(client.clone(), ns);
         let s = api.get(secret).await?;
         let keys = s.data.iter().flat_map(|d| d.keys().cloned()).collect();
         refs.header_secrets.push((secret.clone(), keys));
@@ -617,14 +641,26 @@ async fn source_refs(dv: &DataVolume, ctx: &Context, ns: &str) -> Result<SourceR
 /// The running importer's progress, from its metrics endpoint (None when it cannot be read).
 async fn scrape_progress(dv: &DataVolume, pod: &Pod, ctx: &Context) -> Option<f64> {
     let owner = dv.metadata.uid.as_deref().unwrap_or_default();
-    scrape(ctx, pod, IMPORT_PROGRESS, owner).await
+    scrape(ctx.metrics_client(), pod, IMPORT_PROGRESS, owner).await
+}
+
+/// Where importer metrics are read: the client and the pods' metrics port.
+#[derive(Clone, Copy)]
+pub(crate) struct MetricsClient<'a> {
+    pub http: &'a reqwest::Client,
+    pub port: u16,
 }
 
 /// Reads `metric{ownerUID}` from the metrics endpoint of `pod` (None when it cannot be read).
-async fn scrape(ctx: &Context, pod: &Pod, metric: &str, owner_uid: &str) -> Option<f64> {
+pub(crate) async fn scrape(
+    m: MetricsClient<'_>,
+    pod: &Pod,
+    metric: &str,
+    owner_uid: &str,
+) -> Option<f64> {
     let ip = pod.status.as_ref()?.pod_ip.as_ref()?;
-    let url = format!("http://{ip}:{}/metrics", ctx.metrics_port);
-    fetch_progress(&ctx.http, &url, metric, owner_uid).await
+    let url = format!("http://{ip}:{}/metrics", m.port);
+    fetch_progress(m.http, &url, metric, owner_uid).await
 }
 
 /// Reads `metric{ownerUID}` from a metrics URL.

@@ -131,7 +131,7 @@ pub(super) enum Work {
     Upload,
 }
 
-pub(super) fn pod_phase(p: &Pod) -> &str {
+pub(crate) fn pod_phase(p: &Pod) -> &str {
     p.status
         .as_ref()
         .and_then(|s| s.phase.as_deref())
@@ -146,7 +146,7 @@ pub(super) fn pod_ready(p: &Pod) -> bool {
 }
 
 /// Exit code and termination message of the pod's container, when it has terminated.
-pub(super) fn terminated(p: &Pod) -> Option<(i32, String)> {
+pub(crate) fn terminated(p: &Pod) -> Option<(i32, String)> {
     let st = p.status.as_ref()?.container_statuses.as_ref()?.first()?;
     let t = st.state.as_ref()?.terminated.as_ref()?;
     let msg = t.message.clone().unwrap_or_default();
@@ -578,18 +578,19 @@ pub(super) fn start_pod(cx: &mut Ctx<'_>, src: &Source, claim: &Claim, work: Wor
             }
         }
     }
+    let w = pod::Workload::of(cx.dv);
     let p = match src {
-        Source::Import(i) => pod::importer_pod(cx.dv, i, claim, &cx.obs.refs, cx.cfg),
-        Source::Blank => pod::blank_pod(cx.dv, claim, cx.cfg),
-        Source::Upload | Source::Clone(_) => pod::upload_pod(cx.dv, claim, cx.cfg, &pvc_uid(cx)),
+        Source::Import(i) => pod::importer_pod(&w, i, claim, &cx.obs.refs, cx.cfg),
+        Source::Blank => pod::blank_pod(&w, claim, cx.cfg),
+        Source::Upload | Source::Clone(_) => {
+            let archive = source::is_archive(&cx.dv.spec);
+            pod::upload_pod(&w, claim, cx.cfg, &pvc_uid(cx), archive)
+        }
     };
     cx.actions.push(Action::CreatePod(Box::new(p)));
     if work == Work::Upload && !cx.obs.service {
-        cx.actions
-            .push(Action::CreateService(Box::new(pod::upload_service(
-                cx.dv,
-                &pvc_uid(cx),
-            ))));
+        let svc = pod::upload_service(&w, &pvc_uid(cx));
+        cx.actions.push(Action::CreateService(Box::new(svc)));
     }
     if matches!(
         cx.st.phase,

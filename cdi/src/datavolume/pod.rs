@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{
     SecretKeySelector, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
     TCPSocketAction, Volume, VolumeDevice, VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::pvc::{Claim, VolumeMode};
@@ -22,6 +22,45 @@ use super::source::{ImportKind, ImportSource};
 use super::{labels, name};
 use crate::settings::{Config, UploadTls, default_resources};
 use api::DataVolume;
+
+/// Whom a pod works for: the claim it fills and the object that owns it, a DataVolume or (for a
+/// volume populator) the temporary claim PVC'.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Workload {
+    /// What the pods, the upload Service and their Secrets and ConfigMaps are named after
+    /// (`importer-NAME`, `cdi-upload-NAME`): the PVC the upload proxy routes to.
+    pub name: String,
+    /// The PVC the pod mounts.
+    pub claim: String,
+    /// Their namespace.
+    pub namespace: Option<String>,
+    /// The owner's UID: the label of the pod's progress metric.
+    pub uid: String,
+    /// Labels of every object made.
+    pub labels: BTreeMap<String, String>,
+    /// The owner reference of every object made.
+    pub owner: Option<OwnerReference>,
+    /// The pods' priority class.
+    pub priority_class: Option<String>,
+    /// Preallocation asked by the owner (None: the configured default).
+    pub preallocation: Option<bool>,
+}
+
+impl Workload {
+    /// The pods of a DataVolume: its PVC, its labels, owned by it.
+    pub fn of(dv: &DataVolume) -> Workload {
+        Workload {
+            name: name(dv).to_string(),
+            claim: name(dv).to_string(),
+            namespace: dv.metadata.namespace.clone(),
+            uid: dv.metadata.uid.clone().unwrap_or_default(),
+            labels: labels(dv),
+            owner: super::owner_ref(dv),
+            priority_class: dv.spec.priority_class_name.clone(),
+            preallocation: dv.spec.preallocation,
+        }
+    }
+}
 
 /// Where a filesystem volume is mounted in the pod.
 pub const DATA_DIR: &str = "/data";
@@ -115,7 +154,7 @@ fn target_of(mode: VolumeMode, archive: bool) -> &'static str {
 /// The import the pod runs, with the files it mounts and the environment its `$(VAR)`
 /// references read.
 fn import_args(
-    dv: &DataVolume,
+    w: &Workload,
     src: &ImportSource,
     claim: &Claim,
     refs: &SourceRefs,
@@ -154,9 +193,9 @@ fn import_args(
         }
     }
     // Preallocation is of a disk image; an archive's files are written as they are.
-    args.preallocate = !src.archive && dv.spec.preallocation.unwrap_or(cfg.preallocation);
+    args.preallocate = !src.archive && w.preallocation.unwrap_or(cfg.preallocation);
     args.metrics_addr = Some(SocketAddr::from(([0, 0, 0, 0], POD_PORT as u16)));
-    args.owner_uid = Some(dv.metadata.uid.clone().unwrap_or_default());
+    args.owner_uid = Some(w.uid.clone());
     args.json = true;
     (args, env)
 }
@@ -206,17 +245,16 @@ pub(super) fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
 /// owned by the DataVolume, never restarted in place (the controller decides about retries),
 /// meeting Pod Security's `restricted` profile.
 pub(super) fn pod(
-    dv: &DataVolume,
+    w: &Workload,
     pod_name: String,
     claim: &Claim,
     mut c: Container,
     (extra, extra_labels): (Vec<Volume>, BTreeMap<String, String>),
     cfg: &Config,
 ) -> Pod {
-    let pvc = name(dv);
     let mut volumes = vec![Volume {
         persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-            claim_name: pvc.into(),
+            claim_name: w.claim.clone(),
             read_only: None,
         }),
         ..volume("cdi-data-vol")
@@ -241,21 +279,21 @@ pub(super) fn pod(
     c.resources = Some(cfg.resources.clone().unwrap_or_else(default_resources));
     c.termination_message_policy = Some("FallbackToLogsOnError".into());
     c.security_context = Some(restricted_container());
-    let mut meta_labels = labels(dv);
+    let mut meta_labels = w.labels.clone();
     meta_labels.extend(extra_labels);
     Pod {
         metadata: ObjectMeta {
             name: Some(pod_name),
-            namespace: dv.metadata.namespace.clone(),
+            namespace: w.namespace.clone(),
             labels: Some(meta_labels),
-            owner_references: super::owner_ref(dv).map(|o| vec![o]),
+            owner_references: w.owner.clone().map(|o| vec![o]),
             ..Default::default()
         },
         spec: Some(PodSpec {
             containers: vec![c],
             volumes: Some(volumes),
             restart_policy: Some("Never".into()),
-            priority_class_name: dv.spec.priority_class_name.clone(),
+            priority_class_name: w.priority_class.clone(),
             image_pull_secrets: (!cfg.image_pull_secrets.is_empty())
                 .then(|| cfg.image_pull_secrets.clone()),
             security_context: Some(restricted_pod()),
@@ -326,24 +364,24 @@ pub(super) fn secret_volume(vol: &str, secret: &str) -> Volume {
 
 /// The importer pod for an import source: with the import proxy, as CDI's.
 pub fn importer_pod(
-    dv: &DataVolume,
+    w: &Workload,
     src: &ImportSource,
     claim: &Claim,
     refs: &SourceRefs,
     cfg: &Config,
 ) -> Pod {
-    importer_pod_via(dv, src, claim, refs, cfg, true)
+    importer_pod_via(w, src, claim, refs, cfg, true)
 }
 
 fn importer_pod_via(
-    dv: &DataVolume,
+    w: &Workload,
     src: &ImportSource,
     claim: &Claim,
     refs: &SourceRefs,
     cfg: &Config,
     proxied: bool,
 ) -> Pod {
-    let (mut args, mut env) = import_args(dv, src, claim, refs, cfg);
+    let (mut args, mut env) = import_args(w, src, claim, refs, cfg);
     let mut mounts = Vec::new();
     let mut volumes = Vec::new();
     if proxied {
@@ -356,7 +394,7 @@ fn importer_pod_via(
             mounts.push(mount("cdi-proxy-cert-vol", PROXY_CA_DIR, true));
             volumes.push(config_map_volume(
                 "cdi-proxy-cert-vol",
-                &import_proxy_config_map(name(dv)),
+                &import_proxy_config_map(&w.name),
             ));
         }
     }
@@ -377,8 +415,8 @@ fn importer_pod_via(
         ports: port("metrics"),
         ..Default::default()
     };
-    let pod_name = importer_pod_name(name(dv));
-    pod(dv, pod_name, claim, c, (volumes, BTreeMap::new()), cfg)
+    let pod_name = importer_pod_name(&w.name);
+    pod(w, pod_name, claim, c, (volumes, BTreeMap::new()), cfg)
 }
 
 /// A container's arguments: `quarry SUBCOMMAND` and the subcommand's.
@@ -388,19 +426,19 @@ pub fn subcommand(name: &str, args: Vec<String>) -> Vec<String> {
 
 /// The importer pod for a blank disk: an import of an empty source, which leaves a sparse disk
 /// of the usable size.
-pub fn blank_pod(dv: &DataVolume, claim: &Claim, cfg: &Config) -> Pod {
+pub fn blank_pod(w: &Workload, claim: &Claim, cfg: &Config) -> Pod {
     let src = ImportSource {
         url: "/dev/null".into(),
         ..Default::default()
     };
-    importer_pod_via(dv, &src, claim, &SourceRefs::default(), cfg, false)
+    importer_pod_via(w, &src, claim, &SourceRefs::default(), cfg, false)
 }
 
 /// The upload server pod: `quarry upload-server` writing into the volume, TLS from the
 /// configured Secret, client certificates checked against the upload proxy's CA. Labelled with
-/// the UID of the PVC it fills, which its Service selects on.
-pub fn upload_pod(dv: &DataVolume, claim: &Claim, cfg: &Config, pvc_uid: &str) -> Pod {
-    let archive = super::source::is_archive(&dv.spec);
+/// the UID of the PVC it fills, which its Service selects on. `archive`: the upload is a tar
+/// archive extracted into the volume (contentType archive).
+pub fn upload_pod(w: &Workload, claim: &Claim, cfg: &Config, pvc_uid: &str, archive: bool) -> Pod {
     let listen = SocketAddr::from(([0, 0, 0, 0], POD_PORT as u16));
     let mut args = ServerArgs::new(target_of(claim.mode, archive), listen);
     args.archive = archive;
@@ -432,7 +470,7 @@ pub fn upload_pod(dv: &DataVolume, claim: &Claim, cfg: &Config, pvc_uid: &str) -
             tls_args(&mut args);
             args.client_ca = Some(format!("{TLS_DIR}/ca.crt").into());
             mounts.push(mount("cdi-upload-tls", TLS_DIR, true));
-            volumes.push(secret_volume("cdi-upload-tls", &upload_name(name(dv))));
+            volumes.push(secret_volume("cdi-upload-tls", &upload_name(&w.name)));
         }
         None => {}
     }
@@ -456,19 +494,18 @@ pub fn upload_pod(dv: &DataVolume, claim: &Claim, cfg: &Config, pvc_uid: &str) -
         ..Default::default()
     };
     let target = BTreeMap::from([(super::LABEL_TARGET.to_string(), pvc_uid.to_string())]);
-    pod(dv, upload_name(name(dv)), claim, c, (volumes, target), cfg)
+    pod(w, upload_name(&w.name), claim, c, (volumes, target), cfg)
 }
 
 /// The Service in front of the upload server, as CDI names it: port 443 to the pod's 8443,
 /// selecting the upload pod by its PVC's UID.
-pub fn upload_service(dv: &DataVolume, pvc_uid: &str) -> Service {
-    let pvc = name(dv);
+pub fn upload_service(w: &Workload, pvc_uid: &str) -> Service {
     Service {
         metadata: ObjectMeta {
-            name: Some(upload_name(pvc)),
-            namespace: dv.metadata.namespace.clone(),
-            labels: Some(labels(dv)),
-            owner_references: super::owner_ref(dv).map(|o| vec![o]),
+            name: Some(upload_name(&w.name)),
+            namespace: w.namespace.clone(),
+            labels: Some(w.labels.clone()),
+            owner_references: w.owner.clone().map(|o| vec![o]),
             ..Default::default()
         },
         spec: Some(ServiceSpec {

@@ -706,7 +706,7 @@ fn an_upload_pod_with_issued_tls_mounts_its_own_secret_and_requires_the_proxy_cl
     };
     let dv = upload_dv();
     let claim = pvc::claim(&dv, &cfg, &pvc::StorageDefaults::Builtin).unwrap();
-    let p = pod::upload_pod(&dv, &claim, &cfg, "pvc-uid");
+    let p = pod::upload_pod(&pod::Workload::of(&dv), &claim, &cfg, "pvc-uid", false);
     assert_eq!(
         args(&p)[9..],
         [
@@ -735,7 +735,7 @@ fn upload_pod_runs_the_upload_server_with_tls_and_the_service_maps_443() {
     };
     let dv = upload_dv();
     let claim = pvc::claim(&dv, &cfg, &Default::default()).unwrap();
-    let p = pod::upload_pod(&dv, &claim, &cfg, "pvc-uid");
+    let p = pod::upload_pod(&pod::Workload::of(&dv), &claim, &cfg, "pvc-uid", false);
     assert_eq!(
         args(&p),
         [
@@ -760,7 +760,7 @@ fn upload_pod_runs_the_upload_server_with_tls_and_the_service_maps_443() {
     assert!(vols.iter().any(|v| v.name == "cdi-upload-tls"
         && v.secret.as_ref().unwrap().secret_name.as_deref() == Some("upload-tls")));
     let labels = p.metadata.labels.as_ref().unwrap();
-    let svc = pod::upload_service(&dv, "pvc-uid");
+    let svc = pod::upload_service(&pod::Workload::of(&dv), "pvc-uid");
     let spec = svc.spec.unwrap();
     let sel = spec.selector.unwrap();
     assert_eq!(sel[super::LABEL_TARGET], "pvc-uid");
@@ -1154,7 +1154,13 @@ fn an_archive_datavolume_extracts_into_the_volume_directory() {
     let mut upload = upload_dv();
     upload.spec.content_type = dv.spec.content_type;
     let claim = pvc::claim(&upload, &cfg, &pvc::StorageDefaults::Builtin).unwrap();
-    let p = pod::upload_pod(&upload, &claim, &cfg, "pvc-uid");
+    let p = pod::upload_pod(
+        &pod::Workload::of(&upload),
+        &claim,
+        &cfg,
+        "pvc-uid",
+        super::source::is_archive(&upload.spec),
+    );
     assert_eq!(args(&p)[0], "upload-server");
     let server: uploader::cli::ServerArgs = uploader::cli::parse_args(&args(&p)[1..]).unwrap();
     assert_eq!(server.target, std::path::PathBuf::from("/data"));

@@ -1,6 +1,6 @@
 //! The TLS Secret of an upload server when certificates are issued per pod
-//! ([`super::UploadTls::Issued`]), as CDI's upload controller does: in the DataVolume's
-//! namespace, named as the upload pod, owned by the DataVolume (collected with it), holding a
+//! ([`super::UploadTls::Issued`]), as CDI's upload controller does: in the pod's namespace,
+//! named as the upload pod, owned as the pod (collected with its DataVolume or PVC'), holding a
 //! serving certificate for the upload Service's DNS names issued from the cert controller's
 //! upload server signer and the upload proxy's client CA bundle (`ca.crt`), which the upload
 //! server requires of its clients. What to write is `certs::plan::upload_server_secret`'s.
@@ -13,23 +13,22 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 
-use super::{labels, name, owner_ref, pod};
-use api::DataVolume;
+use super::pod::{self, Workload};
 use api::names::secret;
 use certs::{self, pki::Pair, plan};
 use kubekit::error::{Error, Result};
 use kubekit::kubeops;
 
-/// Makes sure the upload server of `dv` has its Secret, issued from the signer in
+/// Makes sure the upload server of `w` has its Secret, issued from the signer in
 /// `signer_namespace`, and that it is current (re-issued when due or when the signer or the
 /// client bundle changed). Returns how soon to look again.
 pub async fn ensure(
     client: &kube::Client,
-    dv: &DataVolume,
+    w: &Workload,
     signer_namespace: &str,
     manager: &str,
 ) -> Result<Duration> {
-    let ns = dv.metadata.namespace.clone().unwrap_or_default();
+    let ns = w.namespace.clone().unwrap_or_default();
     let install_secrets: Api<Secret> = Api::namespaced(client.clone(), signer_namespace);
     let install_maps: Api<ConfigMap> = Api::namespaced(client.clone(), signer_namespace);
     let missing = |what: &str| {
@@ -53,7 +52,7 @@ pub async fn ensure(
         .ok_or_else(|| missing(secret::UPLOAD_SERVER_CLIENT_SIGNER_BUNDLE))?;
     let durations = certs::durations(client).await?;
 
-    let service = pod::upload_name(name(dv));
+    let service = pod::upload_name(&w.name);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let existing = kubeops::get(&secrets, &service)
         .await?
@@ -75,8 +74,8 @@ pub async fn ensure(
         metadata: ObjectMeta {
             name: Some(service.clone()),
             namespace: Some(ns.clone()),
-            labels: Some(labels(dv)),
-            owner_references: owner_ref(dv).map(|o| vec![o]),
+            labels: Some(w.labels.clone()),
+            owner_references: w.owner.clone().map(|o| vec![o]),
             ..ObjectMeta::default()
         },
         type_: Some(plan::TYPE_TLS.into()),

@@ -212,7 +212,7 @@ pub fn source_pod(dv: &DataVolume, s: &SourcePodSpec, cfg: &Config) -> Pod {
         overhead: 0.0,
     };
     let mut p = pod::pod(
-        dv,
+        &pod::Workload::of(dv),
         source_pod_name(s.target_uid),
         &source_claim,
         c,
@@ -280,7 +280,14 @@ pub fn resize_pod(dv: &DataVolume, claim: &Claim, size: u64, cfg: &Config) -> Po
         ..Default::default()
     };
     let meta = (Vec::new(), BTreeMap::new());
-    pod::pod(dv, resize_pod_name(dv), claim, c, meta, cfg)
+    pod::pod(
+        &pod::Workload::of(dv),
+        resize_pod_name(dv),
+        claim,
+        c,
+        meta,
+        cfg,
+    )
 }
 
 /// The metadata of the client certificate Secret of a clone source pod.

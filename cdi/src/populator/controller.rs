@@ -1,0 +1,410 @@
+//! The populator controller on kube-runtime: it watches PVCs (a target's PVC', the pods PVC'
+//! owns and the populator sources map back to the target), reads what [`decide`] needs and
+//! carries out its actions. It registers the sources' kinds as `VolumePopulator`s where the
+//! volume data source validator's CRD is installed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use tracing::{Instrument, info_span};
+
+use super::decide::{Action, Observed, PopulationSource, decide, workload};
+use super::{ANN_POPULATOR_KIND, prime_name, source_ref};
+use crate::datavolume::controller::{MetricsClient, copy_proxy_ca, scrape, source_refs};
+use crate::datavolume::decide::{Event, pod_phase};
+use crate::datavolume::pod::{self, POD_PORT, SourceRefs};
+use crate::datavolume::source::{self, Source};
+use crate::datavolume::status::IMPORT_PROGRESS;
+use crate::datavolume::upload_secret;
+use crate::settings::LiveSettings;
+use api::populator::{self, VolumeImportSource, VolumeUploadSource};
+use kubekit::error::{Error, Result};
+use kubekit::kubeops;
+use kubekit::metrics::Metrics;
+
+/// Name in metrics, events, the field manager and the user agent.
+pub const CONTROLLER: &str = "populator";
+
+/// What every reconcile shares.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// The settings in force.
+    pub live: Arc<LiveSettings>,
+    /// Reconcile metrics.
+    pub metrics: Arc<Metrics>,
+    /// Client for importer metrics endpoints.
+    pub http: reqwest::Client,
+    /// Field manager of every write.
+    pub manager: String,
+    /// The last event published, by target UID (reason, message).
+    announced: Mutex<HashMap<String, (String, String)>>,
+}
+
+impl Context {
+    /// A context for `client` reading the settings `live`.
+    pub fn new(client: Client, live: Arc<LiveSettings>, metrics: Arc<Metrics>) -> Self {
+        netkit::install_tls_provider();
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(3))
+            .build()
+            .unwrap_or_default();
+        Context {
+            client,
+            live,
+            metrics,
+            http,
+            manager: kubeops::manager(CONTROLLER),
+            announced: Mutex::default(),
+        }
+    }
+
+    /// Whether `e` differs from the last event published for `uid` (and if so, records it).
+    fn news(&self, uid: &str, e: &Event) -> bool {
+        let mut announced = self.announced.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (e.reason.clone(), e.message.clone());
+        if announced.get(uid) == Some(&key) {
+            return false;
+        }
+        announced.insert(uid.to_string(), key);
+        true
+    }
+}
+
+/// Reconciles one PVC: a target, or a PVC' (which stands for its target).
+pub async fn reconcile(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result<Requeue> {
+    let ns = pvc.namespace().unwrap_or_default();
+    let span =
+        info_span!("reconcile", controller = CONTROLLER, namespace = %ns, name = %pvc.name_any());
+    async move {
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+        let target = match target_of_prime(&pvc) {
+            Some(target) => match kubeops::get(&pvcs, target).await? {
+                Some(t) => Arc::new(t),
+                None => return Ok(Requeue::await_change()),
+            },
+            None => pvc,
+        };
+        let Some((kind, source_name)) = source_ref(&target) else {
+            return Ok(Requeue::await_change());
+        };
+        let _measure = ctx.metrics.reconcile(CONTROLLER);
+        apply(&target, kind, source_name, &ctx).await
+    }
+    .instrument(span)
+    .await
+}
+
+/// The target a PVC' stands for (its controller owner, a PVC), None for any other PVC.
+fn target_of_prime(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    pvc.annotations().get(ANN_POPULATOR_KIND)?;
+    let owner = pvc
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))?;
+    (owner.kind == "PersistentVolumeClaim").then_some(owner.name.as_str())
+}
+
+/// Retries failed reconciles.
+pub fn error_policy(pvc: Arc<PersistentVolumeClaim>, err: &Error, ctx: Arc<Context>) -> Requeue {
+    kubeops::requeue_after(
+        CONTROLLER,
+        &pvc.name_any(),
+        err,
+        &ctx.metrics,
+        Duration::from_secs(300),
+    )
+}
+
+/// Reads the source a target names (None: missing, or meant for another claim).
+async fn population_source(
+    client: &Client,
+    ns: &str,
+    kind: &str,
+    name: &str,
+    target: &str,
+) -> Result<Option<PopulationSource>> {
+    Ok(if kind == populator::IMPORT_KIND {
+        let api: Api<VolumeImportSource> = Api::namespaced(client.clone(), ns);
+        kubeops::get(&api, name)
+            .await?
+            .filter(|s| {
+                s.spec
+                    .target_claim
+                    .as_deref()
+                    .is_none_or(|c| c.is_empty() || c == target)
+            })
+            .map(|s| PopulationSource::Import(Box::new(s.spec)))
+    } else {
+        let api: Api<VolumeUploadSource> = Api::namespaced(client.clone(), ns);
+        kubeops::get(&api, name)
+            .await?
+            .map(|s| PopulationSource::Upload(s.spec))
+    })
+}
+
+async fn apply(
+    target: &PersistentVolumeClaim,
+    kind: &str,
+    source_name: &str,
+    ctx: &Context,
+) -> Result<Requeue> {
+    let ns = target.namespace().unwrap_or_default();
+    let client = &ctx.client;
+    let cfg = ctx.live.get();
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let name = target.name_any();
+
+    let src = population_source(client, &ns, kind, source_name, &name).await?;
+    let class = match target
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref())
+    {
+        Some(c) => kubeops::get(&Api::<StorageClass>::all(client.clone()), c).await?,
+        None => None,
+    };
+    let prime = kubeops::get(&pvcs, &prime_name(target)).await?;
+    let upload = kind == populator::UPLOAD_KIND;
+    // Named as [`workload`] names them: an upload server for the target, an importer for PVC'.
+    let pod = match &prime {
+        Some(_) if upload => kubeops::get(&pods, &pod::upload_name(&name)).await?,
+        Some(p) => kubeops::get(&pods, &pod::importer_pod_name(&p.name_any())).await?,
+        None => None,
+    };
+    let service = upload
+        && kubeops::get(&services, &pod::upload_name(&name))
+            .await?
+            .is_some();
+    let volume = match prime
+        .as_ref()
+        .and_then(|p| p.spec.as_ref()?.volume_name.as_deref())
+    {
+        Some(v) if !v.is_empty() => kubeops::get(&volumes, v).await?,
+        _ => None,
+    };
+    let import = match &src {
+        Some(PopulationSource::Import(_)) => src.as_ref().map(import_source),
+        _ => None,
+    }
+    .flatten();
+    let refs = match (&import, &prime, &pod) {
+        (Some(i), Some(_), None) => source_refs(client, &cfg, i, &ns).await?,
+        _ => SourceRefs::default(),
+    };
+    let progress = match &pod {
+        Some(p) if !upload && pod_phase(p) == "Running" => {
+            let m = MetricsClient {
+                http: &ctx.http,
+                port: POD_PORT as u16,
+            };
+            scrape(m, p, IMPORT_PROGRESS, &target.uid().unwrap_or_default()).await
+        }
+        _ => None,
+    };
+    let observed = Observed {
+        target,
+        source: src.as_ref(),
+        class: class.as_ref(),
+        prime: prime.as_ref(),
+        pod: pod.as_ref(),
+        service,
+        volume: volume.as_ref(),
+        progress,
+        refs,
+        now: Timestamp::now(),
+    };
+    let mut decision = decide(&observed, &cfg);
+
+    for action in std::mem::take(&mut decision.actions) {
+        match action {
+            Action::CreatePrime(p) => kubeops::create(&pvcs, &p, &ctx.manager).await?,
+            Action::CreatePod(p) => {
+                if let (Some(ca), Some(prime), Some(src)) = (pod::proxy_ca(&cfg), &prime, &src)
+                    && !upload
+                {
+                    let w = workload(target, prime, src);
+                    copy_proxy_ca(client, &ctx.manager, &w, ca).await?;
+                }
+                kubeops::create(&pods, &p, &ctx.manager).await?
+            }
+            Action::CreateService(s) => kubeops::create(&services, &s, &ctx.manager).await?,
+            Action::Annotate(set) => annotate(&pvcs, target, set, &ctx.manager).await?,
+            Action::Rebind {
+                volume,
+                resource_version,
+                claim_ref,
+            } => {
+                // The resourceVersion makes it conditional: a volume that changed since it was
+                // read (still naming PVC' then) is read again, never taken from another claim.
+                let patch = serde_json::json!({
+                    "metadata": {"resourceVersion": resource_version},
+                    "spec": {"claimRef": claim_ref},
+                });
+                let params = PatchParams {
+                    field_manager: Some(ctx.manager.clone()),
+                    ..Default::default()
+                };
+                volumes
+                    .patch(&volume, &params, &Patch::Merge(&patch))
+                    .await?;
+            }
+            Action::EnsureUploadSecret { namespace } => {
+                let (Some(prime), Some(src)) = (&prime, &src) else {
+                    continue;
+                };
+                let w = workload(target, prime, src);
+                let renewal = upload_secret::ensure(client, &w, &namespace, &ctx.manager).await?;
+                decision.requeue = Some(decision.requeue.map_or(renewal, |r| r.min(renewal)));
+            }
+            Action::Event(e) => {
+                if ctx.news(&target.uid().unwrap_or_default(), &e) {
+                    kubeops::publish_event(
+                        client,
+                        &target.object_ref(&()),
+                        e.warning,
+                        &e.reason,
+                        &e.message,
+                        &ctx.manager,
+                    )
+                    .await;
+                }
+            }
+            Action::DeletePod(n) => kubeops::delete(&pods, &n).await?,
+            Action::DeleteService(n) => kubeops::delete(&services, &n).await?,
+            Action::DeletePrime(n) => kubeops::delete(&pvcs, &n).await?,
+        }
+    }
+    Ok(match decision.requeue {
+        Some(d) => Requeue::requeue(d),
+        None => Requeue::await_change(),
+    })
+}
+
+/// The checked import of a VolumeImportSource (None: invalid, which [`decide`] reports).
+fn import_source(src: &PopulationSource) -> Option<crate::datavolume::source::ImportSource> {
+    match source::source(&src.as_spec()).ok()? {
+        Source::Import(i) => Some(i),
+        _ => None,
+    }
+}
+
+/// Merges the annotations that differ into the target (a no-op write would trigger another
+/// reconcile for nothing).
+async fn annotate(
+    pvcs: &Api<PersistentVolumeClaim>,
+    target: &PersistentVolumeClaim,
+    set: BTreeMap<String, Option<String>>,
+    manager: &str,
+) -> Result<()> {
+    let current = target.annotations();
+    let changed: BTreeMap<_, _> = set
+        .into_iter()
+        .filter(|(k, v)| current.get(k) != v.as_ref())
+        .collect();
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let patch = serde_json::json!({"metadata": {"annotations": changed}});
+    let params = PatchParams {
+        field_manager: Some(manager.to_string()),
+        ..Default::default()
+    };
+    pvcs.patch(&target.name_any(), &params, &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// The targets naming the source `name` of `kind` in `ns`.
+fn referring(
+    store: &Store<PersistentVolumeClaim>,
+    kind: &str,
+    ns: Option<String>,
+    name: &str,
+) -> Vec<ObjectRef<PersistentVolumeClaim>> {
+    store
+        .state()
+        .iter()
+        .filter(|p| p.namespace() == ns && source_ref(p) == Some((kind, name)))
+        .map(|p| ObjectRef::from_obj(p.as_ref()))
+        .collect()
+}
+
+/// Registers the three source kinds as `VolumePopulator`s where that CRD is installed (the
+/// volume data source validator's); elsewhere nothing to do.
+pub async fn register(client: &Client, manager: &str) -> Result<()> {
+    let ar = populator::registration::api_resource();
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    let params = PatchParams::apply(manager).force();
+    for obj in populator::registration::objects() {
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        match api.patch(&name, &params, &Patch::Apply(&obj)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                tracing::info!("no VolumePopulator CRD: the populator sources are not registered");
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Runs the populator controller until the process is stopped, over every namespace
+/// (`namespace` None) or one.
+pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
+    use kubekit::kubeops::scoped as api;
+    let client = ctx.client.clone();
+    if let Err(e) = register(&client, &ctx.manager).await {
+        tracing::warn!(error = %e, "registering the VolumePopulators failed");
+    }
+    let controller = Controller::new(
+        api::<PersistentVolumeClaim>(&client, namespace),
+        watcher::Config::default(),
+    );
+    let (imports, uploads) = (controller.store(), controller.store());
+    let results = controller
+        .owns(api::<Pod>(&client, namespace), watcher::Config::default())
+        .watches(
+            api::<VolumeImportSource>(&client, namespace),
+            watcher::Config::default(),
+            move |s| {
+                referring(
+                    &imports,
+                    populator::IMPORT_KIND,
+                    s.namespace(),
+                    &s.name_any(),
+                )
+            },
+        )
+        .watches(
+            api::<VolumeUploadSource>(&client, namespace),
+            watcher::Config::default(),
+            move |s| {
+                referring(
+                    &uploads,
+                    populator::UPLOAD_KIND,
+                    s.namespace(),
+                    &s.name_any(),
+                )
+            },
+        )
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx);
+    kubeops::drain(results).await;
+}

@@ -1,0 +1,1048 @@
+//! The populator's state machine as one pure function: the target PVC, its source, PVC', the
+//! pod filling PVC' and PVC''s volume as observed go in; the API actions come out.
+//!
+//! Target pending → (WaitForFirstConsumer: a node selected, or immediate binding asked) →
+//! PVC' created → its pod runs (importer, or upload server and Service) → the pod succeeded:
+//! PVC''s volume is rebound to the target → the target is bound, PVC' is Lost → PVC', pod and
+//! Service deleted.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{
+    ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod,
+    Service,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::jiff::Timestamp;
+
+use super::{
+    ANN_POD_PHASE, ANN_POD_RESTARTS, ANN_POPULATOR_KIND, ANN_PRIME_NAME, ANN_PROGRESS, ANN_RUNNING,
+    ANN_RUNNING_MESSAGE, ANN_RUNNING_REASON, ANN_SELECTED_NODE, labels, prime_name,
+};
+use crate::datavolume::decide::{Event, pod_phase, terminated};
+use crate::datavolume::pod::{self, SourceRefs, Workload};
+use crate::datavolume::pvc::{Claim, VolumeMode};
+use crate::datavolume::retry::classify;
+use crate::datavolume::source::{self, Source};
+use crate::datavolume::status::{PROGRESS_UNKNOWN, format_progress};
+use crate::datavolume::{ANN_CONTENT_TYPE, ANN_IMMEDIATE_BINDING, ANN_UPLOAD_TARGET};
+use crate::settings::{Config, UploadTls};
+use api::datavolume::{ContentType, DataVolumeSource, DataVolumeSpec};
+use api::populator::{VolumeImportSourceSpec, VolumeUploadSourceSpec};
+
+/// The source object a target PVC's `dataSourceRef` names.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PopulationSource {
+    /// A `VolumeImportSource`.
+    Import(Box<VolumeImportSourceSpec>),
+    /// A `VolumeUploadSource`.
+    Upload(VolumeUploadSourceSpec),
+}
+
+impl PopulationSource {
+    fn kind(&self) -> &'static str {
+        match self {
+            PopulationSource::Import(_) => api::populator::IMPORT_KIND,
+            PopulationSource::Upload(_) => api::populator::UPLOAD_KIND,
+        }
+    }
+
+    fn content_type(&self) -> ContentType {
+        match self {
+            PopulationSource::Import(s) => s.content_type,
+            PopulationSource::Upload(s) => s.content_type,
+        }
+        .unwrap_or_default()
+    }
+
+    fn preallocation(&self) -> Option<bool> {
+        match self {
+            PopulationSource::Import(s) => s.preallocation,
+            PopulationSource::Upload(s) => s.preallocation,
+        }
+    }
+
+    /// The DataVolume spec with the same source, which the DataVolume's checks and pod
+    /// builders take.
+    pub(crate) fn as_spec(&self) -> DataVolumeSpec {
+        let source = match self {
+            PopulationSource::Import(s) => {
+                let t = s.source.clone().unwrap_or_default();
+                DataVolumeSource {
+                    http: t.http,
+                    s3: t.s3,
+                    gcs: t.gcs,
+                    registry: t.registry,
+                    blank: t.blank,
+                    imageio: t.imageio,
+                    vddk: t.vddk,
+                    ..Default::default()
+                }
+            }
+            PopulationSource::Upload(_) => DataVolumeSource {
+                upload: Some(Default::default()),
+                ..Default::default()
+            },
+        };
+        DataVolumeSpec {
+            source: Some(source),
+            content_type: Some(self.content_type()),
+            preallocation: self.preallocation(),
+            ..Default::default()
+        }
+    }
+}
+
+/// What the controller saw.
+#[derive(Debug, Clone)]
+pub struct Observed<'a> {
+    /// The PVC to populate.
+    pub target: &'a PersistentVolumeClaim,
+    /// The source its `dataSourceRef` names (None: not there yet).
+    pub source: Option<&'a PopulationSource>,
+    /// Its StorageClass (None: not found, or the PVC names none).
+    pub class: Option<&'a StorageClass>,
+    /// PVC'.
+    pub prime: Option<&'a PersistentVolumeClaim>,
+    /// The importer or upload server pod of PVC'.
+    pub pod: Option<&'a Pod>,
+    /// Whether the upload Service exists.
+    pub service: bool,
+    /// The PersistentVolume PVC' is (or was) bound to.
+    pub volume: Option<&'a PersistentVolume>,
+    /// Progress read from the running importer, in percent.
+    pub progress: Option<f64>,
+    /// Keys of the ConfigMap and Secrets an import source references.
+    pub refs: SourceRefs,
+    /// The current time.
+    pub now: Timestamp,
+}
+
+/// An API call to make, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Create PVC'.
+    CreatePrime(Box<PersistentVolumeClaim>),
+    /// Create the importer or upload server pod.
+    CreatePod(Box<Pod>),
+    /// Create the upload Service.
+    CreateService(Box<Service>),
+    /// Merge these annotations into the target PVC (None removes one).
+    Annotate(BTreeMap<String, Option<String>>),
+    /// Point the volume's claimRef (naming PVC' when read) at the target PVC.
+    Rebind {
+        /// The PersistentVolume.
+        volume: String,
+        /// Its resourceVersion when read: the write is refused if it changed since.
+        resource_version: String,
+        /// The target PVC.
+        claim_ref: Box<ObjectReference>,
+    },
+    /// Issue (or renew) the upload server's serving certificate from the signer in `namespace`
+    /// (`UploadTls::Issued`), before the pod that mounts it; look again by its renewal time.
+    EnsureUploadSecret {
+        /// The cert controller's namespace, holding the signer.
+        namespace: String,
+    },
+    /// Record an event on the target PVC.
+    Event(Event),
+    /// Delete a pod by name.
+    DeletePod(String),
+    /// Delete the upload Service by name.
+    DeleteService(String),
+    /// Delete PVC'.
+    DeletePrime(String),
+}
+
+/// The outcome of one decision.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Decision {
+    /// The calls to make.
+    pub actions: Vec<Action>,
+    /// Look again after this long even without a change.
+    pub requeue: Option<Duration>,
+}
+
+/// Decides what to do for `obs.target`.
+pub fn decide(obs: &Observed<'_>, cfg: &Config) -> Decision {
+    let mut d = Decision::default();
+    let t = obs.target;
+    if t.metadata.deletion_timestamp.is_some() {
+        return d;
+    }
+    if is_bound(t) {
+        cleanup(obs, &mut d);
+        return d;
+    }
+    let Some(src) = obs.source else {
+        return d;
+    };
+    if !ready_for_population(obs) {
+        return d;
+    }
+    let Some(prime) = obs.prime else {
+        d.actions
+            .push(Action::CreatePrime(Box::new(prime_claim(t, src))));
+        let mut set = vec![(ANN_PRIME_NAME, Some(prime_name(t)))];
+        if matches!(src, PopulationSource::Upload(_)) {
+            // An upload target, for the token API (CDI's upload annotation).
+            set.push((ANN_UPLOAD_TARGET, Some(String::new())));
+        }
+        d.actions.push(annotate(set));
+        d.actions.push(event(
+            false,
+            "CreatedPVCPrimeSuccessfully",
+            "PVC Prime created successfully",
+        ));
+        return d;
+    };
+    // Already rebound: the PV controller binds the target next.
+    if obs
+        .volume
+        .and_then(|v| v.spec.as_ref()?.claim_ref.as_ref()?.uid.as_deref())
+        .is_some_and(|uid| Some(uid) == t.metadata.uid.as_deref())
+    {
+        return d;
+    }
+    match obs.pod {
+        None => start_pod(obs, src, prime, cfg, &mut d),
+        Some(p) => follow_pod(obs, src, prime, p, cfg, &mut d),
+    }
+    // An upload server's certificate comes before its pod, and stays current while it runs.
+    let live = obs
+        .pod
+        .is_some_and(|p| !matches!(pod_phase(p), "Succeeded" | "Failed"));
+    let starts = d.actions.iter().any(|a| matches!(a, Action::CreatePod(_)));
+    if let (PopulationSource::Upload(_), Some(UploadTls::Issued { namespace })) =
+        (src, &cfg.upload_tls)
+        && (live || starts)
+    {
+        let ensure = Action::EnsureUploadSecret {
+            namespace: namespace.clone(),
+        };
+        d.actions.insert(0, ensure);
+    }
+    d
+}
+
+fn is_bound(pvc: &PersistentVolumeClaim) -> bool {
+    pvc.spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .is_some_and(|v| !v.is_empty())
+}
+
+fn annotations(pvc: &PersistentVolumeClaim) -> Option<&BTreeMap<String, String>> {
+    pvc.metadata.annotations.as_ref()
+}
+
+fn annotation<'a>(pvc: &'a PersistentVolumeClaim, key: &str) -> Option<&'a str> {
+    annotations(pvc)?.get(key).map(String::as_str)
+}
+
+/// CDI's rule: a WaitForFirstConsumer claim is populated once the scheduler chose its node,
+/// or at once when immediate binding is asked (the importer then is PVC''s first consumer).
+fn ready_for_population(obs: &Observed<'_>) -> bool {
+    let Some(class) = obs.class else {
+        return false;
+    };
+    let wffc = class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer");
+    !wffc
+        || annotation(obs.target, ANN_SELECTED_NODE).is_some()
+        || annotation(obs.target, ANN_IMMEDIATE_BINDING).is_some()
+}
+
+/// PVC': the target's class, size, modes, on its selected node, owned by it.
+fn prime_claim(t: &PersistentVolumeClaim, src: &PopulationSource) -> PersistentVolumeClaim {
+    let spec = t.spec.clone().unwrap_or_default();
+    let mut ann = BTreeMap::from([
+        (ANN_IMMEDIATE_BINDING.to_string(), String::new()),
+        (ANN_POPULATOR_KIND.to_string(), src.kind().to_string()),
+    ]);
+    if let Some(node) = annotation(t, ANN_SELECTED_NODE) {
+        ann.insert(ANN_SELECTED_NODE.into(), node.into());
+    }
+    if matches!(src, PopulationSource::Upload(_)) {
+        ann.insert(ANN_UPLOAD_TARGET.into(), String::new());
+        let content = match src.content_type() {
+            ContentType::Kubevirt => "kubevirt",
+            ContentType::Archive => "archive",
+        };
+        ann.insert(ANN_CONTENT_TYPE.into(), content.into());
+    }
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(prime_name(t)),
+            namespace: t.metadata.namespace.clone(),
+            labels: Some(labels()),
+            annotations: Some(ann),
+            owner_references: Some(vec![owner(t)]),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: spec.access_modes,
+            resources: spec.resources,
+            storage_class_name: spec.storage_class_name,
+            volume_mode: spec.volume_mode,
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The controller reference of PVC' to its target PVC (no blockOwnerDeletion: deleting the
+/// target need not wait for PVC').
+fn owner(t: &PersistentVolumeClaim) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "PersistentVolumeClaim".into(),
+        name: t.metadata.name.clone().unwrap_or_default(),
+        uid: t.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
+}
+
+/// Whom the pods work for: PVC', owned by it, labelled with the target's UID for progress.
+pub fn workload(
+    t: &PersistentVolumeClaim,
+    prime: &PersistentVolumeClaim,
+    src: &PopulationSource,
+) -> Workload {
+    let uid = |p: &PersistentVolumeClaim| p.metadata.uid.clone().unwrap_or_default();
+    // An upload server is named for the target, which the upload proxy routes by; an importer
+    // for PVC', as CDI names it.
+    let name = match src {
+        PopulationSource::Upload(_) => t.metadata.name.clone(),
+        PopulationSource::Import(_) => prime.metadata.name.clone(),
+    };
+    Workload {
+        name: name.unwrap_or_default(),
+        claim: prime.metadata.name.clone().unwrap_or_default(),
+        namespace: t.metadata.namespace.clone(),
+        uid: uid(t),
+        labels: labels(),
+        owner: Some(OwnerReference {
+            name: prime.metadata.name.clone().unwrap_or_default(),
+            uid: uid(prime),
+            ..owner(t)
+        }),
+        priority_class: None,
+        preallocation: src.preallocation(),
+    }
+}
+
+/// What the pods need of the claim: its size, mode and filesystem overhead.
+fn claim_of(t: &PersistentVolumeClaim, cfg: &Config) -> Result<Claim, String> {
+    let spec = t.spec.clone().unwrap_or_default();
+    let requested = spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref()?.get("storage"))
+        .ok_or("the PVC requests no storage")?;
+    let size = quantity::parse(&requested.0)
+        .map_err(|e| format!("the PVC's storage request {:?}: {e}", requested.0))?;
+    let mode = match spec.volume_mode.as_deref() {
+        Some("Block") => VolumeMode::Block,
+        _ => VolumeMode::Filesystem,
+    };
+    let overhead = match mode {
+        VolumeMode::Filesystem => cfg.overhead(spec.storage_class_name.as_deref()),
+        VolumeMode::Block => 0.0,
+    };
+    Ok(Claim {
+        spec,
+        size,
+        mode,
+        overhead,
+    })
+}
+
+fn start_pod(
+    obs: &Observed<'_>,
+    src: &PopulationSource,
+    prime: &PersistentVolumeClaim,
+    cfg: &Config,
+    d: &mut Decision,
+) {
+    let t = obs.target;
+    let refused = |d: &mut Decision, reason: &str, message: String| {
+        d.actions.push(annotate([
+            (ANN_RUNNING, Some("false".into())),
+            (ANN_RUNNING_REASON, Some(reason.into())),
+            (ANN_RUNNING_MESSAGE, Some(message.clone())),
+        ]));
+        d.actions.push(event(true, reason, &message));
+    };
+    let claim = match claim_of(t, cfg) {
+        Ok(c) => c,
+        Err(e) => return refused(d, "ErrClaimNotValid", e),
+    };
+    let spec = src.as_spec();
+    let source = match source::source(&spec) {
+        Ok(s) => s,
+        Err(e) => return refused(d, "ErrInvalidSource", e.to_string()),
+    };
+    let w = workload(t, prime, src);
+    let target_uid = t.metadata.uid.clone().unwrap_or_default();
+    let p = match &source {
+        Source::Import(i) => pod::importer_pod(&w, i, &claim, &obs.refs, cfg),
+        Source::Blank => pod::blank_pod(&w, &claim, cfg),
+        Source::Upload => {
+            let archive = src.content_type() == ContentType::Archive;
+            pod::upload_pod(&w, &claim, cfg, &target_uid, archive)
+        }
+        Source::Clone(_) => return refused(d, "ErrInvalidSource", "not an import".into()),
+    };
+    d.actions.push(Action::CreatePod(Box::new(p)));
+    if source == Source::Upload && !obs.service {
+        let svc = pod::upload_service(&w, &target_uid);
+        d.actions.push(Action::CreateService(Box::new(svc)));
+    }
+    d.actions.push(annotate([
+        (ANN_POD_PHASE, Some("Pending".into())),
+        (ANN_PROGRESS, Some(PROGRESS_UNKNOWN.into())),
+    ]));
+}
+
+fn follow_pod(
+    obs: &Observed<'_>,
+    src: &PopulationSource,
+    prime: &PersistentVolumeClaim,
+    p: &Pod,
+    cfg: &Config,
+    d: &mut Decision,
+) {
+    let t = obs.target;
+    let phase = pod_phase(p);
+    let restarts: u32 = annotation(t, ANN_POD_RESTARTS)
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    let (done_reason, done_message, failed_reason, failed_message) = match src {
+        PopulationSource::Import(_) => (
+            "importSucceeded",
+            format!("Successfully imported into {}", name(t)),
+            "importFailed",
+            format!("import into {} failed", name(t)),
+        ),
+        PopulationSource::Upload(_) => (
+            "UploadSucceeded",
+            format!("Successfully uploaded into {}", name(t)),
+            "UploadFailed",
+            format!("Upload into {} failed", name(t)),
+        ),
+    };
+    match phase {
+        "Succeeded" => {
+            let Some(volume) = obs.volume else {
+                // PVC' bound before its pod ran; its volume is read on the next look.
+                d.requeue = Some(Duration::from_secs(1));
+                return;
+            };
+            d.actions.push(annotate([
+                (ANN_POD_PHASE, Some("Succeeded".into())),
+                (ANN_PROGRESS, Some("100.0%".into())),
+                (ANN_RUNNING, Some("false".into())),
+                (ANN_RUNNING_REASON, Some("Completed".into())),
+                (ANN_RUNNING_MESSAGE, None),
+                (ANN_PRIME_NAME, None),
+            ]));
+            let names_prime = volume
+                .spec
+                .as_ref()
+                .and_then(|s| s.claim_ref.as_ref()?.uid.as_deref())
+                == prime.metadata.uid.as_deref();
+            if !names_prime {
+                // PVC''s volume belongs to some other claim: never take it.
+                d.actions.push(event(
+                    true,
+                    "ErrRebindingPV",
+                    &format!("the volume of {} is not bound to it", name(prime)),
+                ));
+                return;
+            }
+            d.actions.push(Action::Rebind {
+                volume: volume.metadata.name.clone().unwrap_or_default(),
+                resource_version: volume.metadata.resource_version.clone().unwrap_or_default(),
+                claim_ref: Box::new(ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("PersistentVolumeClaim".into()),
+                    namespace: t.metadata.namespace.clone(),
+                    name: t.metadata.name.clone(),
+                    uid: t.metadata.uid.clone(),
+                    resource_version: t.metadata.resource_version.clone(),
+                    field_path: None,
+                }),
+            });
+            d.actions.push(event(false, done_reason, &done_message));
+        }
+        "Failed" => {
+            let (code, message) = terminated(p).unwrap_or((-1, String::new()));
+            let failure = classify(code);
+            let message = if message.is_empty() {
+                failed_message.clone()
+            } else {
+                format!("{failed_message}: {message}")
+            };
+            d.actions.push(annotate([
+                (ANN_POD_PHASE, Some("Failed".into())),
+                (ANN_RUNNING, Some("false".into())),
+                (ANN_RUNNING_REASON, Some(failure.reason.clone())),
+                (ANN_RUNNING_MESSAGE, Some(message.clone())),
+            ]));
+            d.actions.push(event(true, failed_reason, &message));
+            // A terminal failure keeps its pod (and log); a retryable one starts again after
+            // the back-off, a bounded number of times.
+            if !failure.retryable || restarts >= cfg.retry.max_restarts {
+                return;
+            }
+            let delay = cfg.retry.delay(restarts);
+            let finished = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref()?.first()?.state.as_ref())
+                .and_then(|s| s.terminated.as_ref()?.finished_at.as_ref())
+                .map(|t| t.0);
+            if let Some(at) = finished {
+                let elapsed = obs.now.duration_since(at).unsigned_abs();
+                if elapsed < delay {
+                    d.requeue = Some(delay - elapsed);
+                    return;
+                }
+            }
+            d.actions.push(annotate([(
+                ANN_POD_RESTARTS,
+                Some((restarts + 1).to_string()),
+            )]));
+            d.actions.push(Action::DeletePod(
+                p.metadata.name.clone().unwrap_or_default(),
+            ));
+        }
+        phase => {
+            let running = phase == "Running";
+            let mut set = vec![
+                (ANN_POD_PHASE, Some(phase.to_string())),
+                (ANN_RUNNING, Some(running.to_string())),
+                (
+                    ANN_RUNNING_REASON,
+                    running.then(|| "Pod is running".to_string()),
+                ),
+            ];
+            if let Some(progress) = obs.progress.filter(|p| *p < 100.0) {
+                set.push((ANN_PROGRESS, Some(format_progress(progress))));
+            }
+            d.actions.push(annotate(set));
+            if running && matches!(src, PopulationSource::Import(_)) {
+                d.requeue = Some(cfg.progress_interval);
+            }
+        }
+    }
+}
+
+/// The target is bound: once PVC' lost its volume to it, PVC' and its pod and Service go.
+fn cleanup(obs: &Observed<'_>, d: &mut Decision) {
+    let Some(prime) = obs.prime else {
+        return;
+    };
+    let lost = prime.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Lost");
+    let rebound = obs
+        .volume
+        .and_then(|v| v.spec.as_ref()?.claim_ref.as_ref()?.uid.as_deref())
+        .is_some_and(|uid| Some(uid) != prime.metadata.uid.as_deref());
+    if !(lost || rebound) {
+        return;
+    }
+    if let Some(p) = obs.pod {
+        d.actions.push(Action::DeletePod(
+            p.metadata.name.clone().unwrap_or_default(),
+        ));
+    }
+    if obs.service {
+        d.actions
+            .push(Action::DeleteService(pod::upload_name(&name(obs.target))));
+    }
+    d.actions.push(Action::DeletePrime(
+        prime.metadata.name.clone().unwrap_or_default(),
+    ));
+}
+
+fn name(pvc: &PersistentVolumeClaim) -> String {
+    pvc.metadata.name.clone().unwrap_or_default()
+}
+
+fn annotate<K: Into<String>>(set: impl IntoIterator<Item = (K, Option<String>)>) -> Action {
+    Action::Annotate(set.into_iter().map(|(k, v)| (k.into(), v)).collect())
+}
+
+fn event(warning: bool, reason: &str, message: &str) -> Action {
+    Action::Event(Event {
+        warning,
+        reason: reason.into(),
+        message: message.into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datavolume::ANN_IMMEDIATE_BINDING;
+    use api::datavolume::SourceHttp;
+    use api::populator::ImportSourceType;
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStatus, PersistentVolumeClaimStatus,
+        PersistentVolumeSpec, PodStatus, VolumeResourceRequirements,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    fn target(annotations: &[(&str, &str)]) -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some("disk".into()),
+                namespace: Some("vms".into()),
+                uid: Some("t-uid".into()),
+                resource_version: Some("7".into()),
+                annotations: Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeClaimSpec {
+                access_modes: Some(vec!["ReadWriteOnce".into()]),
+                storage_class_name: Some("local".into()),
+                resources: Some(VolumeResourceRequirements {
+                    requests: Some(BTreeMap::from([(
+                        "storage".to_string(),
+                        Quantity("1Gi".into()),
+                    )])),
+                    limits: None,
+                }),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn class(mode: &str) -> StorageClass {
+        StorageClass {
+            volume_binding_mode: Some(mode.into()),
+            ..Default::default()
+        }
+    }
+
+    fn import() -> PopulationSource {
+        PopulationSource::Import(Box::new(VolumeImportSourceSpec {
+            source: Some(ImportSourceType {
+                http: Some(SourceHttp {
+                    url: "http://files/disk.qcow2".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }))
+    }
+
+    fn prime_of(t: &PersistentVolumeClaim, phase: &str) -> PersistentVolumeClaim {
+        let mut p = prime_claim(t, &import());
+        p.metadata.uid = Some("p-uid".into());
+        p.spec.get_or_insert_default().volume_name = Some("pv-1".into());
+        p.status = Some(PersistentVolumeClaimStatus {
+            phase: Some(phase.into()),
+            ..Default::default()
+        });
+        p
+    }
+
+    fn volume(claim_uid: &str) -> PersistentVolume {
+        PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some("pv-1".into()),
+                resource_version: Some("42".into()),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeSpec {
+                claim_ref: Some(ObjectReference {
+                    uid: Some(claim_uid.into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn pod(phase: &str, exit: Option<i32>) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("importer-prime-t-uid".into()),
+                ..Default::default()
+            },
+            spec: None,
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                container_statuses: exit.map(|code| {
+                    vec![ContainerStatus {
+                        state: Some(ContainerState {
+                            terminated: Some(ContainerStateTerminated {
+                                exit_code: code,
+                                message: Some("source: 404 Not Found".into()),
+                                finished_at: Some(
+                                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                                        Timestamp::UNIX_EPOCH,
+                                    ),
+                                ),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }]
+                }),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn observe<'a>(
+        t: &'a PersistentVolumeClaim,
+        src: &'a PopulationSource,
+        class: &'a StorageClass,
+    ) -> Observed<'a> {
+        Observed {
+            target: t,
+            source: Some(src),
+            class: Some(class),
+            prime: None,
+            pod: None,
+            service: false,
+            volume: None,
+            progress: None,
+            refs: SourceRefs::default(),
+            now: Timestamp::UNIX_EPOCH + std::time::Duration::from_secs(3600),
+        }
+    }
+
+    fn created_prime(d: &Decision) -> &PersistentVolumeClaim {
+        d.actions
+            .iter()
+            .find_map(|a| match a {
+                Action::CreatePrime(p) => Some(p.as_ref()),
+                _ => None,
+            })
+            .expect("PVC' created")
+    }
+
+    #[test]
+    fn wait_for_first_consumer_waits_for_the_selected_node_or_immediate_binding() {
+        let cfg = Config::default();
+        let src = import();
+        let wffc = class("WaitForFirstConsumer");
+        let t = target(&[]);
+        assert_eq!(decide(&observe(&t, &src, &wffc), &cfg), Decision::default());
+
+        let t = target(&[(ANN_SELECTED_NODE, "node-1")]);
+        let d = decide(&observe(&t, &src, &wffc), &cfg);
+        let p = created_prime(&d);
+        assert_eq!(p.metadata.name.as_deref(), Some("prime-t-uid"));
+        let ann = p.metadata.annotations.as_ref().unwrap();
+        assert_eq!(ann[ANN_SELECTED_NODE], "node-1");
+        assert_eq!(ann[ANN_POPULATOR_KIND], "VolumeImportSource");
+        assert!(ann.contains_key(ANN_IMMEDIATE_BINDING));
+        let owner = &p.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("PersistentVolumeClaim", "t-uid")
+        );
+        assert_eq!(
+            p.spec.as_ref().unwrap().storage_class_name.as_deref(),
+            Some("local")
+        );
+
+        let t = target(&[(ANN_IMMEDIATE_BINDING, "true")]);
+        let d = decide(&observe(&t, &src, &wffc), &cfg);
+        let ann = created_prime(&d).metadata.annotations.clone().unwrap();
+        assert!(!ann.contains_key(ANN_SELECTED_NODE));
+
+        // Immediate classes need neither; a missing class or source waits.
+        let t = target(&[]);
+        let imm = class("Immediate");
+        created_prime(&decide(&observe(&t, &src, &imm), &cfg));
+        let no_class = Observed {
+            class: None,
+            ..observe(&t, &src, &imm)
+        };
+        assert_eq!(decide(&no_class, &cfg), Decision::default());
+        let no_source = Observed {
+            source: None,
+            ..observe(&t, &src, &imm)
+        };
+        assert_eq!(decide(&no_source, &cfg), Decision::default());
+    }
+
+    #[test]
+    fn the_importer_fills_prime_and_reports_progress_on_the_target() {
+        let cfg = Config::default();
+        let (src, imm) = (import(), class("Immediate"));
+        let t = target(&[]);
+        let prime = prime_of(&t, "Pending");
+        let d = decide(
+            &Observed {
+                prime: Some(&prime),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        let Some(Action::CreatePod(p)) = d.actions.first() else {
+            panic!("{d:?}")
+        };
+        assert_eq!(p.metadata.name.as_deref(), Some("importer-prime-t-uid"));
+        let spec = p.spec.as_ref().unwrap();
+        let claim = spec.volumes.as_ref().unwrap()[0]
+            .persistent_volume_claim
+            .as_ref();
+        assert_eq!(claim.unwrap().claim_name, "prime-t-uid");
+        let args = spec.containers[0].args.clone().unwrap();
+        assert!(
+            args.contains(&"http://files/disk.qcow2".to_string()),
+            "{args:?}"
+        );
+        assert!(
+            args.contains(&"t-uid".to_string()),
+            "progress labelled by the target: {args:?}"
+        );
+        let owner = &p.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(owner.uid, "p-uid");
+
+        let running = pod("Running", None);
+        let d = decide(
+            &Observed {
+                prime: Some(&prime),
+                pod: Some(&running),
+                progress: Some(42.5),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        let Some(Action::Annotate(set)) = d.actions.first() else {
+            panic!("{d:?}")
+        };
+        assert_eq!(set[ANN_PROGRESS].as_deref(), Some("42.50%"));
+        assert_eq!(set[ANN_POD_PHASE].as_deref(), Some("Running"));
+        assert_eq!(d.requeue, Some(cfg.progress_interval));
+    }
+
+    #[test]
+    fn success_rebinds_the_volume_then_prime_goes_once_lost() {
+        let cfg = Config::default();
+        let (src, imm) = (import(), class("Immediate"));
+        let t = target(&[]);
+        let prime = prime_of(&t, "Bound");
+        let done = pod("Succeeded", Some(0));
+        let pv = volume("p-uid");
+        let d = decide(
+            &Observed {
+                prime: Some(&prime),
+                pod: Some(&done),
+                volume: Some(&pv),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        let rebind = d
+            .actions
+            .iter()
+            .find_map(|a| match a {
+                Action::Rebind {
+                    volume,
+                    resource_version,
+                    claim_ref,
+                } => Some((volume, resource_version, claim_ref)),
+                _ => None,
+            })
+            .expect("rebind");
+        assert_eq!((rebind.0.as_str(), rebind.1.as_str()), ("pv-1", "42"));
+        assert_eq!(rebind.2.uid.as_deref(), Some("t-uid"));
+        assert_eq!(rebind.2.name.as_deref(), Some("disk"));
+        assert!(d.actions.contains(&event(
+            false,
+            "importSucceeded",
+            "Successfully imported into disk"
+        )));
+
+        // A volume some other claim holds is never taken.
+        let other = volume("someone-else");
+        let d = decide(
+            &Observed {
+                prime: Some(&prime),
+                pod: Some(&done),
+                volume: Some(&other),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        assert!(!d.actions.iter().any(|a| matches!(a, Action::Rebind { .. })));
+
+        // Rebound, not yet bound: wait for the PV controller.
+        let rebound = volume("t-uid");
+        let waiting = Observed {
+            prime: Some(&prime),
+            pod: Some(&done),
+            volume: Some(&rebound),
+            ..observe(&t, &src, &imm)
+        };
+        assert_eq!(decide(&waiting, &cfg), Decision::default());
+
+        // Bound: PVC' (Lost), its pod go.
+        let mut bound = t.clone();
+        bound.spec.as_mut().unwrap().volume_name = Some("pv-1".into());
+        let lost = prime_of(&t, "Lost");
+        let d = decide(
+            &Observed {
+                target: &bound,
+                prime: Some(&lost),
+                pod: Some(&done),
+                volume: Some(&rebound),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        assert_eq!(
+            d.actions,
+            vec![
+                Action::DeletePod("importer-prime-t-uid".into()),
+                Action::DeletePrime("prime-t-uid".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn terminal_failures_keep_the_pod_and_retryable_ones_restart_after_the_back_off() {
+        let cfg = Config::default();
+        let (src, imm) = (import(), class("Immediate"));
+        let t = target(&[]);
+        let prime = prime_of(&t, "Bound");
+        let terminal = pod("Failed", Some(15));
+        let d = decide(
+            &Observed {
+                prime: Some(&prime),
+                pod: Some(&terminal),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        assert!(!d.actions.iter().any(|a| matches!(a, Action::DeletePod(_))));
+        let Some(Action::Annotate(set)) = d.actions.first() else {
+            panic!("{d:?}")
+        };
+        assert_eq!(set[ANN_RUNNING_REASON].as_deref(), Some("SourceRejected"));
+        assert!(set[ANN_RUNNING_MESSAGE].as_deref().unwrap().contains("404"));
+
+        let retryable = pod("Failed", Some(20));
+        let d = decide(
+            &Observed {
+                prime: Some(&prime),
+                pod: Some(&retryable),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        assert!(
+            d.actions
+                .contains(&Action::DeletePod("importer-prime-t-uid".into()))
+        );
+        assert!(
+            d.actions
+                .contains(&annotate([(ANN_POD_RESTARTS, Some("1".to_string()))]))
+        );
+
+        let spent = target(&[(ANN_POD_RESTARTS, &cfg.retry.max_restarts.to_string())]);
+        let d = decide(
+            &Observed {
+                target: &spent,
+                prime: Some(&prime),
+                pod: Some(&retryable),
+                ..observe(&spent, &src, &imm)
+            },
+            &cfg,
+        );
+        assert!(!d.actions.iter().any(|a| matches!(a, Action::DeletePod(_))));
+    }
+
+    #[test]
+    fn an_upload_source_gets_an_upload_server_and_a_service_named_for_the_target() {
+        let cfg = Config::default();
+        let src = PopulationSource::Upload(VolumeUploadSourceSpec::default());
+        let imm = class("Immediate");
+        let t = target(&[]);
+        let d = decide(&observe(&t, &src, &imm), &cfg);
+        let ann = created_prime(&d).metadata.annotations.clone().unwrap();
+        assert!(ann.contains_key(ANN_UPLOAD_TARGET));
+        let mut prime = prime_claim(&t, &src);
+        prime.metadata.uid = Some("p-uid".into());
+        let d = decide(
+            &Observed {
+                prime: Some(&prime),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        let names: Vec<_> = d
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::CreatePod(p) => p.metadata.name.clone(),
+                Action::CreateService(s) => s.metadata.name.clone(),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["cdi-upload-disk", "cdi-upload-disk"]);
+
+        // Certificates issued per upload server: its Secret comes first.
+        let issued = Config {
+            upload_tls: Some(UploadTls::Issued {
+                namespace: "quarry".into(),
+            }),
+            ..Config::default()
+        };
+        let d = decide(
+            &Observed {
+                prime: Some(&prime),
+                ..observe(&t, &src, &imm)
+            },
+            &issued,
+        );
+        assert_eq!(
+            d.actions.first(),
+            Some(&Action::EnsureUploadSecret {
+                namespace: "quarry".into()
+            })
+        );
+    }
+
+    #[test]
+    fn an_invalid_source_is_reported_on_the_target_and_nothing_runs() {
+        let cfg = Config::default();
+        let src = PopulationSource::Import(Box::default());
+        let imm = class("Immediate");
+        let t = target(&[]);
+        let prime = prime_of(&t, "Pending");
+        let d = decide(
+            &Observed {
+                prime: Some(&prime),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        assert!(!d.actions.iter().any(|a| matches!(a, Action::CreatePod(_))));
+        assert!(
+            d.actions.iter().any(
+                |a| matches!(a, Action::Event(e) if e.warning && e.reason == "ErrInvalidSource")
+            )
+        );
+    }
+}
