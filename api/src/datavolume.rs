@@ -121,7 +121,7 @@ pub struct DataVolumeSource {
     /// An S3 object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s3: Option<SourceS3>,
-    /// A GCS object (not supported).
+    /// A Google Cloud Storage object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gcs: Option<SourceGcs>,
     /// A containerDisk image in a registry.
@@ -238,13 +238,14 @@ pub struct SourceS3 {
     pub cert_config_map: Option<String>,
 }
 
-/// A GCS source.
+/// A Google Cloud Storage source.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SourceGcs {
-    /// The URL.
+    /// `gs://BUCKET/OBJECT` or `https://HOST/BUCKET/OBJECT`.
     pub url: String,
-    /// Secret with credentials.
+    /// Secret whose `credentials.json` is a Google service-account key; without it the object
+    /// is read anonymously.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<String>,
 }

@@ -383,6 +383,37 @@ mod tests {
         );
     }
 
+    /// CDI's `source.gcs`: a `gs://` or `http(s)://HOST/BUCKET/OBJECT` URL is admitted (with or
+    /// without a Secret), any other scheme refused with the schemes named.
+    #[test]
+    fn a_gcs_source_is_admitted_and_its_url_checked() {
+        let gcs = |gcs: Value| {
+            let mut v = dv(URL, "1Gi");
+            v["spec"]["source"] = json!({ "gcs": gcs });
+            review(&request("CREATE", v, None), None, &Config::default())
+        };
+        for source in [
+            json!({"url": "gs://images/fedora.qcow2", "secretRef": "sa-key"}),
+            json!({"url": "https://storage.googleapis.com/images/fedora.qcow2"}),
+        ] {
+            let r = gcs(source.clone());
+            assert!(r.allowed, "{source}: {:?}", refusal(&r));
+        }
+        let refused = gcs(json!({"url": "s3://images/fedora.qcow2"}));
+        let (msg, code) = refusal(&refused).unwrap();
+        assert_eq!(code, 422);
+        assert!(
+            msg.contains("must start with gs:// or http:// or https://"),
+            "{msg}"
+        );
+        let both = {
+            let mut v = dv(URL, "1Gi");
+            v["spec"]["source"]["gcs"] = json!({"url": "gs://images/fedora.qcow2"});
+            review(&request("CREATE", v, None), None, &Config::default())
+        };
+        assert!(refusal(&both).unwrap().0.contains("exactly one"));
+    }
+
     #[test]
     fn a_pvc_of_the_same_name_must_be_prepared_for_the_datavolume() {
         let pvc = |annotations: Value, owner: Option<&str>| -> PersistentVolumeClaim {

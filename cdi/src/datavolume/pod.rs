@@ -76,6 +76,8 @@ pub const POD_UID: i64 = 107;
 const CERT_DIR: &str = "/certs";
 /// The `secretRef` Secret.
 const SECRET_DIR: &str = "/secret";
+/// A gcs source's `secretRef` Secret (CDI's path), holding `credentials.json`.
+const GCS_SECRET_DIR: &str = "/google";
 /// Upload server TLS key pair.
 pub(super) const TLS_DIR: &str = "/tls";
 /// Upload proxy client CA.
@@ -174,6 +176,9 @@ fn import_args(
     if let Some(secret) = &src.secret_ref {
         match src.kind {
             ImportKind::S3 => args.s3_credentials = Some(SECRET_DIR.into()),
+            ImportKind::Gcs => {
+                args.gcs_credentials = Some(format!("{GCS_SECRET_DIR}/credentials.json").into());
+            }
             ImportKind::Http | ImportKind::Registry => {
                 // The user goes through the environment (kubelet expands `$(VAR)` in args); the
                 // password stays in the mounted file, never on a command line.
@@ -403,7 +408,11 @@ fn importer_pod_via(
         volumes.push(config_map_volume("cdi-cert-vol", cm));
     }
     if let Some(secret) = &src.secret_ref {
-        mounts.push(mount("cdi-secret-vol", SECRET_DIR, true));
+        let dir = match src.kind {
+            ImportKind::Gcs => GCS_SECRET_DIR,
+            _ => SECRET_DIR,
+        };
+        mounts.push(mount("cdi-secret-vol", dir, true));
         volumes.push(secret_volume("cdi-secret-vol", secret));
     }
     let c = Container {

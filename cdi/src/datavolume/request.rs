@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use importer::import::ImportRequest;
+use importer::source::gcs::ServiceAccountKey;
 use importer::source::s3::Credentials;
 use netkit::client::CaBundle;
 
 use super::pvc::Claim;
-use super::source::ImportSource;
+use super::source::{ImportKind, ImportSource};
 use kubekit::error::{Error, Result};
 
 /// An object's data, key by key.
@@ -89,15 +90,20 @@ pub fn import_request(
             pem: pem.clone(),
         }));
     }
+    // A gcs source's Secret holds a service-account key file, the others' a key pair.
+    let gcs_key = match (&src.secret_ref, src.kind) {
+        (Some(name), ImportKind::Gcs) => Some(gcs_key(objects.secret(name)?, name)?),
+        _ => None,
+    };
     let credentials = match &src.secret_ref {
-        Some(name) => {
+        Some(name) if src.kind != ImportKind::Gcs => {
             let data = objects.secret(name)?;
             Some((
                 text(data, name, "accessKeyId")?,
                 text(data, name, "secretKey")?,
             ))
         }
-        None => None,
+        _ => None,
     };
     // As in the importer pod, an S3 source without a Secret is read unsigned: the AWS_*
     // variables of this process are not the DataVolume's.
@@ -109,7 +115,17 @@ pub fn import_request(
     Ok(req
         .with_basic_auth(credentials)
         .with_s3_credentials(s3_keys)
+        .with_gcs_credentials(gcs_key)
         .with_ca_bundles(bundles))
+}
+
+/// The service-account key in a Secret's `credentials.json` (CDI's key).
+fn gcs_key(data: &ObjectData, name: &str) -> Result<ServiceAccountKey> {
+    let json = data.get("credentials.json").ok_or_else(|| {
+        Error::invalid(format!("Secret {name:?} has no key \"credentials.json\""))
+    })?;
+    ServiceAccountKey::from_json(json, &format!("Secret {name:?} key credentials.json"))
+        .map_err(|e| Error::invalid(e.to_string()))
 }
 
 /// The files of `dir/name`, a Secret or ConfigMap as Kubernetes mounts it.
@@ -138,4 +154,57 @@ fn read_dir(dir: Option<&Path>, what: &str, name: &str) -> Result<ObjectData> {
         }
     }
     Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use importer::source::SourceSpec;
+    use testkit::gcs::{CLIENT_EMAIL, Grant, TokenEndpoint};
+
+    use super::*;
+    use crate::datavolume::pvc::VolumeMode;
+    use crate::datavolume::source::ImportKind;
+
+    fn gcs_request(secret: ObjectData) -> Result<ImportRequest> {
+        let src = ImportSource {
+            url: "https://storage.googleapis.com/images/disk.qcow2".into(),
+            kind: ImportKind::Gcs,
+            secret_ref: Some("sa-key".into()),
+            ..Default::default()
+        };
+        let claim = Claim {
+            spec: Default::default(),
+            size: 1 << 30,
+            mode: VolumeMode::Filesystem,
+            overhead: 0.06,
+        };
+        let objects = SourceObjects {
+            secrets: [("sa-key".to_string(), secret)].into(),
+            ..Default::default()
+        };
+        import_request(&src, "disk.img".into(), &claim, false, &objects, &[])
+    }
+
+    /// Local mode reads a gcs source's key from its Secret's `credentials.json`, in memory.
+    #[test]
+    fn a_gcs_secret_s_key_file_authorises_the_import() {
+        let tokens = TokenEndpoint::start(Grant::Verify { expires_in: 3600 });
+        let key = tokens.key_json().into_bytes();
+        let req = gcs_request([("credentials.json".to_string(), key)].into()).unwrap();
+        let SourceSpec::Gcs { options, .. } = &req.source else {
+            panic!("{:?}", req.source)
+        };
+        let creds = options.credentials.as_ref().unwrap();
+        assert_eq!(creds.client_email, CLIENT_EMAIL);
+        assert_eq!(req.http.basic_auth, None);
+
+        let e = gcs_request([("accessKeyId".to_string(), b"x".to_vec())].into()).unwrap_err();
+        assert!(e.to_string().contains("no key \"credentials.json\""), "{e}");
+        let e = gcs_request([("credentials.json".to_string(), b"{}".to_vec())].into()).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("client_email is missing") && text.contains("sa-key"),
+            "{text}"
+        );
+    }
 }

@@ -56,14 +56,15 @@ impl CloneSource {
     }
 }
 
-/// The checked contents of `spec.source.http|registry|s3`.
+/// The checked contents of `spec.source.http|registry|s3|gcs`.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ImportSource {
-    /// `http(s)://...`, `docker://...` or `s3://...` as `quarry import` takes it.
+    /// `http(s)://...`, `docker://...`, `s3://...` or `gs://...` as `quarry import` takes it.
     pub url: String,
     /// Which source type it came from.
     pub kind: ImportKind,
-    /// Secret with `accessKeyId` / `secretKey`.
+    /// Secret with `accessKeyId` / `secretKey` (a gcs source's: `credentials.json`, a Google
+    /// service-account key).
     pub secret_ref: Option<String>,
     /// ConfigMap with CA certificates.
     pub cert_config_map: Option<String>,
@@ -89,6 +90,8 @@ pub enum ImportKind {
     Registry,
     /// `source.s3`.
     S3,
+    /// `source.gcs`.
+    Gcs,
 }
 
 /// The one source of a DataVolume, or a clear error for what Quarry does not support.
@@ -100,7 +103,7 @@ pub fn source(spec: &DataVolumeSpec) -> Result<Source> {
         Source::Upload => {}
         Source::Blank | Source::Clone(_) if archive => {
             return Err(Error::invalid(
-                "contentType archive needs an http, s3, registry or upload source (as CDI's)",
+                "contentType archive needs an http, s3, gcs, registry or upload source (as CDI's)",
             ));
         }
         Source::Blank | Source::Clone(_) => {}
@@ -171,6 +174,14 @@ fn sources(spec: &DataVolumeSpec) -> Result<Source> {
             ..Default::default()
         }));
     }
+    if let Some(g) = &src.gcs {
+        found.push(Source::Import(ImportSource {
+            url: g.url.clone(),
+            kind: ImportKind::Gcs,
+            secret_ref: nonempty(&g.secret_ref),
+            ..Default::default()
+        }));
+    }
     if src.upload.is_some() {
         found.push(Source::Upload);
     }
@@ -193,7 +204,6 @@ fn sources(spec: &DataVolumeSpec) -> Result<Source> {
         }
     }
     for (set, name) in [
-        (src.gcs.is_some(), "gcs"),
         (src.imageio.is_some(), "imageio"),
         (src.vddk.is_some(), "vddk"),
     ] {
@@ -205,7 +215,7 @@ fn sources(spec: &DataVolumeSpec) -> Result<Source> {
     }
     if found.len() != 1 {
         return Err(Error::invalid(format!(
-            "spec.source must have exactly one of http, registry, s3, upload, blank, pvc, snapshot (found {})",
+            "spec.source must have exactly one of http, registry, s3, gcs, upload, blank, pvc, snapshot (found {})",
             found.len()
         )));
     }
@@ -227,6 +237,7 @@ fn check(src: &ImportSource) -> Result<()> {
         ImportKind::Http => &["http://", "https://"],
         ImportKind::Registry => &["docker://"],
         ImportKind::S3 => &["s3://", "http://", "https://"],
+        ImportKind::Gcs => &["gs://", "http://", "https://"],
     };
     if !schemes.iter().any(|s| lower.starts_with(s)) {
         return Err(Error::invalid(format!(
@@ -273,8 +284,10 @@ impl ImportSource {
         args.size = Some(claim.size);
         args.filesystem_overhead = (claim.mode == VolumeMode::Filesystem).then_some(claim.overhead);
         args.checksum = self.checksum.clone();
-        args.s3 =
-            self.kind == ImportKind::S3 && !self.url.to_ascii_lowercase().starts_with("s3://");
+        // CDI's http(s)://HOST/BUCKET/KEY form of an object store's URL, read as that store's.
+        let url = self.url.to_ascii_lowercase();
+        args.s3 = self.kind == ImportKind::S3 && !url.starts_with("s3://");
+        args.gcs = self.kind == ImportKind::Gcs && !url.starts_with("gs://");
         args.headers = self.extra_headers.clone();
         args.archive = self.archive;
         if self.kind == ImportKind::Registry {
@@ -288,7 +301,7 @@ impl ImportSource {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use api::datavolume::{DataVolumeSource, Empty, SourceHttp, SourcePvc};
+    use api::datavolume::{DataVolumeSource, Empty, SourceGcs, SourceHttp, SourcePvc};
 
     fn spec(src: DataVolumeSource) -> DataVolumeSpec {
         DataVolumeSpec {
@@ -399,6 +412,47 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("archive")
+        );
+    }
+
+    /// `source.gcs` imports `gs://` as it is, and CDI's `http(s)://HOST/BUCKET/OBJECT` as a
+    /// GCS object; other schemes are refused by name.
+    #[test]
+    fn a_gcs_source_is_an_import_of_a_gcs_object() {
+        let gcs = |url: &str| {
+            source(&spec(DataVolumeSource {
+                gcs: Some(SourceGcs {
+                    url: url.into(),
+                    secret_ref: Some("sa-key".into()),
+                }),
+                ..Default::default()
+            }))
+        };
+        let claim = Claim {
+            spec: Default::default(),
+            size: 1 << 30,
+            mode: VolumeMode::Block,
+            overhead: 0.0,
+        };
+        for (url, http_form) in [
+            ("gs://images/fedora.qcow2", false),
+            ("https://storage.googleapis.com/images/fedora.qcow2", true),
+        ] {
+            let Source::Import(i) = gcs(url).unwrap() else {
+                panic!("{url}")
+            };
+            assert_eq!(i.kind, ImportKind::Gcs);
+            assert_eq!(i.secret_ref.as_deref(), Some("sa-key"));
+            let args = i.import_args("/dev/cdi-block-volume", &claim, &[]);
+            assert_eq!(
+                (args.source.as_str(), args.gcs, args.s3),
+                (url, http_form, false)
+            );
+        }
+        let e = gcs("s3://images/fedora.qcow2").unwrap_err().to_string();
+        assert!(
+            e.contains("must start with gs:// or http:// or https://"),
+            "{e}"
         );
     }
 

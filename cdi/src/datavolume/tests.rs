@@ -16,7 +16,9 @@ use super::pod::SourceRefs;
 use super::*;
 use crate::settings::{Config, RetryPolicy, UploadTls, default_resources};
 use api::datavolume::condition;
-use api::datavolume::{DataVolumeSource, Empty, SourceHttp, SourceRegistry, SourceS3, StorageSpec};
+use api::datavolume::{
+    DataVolumeSource, Empty, SourceGcs, SourceHttp, SourceRegistry, SourceS3, StorageSpec,
+};
 use api::{DataVolumeSpec, Phase};
 
 const UID: &str = "6b2f2c1e-0000-4000-8000-000000000001";
@@ -687,6 +689,26 @@ fn importer_pod_for_registry_s3_blank_and_block_volumes() {
     let joined = a.join(" ");
     assert!(joined.contains("--s3-credentials /secret --s3"), "{joined}");
     assert!(!joined.contains("--user"), "{joined}");
+
+    // A gcs source's Secret is mounted where CDI mounts it; its key file goes to the importer.
+    let gcs = dv_with(DataVolumeSource {
+        gcs: Some(SourceGcs {
+            url: "https://storage.googleapis.com/bucket/disk.img".into(),
+            secret_ref: Some("sa-key".into()),
+        }),
+        ..Default::default()
+    });
+    let d = decide(&gcs, &o, &cfg);
+    let p = created_pod(&d);
+    let joined = args(p).join(" ");
+    let key = "--gcs-credentials /google/credentials.json --gcs";
+    assert!(joined.contains(key), "{joined}");
+    let mounts = p.spec.as_ref().unwrap().containers[0].volume_mounts.clone();
+    let secret = mounts
+        .unwrap()
+        .into_iter()
+        .find(|m| m.name == "cdi-secret-vol");
+    assert_eq!(secret.map(|m| m.mount_path).as_deref(), Some("/google"));
 
     let blank = dv_with(DataVolumeSource {
         blank: Some(Empty {}),
