@@ -197,8 +197,10 @@ fn datavolume() -> Access {
                 "volumeuploadsources",
                 "volumeclonesources",
             ],
-            &["get", "list", "watch"],
+            &["get", "list", "watch", "create"],
         ),
+        // A DataVolume uses the populators where its StorageClass is a CSI driver's.
+        rule(&["storage.k8s.io"], &["csidrivers"], &["get"]),
         rule(&[""], &["persistentvolumes"], &["get", "patch"]),
         rule(
             &["populator.storage.k8s.io"],

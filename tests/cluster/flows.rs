@@ -39,7 +39,9 @@ fn http_qcow2_xz_import_writes_the_disk() {
     eprintln!("http qcow2.xz DataVolume: {took:.1?} from creation to Succeeded");
 }
 
-/// `volumeMode: Block`: the raw disk is the device's first bytes.
+/// `volumeMode: Block`: the raw disk is the device's first bytes, through the populator (the
+/// default on the CSI class) and, with `usePopulator: "false"`, the importer writing the
+/// DataVolume's own PVC.
 #[test]
 fn http_import_into_a_block_volume() {
     let Some(c) = cluster() else { return };
@@ -48,15 +50,22 @@ fn http_import_into_a_block_volume() {
     let server = FileServer::start(c, dir.path());
     let ns = c.namespace("block", &[]);
     let url = format!("{}/disk.qcow2", server.url);
-    c.apply(&dv_yaml(
-        &ns,
-        "dev",
-        &format!("    http:\n      url: {url}"),
-        "64Mi",
-        true,
-    ));
-    wait_succeeded(c, &ns, "dev", Instant::now());
-    assert_disk(c, &ns, "dev", &image, true);
+    let source = format!("    http:\n      url: {url}");
+    c.apply(&dv_yaml(&ns, "dev", &source, "64Mi", true));
+    let direct = dv_yaml(&ns, "direct", &source, "64Mi", true).replace(
+        "  annotations:\n",
+        "  annotations:\n    cdi.kubevirt.io/storage.usePopulator: \"false\"\n",
+    );
+    c.apply(&direct);
+    for name in ["dev", "direct"] {
+        wait_succeeded(c, &ns, name, Instant::now());
+        assert_disk(c, &ns, name, &image, true);
+    }
+    let source_ref = |pvc: &str| {
+        c.kubectl_ok(&["-n", &ns, "get", "pvc", pvc, "-o", "jsonpath={.spec.dataSourceRef.kind}"])
+    };
+    assert_eq!(source_ref("dev"), "VolumeImportSource");
+    assert_eq!(source_ref("direct"), "");
 }
 
 /// A blank DataVolume is an all-zero disk of the volume's size.
@@ -217,11 +226,12 @@ fn a_wait_for_first_consumer_volume_imports_once_its_consumer_comes() {
     )
     .replace("  annotations:\n", "");
     c.apply(&yaml);
+    // Populated (the CSI class's default): CDI's PendingPopulation until a consumer comes.
     c.wait_for(
         &ns,
         "dv/late",
         "{.status.phase}",
-        "WaitForFirstConsumer",
+        "PendingPopulation",
         crate::support::DV_LIMIT,
     );
     c.apply(&format!(
@@ -366,6 +376,56 @@ fn s3_imports_over_http_and_https() {
         wait_succeeded(c, &ns, name, start);
         assert_disk(c, &ns, name, &image, false);
     }
+}
+
+/// GCS (gcp-storage-emulator on the node's address, CDI's `http://HOST/BUCKET/OBJECT` form),
+/// anonymously and with a service account's key from a Secret (`credentials.json`, mounted at
+/// `/google`), whose token endpoint (testkit's, on the node's address) verifies each assertion.
+#[test]
+fn gcs_imports_anonymously_and_with_a_service_account_key() {
+    let Some(c) = cluster() else { return };
+    if !testkit::gcs::installed() {
+        eprintln!("skipped: gcp-storage-emulator is not installed (scripts/setup.sh installs it)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = qcow2_image(dir.path(), &["xz", "-c"]);
+    let node: std::net::Ipv4Addr = c.node_ip.parse().unwrap();
+    let store = testkit::gcs::Emulator::start_on(node);
+    store.put(&image.path, "images/disk.qcow2.xz");
+    let grant = testkit::gcs::Grant::Verify { expires_in: 3600 };
+    let tokens = testkit::gcs::TokenEndpoint::start_on(node, grant);
+    let ns = c.namespace("gcs", &[]);
+    let key = tokens.write_key_file(dir.path());
+    c.kubectl_ok(&[
+        "-n",
+        &ns,
+        "create",
+        "secret",
+        "generic",
+        "gcs-key",
+        &format!("--from-file=credentials.json={}", key.display()),
+    ]);
+    let url = format!(
+        "{}/{}/images/disk.qcow2.xz",
+        store.endpoint(),
+        testkit::gcs::BUCKET
+    );
+    let anonymous = format!("    gcs:\n      url: {url}");
+    let keyed = format!("    gcs:\n      url: {url}\n      secretRef: gcs-key");
+    let start = Instant::now();
+    c.apply(&dv_yaml(&ns, "anonymous", &anonymous, "64Mi", false));
+    c.apply(&dv_yaml(&ns, "keyed", &keyed, "64Mi", false));
+    for name in ["anonymous", "keyed"] {
+        wait_succeeded(c, &ns, name, start);
+        assert_disk(c, &ns, name, &image, false);
+    }
+    // The keyed import's token came from a verified assertion (the anonymous one asks none).
+    let asked = tokens.requests();
+    assert!(
+        !asked.is_empty() && asked.iter().all(|r| r.outcome.is_ok()),
+        "{asked:?}"
+    );
 }
 
 /// `contentType: archive`: a tar.gz's files land in the volume, a disk image among them as a

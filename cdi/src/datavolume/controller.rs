@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
@@ -29,6 +29,7 @@ use super::clone::objects::temp_snapshot_name;
 use super::clone::{SourceRef, resolve_source_ref};
 use super::decide::{Event, PodRefusal};
 use super::pod::{self, POD_PORT, SourceRefs};
+use super::populated::{self, PopulatorSource};
 use super::pvc::StorageDefaults;
 use super::source::CloneSource;
 use super::source::CloneSourceKind;
@@ -40,6 +41,7 @@ use crate::settings::{LiveSettings, Overrides, default_class};
 use api::datavolume::{ContentType, DataVolumeSourceRef};
 use api::golden::DataSource;
 use api::names;
+use api::populator::{VolumeImportSource, VolumeUploadSource};
 use api::snapshot::VolumeSnapshot;
 use api::{DataVolume, StorageProfile};
 use kubekit::error::{Error, Result};
@@ -280,8 +282,20 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
     };
     let resolved = resolved_source(dv, source_ref.as_ref());
     let (pod_name, upload) = pod_name(dv, resolved.as_ref());
-    let pod = kubeops::get(&pods, &pod_name).await?;
-    let service = if upload {
+    // A populated DataVolume follows its PVC: the pod and Service are the populator's.
+    let csi_class = match (&pvc, &resolved) {
+        (None, Some(src)) if !finished && populated::populates(src) => {
+            Some(csi_class(dv, ctx).await?)
+        }
+        _ => Some(false),
+    };
+    let populated = resolved.as_ref().is_some_and(populated::populates)
+        && populated::uses_populator(dv, pvc.as_ref(), csi_class);
+    let pod = match populated {
+        true => None,
+        false => kubeops::get(&pods, &pod_name).await?,
+    };
+    let service = if upload && !populated {
         kubeops::get(&services, &pod_name).await?.is_some()
     } else {
         false
@@ -345,6 +359,7 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         pod: pod.as_ref(),
         service,
         wait_for_first_consumer: wffc,
+        csi_class,
         progress,
         refs,
         refused: ctx.refusal(&uid),
@@ -380,6 +395,19 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
     for action in std::mem::take(&mut decision.actions) {
         match action {
             Action::CreatePvc(p) => kubeops::create(&pvcs, &p, &ctx.manager).await?,
+            Action::CreatePopulatorSource(s) => match *s {
+                PopulatorSource::Import(metadata, spec) => {
+                    let api: Api<VolumeImportSource> = Api::namespaced(ctx.client.clone(), &ns);
+                    let spec = *spec;
+                    let obj = VolumeImportSource { metadata, spec };
+                    kubeops::create(&api, &obj, &ctx.manager).await?
+                }
+                PopulatorSource::Upload(metadata, spec) => {
+                    let api: Api<VolumeUploadSource> = Api::namespaced(ctx.client.clone(), &ns);
+                    let obj = VolumeUploadSource { metadata, spec };
+                    kubeops::create(&api, &obj, &ctx.manager).await?
+                }
+            },
             Action::CreatePod(p) => match kubeops::create(&pods, &p, &ctx.manager).await {
                 Ok(()) => ctx.set_refusal(&uid, None),
                 Err(Error::Kube(kube::Error::Api(e))) if is_refusal(e.code) => {
@@ -553,6 +581,35 @@ async fn storage_defaults(
         _ => None,
     };
     Ok(StorageDefaults::Cluster { class, profile })
+}
+
+/// Whether the StorageClass the DataVolume's PVC will have is a CSI driver's: a CSIDriver
+/// object names its provisioner (CDI's test for using populators). Skipped when the
+/// DataVolume's annotation decides.
+async fn csi_class(dv: &DataVolume, ctx: &Context) -> Result<bool> {
+    if dv.annotations().contains_key(populated::ANN_USE_POPULATOR) {
+        return Ok(false);
+    }
+    let named = dv
+        .spec
+        .pvc
+        .as_ref()
+        .and_then(|p| p.storage_class_name.clone())
+        .or_else(|| dv.spec.storage.as_ref()?.storage_class_name.clone());
+    let classes: Api<StorageClass> = Api::all(ctx.client.clone());
+    let class = match named {
+        Some(name) => kubeops::get(&classes, &name).await?,
+        None => {
+            let all = classes.list(&Default::default()).await?.items;
+            let disk_image = dv.spec.content_type != Some(ContentType::Archive);
+            default_class(&all, disk_image).cloned()
+        }
+    };
+    let Some(class) = class else {
+        return Ok(false);
+    };
+    let drivers: Api<CSIDriver> = Api::all(ctx.client.clone());
+    Ok(kubeops::get(&drivers, &class.provisioner).await?.is_some())
 }
 
 /// Copies the import proxy's trusted CA ConfigMap from Quarry's namespace next to the

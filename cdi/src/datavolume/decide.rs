@@ -16,6 +16,7 @@ use super::clone::SourceRef;
 use super::clone::flow::CloneObserved;
 use super::name;
 use super::pod::{self, SourceRefs};
+use super::populated;
 use super::pvc::{self, Claim, StorageDefaults};
 use super::retry::classify;
 use super::source::{self, Source};
@@ -36,6 +37,9 @@ pub struct Observed<'a> {
     pub service: bool,
     /// The PVC's StorageClass binds WaitForFirstConsumer.
     pub wait_for_first_consumer: bool,
+    /// Whether the StorageClass of a PVC yet to be made is a CSI driver's (the volume
+    /// populators fill such PVCs, as CDI's do); None where no populator runs (local mode).
+    pub csi_class: Option<bool>,
     /// Progress read from the running importer's metrics, in percent.
     pub progress: Option<f64>,
     /// Keys of the ConfigMap and Secrets the source references.
@@ -80,6 +84,8 @@ pub struct Event {
 pub enum Action {
     /// Create the PVC.
     CreatePvc(Box<PersistentVolumeClaim>),
+    /// Create the VolumeImportSource or VolumeUploadSource the PVC names.
+    CreatePopulatorSource(Box<super::populated::PopulatorSource>),
     /// Create the importer or upload pod.
     CreatePod(Box<Pod>),
     /// Create the upload Service.
@@ -138,7 +144,7 @@ pub(crate) fn pod_phase(p: &Pod) -> &str {
         .unwrap_or("Pending")
 }
 
-pub(super) fn pod_ready(p: &Pod) -> bool {
+pub(crate) fn pod_ready(p: &Pod) -> bool {
     p.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -317,7 +323,7 @@ impl Ctx<'_> {
     }
 
     /// UploadScheduled: the upload pod is not ready yet.
-    fn upload_scheduled(&mut self, pvc: &str) {
+    pub(super) fn upload_scheduled(&mut self, pvc: &str) {
         self.phase(
             Phase::UploadScheduled,
             Some((
@@ -443,6 +449,10 @@ fn steps(dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) -> Decision {
     }
     if let Source::Clone(c) = &src {
         super::clone::flow::decide_clone(&mut cx, c, &claim);
+        return cx.finish();
+    }
+    if populated::populates(&src) && populated::uses_populator(dv, obs.pvc, obs.csi_class) {
+        populated::decide_populated(&mut cx, &src, &claim);
         return cx.finish();
     }
     if !claim_ready(&mut cx, &claim) {

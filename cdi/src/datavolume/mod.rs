@@ -7,6 +7,8 @@
 //! - [`clone`]: clones: the strategy, its steps ([`clone::flow`]), the objects it makes
 //!   ([`clone::objects`]), what it reads ([`clone::observe`]) and the signed clone token that
 //!   authorizes one from another namespace ([`clone::token`]);
+//! - [`populated`]: a DataVolume filled by the volume populators ([`crate::populator`]), CDI's
+//!   default on CSI storage;
 //! - [`decide`]: the state machine: observed PVC and pod in, status and actions out;
 //! - [`retry`]: terminal versus retryable failures and the back-off;
 //! - [`controller`]: the kube-runtime controller that executes the actions;
@@ -26,6 +28,7 @@ pub mod clone;
 pub mod controller;
 pub mod decide;
 pub mod pod;
+pub mod populated;
 pub mod pvc;
 pub mod request;
 pub mod retry;

@@ -28,6 +28,14 @@ pub fn classify(exit_code: i32) -> Failure {
     }
 }
 
+/// Whether `reason` (a [`Failure`]'s) names a terminal failure.
+pub fn is_terminal(reason: &str) -> bool {
+    (0..=255).any(|code| {
+        let f = classify(code);
+        !f.retryable && f.reason == reason
+    })
+}
+
 /// `quarry import`'s terminal exit codes and the reasons CDI users see for them (tests' table).
 #[cfg(test)]
 pub(crate) const TERMINAL_EXIT_CODES: [(i32, &str); 6] = [
@@ -53,6 +61,16 @@ mod tests {
                     retryable: false
                 }
             );
+        }
+    }
+
+    #[test]
+    fn terminal_reasons_are_known_by_name() {
+        for (_, reason) in TERMINAL_EXIT_CODES {
+            assert!(is_terminal(reason), "{reason}");
+        }
+        for reason in ["SourceUnavailable", "IOError", "Error", ""] {
+            assert!(!is_terminal(reason), "{reason}");
         }
     }
 

@@ -127,6 +127,7 @@ fn obs<'a>(pvc: Option<&'a PersistentVolumeClaim>, pod: Option<&'a Pod>) -> Obse
         pod,
         service: false,
         wait_for_first_consumer: false,
+        csi_class: Some(false),
         progress: None,
         refs: SourceRefs::default(),
         storage: Default::default(),
@@ -1211,4 +1212,177 @@ fn an_archive_pvc_carries_cdis_content_type_annotation() {
     assert_eq!(ann(&dv), None);
     dv.spec.content_type = Some(api::datavolume::ContentType::Archive);
     assert_eq!(ann(&dv).as_deref(), Some("archive"));
+}
+
+/// A PVC made for a populated DataVolume, with the populator's annotations.
+fn populated_pvc(phase: &str, annotations: &[(&str, &str)]) -> PersistentVolumeClaim {
+    let mut p = pvc(phase);
+    p.metadata.annotations = Some(
+        annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    p.spec = Some(k8s_openapi::api::core::v1::PersistentVolumeClaimSpec {
+        data_source_ref: Some(k8s_openapi::api::core::v1::TypedObjectReference {
+            api_group: Some("cdi.kubevirt.io".into()),
+            kind: "VolumeImportSource".into(),
+            name: format!("volume-import-source-{UID}"),
+            namespace: None,
+        }),
+        ..Default::default()
+    });
+    p
+}
+
+fn on_csi<'a>(pvc: Option<&'a PersistentVolumeClaim>) -> Observed<'a> {
+    Observed {
+        csi_class: Some(true),
+        ..obs(pvc, None)
+    }
+}
+
+#[test]
+fn on_a_csi_class_a_datavolume_makes_its_import_source_and_a_pvc_naming_it() {
+    use crate::datavolume::populated::PopulatorSource;
+    let cfg = Config::default();
+    let mut dv = http_dv();
+    dv.metadata.annotations = Some(BTreeMap::from([(
+        ANN_IMMEDIATE_BINDING.to_string(),
+        "true".to_string(),
+    )]));
+    let d = step(&mut dv, &on_csi(None), &cfg);
+    let Some(Action::CreatePopulatorSource(src)) = d.actions.first() else {
+        panic!("{:?}", d.actions)
+    };
+    let PopulatorSource::Import(meta, spec) = src.as_ref() else {
+        panic!("{src:?}")
+    };
+    let name = format!("volume-import-source-{UID}");
+    assert_eq!(meta.name.as_deref(), Some(name.as_str()));
+    assert_eq!(meta.owner_references.as_ref().unwrap()[0].uid, UID);
+    let http = spec.source.as_ref().unwrap().http.as_ref().unwrap();
+    assert_eq!(http.url, "https://images.example/fedora.qcow2");
+    assert_eq!(http.checksum.as_deref(), Some(SHA));
+    assert_eq!(spec.target_claim.as_deref(), Some("fedora"));
+    let Some(Action::CreatePvc(p)) = d.actions.get(1) else {
+        panic!("{:?}", d.actions)
+    };
+    let r = p.spec.as_ref().unwrap().data_source_ref.as_ref().unwrap();
+    assert_eq!(
+        (r.kind.as_str(), r.name.as_str()),
+        ("VolumeImportSource", name.as_str())
+    );
+    assert!(
+        p.metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .contains_key(ANN_IMMEDIATE_BINDING)
+    );
+    assert!(!d.actions.iter().any(|a| matches!(a, Action::CreatePod(_))));
+    assert_eq!(d.status.phase, Some(Phase::Pending));
+
+    // usePopulator "false", or a PVC made without a source: the importer pod as before.
+    let mut off = http_dv();
+    off.metadata.annotations = Some(BTreeMap::from([(
+        crate::datavolume::populated::ANN_USE_POPULATOR.to_string(),
+        "false".to_string(),
+    )]));
+    let d = step(&mut off, &on_csi(None), &cfg);
+    assert!(
+        !d.actions
+            .iter()
+            .any(|a| matches!(a, Action::CreatePopulatorSource(_)))
+    );
+    let bound = pvc("Bound");
+    let d = step(&mut http_dv(), &on_csi(Some(&bound)), &cfg);
+    created_pod(&d);
+}
+
+#[test]
+fn a_populated_datavolume_follows_the_populator_annotations_to_success() {
+    use crate::populator::{ANN_POD_PHASE, ANN_PROGRESS, ANN_SELECTED_NODE};
+    let cfg = Config::default();
+    let mut dv = http_dv();
+    // WaitForFirstConsumer, no node chosen yet: PendingPopulation.
+    let waiting = populated_pvc("Pending", &[]);
+    let d = step(
+        &mut dv,
+        &Observed {
+            wait_for_first_consumer: true,
+            ..on_csi(Some(&waiting))
+        },
+        &cfg,
+    );
+    assert_eq!(d.status.phase, Some(Phase::PendingPopulation));
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+
+    let chosen = populated_pvc(
+        "Pending",
+        &[(ANN_SELECTED_NODE, "n1"), (ANN_POD_PHASE, "Pending")],
+    );
+    let d = step(&mut dv, &on_csi(Some(&chosen)), &cfg);
+    assert_eq!(d.status.phase, Some(Phase::ImportScheduled));
+    assert_eq!(events(&d), [(false, "ImportScheduled".to_string())]);
+
+    let running = populated_pvc(
+        "Pending",
+        &[(ANN_POD_PHASE, "Running"), (ANN_PROGRESS, "42.50%")],
+    );
+    let d = step(&mut dv, &on_csi(Some(&running)), &cfg);
+    assert_eq!(d.status.phase, Some(Phase::ImportInProgress));
+    assert_eq!(d.status.progress.as_deref(), Some("42.50%"));
+    assert_eq!(cond(&d, condition::RUNNING).status, "True");
+
+    let bound = populated_pvc(
+        "Bound",
+        &[(ANN_POD_PHASE, "Succeeded"), (ANN_PROGRESS, "100.0%")],
+    );
+    let d = step(&mut dv, &on_csi(Some(&bound)), &cfg);
+    assert_eq!(d.status.phase, Some(Phase::Succeeded));
+    assert_eq!(d.status.progress.as_deref(), Some("100.00%"));
+    assert_eq!(cond(&d, condition::READY).status, "True");
+    assert_eq!(events(&d), [(false, "ImportSucceeded".to_string())]);
+}
+
+#[test]
+fn a_populated_datavolume_fails_on_a_terminal_failure_and_counts_retries() {
+    use crate::populator::{
+        ANN_POD_PHASE, ANN_POD_RESTARTS, ANN_RUNNING_MESSAGE, ANN_RUNNING_REASON,
+    };
+    let cfg = Config::default();
+    let mut dv = http_dv();
+    let retrying = populated_pvc(
+        "Pending",
+        &[
+            (ANN_POD_PHASE, "Failed"),
+            (ANN_POD_RESTARTS, "2"),
+            (ANN_RUNNING_REASON, "SourceUnavailable"),
+            (ANN_RUNNING_MESSAGE, "import into fedora failed: 503"),
+        ],
+    );
+    let d = step(&mut dv, &on_csi(Some(&retrying)), &cfg);
+    assert_ne!(d.status.phase, Some(Phase::Failed));
+    assert_eq!(d.status.restart_count, Some(2));
+    assert_eq!(
+        cond(&d, condition::RUNNING).reason.as_deref(),
+        Some("SourceUnavailable")
+    );
+
+    let terminal = populated_pvc(
+        "Pending",
+        &[
+            (ANN_POD_PHASE, "Failed"),
+            (ANN_RUNNING_REASON, "ChecksumMismatch"),
+            (ANN_RUNNING_MESSAGE, "import into fedora failed: checksum"),
+        ],
+    );
+    let d = step(&mut dv, &on_csi(Some(&terminal)), &cfg);
+    assert_eq!(d.status.phase, Some(Phase::Failed));
+    assert_eq!(
+        cond(&d, condition::READY).reason.as_deref(),
+        Some("ChecksumMismatch")
+    );
+    assert_eq!(events(&d), [(true, "ImportFailed".to_string())]);
 }

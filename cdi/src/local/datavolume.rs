@@ -331,6 +331,8 @@ pub fn apply(
             pod: pod.as_ref(),
             service: false,
             wait_for_first_consumer: false,
+            // No populator runs in local mode: the import runs here.
+            csi_class: None,
             progress: worker.as_ref().and_then(|_| progress.percent()),
             refs: SourceRefs::default(),
             storage: StorageDefaults::Builtin,
@@ -381,6 +383,8 @@ pub fn apply(
                 | Action::CreateSourcePod(_)
                 | Action::DeleteSourcePod { .. }
                 | Action::ExpandPvc(_) => {}
+                // No populator runs here (`csi_class: None`): the import runs in-process.
+                Action::CreatePopulatorSource(_) => {}
                 Action::Event(e) => {
                     tracing::info!(reason = %e.reason, warning = e.warning, "{}", e.message)
                 }

@@ -18,10 +18,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::jiff::Timestamp;
 
 use super::{
-    ANN_POD_PHASE, ANN_POD_RESTARTS, ANN_POPULATOR_KIND, ANN_PRIME_NAME, ANN_PROGRESS, ANN_RUNNING,
-    ANN_RUNNING_MESSAGE, ANN_RUNNING_REASON, ANN_SELECTED_NODE, labels, prime_name,
+    ANN_POD_PHASE, ANN_POD_READY, ANN_POD_RESTARTS, ANN_POPULATOR_KIND, ANN_PRIME_NAME,
+    ANN_PROGRESS, ANN_RUNNING, ANN_RUNNING_MESSAGE, ANN_RUNNING_REASON, ANN_SELECTED_NODE, labels,
+    prime_name,
 };
-use crate::datavolume::decide::{Event, pod_phase, terminated};
+use crate::datavolume::decide::{Event, pod_phase, pod_ready, terminated};
 use crate::datavolume::pod::{self, SourceRefs, Workload};
 use crate::datavolume::pvc::{Claim, VolumeMode};
 use crate::datavolume::retry::classify;
@@ -524,6 +525,7 @@ fn follow_pod(
             let running = phase == "Running";
             let mut set = vec![
                 (ANN_POD_PHASE, Some(phase.to_string())),
+                (ANN_POD_READY, Some(pod_ready(p).to_string())),
                 (ANN_RUNNING, Some(running.to_string())),
                 (
                     ANN_RUNNING_REASON,

@@ -28,6 +28,8 @@ pub const ANN_POPULATOR_KIND: &str = "cdi.kubevirt.io/storage.populator.kind";
 pub const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 /// Target PVC annotation: the phase of the pod that fills it (CDI's).
 pub const ANN_POD_PHASE: &str = "cdi.kubevirt.io/storage.pod.phase";
+/// Target PVC annotation: whether the pod that fills it is ready (an upload server takes data).
+pub const ANN_POD_READY: &str = "cdi.kubevirt.io/storage.pod.ready";
 /// Target PVC annotation: how many times the pod that fills it was started again (CDI's).
 pub const ANN_POD_RESTARTS: &str = "cdi.kubevirt.io/storage.pod.restarts";
 /// Target PVC annotations: the Running condition of the pod that fills it (CDI's).

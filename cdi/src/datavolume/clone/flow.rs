@@ -713,6 +713,7 @@ mod tests {
             pod,
             service: pod.is_some(),
             wait_for_first_consumer: false,
+            csi_class: Some(false),
             progress: None,
             refs: SourceRefs::default(),
             storage: Default::default(),
