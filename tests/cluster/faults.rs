@@ -102,19 +102,41 @@ fn a_data_volume_deleted_mid_import_leaves_nothing() {
     delete_and_expect_nothing_left(c, &ns, "slow");
 }
 
-/// Deletes the DataVolume `name` and waits until its pods, PVC, Services, PV and pool directory
-/// are all gone.
-fn delete_and_expect_nothing_left(c: &Cluster, ns: &str, name: &str) {
-    let pv = c.kubectl_ok(&[
+/// The PersistentVolume holding the data of the PVC `pvc`: its own, or while a populator fills
+/// it, its PVC''s.
+fn volume_holding(c: &Cluster, ns: &str, pvc: &str) -> String {
+    let volume_of = |pvc: &str| {
+        c.kubectl_ok(&[
+            "-n",
+            ns,
+            "get",
+            "pvc",
+            pvc,
+            "-o",
+            "jsonpath={.spec.volumeName}",
+        ])
+    };
+    let pv = volume_of(pvc);
+    if !pv.is_empty() {
+        return pv;
+    }
+    let uid = c.kubectl_ok(&[
         "-n",
         ns,
         "get",
         "pvc",
-        name,
+        pvc,
         "-o",
-        "jsonpath={.spec.volumeName}",
+        "jsonpath={.metadata.uid}",
     ]);
-    assert!(!pv.is_empty());
+    volume_of(&format!("prime-{uid}"))
+}
+
+/// Deletes the DataVolume `name` and waits until its pods, PVC (and a populator's PVC'),
+/// Services, PV and pool directory are all gone.
+fn delete_and_expect_nothing_left(c: &Cluster, ns: &str, name: &str) {
+    let pv = volume_holding(c, ns, name);
+    assert!(!pv.is_empty(), "no volume holds {name}'s data");
     c.kubectl_ok(&[
         "-n",
         ns,
@@ -173,15 +195,7 @@ fn a_data_volume_deleted_mid_upload_leaves_nothing() {
         .spawn()
         .unwrap();
     // the upload is under way once its first bytes are in the volume on the node
-    let pv = c.kubectl_ok(&[
-        "-n",
-        &ns,
-        "get",
-        "pvc",
-        "up",
-        "-o",
-        "jsonpath={.spec.volumeName}",
-    ]);
+    let pv = volume_holding(c, &ns, "up");
     let disk = std::path::Path::new("/var/hpvolumes/csi")
         .join(&pv)
         .join("disk.img");
@@ -574,15 +588,7 @@ fn an_import_into_a_pool_that_fills_up_says_so_and_recovers() {
     ]);
     assert_ne!(phase, "Succeeded");
     // what the failed attempt wrote is gone: no disk that looks complete
-    let pv = c.kubectl_ok(&[
-        "-n",
-        &ns,
-        "get",
-        "pvc",
-        "full",
-        "-o",
-        "jsonpath={.spec.volumeName}",
-    ]);
+    let pv = volume_holding(c, &ns, "full");
     let disk = pool.mount.join(&pv).join("disk.img");
     let len = std::fs::metadata(&disk).map_or(0, |m| m.len());
     assert!(

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
@@ -88,15 +89,26 @@ pub async fn reconcile(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Re
     async move {
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
         let target = match target_of_prime(&pvc) {
-            Some(target) => match kubeops::get(&pvcs, target).await? {
-                Some(t) => Arc::new(t),
-                None => return Ok(Requeue::await_change()),
+            Some(owner) => match kubeops::get(&pvcs, &owner.name).await? {
+                Some(t) if t.metadata.uid.as_deref() == Some(owner.uid.as_str()) => Arc::new(t),
+                // The target is gone: PVC' and its pod go now (the garbage collector would wait
+                // for a pod that still uses PVC', which PVC''s deletion protection waits for).
+                _ => {
+                    orphaned(&ctx, &ns, &pvc, &owner.name).await?;
+                    return Ok(Requeue::await_change());
+                }
             },
             None => pvc,
         };
         let Some((kind, source_name)) = source_ref(&target) else {
             return Ok(Requeue::await_change());
         };
+        if target.metadata.deletion_timestamp.is_some() {
+            if let Some(prime) = kubeops::get(&pvcs, &prime_name(&target)).await? {
+                orphaned(&ctx, &ns, &prime, &target.name_any()).await?;
+            }
+            return Ok(Requeue::await_change());
+        }
         let _measure = ctx.metrics.reconcile(CONTROLLER);
         apply(&target, kind, source_name, &ctx).await
     }
@@ -105,13 +117,36 @@ pub async fn reconcile(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Re
 }
 
 /// The target a PVC' stands for (its controller owner, a PVC), None for any other PVC.
-fn target_of_prime(pvc: &PersistentVolumeClaim) -> Option<&str> {
+fn target_of_prime(pvc: &PersistentVolumeClaim) -> Option<&OwnerReference> {
     pvc.annotations().get(ANN_POPULATOR_KIND)?;
     let owner = pvc
         .owner_references()
         .iter()
         .find(|o| o.controller == Some(true))?;
-    (owner.kind == "PersistentVolumeClaim").then_some(owner.name.as_str())
+    (owner.kind == "PersistentVolumeClaim").then_some(owner)
+}
+
+/// Deletes the pods of a PVC' whose target is gone (or going), and PVC' itself.
+async fn orphaned(
+    ctx: &Context,
+    ns: &str,
+    prime: &PersistentVolumeClaim,
+    target: &str,
+) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    kubeops::delete(&pods, &pod::importer_pod_name(&prime.name_any())).await?;
+    let kind = prime
+        .annotations()
+        .get(ANN_POPULATOR_KIND)
+        .map(String::as_str);
+    if kind == Some(populator::UPLOAD_KIND) {
+        kubeops::delete(&pods, &pod::upload_name(target)).await?;
+    }
+    if prime.metadata.deletion_timestamp.is_none() {
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
+        kubeops::delete(&pvcs, &prime.name_any()).await?;
+    }
+    Ok(())
 }
 
 /// Retries failed reconciles.

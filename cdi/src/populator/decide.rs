@@ -442,14 +442,22 @@ fn follow_pod(
                 d.requeue = Some(Duration::from_secs(1));
                 return;
             };
-            d.actions.push(annotate([
+            let mut set = vec![
                 (ANN_POD_PHASE, Some("Succeeded".into())),
                 (ANN_PROGRESS, Some("100.0%".into())),
                 (ANN_RUNNING, Some("false".into())),
                 (ANN_RUNNING_REASON, Some("Completed".into())),
                 (ANN_RUNNING_MESSAGE, None),
                 (ANN_PRIME_NAME, None),
-            ]));
+            ];
+            // The node PVC''s volume is on, as if the PVC had been bound by a consumer there
+            // (clones of it are placed by it).
+            if annotation(t, ANN_SELECTED_NODE).is_none()
+                && let Some(node) = annotation(prime, ANN_SELECTED_NODE)
+            {
+                set.push((ANN_SELECTED_NODE, Some(node.to_string())));
+            }
+            d.actions.push(annotate(set));
             let names_prime = volume
                 .spec
                 .as_ref()
@@ -652,6 +660,11 @@ mod tests {
     fn prime_of(t: &PersistentVolumeClaim, phase: &str) -> PersistentVolumeClaim {
         let mut p = prime_claim(t, &import());
         p.metadata.uid = Some("p-uid".into());
+        // The scheduler placed its importer there.
+        p.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(ANN_SELECTED_NODE.into(), "node-7".into());
         p.spec.get_or_insert_default().volume_name = Some("pv-1".into());
         p.status = Some(PersistentVolumeClaimStatus {
             phase: Some(phase.into()),
@@ -868,6 +881,11 @@ mod tests {
             })
             .expect("rebind");
         assert_eq!((rebind.0.as_str(), rebind.1.as_str()), ("pv-1", "42"));
+        let placed = d.actions.iter().any(|a| {
+            matches!(a, Action::Annotate(set)
+                if set.get(ANN_SELECTED_NODE) == Some(&Some("node-7".to_string())))
+        });
+        assert!(placed, "PVC''s node carried to the target: {:?}", d.actions);
         assert_eq!(rebind.2.uid.as_deref(), Some("t-uid"));
         assert_eq!(rebind.2.name.as_deref(), Some("disk"));
         assert!(d.actions.contains(&event(

@@ -15,5 +15,6 @@ mod datavolume;
 mod hostpath;
 mod hyperconverged;
 mod leader;
+mod populator;
 mod support;
 mod webhooks;
