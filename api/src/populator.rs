@@ -142,9 +142,9 @@ pub mod registration {
         )
     }
 
-    /// One registration per source kind Quarry populates, named as CDI names them.
+    /// One registration per source kind, named as CDI names them.
     pub fn objects() -> Vec<serde_json::Value> {
-        [super::IMPORT_KIND, super::UPLOAD_KIND]
+        [super::IMPORT_KIND, super::UPLOAD_KIND, super::CLONE_KIND]
             .into_iter()
             .map(|kind| {
                 serde_json::json!({

@@ -1,12 +1,14 @@
-//! CDI's volume populators on the node: PVCs whose `dataSourceRef` names a VolumeImportSource
-//! or a VolumeUploadSource, filled through a PVC' whose volume is then rebound to them.
+//! CDI's volume populators on the node: PVCs whose `dataSourceRef` names a VolumeImportSource,
+//! a VolumeUploadSource or a VolumeCloneSource, filled through a PVC' whose volume is then
+//! rebound to them.
 
 use std::time::Instant;
 
 use testkit::cluster::Cluster;
 
 use crate::support::{
-    CLASS, DV_LIMIT, FileServer, assert_disk, event_reasons, post_upload, qcow2_image, upload_token,
+    CLASS, DV_LIMIT, FileServer, SNAPSHOT_CLASS, assert_disk, event_reasons, post_upload,
+    qcow2_image, snapshot_class, upload_token,
 };
 
 /// A PVC of the bundle's class filled by `kind`/`source`, with `annotations` (YAML lines).
@@ -198,5 +200,89 @@ spec: {{contentType: kubevirt}}
     assert!(
         reasons.iter().any(|r| r == "UploadSucceeded"),
         "{reasons:?}"
+    );
+}
+
+/// VolumeCloneSources: a populated PVC cloned by the CSI driver, and a snapshot of it restored,
+/// each into a PVC that binds with the source's disk (no pod copies anything).
+#[test]
+fn a_volume_clone_source_clones_a_pvc_and_restores_a_snapshot() {
+    let Some(c) = crate::support::cluster() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let image = qcow2_image(dir.path(), &[]);
+    let server = FileServer::start(c, dir.path());
+    let ns = c.namespace("populate-clone", &[]);
+    let immediate = "cdi.kubevirt.io/storage.bind.immediate.requested: 'true'";
+    c.apply(&import_source(
+        &ns,
+        "src",
+        &format!("{}/disk.qcow2", server.url),
+    ));
+    c.apply(&populated_pvc(
+        &ns,
+        "golden",
+        "VolumeImportSource",
+        "src",
+        immediate,
+    ));
+    c.wait_for(&ns, "pvc/golden", "{.status.phase}", "Bound", DV_LIMIT);
+    snapshot_class(c);
+    c.apply(&format!(
+        "apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {{name: snap, namespace: {ns}}}
+spec:
+  volumeSnapshotClassName: {SNAPSHOT_CLASS}
+  source: {{persistentVolumeClaimName: golden}}
+---
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: VolumeCloneSource
+metadata: {{name: from-pvc, namespace: {ns}}}
+spec:
+  source: {{kind: PersistentVolumeClaim, name: golden}}
+---
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: VolumeCloneSource
+metadata: {{name: from-snap, namespace: {ns}}}
+spec:
+  source: {{apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: snap}}
+"
+    ));
+    c.apply(&populated_pvc(
+        &ns,
+        "copy",
+        "VolumeCloneSource",
+        "from-pvc",
+        immediate,
+    ));
+    c.apply(&populated_pvc(
+        &ns,
+        "restored",
+        "VolumeCloneSource",
+        "from-snap",
+        immediate,
+    ));
+    for pvc in ["copy", "restored"] {
+        c.wait_for(
+            &ns,
+            &format!("pvc/{pvc}"),
+            "{.status.phase}",
+            "Bound",
+            DV_LIMIT,
+        );
+        wait_prime_gone(c, &ns, pvc);
+        assert_disk(c, &ns, pvc, &image, false);
+        let reasons = event_reasons(c, &ns, "PersistentVolumeClaim", pvc);
+        assert!(
+            reasons.iter().any(|r| r == "CloneSucceeded"),
+            "{pvc}: {reasons:?}"
+        );
+    }
+    let pods = c.kubectl_ok(&["-n", &ns, "get", "pods", "-o", "name"]);
+    assert!(
+        !pods.contains("importer-prime"),
+        "a clone ran a pod: {pods}"
     );
 }

@@ -18,8 +18,8 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use tracing::{Instrument, info_span};
 
-use super::decide::{Action, Observed, PopulationSource, decide, workload};
-use super::{ANN_POPULATOR_KIND, prime_name, source_ref};
+use super::decide::{Action, CloneOrigin, Observed, PopulationSource, decide, workload};
+use super::{ANN_POPULATOR_KIND, ANN_SELECTED_NODE, prime_name, source_ref};
 use crate::datavolume::controller::{MetricsClient, copy_proxy_ca, scrape, source_refs};
 use crate::datavolume::decide::{Event, pod_phase};
 use crate::datavolume::pod::{self, POD_PORT, SourceRefs};
@@ -27,7 +27,8 @@ use crate::datavolume::source::{self, Source};
 use crate::datavolume::status::IMPORT_PROGRESS;
 use crate::datavolume::upload_secret;
 use crate::settings::LiveSettings;
-use api::populator::{self, VolumeImportSource, VolumeUploadSource};
+use api::populator::{self, VolumeCloneSource, VolumeImportSource, VolumeUploadSource};
+use api::snapshot::VolumeSnapshot;
 use kubekit::error::{Error, Result};
 use kubekit::kubeops;
 use kubekit::metrics::Metrics;
@@ -179,11 +180,16 @@ async fn population_source(
                     .is_none_or(|c| c.is_empty() || c == target)
             })
             .map(|s| PopulationSource::Import(Box::new(s.spec)))
-    } else {
+    } else if kind == populator::UPLOAD_KIND {
         let api: Api<VolumeUploadSource> = Api::namespaced(client.clone(), ns);
         kubeops::get(&api, name)
             .await?
             .map(|s| PopulationSource::Upload(s.spec))
+    } else {
+        let api: Api<VolumeCloneSource> = Api::namespaced(client.clone(), ns);
+        kubeops::get(&api, name)
+            .await?
+            .map(|s| PopulationSource::Clone(s.spec))
     })
 }
 
@@ -249,6 +255,32 @@ async fn apply(
         }
         _ => None,
     };
+    // A clone's source: the PVC, or the snapshot and the node of the PVC it was taken of.
+    let (origin_pvc, origin_snapshot, snapshot_node) = match &src {
+        Some(PopulationSource::Clone(c)) if c.source.kind == "PersistentVolumeClaim" => {
+            (kubeops::get(&pvcs, &c.source.name).await?, None, None)
+        }
+        Some(PopulationSource::Clone(c)) if c.source.kind == "VolumeSnapshot" => {
+            let api: Api<VolumeSnapshot> = Api::namespaced(client.clone(), &ns);
+            let snap = kubeops::get(&api, &c.source.name).await?;
+            let taken_of = snap
+                .as_ref()
+                .and_then(|s| s.spec.source.persistent_volume_claim_name.clone());
+            let node = match taken_of {
+                Some(p) => kubeops::get(&pvcs, &p)
+                    .await?
+                    .and_then(|p| p.annotations().get(ANN_SELECTED_NODE).cloned()),
+                None => None,
+            };
+            (None, snap, node)
+        }
+        _ => (None, None, None),
+    };
+    let origin = match (&origin_pvc, &origin_snapshot) {
+        (Some(p), _) => Some(CloneOrigin::Pvc(p)),
+        (_, Some(s)) => Some(CloneOrigin::Snapshot(s, snapshot_node.as_deref())),
+        _ => None,
+    };
     let observed = Observed {
         target,
         source: src.as_ref(),
@@ -257,6 +289,7 @@ async fn apply(
         pod: pod.as_ref(),
         service,
         volume: volume.as_ref(),
+        origin,
         progress,
         refs,
         now: Timestamp::now(),
@@ -412,7 +445,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
         api::<PersistentVolumeClaim>(&client, namespace),
         watcher::Config::default(),
     );
-    let (imports, uploads) = (controller.store(), controller.store());
+    let (imports, uploads, clones) = (controller.store(), controller.store(), controller.store());
     let results = controller
         .owns(api::<Pod>(&client, namespace), watcher::Config::default())
         .watches(
@@ -438,6 +471,11 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
                     &s.name_any(),
                 )
             },
+        )
+        .watches(
+            api::<VolumeCloneSource>(&client, namespace),
+            watcher::Config::default(),
+            move |s| referring(&clones, populator::CLONE_KIND, s.namespace(), &s.name_any()),
         )
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx);

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod,
-    Service,
+    Service, TypedLocalObjectReference,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -31,7 +31,8 @@ use crate::datavolume::status::{PROGRESS_UNKNOWN, format_progress};
 use crate::datavolume::{ANN_CONTENT_TYPE, ANN_IMMEDIATE_BINDING, ANN_UPLOAD_TARGET};
 use crate::settings::{Config, UploadTls};
 use api::datavolume::{ContentType, DataVolumeSource, DataVolumeSpec};
-use api::populator::{VolumeImportSourceSpec, VolumeUploadSourceSpec};
+use api::populator::{VolumeCloneSourceSpec, VolumeImportSourceSpec, VolumeUploadSourceSpec};
+use api::snapshot::VolumeSnapshot;
 
 /// The source object a target PVC's `dataSourceRef` names.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +41,17 @@ pub enum PopulationSource {
     Import(Box<VolumeImportSourceSpec>),
     /// A `VolumeUploadSource`.
     Upload(VolumeUploadSourceSpec),
+    /// A `VolumeCloneSource`.
+    Clone(VolumeCloneSourceSpec),
+}
+
+/// What a `VolumeCloneSource` names, as observed.
+#[derive(Debug, Clone, Copy)]
+pub enum CloneOrigin<'a> {
+    /// A PVC of the target's namespace.
+    Pvc(&'a PersistentVolumeClaim),
+    /// A VolumeSnapshot of the target's namespace, and the node of the PVC it was taken of.
+    Snapshot(&'a VolumeSnapshot, Option<&'a str>),
 }
 
 impl PopulationSource {
@@ -47,6 +59,7 @@ impl PopulationSource {
         match self {
             PopulationSource::Import(_) => api::populator::IMPORT_KIND,
             PopulationSource::Upload(_) => api::populator::UPLOAD_KIND,
+            PopulationSource::Clone(_) => api::populator::CLONE_KIND,
         }
     }
 
@@ -54,6 +67,7 @@ impl PopulationSource {
         match self {
             PopulationSource::Import(s) => s.content_type,
             PopulationSource::Upload(s) => s.content_type,
+            PopulationSource::Clone(_) => None,
         }
         .unwrap_or_default()
     }
@@ -62,6 +76,7 @@ impl PopulationSource {
         match self {
             PopulationSource::Import(s) => s.preallocation,
             PopulationSource::Upload(s) => s.preallocation,
+            PopulationSource::Clone(s) => s.preallocation,
         }
     }
 
@@ -86,6 +101,8 @@ impl PopulationSource {
                 upload: Some(Default::default()),
                 ..Default::default()
             },
+            // A clone runs no pod: nothing for the pod builders.
+            PopulationSource::Clone(_) => DataVolumeSource::default(),
         };
         DataVolumeSpec {
             source: Some(source),
@@ -113,6 +130,8 @@ pub struct Observed<'a> {
     pub service: bool,
     /// The PersistentVolume PVC' is (or was) bound to.
     pub volume: Option<&'a PersistentVolume>,
+    /// What a `VolumeCloneSource` names (None: missing, or not a clone).
+    pub origin: Option<CloneOrigin<'a>>,
     /// Progress read from the running importer, in percent.
     pub progress: Option<f64>,
     /// Keys of the ConfigMap and Secrets an import source references.
@@ -183,9 +202,34 @@ pub fn decide(obs: &Observed<'_>, cfg: &Config) -> Decision {
     if !ready_for_population(obs) {
         return d;
     }
+    let clone = match src {
+        PopulationSource::Clone(c) => match clone_source(obs, c) {
+            Ok(data_source) => Some(data_source),
+            Err(Some(problem)) => {
+                d.actions.push(event(true, "ErrCloneSource", &problem));
+                return d;
+            }
+            // Not there or not ready yet: a source PVC's binding is not watched for its
+            // targets, so look again soon.
+            Err(None) => {
+                d.requeue = Some(Duration::from_secs(5));
+                return d;
+            }
+        },
+        _ => None,
+    };
     let Some(prime) = obs.prime else {
-        d.actions
-            .push(Action::CreatePrime(Box::new(prime_claim(t, src))));
+        let mut p = prime_claim(t, src);
+        if let Some((data_source, node)) = clone {
+            let spec = p.spec.get_or_insert_default();
+            spec.data_source = Some(data_source);
+            // A node-local driver clones where the source is.
+            if let Some(node) = node {
+                let ann = p.metadata.annotations.get_or_insert_default();
+                ann.insert(ANN_SELECTED_NODE.into(), node);
+            }
+        }
+        d.actions.push(Action::CreatePrime(Box::new(p)));
         let mut set = vec![(ANN_PRIME_NAME, Some(prime_name(t)))];
         if matches!(src, PopulationSource::Upload(_)) {
             // An upload target, for the token API (CDI's upload annotation).
@@ -205,6 +249,10 @@ pub fn decide(obs: &Observed<'_>, cfg: &Config) -> Decision {
         .and_then(|v| v.spec.as_ref()?.claim_ref.as_ref()?.uid.as_deref())
         .is_some_and(|uid| Some(uid) == t.metadata.uid.as_deref())
     {
+        return d;
+    }
+    if clone.is_some() {
+        cloned(obs, prime, &mut d);
         return d;
     }
     match obs.pod {
@@ -317,7 +365,7 @@ pub fn workload(
     // for PVC', as CDI names it.
     let name = match src {
         PopulationSource::Upload(_) => t.metadata.name.clone(),
-        PopulationSource::Import(_) => prime.metadata.name.clone(),
+        PopulationSource::Import(_) | PopulationSource::Clone(_) => prime.metadata.name.clone(),
     };
     Workload {
         name: name.unwrap_or_default(),
@@ -434,58 +482,13 @@ fn follow_pod(
             "UploadFailed",
             format!("Upload into {} failed", name(t)),
         ),
+        PopulationSource::Clone(_) => return,
     };
     match phase {
         "Succeeded" => {
-            let Some(volume) = obs.volume else {
-                // PVC' bound before its pod ran; its volume is read on the next look.
-                d.requeue = Some(Duration::from_secs(1));
-                return;
-            };
-            let mut set = vec![
-                (ANN_POD_PHASE, Some("Succeeded".into())),
-                (ANN_PROGRESS, Some("100.0%".into())),
-                (ANN_RUNNING, Some("false".into())),
-                (ANN_RUNNING_REASON, Some("Completed".into())),
-                (ANN_RUNNING_MESSAGE, None),
-                (ANN_PRIME_NAME, None),
-            ];
-            // The node PVC''s volume is on, as if the PVC had been bound by a consumer there
-            // (clones of it are placed by it).
-            if annotation(t, ANN_SELECTED_NODE).is_none()
-                && let Some(node) = annotation(prime, ANN_SELECTED_NODE)
-            {
-                set.push((ANN_SELECTED_NODE, Some(node.to_string())));
+            if rebind(obs, prime, d) {
+                d.actions.push(event(false, done_reason, &done_message));
             }
-            d.actions.push(annotate(set));
-            let names_prime = volume
-                .spec
-                .as_ref()
-                .and_then(|s| s.claim_ref.as_ref()?.uid.as_deref())
-                == prime.metadata.uid.as_deref();
-            if !names_prime {
-                // PVC''s volume belongs to some other claim: never take it.
-                d.actions.push(event(
-                    true,
-                    "ErrRebindingPV",
-                    &format!("the volume of {} is not bound to it", name(prime)),
-                ));
-                return;
-            }
-            d.actions.push(Action::Rebind {
-                volume: volume.metadata.name.clone().unwrap_or_default(),
-                resource_version: volume.metadata.resource_version.clone().unwrap_or_default(),
-                claim_ref: Box::new(ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("PersistentVolumeClaim".into()),
-                    namespace: t.metadata.namespace.clone(),
-                    name: t.metadata.name.clone(),
-                    uid: t.metadata.uid.clone(),
-                    resource_version: t.metadata.resource_version.clone(),
-                    field_path: None,
-                }),
-            });
-            d.actions.push(event(false, done_reason, &done_message));
         }
         "Failed" => {
             let (code, message) = terminated(p).unwrap_or((-1, String::new()));
@@ -548,6 +551,112 @@ fn follow_pod(
                 d.requeue = Some(cfg.progress_interval);
             }
         }
+    }
+}
+
+/// Gives PVC''s volume to the target: true when the rebind is asked. PVC''s node goes with
+/// it, as if the target had been bound by a consumer there (clones of it are placed by it).
+fn rebind(obs: &Observed<'_>, prime: &PersistentVolumeClaim, d: &mut Decision) -> bool {
+    let t = obs.target;
+    let Some(volume) = obs.volume else {
+        // PVC' bound; its volume is read on the next look.
+        d.requeue = Some(Duration::from_secs(1));
+        return false;
+    };
+    let names_prime = volume
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref()?.uid.as_deref())
+        == prime.metadata.uid.as_deref();
+    if !names_prime {
+        // PVC''s volume belongs to some other claim: never take it.
+        let message = format!("the volume of {} is not bound to it", name(prime));
+        d.actions.push(event(true, "ErrRebindingPV", &message));
+        return false;
+    }
+    let mut set = vec![
+        (ANN_POD_PHASE, Some("Succeeded".into())),
+        (ANN_PROGRESS, Some("100.0%".into())),
+        (ANN_RUNNING, Some("false".into())),
+        (ANN_RUNNING_REASON, Some("Completed".into())),
+        (ANN_RUNNING_MESSAGE, None),
+        (ANN_PRIME_NAME, None),
+    ];
+    if annotation(t, ANN_SELECTED_NODE).is_none()
+        && let Some(node) = annotation(prime, ANN_SELECTED_NODE)
+    {
+        set.push((ANN_SELECTED_NODE, Some(node.to_string())));
+    }
+    d.actions.push(annotate(set));
+    d.actions.push(Action::Rebind {
+        volume: volume.metadata.name.clone().unwrap_or_default(),
+        resource_version: volume.metadata.resource_version.clone().unwrap_or_default(),
+        claim_ref: Box::new(ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("PersistentVolumeClaim".into()),
+            namespace: t.metadata.namespace.clone(),
+            name: t.metadata.name.clone(),
+            uid: t.metadata.uid.clone(),
+            resource_version: t.metadata.resource_version.clone(),
+            field_path: None,
+        }),
+    });
+    true
+}
+
+/// The `dataSource` of a clone's PVC' and the node to make it on; Err(None) while the source
+/// is missing or not ready, Err(Some(why)) when it cannot be cloned by the CSI driver (another
+/// StorageClass or volume mode: a host-assisted copy, which Quarry's populator does not do).
+fn clone_source(
+    obs: &Observed<'_>,
+    c: &VolumeCloneSourceSpec,
+) -> Result<(TypedLocalObjectReference, Option<String>), Option<String>> {
+    let spec = obs.target.spec.clone().unwrap_or_default();
+    match obs.origin {
+        None => Err(None),
+        Some(CloneOrigin::Pvc(src)) => {
+            let bound = src.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+            if !bound {
+                return Err(None);
+            }
+            let src_spec = src.spec.clone().unwrap_or_default();
+            let mode = |m: &Option<String>| m.clone().unwrap_or_else(|| "Filesystem".into());
+            if src_spec.storage_class_name != spec.storage_class_name
+                || mode(&src_spec.volume_mode) != mode(&spec.volume_mode)
+            {
+                return Err(Some(format!(
+                    "PVC {} is of another StorageClass or volume mode: a VolumeCloneSource \
+                     is cloned by the CSI driver only",
+                    c.source.name
+                )));
+            }
+            let node = annotation(src, ANN_SELECTED_NODE).map(String::from);
+            Ok((c.source.clone(), node))
+        }
+        Some(CloneOrigin::Snapshot(snap, node)) => {
+            let ready = snap.status.as_ref().and_then(|s| s.ready_to_use) == Some(true);
+            if !ready {
+                return Err(None);
+            }
+            Ok((c.source.clone(), node.map(String::from)))
+        }
+    }
+}
+
+/// A clone's PVC' is made by the CSI driver from its source: once bound, its volume is the
+/// target's.
+fn cloned(obs: &Observed<'_>, prime: &PersistentVolumeClaim, d: &mut Decision) {
+    let bound = prime.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+    if !bound {
+        d.actions.push(annotate([(
+            ANN_PROGRESS,
+            Some(PROGRESS_UNKNOWN.to_string()),
+        )]));
+        return;
+    }
+    if rebind(obs, prime, d) {
+        let message = format!("Successfully cloned into {}", name(obs.target));
+        d.actions.push(event(false, "CloneSucceeded", &message));
     }
 }
 
@@ -736,6 +845,7 @@ mod tests {
             pod: None,
             service: false,
             volume: None,
+            origin: None,
             progress: None,
             refs: SourceRefs::default(),
             now: Timestamp::UNIX_EPOCH + std::time::Duration::from_secs(3600),
@@ -1041,6 +1151,121 @@ mod tests {
             Some(&Action::EnsureUploadSecret {
                 namespace: "quarry".into()
             })
+        );
+    }
+
+    fn clone_of(kind: &str, name: &str) -> PopulationSource {
+        PopulationSource::Clone(VolumeCloneSourceSpec {
+            source: TypedLocalObjectReference {
+                api_group: (kind == "VolumeSnapshot").then(|| "snapshot.storage.k8s.io".into()),
+                kind: kind.into(),
+                name: name.into(),
+            },
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_clone_source_is_cloned_by_the_driver_on_the_source_node_then_rebound() {
+        let cfg = Config::default();
+        let (src, imm) = (
+            clone_of("PersistentVolumeClaim", "golden"),
+            class("Immediate"),
+        );
+        let t = target(&[]);
+        let mut golden = target(&[(ANN_SELECTED_NODE, "node-3")]);
+        golden.status = Some(PersistentVolumeClaimStatus {
+            phase: Some("Bound".into()),
+            ..Default::default()
+        });
+        // Missing or unbound source: wait, and look again.
+        let d = decide(&observe(&t, &src, &imm), &cfg);
+        assert!(d.actions.is_empty() && d.requeue.is_some(), "{d:?}");
+
+        let with_source = Observed {
+            origin: Some(CloneOrigin::Pvc(&golden)),
+            ..observe(&t, &src, &imm)
+        };
+        let d = decide(&with_source, &cfg);
+        let p = created_prime(&d);
+        let ds = p.spec.as_ref().unwrap().data_source.as_ref().unwrap();
+        assert_eq!(
+            (ds.kind.as_str(), ds.name.as_str()),
+            ("PersistentVolumeClaim", "golden")
+        );
+        assert_eq!(
+            p.metadata.annotations.as_ref().unwrap()[ANN_SELECTED_NODE],
+            "node-3"
+        );
+
+        // Another class: not a CSI clone; said, nothing made.
+        let mut other = golden.clone();
+        other.spec.as_mut().unwrap().storage_class_name = Some("other".into());
+        let d = decide(
+            &Observed {
+                origin: Some(CloneOrigin::Pvc(&other)),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        assert!(
+            matches!(d.actions.as_slice(), [Action::Event(e)] if e.warning && e.reason == "ErrCloneSource"),
+            "{d:?}"
+        );
+
+        // PVC' made by the driver and bound: its volume becomes the target's, no pod ever.
+        let prime = prime_of(&t, "Bound");
+        let pv = volume("p-uid");
+        let d = decide(
+            &Observed {
+                prime: Some(&prime),
+                volume: Some(&pv),
+                ..with_source
+            },
+            &cfg,
+        );
+        assert!(d.actions.iter().any(|a| matches!(a, Action::Rebind { .. })));
+        assert!(!d.actions.iter().any(|a| matches!(a, Action::CreatePod(_))));
+        assert!(d.actions.contains(&event(
+            false,
+            "CloneSucceeded",
+            "Successfully cloned into disk"
+        )));
+    }
+
+    #[test]
+    fn a_snapshot_clone_source_waits_until_ready() {
+        let cfg = Config::default();
+        let (src, imm) = (clone_of("VolumeSnapshot", "snap"), class("Immediate"));
+        let t = target(&[]);
+        let mut snap = VolumeSnapshot::new("snap", Default::default());
+        let d = decide(
+            &Observed {
+                origin: Some(CloneOrigin::Snapshot(&snap, Some("node-9"))),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        assert!(d.actions.is_empty(), "{d:?}");
+        snap.status = Some(api::snapshot::VolumeSnapshotStatus {
+            ready_to_use: Some(true),
+            ..Default::default()
+        });
+        let d = decide(
+            &Observed {
+                origin: Some(CloneOrigin::Snapshot(&snap, Some("node-9"))),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        let p = created_prime(&d);
+        assert_eq!(
+            p.spec.as_ref().unwrap().data_source.as_ref().unwrap().kind,
+            "VolumeSnapshot"
+        );
+        assert_eq!(
+            p.metadata.annotations.as_ref().unwrap()[ANN_SELECTED_NODE],
+            "node-9"
         );
     }
 

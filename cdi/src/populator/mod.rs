@@ -63,7 +63,12 @@ pub fn labels() -> BTreeMap<String, String> {
 pub fn source_ref(pvc: &PersistentVolumeClaim) -> Option<(&str, &str)> {
     let r = pvc.spec.as_ref()?.data_source_ref.as_ref()?;
     let ours = r.api_group.as_deref() == Some(api::populator::GROUP)
-        && [api::populator::IMPORT_KIND, api::populator::UPLOAD_KIND].contains(&r.kind.as_str())
+        && [
+            api::populator::IMPORT_KIND,
+            api::populator::UPLOAD_KIND,
+            api::populator::CLONE_KIND,
+        ]
+        .contains(&r.kind.as_str())
         && r.namespace.as_deref().is_none_or(str::is_empty)
         && !r.name.is_empty();
     ours.then_some((r.kind.as_str(), r.name.as_str()))

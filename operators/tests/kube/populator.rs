@@ -1,6 +1,6 @@
 //! The populator's registration against the real API server: nothing to do where the volume
 //! data source validator's VolumePopulator CRD is missing; with it, one VolumePopulator per
-//! source kind Quarry fills, written with the datavolume controller's own RBAC.
+//! source kind, written with the datavolume controller's own RBAC.
 
 use api::names::component;
 use api::populator::registration;
@@ -82,6 +82,7 @@ async fn the_source_kinds_are_registered_as_volume_populators_where_the_crd_is()
     assert_eq!(
         found,
         [
+            want("volumeclonesource-populator", "VolumeCloneSource"),
             want("volumeimportsource-populator", "VolumeImportSource"),
             want("volumeuploadsource-populator", "VolumeUploadSource"),
         ]
