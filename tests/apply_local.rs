@@ -534,3 +534,40 @@ fn an_archive_datavolume_is_extracted_into_the_pool_volume() {
         "{st}"
     );
 }
+
+#[test]
+fn a_pre_populated_datavolume_adopts_its_volume_as_it_is_or_fails_without_one() {
+    let l = local();
+    let bytes = source_volume(&l, "restored", "64Mi", "Filesystem");
+    // The same name with a source that would overwrite it (and cannot even be reached).
+    let text = |name: &str| {
+        format!(
+            "apiVersion: cdi.kubevirt.io/v1beta1\nkind: DataVolume\nmetadata:\n  name: {name}\n  annotations:\n    cdi.kubevirt.io/storage.prePopulated: {name}\nspec:\n  source:\n    http:\n      url: http://127.0.0.1:1/other.qcow2\n{}",
+            storage("64Mi", "Filesystem")
+        )
+    };
+    let file = l.dir.join("restored-again.yaml");
+    fs::write(&file, text("restored")).unwrap();
+    assert_ok(&l.apply(&file));
+    let status = l.status("restored");
+    assert_eq!(status["phase"], "Succeeded");
+    assert_eq!(condition(&status, "Ready")["status"], "True");
+    let disk = l.pool.join("default-restored/disk.img");
+    assert!(
+        fs::read(&disk).unwrap() == bytes,
+        "the adopted volume changed"
+    );
+
+    let file = l.dir.join("missing.yaml");
+    fs::write(&file, text("missing")).unwrap();
+    let out = l.apply(&file);
+    assert_exit(&out, 1);
+    let ready = condition(&l.status("missing"), "Ready").clone();
+    assert_eq!(ready["reason"], "InvalidSpec");
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.contains("storage.prePopulated") && message.contains("default-missing"),
+        "{message}"
+    );
+    assert!(!l.pool.join("default-missing").exists());
+}

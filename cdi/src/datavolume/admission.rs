@@ -32,9 +32,7 @@ use api::DataVolume;
 
 /// CDI's message for a changed spec.
 pub const SPEC_CHANGE_REFUSED: &str = "Cannot update DataVolume Spec";
-/// PVC annotation naming the DataVolume a prepared PVC is for (CDI's): such a PVC may exist
-/// before its DataVolume.
-pub const ANN_POPULATED_FOR: &str = "cdi.kubevirt.io/storage.populatedFor";
+pub use super::adopt::ANN_POPULATED_FOR;
 /// Longest DataVolume name (a DNS-1123 subdomain, CDI's limit).
 const MAX_NAME: usize = 253;
 
@@ -113,12 +111,7 @@ fn decide(
 /// Whether an existing PVC may become the DataVolume's: annotated as prepared for it, or
 /// controlled by a DataVolume (CDI's rule).
 fn prepared_for(pvc: &PersistentVolumeClaim, dv: &str) -> bool {
-    let annotated = pvc
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANN_POPULATED_FOR))
-        .is_some_and(|n| n == dv);
+    let annotated = super::adopt::populated_for(pvc, dv);
     let owned = pvc
         .metadata
         .owner_references

@@ -276,6 +276,9 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         .is_some_and(|p| p.is_final());
 
     let pvc = kubeops::get(&pvcs, name(dv)).await?;
+    // A PVC populated before its DataVolume is adopted as it is: its source is never read.
+    let adopts = super::adopt::adopts(dv, pvc.as_ref());
+    let finished = finished || adopts;
     let source_ref = match (&dv.spec.source, &dv.spec.source_ref) {
         (None, Some(r)) if !finished => Some(source_ref(&ctx.client, &ns, r).await?),
         _ => None,
@@ -458,6 +461,22 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
                 )
                 .await?;
                 decision.requeue = Some(decision.requeue.map_or(renewal, |r| r.min(renewal)));
+            }
+            Action::AdoptPvc {
+                resource_version,
+                owners,
+            } => {
+                // The resourceVersion makes a stale copy fail (409, retried) instead of
+                // dropping an owner someone else added meanwhile.
+                let patch = serde_json::json!({
+                    "metadata": {"resourceVersion": resource_version, "ownerReferences": owners}
+                });
+                let params = kube::api::PatchParams {
+                    field_manager: Some(ctx.manager.clone()),
+                    ..Default::default()
+                };
+                pvcs.patch(name(dv), &params, &kube::api::Patch::Merge(&patch))
+                    .await?;
             }
             Action::ExpandPvc(size) => {
                 let patch = serde_json::json!({
@@ -794,11 +813,18 @@ fn referring_to(dvs: &[Arc<DataVolume>], ds: &DataSource) -> Vec<ObjectRef<DataV
         .collect()
 }
 
-/// The DataVolume a PVC belongs to, from CDI's ownedByDataVolume annotation.
+/// The DataVolume a PVC belongs to, from CDI's ownedByDataVolume annotation, else the one of
+/// its namespace it is populated for (CDI's populatedFor: a PVC made before its DataVolume).
 fn owner_of(pvc: PersistentVolumeClaim) -> Option<ObjectRef<DataVolume>> {
-    let key = pvc.annotations().get(ANN_OWNED_BY)?;
-    let (ns, name) = key.split_once('/')?;
-    Some(ObjectRef::new(name).within(ns))
+    let annotations = pvc.annotations();
+    if let Some((ns, name)) = annotations
+        .get(ANN_OWNED_BY)
+        .and_then(|k| k.split_once('/'))
+    {
+        return Some(ObjectRef::new(name).within(ns));
+    }
+    let name = annotations.get(super::adopt::ANN_POPULATED_FOR)?;
+    Some(ObjectRef::new(name).within(&pvc.namespace()?))
 }
 
 /// Runs the DataVolume reconciler until the process is stopped, over every namespace
@@ -989,6 +1015,34 @@ mod tests {
             .map(|r| r.name)
             .collect();
         assert_eq!(names, ["new", "pending", "default-class"]);
+    }
+
+    #[test]
+    fn a_pvc_maps_to_its_owner_or_to_the_datavolume_it_is_populated_for() {
+        let pvc = |annotations: &[(&str, &str)]| {
+            let mut p = PersistentVolumeClaim::default();
+            p.metadata.namespace = Some("vms".into());
+            p.metadata.annotations = Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            p
+        };
+        let to = |r: Option<ObjectRef<DataVolume>>| r.map(|r| (r.namespace, r.name));
+        let owned = pvc(&[(ANN_OWNED_BY, "other/fedora")]);
+        assert_eq!(
+            to(owner_of(owned)),
+            Some((Some("other".into()), "fedora".into()))
+        );
+        // Made before its DataVolume: the one of its namespace it is populated for.
+        let prepared = pvc(&[(super::super::adopt::ANN_POPULATED_FOR, "golden")]);
+        assert_eq!(
+            to(owner_of(prepared)),
+            Some((Some("vms".into()), "golden".into()))
+        );
+        assert_eq!(to(owner_of(pvc(&[]))), None);
     }
 
     #[tokio::test]

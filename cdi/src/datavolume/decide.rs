@@ -109,6 +109,14 @@ pub enum Action {
         /// Its name.
         name: String,
     },
+    /// Make an existing PVC, populated for the DataVolume, the DataVolume's: write these owner
+    /// references, guarded by the PVC's resourceVersion as observed ([`super::adopt`]).
+    AdoptPvc {
+        /// The PVC's resourceVersion the owners were computed from.
+        resource_version: Option<String>,
+        /// Its owner references: the ones it had and the DataVolume's.
+        owners: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    },
     /// Grow the PVC's storage request to this.
     ExpandPvc(k8s_openapi::apimachinery::pkg::api::resource::Quantity),
     /// Issue (or renew) the upload server's serving certificate from the signer in `namespace`
@@ -397,6 +405,10 @@ fn steps(dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) -> Decision {
         cleanup_after(&mut cx);
         return cx.finish();
     }
+    // A PVC populated before its DataVolume is adopted as it is, whatever the source says.
+    if super::adopt::decide_adopted(&mut cx) {
+        return cx.finish();
+    }
     // A sourceRef stands for the DataSource's source once it is Ready.
     let resolved;
     let spec = match (&dv.spec.source, &dv.spec.source_ref, &obs.source_ref) {
@@ -522,12 +534,7 @@ pub(super) fn claim_ready(cx: &mut Ctx<'_>, claim: &Claim) -> bool {
         cx.cond(condition::BOUND, false, reason::PENDING, &msg);
         return false;
     };
-    let phase = pvc
-        .status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or("Pending");
-    match phase {
+    match pvc_phase(pvc) {
         "Bound" => {
             let msg = format!("PVC {pvc_name} Bound");
             cx.cond(condition::BOUND, true, reason::BOUND, &msg);
@@ -562,6 +569,14 @@ pub(super) fn claim_ready(cx: &mut Ctx<'_>, claim: &Claim) -> bool {
             true
         }
     }
+}
+
+/// The PVC's phase (`Pending` until the API server says otherwise).
+pub(super) fn pvc_phase(pvc: &PersistentVolumeClaim) -> &str {
+    pvc.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
 }
 
 /// The UID of the observed PVC (upload pods and Services are keyed on it).
@@ -746,7 +761,7 @@ pub(super) fn pod_failed(cx: &mut Ctx<'_>, p: &Pod, pod_name: String, work: Work
 }
 
 /// A finished DataVolume keeps no pod or Service behind.
-fn cleanup_after(cx: &mut Ctx<'_>) {
+pub(super) fn cleanup_after(cx: &mut Ctx<'_>) {
     if let Some(p) = cx.obs.pod
         && p.metadata.deletion_timestamp.is_none()
     {

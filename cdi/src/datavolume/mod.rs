@@ -9,6 +9,8 @@
 //!   authorizes one from another namespace ([`clone::token`]);
 //! - [`populated`]: a DataVolume filled by the volume populators ([`crate::populator`]), CDI's
 //!   default on CSI storage;
+//! - [`adopt`]: a PVC populated before its DataVolume (CDI's `populatedFor`, `prePopulated`),
+//!   adopted as it is;
 //! - [`decide`]: the state machine: observed PVC and pod in, status and actions out;
 //! - [`retry`]: terminal versus retryable failures and the back-off;
 //! - [`controller`]: the kube-runtime controller that executes the actions;
@@ -24,6 +26,7 @@ use crate::settings::Config;
 use api::DataVolume;
 
 pub mod admission;
+pub mod adopt;
 pub mod clone;
 pub mod controller;
 pub mod decide;

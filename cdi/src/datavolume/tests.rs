@@ -1386,3 +1386,243 @@ fn a_populated_datavolume_fails_on_a_terminal_failure_and_counts_retries() {
     );
     assert_eq!(events(&d), [(true, "ImportFailed".to_string())]);
 }
+
+/// `dv` with one more annotation.
+fn annotated(mut dv: DataVolume, key: &str, value: &str) -> DataVolume {
+    dv.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(key.to_string(), value.to_string());
+    dv
+}
+
+/// The PVC of `fedora` as the user prepared it: annotated `populatedFor: for_dv`, with a
+/// resourceVersion and an owner of its own.
+fn prepared_pvc(phase: &str, for_dv: &str) -> PersistentVolumeClaim {
+    let mut p = pvc(phase);
+    p.metadata.name = Some("fedora".into());
+    p.metadata.resource_version = Some("42".into());
+    p.metadata.annotations = Some(BTreeMap::from([(
+        adopt::ANN_POPULATED_FOR.to_string(),
+        for_dv.to_string(),
+    )]));
+    p.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: "keeper".into(),
+            uid: "keeper-uid".into(),
+            ..Default::default()
+        },
+    ]);
+    p
+}
+
+/// Owner references as (kind, controller).
+type Owners<'a> = Vec<(&'a str, Option<bool>)>;
+
+/// The owners an AdoptPvc action writes, with the resourceVersion guarding them.
+fn adoption(d: &Decision) -> Option<(Option<&str>, Owners<'_>)> {
+    d.actions.iter().find_map(|a| match a {
+        Action::AdoptPvc {
+            resource_version,
+            owners,
+        } => Some((
+            resource_version.as_deref(),
+            owners
+                .iter()
+                .map(|o| (o.kind.as_str(), o.controller))
+                .collect(),
+        )),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_pvc_populated_for_the_datavolume_is_adopted_succeeded_without_any_pod() {
+    let cfg = Config::default();
+    let bound = prepared_pvc("Bound", "fedora");
+    let clone_dv = dv_with(DataVolumeSource {
+        pvc: Some(api::datavolume::SourcePvc {
+            namespace: "golden".into(),
+            name: "fedora".into(),
+        }),
+        ..Default::default()
+    });
+    let blank = annotated(
+        dv_with(DataVolumeSource {
+            blank: Some(Empty {}),
+            ..Default::default()
+        }),
+        crate::datavolume::populated::ANN_USE_POPULATOR,
+        "true",
+    );
+    // Every kind of source, even one Quarry would refuse, and on a CSI class (populators).
+    let mut vddk = http_dv();
+    vddk.spec.source.as_mut().unwrap().vddk = Some(Default::default());
+    for (what, mut dv) in [
+        ("http", http_dv()),
+        ("upload", upload_dv()),
+        ("clone", clone_dv),
+        ("sourceRef", source_ref_dv()),
+        ("blank with populators", blank),
+        ("vddk", vddk),
+    ] {
+        let d = step(&mut dv, &on_csi(Some(&bound)), &cfg);
+        assert_eq!(d.status.phase, Some(Phase::Succeeded), "{what}");
+        assert_eq!(
+            adoption(&d),
+            Some((
+                Some("42"),
+                vec![("ConfigMap", None), ("DataVolume", Some(true))]
+            )),
+            "{what}: {:?}",
+            d.actions
+        );
+        assert_eq!(d.actions.len(), 1, "{what}: {:?}", d.actions);
+        assert_eq!(cond(&d, condition::READY).status, "True", "{what}");
+        let b = cond(&d, condition::BOUND);
+        assert_eq!(
+            (b.status.as_str(), b.reason.as_deref(), b.message.as_deref()),
+            ("True", Some("Bound"), Some("PVC fedora Bound")),
+            "{what}"
+        );
+        assert_eq!(cond(&d, condition::RUNNING).status, "False", "{what}");
+        assert_eq!(d.status.progress.as_deref(), Some("N/A"), "{what}");
+        assert_eq!(d.status.claim_name.as_deref(), Some("fedora"), "{what}");
+        // Succeeded is final: the next look does nothing either.
+        let again = step(&mut dv, &obs(Some(&bound), None), &cfg);
+        assert!(again.actions.is_empty(), "{what}: {:?}", again.actions);
+    }
+}
+
+#[test]
+fn an_adopted_pvc_keeps_its_owners_when_retained_owned_or_controlled_elsewhere() {
+    let cfg = Config::default();
+    // Retained: no owner added, as for the PVCs the DataVolume makes.
+    let mut kept = annotated(http_dv(), ANN_RETAIN_PVC, "true");
+    let d = step(
+        &mut kept,
+        &obs(Some(&prepared_pvc("Bound", "fedora")), None),
+        &cfg,
+    );
+    assert_eq!(d.status.phase, Some(Phase::Succeeded));
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    // Already the DataVolume's: nothing to write.
+    let mut dv = http_dv();
+    let mut owned = prepared_pvc("Bound", "fedora");
+    owned.metadata.owner_references = owner_ref(&dv).map(|o| vec![o]);
+    let d = step(&mut dv, &obs(Some(&owned), None), &cfg);
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    // Another controller already: the DataVolume is added as a plain owner.
+    let mut dv = http_dv();
+    let mut controlled = prepared_pvc("Bound", "fedora");
+    controlled.metadata.owner_references.as_mut().unwrap()[0].controller = Some(true);
+    let d = step(&mut dv, &obs(Some(&controlled), None), &cfg);
+    assert_eq!(
+        adoption(&d).map(|(_, o)| o),
+        Some(vec![("ConfigMap", Some(true)), ("DataVolume", Some(false))])
+    );
+}
+
+#[test]
+fn a_pending_populated_pvc_is_adopted_a_lost_one_fails_and_one_for_another_is_imported_into() {
+    let cfg = Config::default();
+    // Pending (CDI: no work required, Succeeded whatever the binding).
+    let mut dv = http_dv();
+    let pending = prepared_pvc("Pending", "fedora");
+    let d = step(&mut dv, &obs(Some(&pending), None), &cfg);
+    assert_eq!(d.status.phase, Some(Phase::Succeeded));
+    let b = cond(&d, condition::BOUND);
+    assert_eq!(
+        (b.status.as_str(), b.message.as_deref()),
+        ("False", Some("PVC fedora Pending"))
+    );
+    // Lost: CDI's ClaimLost failure, nothing adopted.
+    let mut dv = http_dv();
+    let d = step(
+        &mut dv,
+        &obs(Some(&prepared_pvc("Lost", "fedora")), None),
+        &cfg,
+    );
+    assert_eq!(d.status.phase, Some(Phase::Failed));
+    assert_eq!(events(&d), [(true, "ErrClaimLost".to_string())]);
+    assert_eq!(adoption(&d), None);
+    // Being deleted: nothing adopted, nothing started.
+    let mut dv = http_dv();
+    let mut going = prepared_pvc("Bound", "fedora");
+    going.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t0()));
+    let d = step(&mut dv, &obs(Some(&going), None), &cfg);
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert_ne!(d.status.phase, Some(Phase::Succeeded));
+    // Populated for another DataVolume: this one's own flow (its importer) goes on.
+    let mut dv = http_dv();
+    let d = step(
+        &mut dv,
+        &obs(Some(&prepared_pvc("Bound", "other")), None),
+        &cfg,
+    );
+    assert_eq!(args(created_pod(&d))[0], "import");
+}
+
+#[test]
+fn adoption_mid_import_stops_the_running_importer() {
+    let cfg = Config::default();
+    let mut dv = http_dv();
+    let plain = pvc("Bound");
+    step(&mut dv, &obs(Some(&plain), None), &cfg);
+    let running = pod_in("Running");
+    let d = step(&mut dv, &obs(Some(&plain), Some(&running)), &cfg);
+    assert_eq!(d.status.phase, Some(Phase::ImportInProgress));
+    let d = step(
+        &mut dv,
+        &obs(Some(&prepared_pvc("Bound", "fedora")), Some(&running)),
+        &cfg,
+    );
+    assert_eq!(d.status.phase, Some(Phase::Succeeded));
+    assert!(
+        d.actions
+            .contains(&Action::DeletePod("importer-fedora".into())),
+        "{:?}",
+        d.actions
+    );
+}
+
+#[test]
+fn a_pre_populated_datavolume_makes_no_pvc_and_waits_for_the_one_populated_for_it() {
+    let cfg = Config::default();
+    let mut dv = annotated(http_dv(), adopt::ANN_PRE_POPULATED, "fedora");
+    let d = step(&mut dv, &on_csi(None), &cfg);
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert_eq!(d.status.phase, Some(Phase::Pending));
+    let b = cond(&d, condition::BOUND);
+    assert_eq!(b.reason.as_deref(), Some("Pending"));
+    assert!(
+        b.message
+            .as_deref()
+            .unwrap()
+            .contains("storage.prePopulated and waits for its PVC"),
+        "{b:?}"
+    );
+    // A PVC not populated for it is left alone: no importer.
+    let plain = pvc("Bound");
+    let d = step(&mut dv, &obs(Some(&plain), None), &cfg);
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert_eq!(d.status.phase, Some(Phase::PvcBound));
+    assert!(
+        cond(&d, condition::BOUND)
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("nothing is written to it")
+    );
+    // The populated one is adopted.
+    let d = step(
+        &mut dv,
+        &obs(Some(&prepared_pvc("Bound", "fedora")), None),
+        &cfg,
+    );
+    assert_eq!(d.status.phase, Some(Phase::Succeeded));
+    assert!(adoption(&d).is_some());
+}

@@ -22,6 +22,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use provisioner::{CapacityRange, CreateVolume, PoolConfig, Provisioner};
 
+use crate::datavolume::adopt;
 use crate::datavolume::pod::{SourceRefs, importer_pod_name};
 use crate::datavolume::pvc::{StorageDefaults, VolumeMode, claim};
 use crate::datavolume::request::{SourceObjects, import_request};
@@ -213,6 +214,17 @@ fn bound_pvc() -> PersistentVolumeClaim {
     }
 }
 
+/// The stand-in PVC of an existing volume, populated for the DataVolume: it is adopted.
+fn populated_pvc(dv: &DataVolume) -> PersistentVolumeClaim {
+    let mut pvc = bound_pvc();
+    pvc.metadata.annotations = Some(
+        [(adopt::ANN_POPULATED_FOR.to_string(), name(dv).to_string())]
+            .into_iter()
+            .collect(),
+    );
+    pvc
+}
+
 /// The stand-in importer pod in `phase`, with the exit code and message once finished.
 fn local_pod(dv: &DataVolume, phase: &str, exit: Option<(i32, String)>) -> Pod {
     let mut p = Pod::default();
@@ -301,16 +313,34 @@ pub fn apply(
         retry: opts.retry.clone(),
         ..Config::default()
     };
-    if matches!(source(&dv.spec), Ok(Source::Upload)) {
-        return refuse_upload(dv, &store);
+    let volume = format!("{ns}-{}", name(&dv));
+    // A prePopulated DataVolume adopts its volume as it is, whatever its source.
+    let adopted = if adopt::pre_populated(&dv) {
+        match open_pool(&opts.pool)?.volume_paths(&volume) {
+            Ok(_) => Some(populated_pvc(&dv)),
+            Err(e) => {
+                let message = format!(
+                    "the DataVolume is {}, but its volume {volume} cannot be used: {e}",
+                    adopt::ANN_PRE_POPULATED
+                );
+                return refuse(dv, &store, &message);
+            }
+        }
+    } else {
+        None
+    };
+    if adopted.is_none() && matches!(source(&dv.spec), Ok(Source::Upload)) {
+        const MESSAGE: &str = "source.upload needs a client to upload to: run `quarry \
+             upload-server --target POOL/NAMESPACE-NAME/disk.img` and `quarry upload` instead of \
+             `quarry apply`";
+        return refuse(dv, &store, MESSAGE);
     }
     let prov = open_pool(&opts.pool)?;
-    let volume = format!("{ns}-{}", name(&dv));
-    if super::clone::is_clone(&dv) {
+    if adopted.is_none() && super::clone::is_clone(&dv) {
         return super::clone::apply(dv, opts, &store, &prov, &volume, &cfg);
     }
 
-    let mut pvc: Option<PersistentVolumeClaim> = None;
+    let mut pvc: Option<PersistentVolumeClaim> = adopted;
     let mut pod: Option<Pod> = None;
     let mut worker: Option<Worker> = None;
     loop {
@@ -383,6 +413,8 @@ pub fn apply(
                 | Action::CreateSourcePod(_)
                 | Action::DeleteSourcePod { .. }
                 | Action::ExpandPvc(_) => {}
+                // Local volumes have no owners.
+                Action::AdoptPvc { .. } => {}
                 // No populator runs here (`csi_class: None`): the import runs in-process.
                 Action::CreatePopulatorSource(_) => {}
                 Action::Event(e) => {
@@ -437,13 +469,11 @@ pub fn apply(
     }
 }
 
-/// An upload source has no client in local mode: the DataVolume is recorded as Failed, saying
-/// what to run instead, so `quarry get dv` shows why.
-fn refuse_upload(mut dv: DataVolume, store: &Store) -> Result<DataVolume> {
+/// A DataVolume local mode cannot run (an upload source has no client here; a prePopulated
+/// one has no volume) is recorded as Failed with `message`, so `quarry get dv` shows why.
+fn refuse(mut dv: DataVolume, store: &Store, message: &str) -> Result<DataVolume> {
     use crate::datavolume::status::{PROGRESS_UNKNOWN, reason, set_condition};
     use api::datavolume::condition;
-    const MESSAGE: &str = "source.upload needs a client to upload to: run `quarry upload-server \
-         --target POOL/NAMESPACE-NAME/disk.img` and `quarry upload` instead of `quarry apply`";
     let now = Timestamp::now();
     let mut st = dv.status.take().unwrap_or_default();
     st.phase = Some(Phase::Failed);
@@ -454,7 +484,7 @@ fn refuse_upload(mut dv: DataVolume, store: &Store) -> Result<DataVolume> {
             c,
             false,
             reason::INVALID_SPEC,
-            MESSAGE,
+            message,
             now,
         );
     }

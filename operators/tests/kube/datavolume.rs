@@ -539,3 +539,113 @@ async fn deletion_cleans_up_pods_and_the_pvc_unless_retained_then_releases_the_f
     let kept = pvcs.get("kept").await.unwrap();
     assert!(kept.metadata.deletion_timestamp.is_none());
 }
+
+/// A PVC made before its DataVolume, annotated as populated for `dv` and marked with a label
+/// the controller has no reason to touch.
+fn prepared_pvc(name: &str, dv: &str) -> PersistentVolumeClaim {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name,
+                     "labels": {"restored-by": "backup-tool"},
+                     "annotations": {"cdi.kubevirt.io/storage.populatedFor": dv}},
+        "spec": {"accessModes": ["ReadWriteOnce"],
+                 "resources": {"requests": {"storage": "3Gi"}}}
+    }))
+    .unwrap()
+}
+
+/// Every pod the namespace ever had, as a watch from now on saw them.
+fn record_pods(client: &Client, ns: &str) -> Arc<Mutex<Vec<String>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let out = seen.clone();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()).applied_objects());
+        while let Some(Ok(p)) = stream.next().await {
+            out.lock().unwrap().push(p.name_any());
+        }
+    });
+    seen
+}
+
+#[tokio::test]
+async fn a_pvc_populated_for_a_datavolume_is_adopted_as_it_is_without_any_pod() {
+    let Some((client, ns)) = namespace("dv-adopt", &[]).await else {
+        return;
+    };
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let pods = record_pods(&client, &ns);
+    let before = pvcs
+        .create(&PostParams::default(), &prepared_pvc("fedora", "fedora"))
+        .await
+        .unwrap();
+    bind_pvc(&client, &ns, "fedora").await;
+    let before = pvcs.get(&before.name_any()).await.unwrap();
+    // A DataVolume that would import over it, and one that says its PVC is to come.
+    let created = create(&client, &ns, &dv("fedora", http())).await;
+    let mut restored = dv("restored", json!({"upload": {}}));
+    restored.metadata.annotations = Some(BTreeMap::from([(
+        "cdi.kubevirt.io/storage.prePopulated".to_string(),
+        "restored".to_string(),
+    )]));
+    create(&client, &ns, &restored).await;
+    let _ctl = start(&ns, config(), None).await;
+
+    let d = dv_until(&client, &ns, "fedora", "fedora Succeeded", |d| {
+        phase(d) == "Succeeded"
+    })
+    .await;
+    assert_eq!(condition(&d, "Ready").status, "True");
+    assert_eq!(condition(&d, "Bound").status, "True");
+    let after = pvcs.get("fedora").await.unwrap();
+    let owners = after.metadata.owner_references.clone().unwrap_or_default();
+    assert_eq!(
+        owners
+            .iter()
+            .map(|o| (o.kind.as_str(), o.uid.as_str(), o.controller))
+            .collect::<Vec<_>>(),
+        [("DataVolume", created.uid().unwrap().as_str(), Some(true))]
+    );
+    // Untouched apart from its owner.
+    assert_eq!(after.metadata.labels, before.metadata.labels);
+    assert_eq!(after.metadata.annotations, before.metadata.annotations);
+    assert_eq!(after.spec, before.spec);
+
+    // The prePopulated DataVolume makes no PVC: it waits, Pending, for the one made for it.
+    let d = dv_until(&client, &ns, "restored", "restored Pending", |d| {
+        phase(d) == "Pending"
+    })
+    .await;
+    assert!(
+        condition(&d, "Bound")
+            .message
+            .unwrap_or_default()
+            .contains("waits for its PVC"),
+        "{:?}",
+        d.status
+    );
+    assert!(pvcs.get_opt("restored").await.unwrap().is_none());
+    pvcs.create(
+        &PostParams::default(),
+        &prepared_pvc("restored", "restored"),
+    )
+    .await
+    .unwrap();
+    dv_until(&client, &ns, "restored", "restored Succeeded", |d| {
+        phase(d) == "Succeeded"
+    })
+    .await;
+    // No importer, upload server or Service, ever.
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    assert!(
+        services
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let seen = pods.lock().unwrap().clone();
+    assert!(seen.is_empty(), "pods made for adopted PVCs: {seen:?}");
+}
