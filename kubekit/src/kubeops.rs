@@ -92,12 +92,18 @@ where
     }
 }
 
-/// Reads `name`, None when it does not exist.
+/// Reads `name`, None when it does not exist. A kind the server does not serve (a CRD not
+/// installed, such as the snapshot API's) has no objects either: the server's bare `404 page
+/// not found` is not a `Status` that kube's `get_opt` recognizes as NotFound.
 pub async fn get<K>(api: &Api<K>, name: &str) -> Result<Option<K>>
 where
     K: kube::Resource + Clone + DeserializeOwned + Debug,
 {
-    Ok(api.get_opt(name).await?)
+    match api.get_opt(name).await {
+        Ok(found) => Ok(found),
+        Err(e) if status_code(&e) == Some(404) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The image of pod `namespace/name`'s first container; None (logged) when it cannot be read.
