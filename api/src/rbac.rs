@@ -169,10 +169,13 @@ fn datavolume() -> Access {
         ),
         rule(&[CDI], &["datasources/status"], &["patch", "update"]),
         // Smart clones: a temporary snapshot of the source, of the class of its driver.
+        // DataImportCrons of the snapshot format keep each version as a snapshot: taken,
+        // stamped as used (labels, last use time), listed by their label for garbage
+        // collection and deleted beyond importsToKeep. Awaited by polling, not watched.
         rule(
             &["snapshot.storage.k8s.io"],
             &["volumesnapshots"],
-            &["get", "create", "delete"],
+            &["get", "list", "create", "patch", "delete"],
         ),
         rule(
             &["snapshot.storage.k8s.io"],
@@ -201,6 +204,7 @@ fn datavolume() -> Access {
         ),
         // A DataVolume uses the populators where its StorageClass is a CSI driver's.
         rule(&["storage.k8s.io"], &["csidrivers"], &["get"]),
+        // (get: also a DataImportCron's, for the node an import's volume is pinned to.)
         rule(&[""], &["persistentvolumes"], &["get", "patch"]),
         rule(
             &["populator.storage.k8s.io"],

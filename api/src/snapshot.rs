@@ -11,6 +11,16 @@ use serde::{Deserialize, Serialize};
 /// The API group.
 pub const GROUP: &str = "snapshot.storage.k8s.io";
 
+/// CDI's annotation on the snapshots it takes: the volume mode of the PVC snapshotted (a
+/// snapshot does not say it before Kubernetes 1.29's `sourceVolumeMode`).
+pub const ANN_SOURCE_VOLUME_MODE: &str = "cdi.kubevirt.io/storage.import.sourceVolumeMode";
+
+/// Quarry's annotation on the snapshots it keeps: the node of the PVC snapshotted (its
+/// `volume.kubernetes.io/selected-node`). A node-local driver (the hostpath one) keeps the
+/// snapshot on that node, so a restore must be placed there; once the PVC is gone (a
+/// DataImportCron's snapshot outlives its import) this is the only record of it.
+pub const ANN_SOURCE_NODE: &str = "quarry.kubevirt.io/sourceNode";
+
 /// A snapshot of a PVC.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(

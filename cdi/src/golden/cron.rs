@@ -1,8 +1,10 @@
 //! A DataImportCron's decisions, as CDI's controller makes them: when to poll, what its status
 //! becomes from the state of the current import, when to create the next import DataVolume (and
-//! what it looks like), the managed DataSource it points at the newest import, and whether it
-//! owns that DataSource. The cluster controller ([`super::cron_controller`]) and the local mode
-//! ([`super::local`]) read the world, call these, and write what they return.
+//! what it looks like), when a succeeded import is kept as a VolumeSnapshot (the StorageProfile's
+//! `snapshot` format, [`super::snapshot`]), the managed DataSource it points at the newest
+//! import, and whether it owns that DataSource. The cluster controller
+//! ([`super::cron_controller`]) and the local mode (`crate::local::cron`) read the world, call
+//! these, and write what they return.
 
 use std::collections::BTreeMap;
 
@@ -11,6 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
 use super::schedule::{Schedule, ScheduleError};
+use super::snapshot::SourceFormat;
 use super::version::{NameError, import_name};
 use crate::datavolume::status::set_condition;
 use api::datavolume::SourcePvc;
@@ -47,7 +50,7 @@ pub mod reason {
     pub const OUTDATED: &str = "Outdated";
     /// The import DataVolume is scheduled.
     pub const SCHEDULED: &str = "ImportScheduled";
-    /// The import runs.
+    /// The import runs (also: its snapshot is being taken).
     pub const IN_PROGRESS: &str = "ImportProgressing";
     /// The newest import is of the current version.
     pub const UP_TO_DATE: &str = "UpToDate";
@@ -85,6 +88,29 @@ pub fn import_state_of(dv: &DataVolume) -> ImportState {
 }
 
 const DV_RUNNING: &str = api::datavolume::condition::RUNNING;
+
+/// What the controller found of the current import, and the format imports are kept in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// Its DataVolume or PVC.
+    pub import: ImportState,
+    /// The VolumeSnapshot named as the import: None when there is none, else whether it is
+    /// `readyToUse`.
+    pub snapshot: Option<bool>,
+    /// The format asked for now (the StorageProfile's; `Pvc` when no snapshot can be taken).
+    pub format: SourceFormat,
+}
+
+/// An import as the PVC format sees it: no snapshot.
+impl From<ImportState> for Seen {
+    fn from(import: ImportState) -> Self {
+        Seen {
+            import,
+            snapshot: None,
+            format: SourceFormat::Pvc,
+        }
+    }
+}
 
 /// CDI's event reason when a cron's managed DataSource is another cron's.
 pub const ERR_DATA_SOURCE_ALREADY_MANAGED: &str = "ErrDataSourceAlreadyManaged";
@@ -138,31 +164,56 @@ pub fn next_run(cron: &DataImportCron, now: Timestamp) -> Result<Option<Timestam
 pub struct Decision {
     /// The cron's new status.
     pub status: DataImportCronStatus,
-    /// An import DataVolume to create (its name; [`import_data_volume`] builds it).
+    /// An import DataVolume to create (its name, the version of `status.currentImports`;
+    /// [`import_data_volume`] builds it).
     pub create: Option<String>,
-    /// The current import succeeded: its PVC is stamped as used, the DataSource points at
-    /// `status.lastImportedPVC` and old imports are garbage-collected.
+    /// The current import is in place in the format `status.sourceFormat` says: its PVC or
+    /// snapshot is stamped as used, the DataSource points at `status.lastImportedPVC` and old
+    /// imports are garbage-collected.
     pub succeeded: bool,
     /// A failed import DataVolume to delete (a new version replaces it).
     pub delete: Option<String>,
+    /// The snapshot format: take the snapshot of this import's PVC (the import succeeded).
+    pub take_snapshot: Option<String>,
+    /// The snapshot format: this import's snapshot is ready, its DataVolume and PVC go (CDI
+    /// deletes them then).
+    pub delete_import: Option<String>,
+    /// The PVC format: this import's PVC replaced its snapshot, which goes.
+    pub delete_snapshot: Option<String>,
+    /// A snapshot is awaited (snapshots are not watched): look again soon.
+    pub awaits_snapshot: bool,
 }
 
 /// The cron's status and actions (CDI's `update`): `desired` is the version the last poll
-/// found (the [`annotation::SOURCE_DESIRED_DIGEST`]), `polled_at` when this reconcile polled.
+/// found (the [`annotation::SOURCE_DESIRED_DIGEST`]), `seen` the current import and the format
+/// asked for, `polled_at` when this reconcile polled.
+///
+/// The snapshot format, as CDI's: once the import DataVolume succeeded its PVC is snapshotted
+/// (`take_snapshot`); once the snapshot is ready it is the import (`lastImportedPVC` names it,
+/// `sourceFormat: snapshot`, the DataSource points at it) and the DataVolume and PVC go
+/// (`delete_import`). Unlike CDI, the DataSource keeps the previous version until the snapshot
+/// is ready, so it never points at a snapshot that cannot be restored yet. A switch of format
+/// applies to the current version too: a PVC still there is snapshotted; a version kept only as
+/// a snapshot is imported again as a PVC (while the snapshot keeps serving), and the snapshot
+/// goes once the PVC replaced it (CDI deletes the snapshot first).
 pub fn decide(
     cron: &DataImportCron,
     desired: Option<&str>,
-    state: ImportState,
+    seen: impl Into<Seen>,
     polled_at: Option<Timestamp>,
     now: Timestamp,
 ) -> Result<Decision, NameError> {
+    let seen: Seen = seen.into();
     let ns = cron.namespace().unwrap_or_default();
     let mut st = cron.status.clone().unwrap_or_default();
     let imports = st.current_imports.clone();
-    let (state, erroneous) = match state {
+    let current = imports.first().map(|i| i.data_volume_name.clone());
+    let (state, erroneous) = match seen.import {
         ImportState::Erroneous(phase) => (ImportState::DataVolume(phase), true),
         other => (other, false),
     };
+    let (mut take_snapshot, mut delete_import, mut delete_snapshot) = (None, None, None);
+    let mut awaits_snapshot = false;
     let progressing = |st: &mut DataImportCronStatus, ok: bool, reason: &str, msg: &str| {
         set_condition(
             &mut st.conditions,
@@ -173,30 +224,65 @@ pub fn decide(
             now,
         )
     };
-    let succeeded = match state {
-        ImportState::DataVolume(Some(Phase::Succeeded)) | ImportState::Pvc => true,
+    // `finished`: the version is imported (a new one may start); `kept`: in which format it is
+    // in place for the DataSource (None while its snapshot is awaited).
+    let (finished, kept) = match state {
+        ImportState::DataVolume(Some(Phase::Succeeded)) | ImportState::Pvc => {
+            match (seen.format, seen.snapshot) {
+                (SourceFormat::Pvc, snapshot) => {
+                    if snapshot.is_some() {
+                        delete_snapshot = current.clone();
+                    }
+                    (true, Some(SourceFormat::Pvc))
+                }
+                (SourceFormat::Snapshot, None) => {
+                    take_snapshot = current.clone();
+                    awaits_snapshot = true;
+                    (true, None)
+                }
+                (SourceFormat::Snapshot, Some(false)) => {
+                    awaits_snapshot = true;
+                    (true, None)
+                }
+                (SourceFormat::Snapshot, Some(true)) => {
+                    delete_import = current.clone();
+                    (true, Some(SourceFormat::Snapshot))
+                }
+            }
+        }
+        // The snapshot alone: its PVC went once it was ready.
+        ImportState::None if seen.snapshot == Some(true) => (true, Some(SourceFormat::Snapshot)),
+        // A snapshot whose PVC went before it was ready: the snapshotter finishes it.
+        ImportState::None if seen.snapshot == Some(false) => {
+            awaits_snapshot = true;
+            (true, None)
+        }
         ImportState::DataVolume(Some(Phase::ImportScheduled)) => {
             progressing(&mut st, false, reason::SCHEDULED, "Import is scheduled");
-            false
+            (false, None)
         }
         ImportState::DataVolume(Some(Phase::ImportInProgress)) => {
             progressing(&mut st, true, reason::IN_PROGRESS, "Import is progressing");
-            false
+            (false, None)
         }
         ImportState::DataVolume(phase) | ImportState::Erroneous(phase) => {
             let p = phase.map(Phase::as_str).unwrap_or_default();
             progressing(&mut st, false, p, &format!("Import DataVolume phase {p}"));
-            false
+            (false, None)
         }
         ImportState::None => {
             if !st.current_imports.is_empty() {
                 st.current_imports.remove(0);
             }
             progressing(&mut st, false, reason::NO_IMPORT, "No current import");
-            false
+            (false, None)
         }
     };
-    if succeeded && let Some(first) = imports.first() {
+    let succeeded = kept.is_some();
+    if finished {
+        progressing(&mut st, false, reason::NO_IMPORT, "No current import");
+    }
+    if let (Some(format), Some(first)) = (kept, imports.first()) {
         let pvc = SourcePvc {
             namespace: ns.clone(),
             name: first.data_volume_name.clone(),
@@ -205,7 +291,8 @@ pub fn decide(
             st.last_imported_pvc = Some(pvc);
             st.last_import_timestamp = Some(Time(now));
         }
-        progressing(&mut st, false, reason::NO_IMPORT, "No current import");
+        // What the DataSource points at: lastImportedPVC in this format.
+        st.source_format = Some(format.as_str().into());
     }
     let (mut create, mut delete) = (None, None);
     let up_to_date = |st: &mut DataImportCronStatus, ok: bool, reason: &str, msg: &str| {
@@ -231,21 +318,34 @@ pub fn decide(
             delete = Some(failed.data_volume_name.clone());
             st.current_imports.clear();
         }
-        if succeeded || imports.is_empty() || delete.is_some() {
+        if finished || imports.is_empty() || delete.is_some() {
             let name = import_name(&cron.spec.managed_data_source, d)?;
             st.current_imports = vec![ImportStatus {
                 data_volume_name: name.clone(),
                 digest: d.into(),
             }];
             create = Some(name);
+            // Moving on: the previous version's snapshot is not taken (or awaited).
+            take_snapshot = None;
+            awaits_snapshot = false;
         }
     } else if succeeded {
-        st.source_format = Some("pvc".into());
         up_to_date(
             &mut st,
             true,
             reason::UP_TO_DATE,
             "Latest import is up to date",
+        );
+        // A version kept only as a snapshot while PVCs are asked for: imported again.
+        if seen.format == SourceFormat::Pvc && kept == Some(SourceFormat::Snapshot) {
+            create = current.clone();
+        }
+    } else if finished {
+        up_to_date(
+            &mut st,
+            false,
+            reason::IN_PROGRESS,
+            "Snapshot of imported data is progressing",
         );
     } else if !imports.is_empty() {
         up_to_date(&mut st, false, reason::IN_PROGRESS, "Import is progressing");
@@ -260,12 +360,34 @@ pub fn decide(
         create,
         succeeded,
         delete,
+        take_snapshot,
+        delete_import,
+        delete_snapshot,
+        awaits_snapshot,
     })
 }
 
-/// The labels CDI puts on a cron's DataVolumes, PVCs and DataSource.
+/// The cron's own labels CDI passes on to its imports and DataSource: the VM defaults a
+/// golden image carries (KubeVirt's instance type and preference) and its credentials support.
+pub const PASSED_LABELS: [&str; 5] = [
+    "instancetype.kubevirt.io/default-instancetype",
+    "instancetype.kubevirt.io/default-instancetype-kind",
+    "instancetype.kubevirt.io/default-preference",
+    "instancetype.kubevirt.io/default-preference-kind",
+    "kubevirt.io/dynamic-credentials-support",
+];
+
+/// The labels CDI puts on a cron's DataVolumes, PVCs, snapshots and DataSource: the cron's
+/// name, the cleanup mark under `retentionPolicy: None`, and the cron's [`PASSED_LABELS`].
 pub fn cron_labels(cron: &DataImportCron) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::from([(DATA_IMPORT_CRON_LABEL.to_string(), cron.name_any())]);
+    let mut labels: BTreeMap<String, String> = PASSED_LABELS
+        .iter()
+        .filter_map(|k| {
+            let v = cron.labels().get(*k)?;
+            (!v.is_empty()).then(|| (k.to_string(), v.clone()))
+        })
+        .collect();
+    labels.insert(DATA_IMPORT_CRON_LABEL.into(), cron.name_any());
     if cron.spec.retention_policy() == RetentionPolicy::None {
         labels.insert(CLEANUP_LABEL.into(), "true".into());
     }
@@ -312,8 +434,9 @@ pub fn import_data_volume(cron: &DataImportCron, name: &str, digest: &str) -> Da
 
 /// The managed DataSource as it should be, or None when it is left alone: a missing one is
 /// created (owned by the cron as its controller), one labelled with this cron is pointed at the
-/// last import (and, when the cron does not own it yet, owned with `controller: false`, as CDI
-/// takes pre-existing DataSources); one without the cron label is not the cron's to change.
+/// last import, as a `pvc` or a `snapshot` source as `status.sourceFormat` says (and, when the
+/// cron does not own it yet, owned with `controller: false`, as CDI takes pre-existing
+/// DataSources); one without the cron label is not the cron's to change.
 pub fn managed_data_source(
     cron: &DataImportCron,
     existing: Option<&DataSource>,
@@ -340,20 +463,24 @@ pub fn managed_data_source(
         }
     };
     ds.labels_mut().extend(cron_labels(cron));
-    if let Some(pvc) = cron
-        .status
-        .as_ref()
-        .and_then(|s| s.last_imported_pvc.clone())
-    {
-        ds.spec.source = DataSourceSource {
-            pvc: Some(pvc),
-            ..Default::default()
+    let st = cron.status.as_ref();
+    if let Some(last) = st.and_then(|s| s.last_imported_pvc.clone()) {
+        let format = SourceFormat::of_status(st.and_then(|s| s.source_format.as_deref()));
+        ds.spec.source = match format {
+            SourceFormat::Pvc => DataSourceSource {
+                pvc: Some(last),
+                ..Default::default()
+            },
+            SourceFormat::Snapshot => DataSourceSource {
+                snapshot: Some(last),
+                ..Default::default()
+            },
         };
     }
     Some(ds)
 }
 
-/// The name of the cron's last imported PVC, if any.
+/// The name of the cron's last import (a PVC, or a snapshot as `status.sourceFormat` says).
 pub fn last_import(cron: &DataImportCron) -> Option<&str> {
     cron.status
         .as_ref()?
@@ -375,8 +502,8 @@ fn owner(cron: &DataImportCron, controller: bool) -> OwnerReference {
 }
 
 /// The imports to delete after a success (CDI's order, [`super::gc::to_delete`]): `pvcs` are
-/// the cron's PVCs as `(name, lastUseTime annotation)`; the last import and the one in
-/// progress stay.
+/// the cron's PVCs, or its VolumeSnapshots (each kind is kept to `importsToKeep` on its own, as
+/// CDI does), as `(name, lastUseTime annotation)`; the last import and the one in progress stay.
 pub fn garbage(cron: &DataImportCron, pvcs: &[(String, Option<String>)]) -> Vec<String> {
     let imports: Vec<super::gc::Import> = pvcs
         .iter()
@@ -776,5 +903,203 @@ mod tests {
         assert_eq!(garbage(&c, &pvcs), ["fedora-1"]);
         c.spec.garbage_collect = Some(GarbageCollect::Never);
         assert!(garbage(&c, &pvcs).is_empty());
+    }
+
+    fn seen(import: ImportState, snapshot: Option<bool>, format: SourceFormat) -> Seen {
+        Seen {
+            import,
+            snapshot,
+            format,
+        }
+    }
+
+    const SUCCEEDED: ImportState = ImportState::DataVolume(Some(Phase::Succeeded));
+    const X: &str = "fedora-111111111111";
+
+    /// The cron with version D1 imported and kept in `format`.
+    fn kept(format: SourceFormat) -> DataImportCron {
+        let mut c = with_import(cron(), D1);
+        let st = c.status.as_mut().unwrap();
+        st.last_imported_pvc = Some(SourcePvc {
+            namespace: "golden".into(),
+            name: X.into(),
+        });
+        st.source_format = Some(format.as_str().into());
+        c
+    }
+
+    fn after(mut c: DataImportCron, d: &Decision) -> DataImportCron {
+        c.status = Some(d.status.clone());
+        c
+    }
+
+    #[test]
+    fn in_the_snapshot_format_a_succeeded_import_is_snapshotted_before_it_counts() {
+        let c = with_import(cron(), D1);
+        let s = seen(SUCCEEDED, None, SourceFormat::Snapshot);
+        let d = decide(&c, Some(D1), s, None, now()).unwrap();
+        assert_eq!(d.take_snapshot.as_deref(), Some(X));
+        assert!(d.awaits_snapshot);
+        assert!(!d.succeeded, "recorded before its snapshot is ready");
+        assert_eq!(d.status.last_imported_pvc, None);
+        assert_eq!(
+            (d.delete_import.as_deref(), d.create.as_deref()),
+            (None, None)
+        );
+        assert_eq!(cond(&d.status, "UpToDate"), ("False", "ImportProgressing"));
+        let up = d.status.conditions.iter().find(|c| c.type_ == "UpToDate");
+        assert_eq!(
+            up.unwrap().message.as_deref(),
+            Some("Snapshot of imported data is progressing")
+        );
+        // Taken, not ready yet: awaited, not taken again.
+        let s = seen(SUCCEEDED, Some(false), SourceFormat::Snapshot);
+        let d = decide(&c, Some(D1), s, None, now()).unwrap();
+        assert_eq!(d.take_snapshot, None);
+        assert!(d.awaits_snapshot && !d.succeeded);
+    }
+
+    #[test]
+    fn a_ready_snapshot_is_the_import_and_its_pvc_goes() {
+        let c = with_import(cron(), D1);
+        let s = seen(SUCCEEDED, Some(true), SourceFormat::Snapshot);
+        let d = decide(&c, Some(D1), s, None, now()).unwrap();
+        assert!(d.succeeded && !d.awaits_snapshot);
+        assert_eq!(d.delete_import.as_deref(), Some(X));
+        assert_eq!(d.take_snapshot, None);
+        assert_eq!(d.status.last_imported_pvc.as_ref().unwrap().name, X);
+        assert_eq!(d.status.source_format.as_deref(), Some("snapshot"));
+        assert_eq!(cond(&d.status, "UpToDate"), ("True", "UpToDate"));
+        // The DataSource points at the snapshot.
+        let ds = managed_data_source(&after(c.clone(), &d), None).unwrap();
+        let snap = ds.spec.source.snapshot.unwrap();
+        assert_eq!((snap.namespace.as_str(), snap.name.as_str()), ("golden", X));
+        assert_eq!(ds.spec.source.pvc, None);
+        // Its PVC gone, the snapshot alone is the import: nothing more to delete.
+        let c = after(c, &d);
+        let s = seen(ImportState::None, Some(true), SourceFormat::Snapshot);
+        let d = decide(&c, Some(D1), s, None, now()).unwrap();
+        assert!(d.succeeded);
+        assert_eq!(
+            (d.delete_import, d.create, d.delete_snapshot),
+            (None, None, None)
+        );
+        assert_eq!(d.status.current_imports.len(), 1, "the import is kept");
+        assert_eq!(cond(&d.status, "UpToDate"), ("True", "UpToDate"));
+    }
+
+    #[test]
+    fn the_data_source_keeps_the_previous_version_until_the_new_snapshot_is_ready() {
+        let mut c = with_import(kept(SourceFormat::Snapshot), D2);
+        c.status.as_mut().unwrap().current_imports[0].data_volume_name =
+            "fedora-aaaaaaaaaaaa".into();
+        let s = seen(SUCCEEDED, Some(false), SourceFormat::Snapshot);
+        let d = decide(&c, Some(D2), s, None, now()).unwrap();
+        let ds = managed_data_source(&after(c, &d), None).unwrap();
+        assert_eq!(ds.spec.source.snapshot.unwrap().name, X);
+    }
+
+    #[test]
+    fn a_new_version_while_a_snapshot_is_awaited_moves_on() {
+        let c = with_import(cron(), D1);
+        let s = seen(SUCCEEDED, None, SourceFormat::Snapshot);
+        let d = decide(&c, Some(D2), s, None, now()).unwrap();
+        assert_eq!(d.create.as_deref(), Some("fedora-aaaaaaaaaaaa"));
+        assert_eq!((d.take_snapshot, d.awaits_snapshot), (None, false));
+        assert_eq!(cond(&d.status, "UpToDate"), ("False", "Outdated"));
+    }
+
+    #[test]
+    fn a_version_kept_as_a_pvc_is_snapshotted_when_the_format_becomes_snapshot() {
+        let c = kept(SourceFormat::Pvc);
+        let d = decide(
+            &c,
+            Some(D1),
+            seen(ImportState::Pvc, None, SourceFormat::Snapshot),
+            None,
+            now(),
+        )
+        .unwrap();
+        assert_eq!(d.take_snapshot.as_deref(), Some(X));
+        // Meanwhile the DataSource stays on the PVC.
+        let ds = managed_data_source(&after(c.clone(), &d), None).unwrap();
+        assert_eq!(ds.spec.source.pvc.unwrap().name, X);
+        let s = seen(ImportState::Pvc, Some(true), SourceFormat::Snapshot);
+        let d = decide(&c, Some(D1), s, None, now()).unwrap();
+        assert_eq!(d.status.source_format.as_deref(), Some("snapshot"));
+        assert_eq!(d.delete_import.as_deref(), Some(X));
+    }
+
+    #[test]
+    fn a_version_kept_as_a_snapshot_is_imported_again_when_the_format_becomes_pvc() {
+        let c = kept(SourceFormat::Snapshot);
+        let s = seen(ImportState::None, Some(true), SourceFormat::Pvc);
+        let d = decide(&c, Some(D1), s, None, now()).unwrap();
+        assert_eq!(d.create.as_deref(), Some(X), "imported again as a PVC");
+        assert_eq!(d.status.current_imports[0].digest, D1);
+        assert_eq!(d.delete_snapshot, None, "the snapshot serves meanwhile");
+        let ds = managed_data_source(&after(c.clone(), &d), None).unwrap();
+        assert_eq!(ds.spec.source.snapshot.unwrap().name, X);
+        // The PVC import succeeded: the DataSource moves to it, the snapshot goes.
+        let c = after(c, &d);
+        let s = seen(SUCCEEDED, Some(true), SourceFormat::Pvc);
+        let d = decide(&c, Some(D1), s, None, now()).unwrap();
+        assert!(d.succeeded);
+        assert_eq!(d.status.source_format.as_deref(), Some("pvc"));
+        assert_eq!(d.delete_snapshot.as_deref(), Some(X));
+        assert_eq!((&d.create, &d.delete_import), (&None, &None));
+        let ds = managed_data_source(&after(c, &d), None).unwrap();
+        assert_eq!(ds.spec.source.pvc.unwrap().name, X);
+    }
+
+    #[test]
+    fn after_a_switch_to_pvc_a_new_version_is_imported_and_the_old_snapshot_left_to_gc() {
+        let c = kept(SourceFormat::Snapshot);
+        let s = seen(ImportState::None, Some(true), SourceFormat::Pvc);
+        let d = decide(&c, Some(D2), s, None, now()).unwrap();
+        assert_eq!(d.create.as_deref(), Some("fedora-aaaaaaaaaaaa"));
+        assert_eq!(d.delete_snapshot, None);
+    }
+
+    #[test]
+    fn garbage_collection_keeps_imports_to_keep_snapshots_newest_first() {
+        let mut c = kept(SourceFormat::Snapshot);
+        c.spec.imports_to_keep = Some(1);
+        let snapshots = vec![
+            (
+                "fedora-old".to_string(),
+                Some("2024-05-01T00:00:00Z".to_string()),
+            ),
+            (
+                "fedora-older".to_string(),
+                Some("2024-04-01T00:00:00Z".to_string()),
+            ),
+            (X.to_string(), Some("2024-05-02T00:00:00Z".to_string())),
+        ];
+        assert_eq!(garbage(&c, &snapshots), ["fedora-older", "fedora-old"]);
+    }
+
+    #[test]
+    fn the_crons_instance_type_labels_pass_to_its_imports_and_data_source() {
+        let mut c = cron();
+        c.labels_mut().extend([
+            (
+                "instancetype.kubevirt.io/default-instancetype".to_string(),
+                "u1.medium".to_string(),
+            ),
+            ("owner".to_string(), "team-a".to_string()),
+        ]);
+        let dv = import_data_volume(&c, X, D1);
+        let labels = dv.metadata.labels.unwrap();
+        assert_eq!(
+            labels["instancetype.kubevirt.io/default-instancetype"],
+            "u1.medium"
+        );
+        assert!(!labels.contains_key("owner"));
+        let ds = managed_data_source(&c, None).unwrap();
+        assert_eq!(
+            ds.labels()["instancetype.kubevirt.io/default-instancetype"],
+            "u1.medium"
+        );
     }
 }

@@ -1,34 +1,44 @@
 //! The DataImportCron controller, run in the DataVolume controller's process as CDI runs it: on
 //! schedule (a reconcile is queued for the next run) the template's source is polled and the
 //! version recorded in CDI's `sourceDesiredDigest` annotation; the [`super::cron`] decisions
-//! then create the import DataVolume, point the managed DataSource at the newest import once it
-//! succeeded, and garbage-collect old imports. A cron whose managed DataSource another cron
-//! manages does nothing but say so (CDI's ErrDataSourceAlreadyManaged); a failed import is
-//! deleted when a new version arrives. This module only reads and writes.
+//! then create the import DataVolume, keep a succeeded import as a VolumeSnapshot when the
+//! StorageProfile of the cron's StorageClass asks for the `snapshot` format (read at every
+//! reconcile), point the managed DataSource at the newest import, and garbage-collect old
+//! imports. A cron whose managed DataSource another cron manages does nothing but say so (CDI's
+//! ErrDataSourceAlreadyManaged); a failed import is deleted when a new version arrives. This
+//! module only reads and writes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 
 use super::cron::{
-    CLEANUP_LABEL, ERR_DATA_SOURCE_ALREADY_MANAGED, FINALIZER, ImportState, already_managed,
+    CLEANUP_LABEL, ERR_DATA_SOURCE_ALREADY_MANAGED, FINALIZER, ImportState, Seen, already_managed,
     annotation, decide, garbage, import_data_volume, import_state_of, labelled_manager,
     managed_data_source, next_run, poll_due,
 };
 use super::poll::{poll, poll_request, template_source};
+use super::snapshot::{FormatError, SourceFormat, import_snapshot, snapshot_class, volume_node};
 use super::version::SourceVersion;
+use crate::datavolume::clone::observe::snapshot_classes;
+use crate::datavolume::clone::reason::NO_VOLUME_SNAPSHOT_CLASS;
 use crate::datavolume::request::SourceObjects;
 use crate::datavolume::source::ImportSource;
-use api::DataVolume;
+use crate::settings::default_class;
+use api::datavolume::ContentType;
 use api::golden::{DATA_IMPORT_CRON_LABEL, DataImportCron, DataSource, RetentionPolicy};
+use api::snapshot::VolumeSnapshot;
+use api::{DataVolume, StorageProfile};
 use kubekit::error::{Error, Result};
 use kubekit::kubeops;
 use kubekit::metrics::Metrics;
@@ -37,6 +47,9 @@ use kubekit::metrics::Metrics;
 pub const CONTROLLER: &str = "dataimportcron";
 /// The longest wait between two looks at a cron.
 const RESYNC: Duration = Duration::from_secs(300);
+/// How soon a cron looks again at a snapshot it awaits (snapshots are not watched: the
+/// snapshot API may not be installed, and a watch of a missing kind only fails).
+const SNAPSHOT_POLL: Duration = Duration::from_secs(2);
 
 /// What the reconciles share.
 pub struct Context {
@@ -115,17 +128,38 @@ pub async fn reconcile(cron: Arc<DataImportCron>, ctx: Arc<Context>) -> Result<R
         .annotations()
         .get(annotation::SOURCE_DESIRED_DIGEST)
         .cloned();
-    let state = import_state(&ctx.client, &cron, &ns).await?;
-    let d = decide(
-        &cron,
-        desired.as_deref(),
-        state,
-        polled_at,
-        Timestamp::now(),
-    )
-    .map_err(|e| Error::invalid(e.to_string()))?;
+    let keeping = keeping(&ctx.client, &cron).await?;
+    let seen = Seen {
+        import: import_state(&ctx.client, &cron, &ns).await?,
+        snapshot: current_snapshot(&ctx.client, &cron, &ns).await?,
+        format: keeping.format(),
+    };
+    let d = decide(&cron, desired.as_deref(), seen, polled_at, Timestamp::now())
+        .map_err(|e| Error::invalid(e.to_string()))?;
     let old_status = cron.status.clone();
     cron.status = Some(d.status.clone());
+    if let Keeping::PvcInstead(why) = &keeping
+        && d.succeeded
+        && old_status
+            .as_ref()
+            .and_then(|s| s.last_imported_pvc.as_ref())
+            != d.status.last_imported_pvc.as_ref()
+    {
+        // Said once, when an import is kept as a PVC although snapshots are asked for.
+        let last = super::cron::last_import(&cron).unwrap_or_default();
+        let message = format!("import {last} is kept as a PVC, not a VolumeSnapshot: {why}");
+        tracing::warn!(cron = %name, namespace = %ns, "{message}");
+        let reference = cron.object_ref(&());
+        kubeops::publish_event(
+            &ctx.client,
+            &reference,
+            true,
+            NO_VOLUME_SNAPSHOT_CLASS,
+            &message,
+            &manager,
+        )
+        .await;
+    }
     if d.succeeded {
         mark_used(&ctx.client, &cron, &ns, &manager).await?;
     }
@@ -134,12 +168,39 @@ pub async fn reconcile(cron: Arc<DataImportCron>, ctx: Arc<Context>) -> Result<R
         collect_garbage(&ctx.client, &cron, &ns).await?;
     }
     let dvs: Api<DataVolume> = Api::namespaced(ctx.client.clone(), &ns);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    let snapshots: Api<VolumeSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
     if let Some(failed) = &d.delete {
         tracing::info!(cron = %name, import = %failed, "deleting a failed import for a new version");
         kubeops::delete(&dvs, failed).await?;
     }
-    if let (Some(dv_name), Some(digest)) = (&d.create, &desired) {
-        let dv = import_data_volume(&cron, dv_name, digest);
+    if let (Some(pvc_name), Keeping::Snapshot(class)) = (&d.take_snapshot, &keeping)
+        && let Some(pvc) = kubeops::get(&pvcs, pvc_name).await?
+    {
+        let pv = match pvc.spec.as_ref().and_then(|s| s.volume_name.as_deref()) {
+            Some(pv) => kubeops::get(&Api::<PersistentVolume>::all(ctx.client.clone()), pv).await?,
+            None => None,
+        };
+        let node = volume_node(&pvc, pv.as_ref());
+        tracing::info!(cron = %name, import = %pvc_name, class = %class, node = ?node, "taking the import's snapshot");
+        let snapshot = import_snapshot(&cron, &pvc, class, node.as_deref(), Timestamp::now());
+        kubeops::create(&snapshots, &snapshot, &manager).await?;
+    }
+    if let Some(import) = &d.delete_import {
+        // As CDI: the snapshot is the import now; the DataVolume (and with it, or else
+        // directly, the PVC) goes.
+        tracing::info!(cron = %name, import = %import, "snapshot ready: deleting the import's DataVolume and PVC");
+        kubeops::delete(&dvs, import).await?;
+        kubeops::delete(&pvcs, import).await?;
+    }
+    if let Some(replaced) = &d.delete_snapshot {
+        tracing::info!(cron = %name, import = %replaced, "the PVC format replaced the import's snapshot: deleting it");
+        kubeops::delete(&snapshots, replaced).await?;
+    }
+    if let Some(dv_name) = &d.create
+        && let Some(import) = d.status.current_imports.first()
+    {
+        let dv = import_data_volume(&cron, dv_name, &import.digest);
         kubeops::create(&dvs, &dv, &manager).await?;
     }
     if old_status.as_ref() != Some(&d.status) {
@@ -156,11 +217,112 @@ pub async fn reconcile(cron: Arc<DataImportCron>, ctx: Arc<Context>) -> Result<R
             .clamp(Duration::from_secs(1), RESYNC),
         _ => RESYNC,
     };
+    let wait = if d.awaits_snapshot {
+        wait.min(SNAPSHOT_POLL)
+    } else {
+        wait
+    };
     Ok(Requeue::requeue(wait))
+}
+
+/// How the cron's imports are kept now.
+#[derive(Debug, Clone, PartialEq)]
+enum Keeping {
+    /// As PVCs (the StorageProfile says `pvc`, or nothing, or there is no StorageClass).
+    Pvc,
+    /// As VolumeSnapshots of this VolumeSnapshotClass.
+    Snapshot(String),
+    /// As PVCs, although the profile asks for snapshots: why none can be taken.
+    PvcInstead(String),
+}
+
+impl Keeping {
+    fn format(&self) -> SourceFormat {
+        match self {
+            Keeping::Snapshot(_) => SourceFormat::Snapshot,
+            Keeping::Pvc | Keeping::PvcInstead(_) => SourceFormat::Pvc,
+        }
+    }
+}
+
+/// The StorageClass the cron's imports get: the template's, else the default class (of
+/// virtual machine disks first), as the DataVolume controller will choose it (CDI's
+/// GetStorageClassByNameWithVirtFallback). None when the named class does not exist.
+async fn cron_class(client: &Client, cron: &DataImportCron) -> Result<Option<StorageClass>> {
+    let spec = &cron.spec.template.spec;
+    let named = match (&spec.pvc, &spec.storage) {
+        (Some(p), _) => p.storage_class_name.clone(),
+        (None, Some(s)) => s.storage_class_name.clone(),
+        (None, None) => None,
+    };
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    match named {
+        Some(name) => kubeops::get(&classes, &name).await,
+        None => {
+            let all = classes.list(&ListParams::default()).await?.items;
+            let disk_image = spec.content_type != Some(ContentType::Archive);
+            Ok(default_class(&all, disk_image).cloned())
+        }
+    }
+}
+
+/// What the StorageProfile of the cron's class asks for (CDI's getSourceFormat), and for the
+/// snapshot format the VolumeSnapshotClass that takes them (CDI's GetVolumeSnapshotClass).
+async fn keeping(client: &Client, cron: &DataImportCron) -> Result<Keeping> {
+    let Some(class) = cron_class(client, cron).await? else {
+        return Ok(Keeping::Pvc);
+    };
+    let class_name = class.name_any();
+    let profiles: Api<StorageProfile> = Api::all(client.clone());
+    let Some(profile) = kubeops::get(&profiles, &class_name)
+        .await?
+        .and_then(|p| p.status)
+        .map(|s| s.profile)
+    else {
+        return Ok(Keeping::Pvc);
+    };
+    let asked = SourceFormat::parse(
+        &class_name,
+        profile.data_import_cron_source_format.as_deref(),
+    )
+    .map_err(|e| Error::invalid(e.to_string()))?;
+    if asked == SourceFormat::Pvc {
+        return Ok(Keeping::Pvc);
+    }
+    let classes = snapshot_classes(client).await;
+    Ok(
+        match snapshot_class(
+            &class.provisioner,
+            profile.snapshot_class.as_deref(),
+            &classes,
+        ) {
+            Ok(c) => Keeping::Snapshot(c),
+            Err(e @ FormatError::NoSnapshotClass(_)) => Keeping::PvcInstead(e.to_string()),
+            Err(e) => return Err(Error::invalid(e.to_string())),
+        },
+    )
+}
+
+/// The current import's VolumeSnapshot: None when missing (or the snapshot API is not
+/// served), else whether it is ready to use.
+async fn current_snapshot(
+    client: &Client,
+    cron: &DataImportCron,
+    ns: &str,
+) -> Result<Option<bool>> {
+    let Some(first) = cron.status.as_ref().and_then(|s| s.current_imports.first()) else {
+        return Ok(None);
+    };
+    let snapshots: Api<VolumeSnapshot> = Api::namespaced(client.clone(), ns);
+    // Without the snapshot CRD the server answers 404 too: no snapshot.
+    Ok(kubeops::get(&snapshots, &first.data_volume_name)
+        .await?
+        .map(|s| s.ready()))
 }
 
 /// Retries failed reconciles.
 pub fn error_policy(cron: Arc<DataImportCron>, err: &Error, ctx: Arc<Context>) -> Requeue {
+    eprintln!("DEBUG cron error: {err}");
     kubeops::requeue_after(CONTROLLER, &cron.name_any(), err, &ctx.metrics, RESYNC)
 }
 
@@ -196,27 +358,53 @@ async fn read_objects(client: &Client, ns: &str, src: &ImportSource) -> Result<S
 }
 
 /// The state of the cron's current import: its DataVolume's phase, else whether its PVC exists.
+/// Objects being deleted count as gone: the DataVolume and PVC of an import kept as a snapshot
+/// are deleted, and a PVC may wait a while on its protection finalizer.
 async fn import_state(client: &Client, cron: &DataImportCron, ns: &str) -> Result<ImportState> {
     let Some(first) = cron.status.as_ref().and_then(|s| s.current_imports.first()) else {
         return Ok(ImportState::None);
     };
+    let live = |meta: &kube::api::ObjectMeta| meta.deletion_timestamp.is_none();
     let dvs: Api<DataVolume> = Api::namespaced(client.clone(), ns);
-    if let Some(dv) = kubeops::get(&dvs, &first.data_volume_name).await? {
+    if let Some(dv) = kubeops::get(&dvs, &first.data_volume_name).await?
+        && live(&dv.metadata)
+    {
         return Ok(import_state_of(&dv));
     }
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
     Ok(match kubeops::get(&pvcs, &first.data_volume_name).await? {
-        Some(_) => ImportState::Pvc,
-        None => ImportState::None,
+        Some(pvc) if live(&pvc.metadata) => ImportState::Pvc,
+        _ => ImportState::None,
     })
 }
 
-/// Stamps the last import's PVC with its use time and the cron's labels (CDI's `updateSource`).
+/// Stamps the last import (its PVC, or its VolumeSnapshot in the snapshot format) with its use
+/// time and the cron's labels (CDI's `updateSource`).
 async fn mark_used(client: &Client, cron: &DataImportCron, ns: &str, manager: &str) -> Result<()> {
-    let Some(pvc) = super::cron::last_import(cron) else {
+    let Some(last) = super::cron::last_import(cron) else {
         return Ok(());
     };
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let format = cron
+        .status
+        .as_ref()
+        .and_then(|s| s.source_format.as_deref());
+    match SourceFormat::of_status(format) {
+        SourceFormat::Pvc => {
+            let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+            stamp(&api, last, cron, manager).await
+        }
+        SourceFormat::Snapshot => {
+            let api: Api<VolumeSnapshot> = Api::namespaced(client.clone(), ns);
+            stamp(&api, last, cron, manager).await
+        }
+    }
+}
+
+/// Merges the cron's labels and the last-use time into `name` (gone: nothing to stamp).
+async fn stamp<K>(api: &Api<K>, name: &str, cron: &DataImportCron, manager: &str) -> Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
     let patch = serde_json::json!({"metadata": {
         "labels": super::cron::cron_labels(cron),
         "annotations": {super::gc::LAST_USE_ANNOTATION: Timestamp::now().to_string()},
@@ -225,7 +413,7 @@ async fn mark_used(client: &Client, cron: &DataImportCron, ns: &str, manager: &s
         field_manager: Some(manager.into()),
         ..Default::default()
     };
-    match pvcs.patch(pvc, &params, &Patch::Merge(patch)).await {
+    match api.patch(name, &params, &Patch::Merge(patch)).await {
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         other => other.map(|_| ()).map_err(Into::into),
     }
@@ -257,29 +445,48 @@ async fn update_data_source(
     }
 }
 
-/// Deletes the imports beyond `importsToKeep` (the DataVolume, else the PVC, as CDI does).
+/// Deletes the imports beyond `importsToKeep`: PVCs (the DataVolume, else the PVC, as CDI
+/// does) and VolumeSnapshots, each kind counted on its own as CDI counts them.
 async fn collect_garbage(client: &Client, cron: &DataImportCron, ns: &str) -> Result<()> {
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-    let lp = ListParams::default().labels(&format!("{DATA_IMPORT_CRON_LABEL}={}", cron.name_any()));
-    let listed: Vec<(String, Option<String>)> = pvcs
-        .list(&lp)
-        .await?
-        .into_iter()
-        .map(|p| {
-            let used = p.annotations().get(super::gc::LAST_USE_ANNOTATION).cloned();
-            (p.name_any(), used)
-        })
-        .collect();
     let dvs: Api<DataVolume> = Api::namespaced(client.clone(), ns);
-    for name in garbage(cron, &listed) {
+    for name in garbage(cron, &imports_of(&pvcs, cron).await?) {
         tracing::info!(cron = %cron.name_any(), import = %name, "deleting an old import");
         kubeops::delete(&dvs, &name).await?;
         kubeops::delete(&pvcs, &name).await?;
     }
+    let snapshots: Api<VolumeSnapshot> = Api::namespaced(client.clone(), ns);
+    let listed = match imports_of(&snapshots, cron).await {
+        // The snapshot API is not served: no snapshots to collect.
+        Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => Vec::new(),
+        other => other?,
+    };
+    for name in garbage(cron, &listed) {
+        tracing::info!(cron = %cron.name_any(), snapshot = %name, "deleting an old import's snapshot");
+        kubeops::delete(&snapshots, &name).await?;
+    }
     Ok(())
 }
 
-/// `retentionPolicy: None`: the cron's DataSource, DataVolumes and PVCs go with it.
+/// The cron's imports of kind `K` (labelled with its name) as `(name, lastUseTime)`.
+async fn imports_of<K>(api: &Api<K>, cron: &DataImportCron) -> Result<Vec<(String, Option<String>)>>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let lp = ListParams::default().labels(&format!("{DATA_IMPORT_CRON_LABEL}={}", cron.name_any()));
+    Ok(api
+        .list(&lp)
+        .await?
+        .into_iter()
+        .map(|o| {
+            let used = o.annotations().get(super::gc::LAST_USE_ANNOTATION).cloned();
+            (o.name_any(), used)
+        })
+        .collect())
+}
+
+/// `retentionPolicy: None`: the cron's DataSource, DataVolumes, PVCs and VolumeSnapshots go
+/// with it.
 async fn clean_up(client: &Client, ns: &str, cron: &str) -> Result<()> {
     let lp = ListParams::default().labels(&format!(
         "{DATA_IMPORT_CRON_LABEL}={cron},{CLEANUP_LABEL}=true"
@@ -295,6 +502,17 @@ async fn clean_up(client: &Client, ns: &str, cron: &str) -> Result<()> {
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
     for pvc in pvcs.list(&lp).await? {
         kubeops::delete(&pvcs, &pvc.name_any()).await?;
+    }
+    let snapshots: Api<VolumeSnapshot> = Api::namespaced(client.clone(), ns);
+    match snapshots.list(&lp).await {
+        Ok(list) => {
+            for s in list {
+                kubeops::delete(&snapshots, &s.name_any()).await?;
+            }
+        }
+        // The snapshot API is not served: there are none.
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e.into()),
     }
     Ok(())
 }

@@ -66,6 +66,14 @@ pub async fn observe(
                     .and_then(objects::node_of)
                     .map(String::from);
             }
+            // The PVC is gone (a DataImportCron deletes its import once the snapshot is
+            // ready): the node Quarry recorded on the snapshot when it took it.
+            if o.snapshot_node.is_none() {
+                o.snapshot_node = o
+                    .source_snapshot
+                    .as_ref()
+                    .and_then(|s| s.annotations().get(snapshot::ANN_SOURCE_NODE).cloned());
+            }
         }
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &dv_ns);
@@ -138,7 +146,7 @@ async fn facts(
 }
 
 /// The VolumeSnapshotClasses (none when the cluster does not serve the snapshot API).
-async fn snapshot_classes(client: &Client) -> Vec<DynamicObject> {
+pub(crate) async fn snapshot_classes(client: &Client) -> Vec<DynamicObject> {
     let gvk = GroupVersionKind::gvk(snapshot::GROUP, "v1", "VolumeSnapshotClass");
     let ar = ApiResource::from_gvk_with_plural(&gvk, "volumesnapshotclasses");
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
