@@ -22,12 +22,12 @@ use crate::support::{
     test_writes, wait_for,
 };
 
-const DRIVER: &str = "kubevirt.io.hostpath-provisioner";
+pub(crate) const DRIVER: &str = "kubevirt.io.hostpath-provisioner";
 const GI: u64 = 1 << 30;
 
 /// Minimal VolumeSnapshotClass and VolumeSnapshotContent CRDs (any fields kept), and the
 /// VolumeSnapshot schema of the fields Quarry uses.
-async fn install_snapshot_crds(client: &Client) {
+pub(crate) async fn install_snapshot_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let open = |kind: &str, plural: &str, scope: &str| -> CustomResourceDefinition {
         serde_json::from_value(json!({
