@@ -246,3 +246,32 @@ fn an_s3_cron_imports_when_the_etag_changes() {
         s3.put(&file, "images/disk.img");
     });
 }
+
+/// Local mode has no StorageProfiles: a profile asking for the snapshot format is refused,
+/// saying that crons keep their imports as pool volumes there.
+#[test]
+fn a_storage_profile_asking_for_snapshots_is_refused_saying_imports_stay_volumes() {
+    let l = local();
+    let profile = l.dir.join("profile.yaml");
+    fs::write(
+        &profile,
+        "apiVersion: cdi.kubevirt.io/v1beta1\nkind: StorageProfile\nmetadata:\n  name: local\nspec:\n  dataImportCronSourceFormat: snapshot\n",
+    )
+    .unwrap();
+    let out = run(&[
+        "apply",
+        "-f",
+        arg(&profile),
+        "--pool",
+        arg(&l.pool),
+        "--state-dir",
+        arg(&l.state),
+    ]);
+    assert!(!out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("keeps every DataImportCron import as a pool volume (the pvc format)")
+            && err.contains("dataImportCronSourceFormat: snapshot needs a cluster"),
+        "{err}"
+    );
+}

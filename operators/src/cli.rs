@@ -434,6 +434,7 @@ pub fn apply(args: &ApplyArgs) -> Result<bool> {
         Some("DataSource") => {
             return cdi::local::datasource::apply_manifest(&args.file, &args.options());
         }
+        Some("StorageProfile") => return Err(storage_profile_refused(&args.file)),
         _ => {}
     }
     let dv = args.manifest()?;
@@ -457,6 +458,26 @@ pub fn apply(args: &ApplyArgs) -> Result<bool> {
         .unwrap_or_default();
     eprintln!("datavolume/{name} {phase}: {why}");
     Ok(false)
+}
+
+/// Local mode keeps no StorageProfiles (they describe a cluster's StorageClasses): the error
+/// saying so, and, for a profile asking for the snapshot format, that local mode keeps every
+/// DataImportCron import as a pool volume.
+fn storage_profile_refused(file: &std::path::Path) -> Error {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let v: serde_json::Value = serde_saphyr::from_str(&text).unwrap_or_default();
+    let what = file.display();
+    if v["spec"]["dataImportCronSourceFormat"] == "snapshot" {
+        Error::invalid(format!(
+            "{what}: local mode keeps no StorageProfiles, and keeps every DataImportCron import \
+             as a pool volume (the pvc format): dataImportCronSourceFormat: snapshot needs a \
+             cluster (quarry controller datavolume)"
+        ))
+    } else {
+        Error::invalid(format!(
+            "{what}: local mode keeps no StorageProfiles (they describe a cluster's StorageClasses)"
+        ))
+    }
 }
 
 /// The `kind` a manifest file names, if it can be read.
