@@ -3,8 +3,8 @@
 use std::time::Instant;
 
 use crate::support::{
-    FileServer, assert_disk, cluster, dv_yaml, event_reasons, import_and_check, qcow2_image,
-    wait_succeeded,
+    FileServer, Source, assert_disk, cluster, data_source_at, dv_yaml, event_reasons,
+    import_and_check, qcow2_image, wait_gone, wait_succeeded,
 };
 
 /// An HTTP qcow2.xz from a server on the node's address lands in a filesystem volume with
@@ -62,7 +62,15 @@ fn http_import_into_a_block_volume() {
         assert_disk(c, &ns, name, &image, true);
     }
     let source_ref = |pvc: &str| {
-        c.kubectl_ok(&["-n", &ns, "get", "pvc", pvc, "-o", "jsonpath={.spec.dataSourceRef.kind}"])
+        c.kubectl_ok(&[
+            "-n",
+            &ns,
+            "get",
+            "pvc",
+            pvc,
+            "-o",
+            "jsonpath={.spec.dataSourceRef.kind}",
+        ])
     };
     assert_eq!(source_ref("dev"), "VolumeImportSource");
     assert_eq!(source_ref("direct"), "");
@@ -271,25 +279,11 @@ fn a_data_import_cron_follows_two_versions_and_collects_the_old() {
     let v1 = crate::support::raw_image(dir.path(), "golden.img", 1);
     let server = FileServer::start(c, dir.path());
     let ns = c.namespace("cron", &[]);
-    c.apply(&format!(
-        "apiVersion: cdi.kubevirt.io/v1beta1
-kind: DataImportCron
-metadata: {{name: golden, namespace: {ns}}}
-spec:
-  schedule: '@every 5s'
-  managedDataSource: golden
-  importsToKeep: 1
-  garbageCollect: Outdated
-  template:
-    spec:
-      source:
-        http: {{url: '{url}/golden.img'}}
-      storage:
-        storageClassName: {class}
-        resources: {{requests: {{storage: 32Mi}}}}
-",
-        url = server.url,
-        class = crate::support::CLASS
+    let url = format!("{}/golden.img", server.url);
+    c.apply(&crate::support::golden_cron(
+        &ns,
+        &url,
+        crate::support::CLASS,
     ));
     let first = crate::support::data_source_pvc(c, &ns, "golden", None);
     assert_disk(c, &ns, &first, &v1, false);
@@ -298,18 +292,123 @@ spec:
     let v2 = crate::support::raw_image(dir.path(), "golden.img", 2);
     let second = crate::support::data_source_pvc(c, &ns, "golden", Some(&first));
     assert_disk(c, &ns, &second, &v2, false);
+    crate::support::wait_gone(c, &ns, "pvc", &first, "the outdated import is kept");
+}
+
+/// The StorageClass of the snapshot-format cron test: the default pool's, under a name of its
+/// own, so that its StorageProfile's `dataImportCronSourceFormat: snapshot` leaves the other
+/// tests' crons on PVCs.
+const SNAPSHOT_FORMAT_CLASS: &str = "hostpath-csi-cron-snapshots";
+
+/// A DataVolume `name` cloning the DataSource `golden` (`sourceRef`) onto `class`: once it
+/// succeeded, its volume holds `image`.
+fn restore_and_check(
+    c: &testkit::cluster::Cluster,
+    ns: &str,
+    name: &str,
+    image: &crate::support::Image,
+) {
     let start = Instant::now();
-    while c
-        .kubectl(&["-n", &ns, "get", "pvc", &first])
-        .status
-        .success()
-    {
-        assert!(
-            start.elapsed() < crate::support::DV_LIMIT,
-            "the outdated import {first} is kept"
+    // dv_yaml's DataVolume, its source replaced by the reference, on the snapshot class.
+    let yaml = dv_yaml(ns, name, "", "32Mi", false)
+        .replace(
+            "  source:\n\n",
+            "  sourceRef: {kind: DataSource, name: golden}\n",
+        )
+        .replace(
+            &format!("storageClassName: {}", crate::support::CLASS),
+            &format!("storageClassName: {SNAPSHOT_FORMAT_CLASS}"),
         );
-        std::thread::sleep(std::time::Duration::from_secs(1));
-    }
+    assert!(
+        yaml.contains("sourceRef") && yaml.contains(SNAPSHOT_FORMAT_CLASS),
+        "{yaml}"
+    );
+    c.apply(&yaml);
+    wait_succeeded(c, ns, name, start);
+    assert_disk(c, ns, name, image, false);
+}
+
+/// A DataImportCron whose StorageClass's StorageProfile asks for the snapshot format (as an
+/// admin patches it): each version is imported, kept as a VolumeSnapshot the DataSource points
+/// at once it is ready to use, and its import PVC deleted; with `importsToKeep: 1` the older
+/// snapshot is collected; a DataVolume with a `sourceRef` to the DataSource restores each
+/// version's bytes.
+#[test]
+fn a_snapshot_format_data_import_cron_keeps_versions_as_snapshots_that_data_volumes_restore() {
+    let Some(c) = cluster() else { return };
+    crate::support::snapshot_class(c);
+    c.apply(&format!(
+        "apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {{name: {SNAPSHOT_FORMAT_CLASS}}}
+provisioner: kubevirt.io.hostpath-provisioner
+parameters: {{storagePool: local}}
+reclaimPolicy: Delete
+volumeBindingMode: WaitForFirstConsumer
+allowVolumeExpansion: true
+"
+    ));
+    let ns = c.namespace("cron-snapshots", &[]);
+    let profile = format!("storageprofile/{SNAPSHOT_FORMAT_CLASS}");
+    c.wait_for(
+        &ns,
+        &profile,
+        "{.status.provisioner}",
+        "kubevirt.io.hostpath-provisioner",
+        crate::support::DV_LIMIT,
+    );
+    c.kubectl_ok(&[
+        "patch",
+        "storageprofile",
+        SNAPSHOT_FORMAT_CLASS,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"dataImportCronSourceFormat":"snapshot"}}"#,
+    ]);
+    c.wait_for(
+        &ns,
+        &profile,
+        "{.status.dataImportCronSourceFormat}",
+        "snapshot",
+        crate::support::DV_LIMIT,
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = crate::support::raw_image(dir.path(), "golden.img", 1);
+    let server = FileServer::start(c, dir.path());
+    let url = format!("{}/golden.img", server.url);
+    c.apply(&crate::support::golden_cron(
+        &ns,
+        &url,
+        SNAPSHOT_FORMAT_CLASS,
+    ));
+    let first = data_source_at(c, &ns, "golden", Source::Snapshot, None);
+    let status = |path: &str| {
+        c.kubectl_ok(&[
+            "-n",
+            &ns,
+            "get",
+            "dataimportcron",
+            "golden",
+            "-o",
+            &format!("jsonpath={path}"),
+        ])
+    };
+    assert_eq!(status("{.status.sourceFormat}"), "snapshot");
+    assert_eq!(status("{.status.lastImportedPVC.name}"), first);
+    let outlives = "the import outlives its ready snapshot";
+    wait_gone(c, &ns, "pvc", &first, outlives);
+    wait_gone(c, &ns, "dv", &first, outlives);
+    restore_and_check(c, &ns, "vm-1", &v1);
+
+    // A new version: its own snapshot, the first one collected (importsToKeep 1).
+    let v2 = crate::support::raw_image(dir.path(), "golden.img", 2);
+    let second = data_source_at(c, &ns, "golden", Source::Snapshot, Some(&first));
+    wait_gone(c, &ns, "pvc", &second, outlives);
+    let kept = "the outdated snapshot is kept";
+    wait_gone(c, &ns, "volumesnapshot", &first, kept);
+    restore_and_check(c, &ns, "vm-2", &v2);
 }
 
 /// HTTPS with the server's CA from a ConfigMap (`certConfigMap`) and basic auth from a Secret

@@ -326,12 +326,42 @@ pub fn raw_image_of(dir: &Path, name: &str, len: usize, seed: u64) -> Image {
     }
 }
 
+/// What a DataSource points at: a PVC (ready once its DataVolume succeeded) or a
+/// VolumeSnapshot (ready once `readyToUse`).
+#[derive(Clone, Copy)]
+pub enum Source {
+    /// `spec.source.pvc`.
+    Pvc,
+    /// `spec.source.snapshot`.
+    Snapshot,
+}
+
 /// Waits until the DataSource `name` points at a PVC other than `not` whose DataVolume has
 /// succeeded: that PVC's name.
 pub fn data_source_pvc(c: &Cluster, ns: &str, name: &str, not: Option<&str>) -> String {
+    data_source_at(c, ns, name, Source::Pvc, not)
+}
+
+/// Waits until the DataSource `name` points at a `kind` of source other than `not` that is
+/// ready: its name.
+pub fn data_source_at(
+    c: &Cluster,
+    ns: &str,
+    name: &str,
+    kind: Source,
+    not: Option<&str>,
+) -> String {
+    let (field, ready_of, ready) = match kind {
+        Source::Pvc => ("pvc", "dv", ("{.status.phase}", "Succeeded")),
+        Source::Snapshot => (
+            "snapshot",
+            "volumesnapshot",
+            ("{.status.readyToUse}", "true"),
+        ),
+    };
     let start = Instant::now();
     loop {
-        let pvc = c.kubectl_ok(&[
+        let at = c.kubectl_ok(&[
             "-n",
             ns,
             "get",
@@ -339,20 +369,20 @@ pub fn data_source_pvc(c: &Cluster, ns: &str, name: &str, not: Option<&str>) -> 
             name,
             "--ignore-not-found",
             "-o",
-            "jsonpath={.spec.source.pvc.name}",
+            &format!("jsonpath={{.spec.source.{field}.name}}"),
         ]);
-        if !pvc.is_empty() && Some(pvc.as_str()) != not {
-            let phase = c.kubectl(&[
+        if !at.is_empty() && Some(at.as_str()) != not {
+            let state = c.kubectl(&[
                 "-n",
                 ns,
                 "get",
-                "dv",
-                &pvc,
+                ready_of,
+                &at,
                 "-o",
-                "jsonpath={.status.phase}",
+                &format!("jsonpath={}", ready.0),
             ]);
-            if String::from_utf8_lossy(&phase.stdout) == "Succeeded" {
-                return pvc;
+            if String::from_utf8_lossy(&state.stdout) == ready.1 {
+                return at;
             }
         }
         if start.elapsed() > DV_LIMIT {
@@ -360,17 +390,49 @@ pub fn data_source_pvc(c: &Cluster, ns: &str, name: &str, not: Option<&str>) -> 
                 "-n",
                 ns,
                 "get",
-                "dataimportcron,datasource,dv,pvc,events",
+                "dataimportcron,datasource,dv,pvc,volumesnapshot,events",
                 "-o",
                 "wide",
             ]);
             panic!(
-                "DataSource {ns}/{name} never pointed at a new import (not {not:?}):\n{}",
+                "DataSource {ns}/{name} never pointed at a new ready {field} (not {not:?}):\n{}",
                 String::from_utf8_lossy(&dump.stdout)
             );
         }
         std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// Waits until `kind/name` in `ns` is gone, or panics saying `why` it matters.
+pub fn wait_gone(c: &Cluster, ns: &str, kind: &str, name: &str, why: &str) {
+    let start = Instant::now();
+    while c.kubectl(&["-n", ns, "get", kind, name]).status.success() {
+        assert!(start.elapsed() < DV_LIMIT, "{kind} {ns}/{name}: {why}");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// A DataImportCron `golden` in `ns` polling `url` every 5 s, managing the DataSource
+/// `golden`, keeping one import, its imports of 32 MiB on `class`.
+pub fn golden_cron(ns: &str, url: &str, class: &str) -> String {
+    format!(
+        "apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataImportCron
+metadata: {{name: golden, namespace: {ns}}}
+spec:
+  schedule: '@every 5s'
+  managedDataSource: golden
+  importsToKeep: 1
+  garbageCollect: Outdated
+  template:
+    spec:
+      source:
+        http: {{url: '{url}'}}
+      storage:
+        storageClassName: {class}
+        resources: {{requests: {{storage: 32Mi}}}}
+"
+    )
 }
 
 /// The sha256 of `bytes`, in hex.
