@@ -197,12 +197,17 @@ fn import_args(
             n += 1;
         }
     }
-    // Preallocation is of a disk image; an archive's files are written as they are.
-    args.preallocate = !src.archive && w.preallocation.unwrap_or(cfg.preallocation);
+    args.preallocate = preallocate(w, cfg, src.archive);
     args.metrics_addr = Some(SocketAddr::from(([0, 0, 0, 0], POD_PORT as u16)));
     args.owner_uid = Some(w.uid.clone());
     args.json = true;
     (args, env)
+}
+
+/// Whether the pod preallocates its disk image: as its owner asks, else the configured default
+/// (CDI's global preallocation). An archive's files are written as they are.
+fn preallocate(w: &Workload, cfg: &Config, archive: bool) -> bool {
+    !archive && w.preallocation.unwrap_or(cfg.preallocation)
 }
 
 /// Whether a `docker://HOST/...` image is on one of the insecure registries (`HOST[:PORT]`).
@@ -452,6 +457,7 @@ pub fn upload_pod(w: &Workload, claim: &Claim, cfg: &Config, pvc_uid: &str, arch
     let mut args = ServerArgs::new(target_of(claim.mode, archive), listen);
     args.archive = archive;
     args.size = Some(claim.size);
+    args.preallocate = preallocate(w, cfg, archive);
     if claim.mode == VolumeMode::Filesystem {
         args.filesystem_overhead = Some(claim.overhead);
     }

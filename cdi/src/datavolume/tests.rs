@@ -1189,11 +1189,44 @@ fn an_archive_datavolume_extracts_into_the_volume_directory() {
     assert_eq!(server.target, std::path::PathBuf::from("/data"));
     assert!(server.archive);
     assert_eq!(server.size, Some(claim.size));
+    assert!(
+        !server.preallocate,
+        "an archive's files are not preallocated"
+    );
 
     let mut block = dv.clone();
     block.spec.storage.as_mut().unwrap().volume_mode = Some("Block".into());
     let e = pvc::claim(&block, &cfg, &pvc::StorageDefaults::Builtin).unwrap_err();
     assert!(e.to_string().contains("Filesystem"), "{e}");
+}
+
+#[test]
+fn upload_servers_preallocate_as_the_datavolume_asks_else_as_configured() {
+    let preallocates = |dv_says: Option<bool>, configured: bool| {
+        let cfg = Config {
+            preallocation: configured,
+            ..Config::default()
+        };
+        let mut dv = upload_dv();
+        dv.spec.preallocation = dv_says;
+        let bound = pvc("Bound");
+        let d = decide(&dv, &obs(Some(&bound), None), &cfg);
+        let argv = args(created_pod(&d));
+        assert_eq!(argv[0], "upload-server");
+        // The pod's argv parses back to the server the controller meant.
+        let server: uploader::cli::ServerArgs = uploader::cli::parse_args(&argv[1..]).unwrap();
+        server.preallocate
+    };
+    assert!(preallocates(Some(true), false));
+    assert!(
+        preallocates(None, true),
+        "the CDI CR's global preallocation"
+    );
+    assert!(
+        !preallocates(Some(false), true),
+        "the DataVolume's own wins"
+    );
+    assert!(!preallocates(None, false));
 }
 
 #[test]

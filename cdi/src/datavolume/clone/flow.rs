@@ -1043,11 +1043,20 @@ mod tests {
         assert!(p.spec.as_ref().unwrap().data_source.is_none());
         // Bound: the upload server and its Service.
         let t = target(Strategy::HostAssisted, "Bound", GI, Some(GI));
-        let d = step(&mut dv, &observed(Some(&t), None, o(None)));
-        assert!(matches!(
-            &objects_of(&d)[..],
-            [Action::CreatePod(_), Action::CreateService(_)]
-        ));
+        // The DataVolume's preallocation reaches the server writing the copy, as CDI's.
+        let server = |d: &Decision| {
+            let [Action::CreatePod(p), Action::CreateService(_)] = &objects_of(d)[..] else {
+                panic!("{:?}", d.actions)
+            };
+            let argv = p.spec.as_ref().unwrap().containers[0].args.clone().unwrap();
+            uploader::cli::parse_args::<uploader::cli::ServerArgs>(&argv[1..]).unwrap()
+        };
+        let mut preallocated = dv.clone();
+        preallocated.spec.preallocation = Some(true);
+        let o_t = observed(Some(&t), None, o(None));
+        assert!(server(&decide(&preallocated, &o_t, &token_config())).preallocate);
+        let d = step(&mut dv, &o_t);
+        assert!(!server(&d).preallocate);
         // The upload server ready: the source pod in the source namespace.
         let upload = pod_in("cdi-upload-vm-disk", "Running", true);
         let d = step(&mut dv, &observed(Some(&t), Some(&upload), o(None)));
