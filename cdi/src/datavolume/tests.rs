@@ -310,6 +310,38 @@ fn the_full_import_sequence_with_cdi_phases_events_and_conditions() {
 }
 
 #[test]
+fn checkpoints_of_a_single_stage_source_are_ignored_as_cdis_populators_ignore_them() {
+    let cfg = Config::default();
+    let with_checkpoints = |mut dv: DataVolume| {
+        dv.spec.checkpoints = vec![api::datavolume::DataVolumeCheckpoint {
+            previous: String::new(),
+            current: "snapshot-1".into(),
+        }];
+        dv.spec.final_checkpoint = Some(false);
+        dv
+    };
+    // One import, not a stage: Succeeded (never CDI's multi-stage Paused), the argv as without.
+    let mut dv = with_checkpoints(http_dv());
+    let bound = pvc("Bound");
+    let d = step(&mut dv, &obs(Some(&bound), None), &cfg);
+    let plain = decide(&http_dv(), &obs(Some(&bound), None), &cfg);
+    assert_eq!(args(created_pod(&d)), args(created_pod(&plain)));
+    let d = step(&mut dv, &obs(Some(&bound), Some(&exited(0, ""))), &cfg);
+    assert_eq!(d.status.phase, Some(Phase::Succeeded));
+    // On a CSI class the VolumeImportSource carries none (CDI's only for vddk and imageio).
+    let d = decide(&with_checkpoints(http_dv()), &on_csi(None), &cfg);
+    let import_source = d.actions.iter().find_map(|a| match a {
+        Action::CreatePopulatorSource(s) => match &**s {
+            populated::PopulatorSource::Import(_, spec) => Some(spec),
+            _ => None,
+        },
+        _ => None,
+    });
+    let spec = import_source.expect("a VolumeImportSource");
+    assert!(spec.checkpoints.is_empty() && spec.final_checkpoint.is_none());
+}
+
+#[test]
 fn every_terminal_exit_code_fails_at_once_without_restarts() {
     let cfg = Config::default();
     for (code, why) in super::retry::TERMINAL_EXIT_CODES {
