@@ -27,7 +27,7 @@ use tracing::{Instrument, info_span};
 
 use super::clone::objects::temp_snapshot_name;
 use super::clone::{SourceRef, resolve_source_ref};
-use super::decide::{Event, PodRefusal};
+use super::decide::{Announced, Event, PodRefusal};
 use super::pod::{self, POD_PORT, SourceRefs};
 use super::populated::{self, PopulatorSource};
 use super::pvc::StorageDefaults;
@@ -71,7 +71,7 @@ pub struct Context {
     refused: Mutex<HashMap<String, PodRefusal>>,
     /// The last event published, by DataVolume UID (reason, message): a decision made from a
     /// DataVolume read before its last status write repeats the phase change, not the event.
-    announced: Mutex<HashMap<String, (String, String)>>,
+    announced: Announced,
 }
 
 impl Context {
@@ -83,21 +83,16 @@ impl Context {
 
     /// A context for `client` reading the settings `live` (which a CDIConfig reconciler keeps).
     pub fn with_settings(client: Client, live: Arc<LiveSettings>, metrics: Arc<Metrics>) -> Self {
-        netkit::install_tls_provider();
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(3))
-            .build()
-            .unwrap_or_default();
         Context {
             client,
             live,
             metrics,
-            http,
+            http: metrics_http(),
             manager: kubeops::manager(CONTROLLER),
             metrics_port: POD_PORT as u16,
             scraped: Mutex::default(),
             refused: Mutex::default(),
-            announced: Mutex::default(),
+            announced: Announced::default(),
         }
     }
 
@@ -151,21 +146,12 @@ impl Context {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(uid);
-        self.announced
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(uid);
+        self.announced.forget(uid);
     }
 
     /// Whether `e` differs from the last event published for `uid` (and if so, records it).
     fn news(&self, uid: &str, e: &Event) -> bool {
-        let mut announced = self.announced.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (e.reason.clone(), e.message.clone());
-        if announced.get(uid) == Some(&key) {
-            return false;
-        }
-        announced.insert(uid.to_string(), key);
-        true
+        self.announced.news(uid, e)
     }
 }
 
@@ -718,6 +704,16 @@ pub(crate) async fn source_refs(
 async fn scrape_progress(dv: &DataVolume, pod: &Pod, ctx: &Context) -> Option<f64> {
     let owner = dv.metadata.uid.as_deref().unwrap_or_default();
     scrape(ctx.metrics_client(), pod, IMPORT_PROGRESS, owner).await
+}
+
+/// The client importer metrics endpoints are read with (short timeout: a scrape is skipped,
+/// never waited for).
+pub(crate) fn metrics_http() -> reqwest::Client {
+    netkit::install_tls_provider();
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap_or_default()
 }
 
 /// Where importer metrics are read: the client and the pods' metrics port.

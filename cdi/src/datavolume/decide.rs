@@ -79,6 +79,29 @@ pub struct Event {
     pub message: String,
 }
 
+/// The last event published per object UID (reason, message): a decision made from an object
+/// read before the last status write repeats its phase change, not its event.
+#[derive(Debug, Default)]
+pub struct Announced(std::sync::Mutex<std::collections::HashMap<String, (String, String)>>);
+
+impl Announced {
+    /// Whether `e` differs from the last event published for `uid` (and if so, records it).
+    pub fn news(&self, uid: &str, e: &Event) -> bool {
+        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (e.reason.clone(), e.message.clone());
+        if last.get(uid) == Some(&key) {
+            return false;
+        }
+        last.insert(uid.to_string(), key);
+        true
+    }
+
+    /// Forgets `uid` (its object is gone).
+    pub fn forget(&self, uid: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+    }
+}
+
 /// An API call to make, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {

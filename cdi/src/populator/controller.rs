@@ -3,8 +3,8 @@
 //! carries out its actions. It registers the sources' kinds as `VolumePopulator`s where the
 //! volume data source validator's CRD is installed.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Service};
@@ -20,8 +20,10 @@ use tracing::{Instrument, info_span};
 
 use super::decide::{Action, CloneOrigin, Observed, PopulationSource, decide, workload};
 use super::{ANN_POPULATOR_KIND, ANN_SELECTED_NODE, prime_name, source_ref};
-use crate::datavolume::controller::{MetricsClient, copy_proxy_ca, scrape, source_refs};
-use crate::datavolume::decide::{Event, pod_phase};
+use crate::datavolume::controller::{
+    MetricsClient, copy_proxy_ca, metrics_http, scrape, source_refs,
+};
+use crate::datavolume::decide::{Announced, pod_phase};
 use crate::datavolume::pod::{self, POD_PORT, SourceRefs};
 use crate::datavolume::source::{self, Source};
 use crate::datavolume::status::IMPORT_PROGRESS;
@@ -48,37 +50,21 @@ pub struct Context {
     pub http: reqwest::Client,
     /// Field manager of every write.
     pub manager: String,
-    /// The last event published, by target UID (reason, message).
-    announced: Mutex<HashMap<String, (String, String)>>,
+    /// The last event published, by target UID.
+    announced: Announced,
 }
 
 impl Context {
     /// A context for `client` reading the settings `live`.
     pub fn new(client: Client, live: Arc<LiveSettings>, metrics: Arc<Metrics>) -> Self {
-        netkit::install_tls_provider();
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(3))
-            .build()
-            .unwrap_or_default();
         Context {
             client,
             live,
             metrics,
-            http,
+            http: metrics_http(),
             manager: kubeops::manager(CONTROLLER),
-            announced: Mutex::default(),
+            announced: Announced::default(),
         }
-    }
-
-    /// Whether `e` differs from the last event published for `uid` (and if so, records it).
-    fn news(&self, uid: &str, e: &Event) -> bool {
-        let mut announced = self.announced.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (e.reason.clone(), e.message.clone());
-        if announced.get(uid) == Some(&key) {
-            return false;
-        }
-        announced.insert(uid.to_string(), key);
-        true
     }
 }
 
@@ -338,7 +324,7 @@ async fn apply(
                 decision.requeue = Some(decision.requeue.map_or(renewal, |r| r.min(renewal)));
             }
             Action::Event(e) => {
-                if ctx.news(&target.uid().unwrap_or_default(), &e) {
+                if ctx.announced.news(&target.uid().unwrap_or_default(), &e) {
                     kubeops::publish_event(
                         client,
                         &target.object_ref(&()),
