@@ -28,6 +28,8 @@ enum Command {
     Import(Box<importer::cli::ImportArgs>),
     /// Serve the CSI hostpath driver (Identity, Controller, Node) on one socket.
     Csi(csi::CsiArgs),
+    /// Mount a PVC at a storage pool's path on the node (HPP's mounter of a pvcTemplate pool).
+    PoolMount(csi::mounter::PoolMountArgs),
     /// Boot a VM from imported volumes with qemu over QMP and run its lifecycle.
     Launch(Box<launcher::cli::LaunchArgs>),
     /// Hot-plug, unplug, pause or resume a VM run by `quarry launch`.
@@ -79,6 +81,10 @@ fn main() -> ExitCode {
         Command::Csi(args) => {
             init_logs("info");
             serve(csi::run(args))
+        }
+        Command::PoolMount(args) => {
+            init_logs("info");
+            serve(csi::mounter::run(args))
         }
         Command::Launch(args) => {
             init_logs("warn");

@@ -477,6 +477,7 @@ fn a_snapshot_source_restores_the_pool_snapshot() {
     let bytes = source_volume(&l, "golden", "64Mi", "Filesystem");
     // A snapshot as the CSI driver's CreateSnapshot makes it (VolumeSnapshot default/snap).
     let prov = provisioner::Provisioner::open(&[provisioner::PoolConfig {
+        mounted: false,
         name: "local".into(),
         path: fs::canonicalize(&l.pool).unwrap(),
         quota: Default::default(),

@@ -1,7 +1,9 @@
 //! `HostPathProvisioner` in `hostpathprovisioner.kubevirt.io/v1beta1` (cluster-scoped), HPP
 //! operator's field names.
 
-use k8s_openapi::api::core::v1::{Affinity, PersistentVolumeClaimSpec, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, Toleration,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -55,7 +57,8 @@ pub struct StoragePool {
     pub name: String,
     /// Host directory of the pool.
     pub path: String,
-    /// A PVC to back the pool (HPP feature; accepted, not acted on).
+    /// A PVC made from this on every node the driver runs on backs the pool there: it is
+    /// mounted at `path` by a mounter pod (HPP's), Filesystem volumes only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pvc_template: Option<PersistentVolumeClaimSpec>,
 }
@@ -175,13 +178,27 @@ impl OperatorCondition {
 pub struct StoragePoolStatus {
     /// Pool name.
     pub name: String,
-    /// `Ready` when every scheduled driver pod is ready, else `NotReady`.
+    /// `Ready` when every scheduled driver pod (and a `pvcTemplate` pool's every mounter) is
+    /// ready, else `NotReady`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
-    /// Driver pods ready.
+    /// Driver pods ready (a `pvcTemplate` pool's: mounters ready).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_ready: Option<i32>,
-    /// Driver pods scheduled.
+    /// Driver pods scheduled (a `pvcTemplate` pool's: mounters wanted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub desired_ready: Option<i32>,
+    /// A `pvcTemplate` pool's PVCs, one per node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claim_statuses: Vec<ClaimStatus>,
+}
+
+/// The status of a `pvcTemplate` pool's PVC (HPP's).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimStatus {
+    /// The PVC.
+    pub name: String,
+    /// Its status.
+    pub status: PersistentVolumeClaimStatus,
 }

@@ -175,7 +175,7 @@ fn datavolume() -> Access {
         rule(
             &["snapshot.storage.k8s.io"],
             &["volumesnapshots"],
-            &["get", "list", "create", "patch", "delete"],
+            &["get", "list", "watch", "create", "patch", "delete"],
         ),
         rule(
             &["snapshot.storage.k8s.io"],
@@ -244,7 +244,7 @@ fn hyperconverged() -> Access {
         rule(
             &["cdi.kubevirt.io"],
             &["dataimportcrons"],
-            &["get", "list", "create", "patch", "delete"],
+            &["get", "list", "watch", "create", "patch", "delete"],
         ),
         rule(&[""], &["namespaces"], &["get", "create"]),
     ];
@@ -311,8 +311,17 @@ fn hostpath() -> Access {
     ));
     let mut home = vec![
         rule(&["apps"], &["daemonsets"], &["list", "watch"]),
-        // Its own pod, for the image the driver runs.
-        rule(&[""], &["pods"], &["get"]),
+        // Its own pod, for the image the driver runs; the driver's pods, for the nodes a
+        // pvcTemplate pool is mounted on.
+        rule(&[""], &["pods"], &["get", "list"]),
+        // pvcTemplate pools: a PVC and a mounter Deployment per node (mounters of pools or
+        // nodes gone are deleted; the PVCs, holding volumes, never).
+        rule(&[""], &["persistentvolumeclaims"], &["get", "create"]),
+        rule(
+            &["apps"],
+            &["deployments"],
+            &["get", "list", "watch", "create", "patch", "delete"],
+        ),
     ];
     home.extend(applied("apps", "daemonsets", DRIVER_APP, &[]));
     home.extend(applied("", "serviceaccounts", DRIVER_APP, &[]));

@@ -134,6 +134,7 @@ pub async fn run(count: usize, block: bool) -> Result<Report, Box<dyn std::error
     let root = std::fs::canonicalize(dir.path())?;
     let _cleanup = Cleanup(root.clone());
     let pools = vec![PoolConfig {
+        mounted: false,
         name: "bench".into(),
         path: root.join("pool"),
         quota: QuotaMode::Auto,

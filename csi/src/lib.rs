@@ -7,6 +7,7 @@ mod client;
 mod controller;
 mod group;
 mod identity;
+pub mod mounter;
 mod node;
 mod server;
 mod status;

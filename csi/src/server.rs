@@ -195,7 +195,7 @@ pub async fn serve(
     Ok(())
 }
 
-async fn termination() {
+pub(crate) async fn termination() {
     use tokio::signal::unix::{SignalKind, signal};
     match (
         signal(SignalKind::terminate()),

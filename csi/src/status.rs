@@ -14,6 +14,7 @@ pub fn to_status(e: provisioner::Error) -> Status {
         ErrorKind::ResourceExhausted => Code::ResourceExhausted,
         ErrorKind::FailedPrecondition => Code::FailedPrecondition,
         ErrorKind::Internal => Code::Internal,
+        ErrorKind::Unavailable => Code::Unavailable,
     };
     if code == Code::Internal {
         tracing::error!(error = %e, "request failed");

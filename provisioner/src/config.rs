@@ -35,6 +35,10 @@ pub struct PoolConfig {
     /// Size enforcement mode.
     #[serde(default)]
     pub quota: QuotaMode,
+    /// The path is a mount point another pod makes (HPP's mounter of a `pvcTemplate` pool): the
+    /// pool opens once it is mounted, and is used only while it is.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mounted: bool,
 }
 
 /// Parses a pool list from JSON text, or from a file when the argument starts with `@`.

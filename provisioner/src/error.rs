@@ -22,6 +22,8 @@ pub enum ErrorKind {
     FailedPrecondition,
     /// Unexpected I/O or system failure.
     Internal,
+    /// Not possible yet (a pool waiting for its mount); retry later.
+    Unavailable,
 }
 
 /// A provisioner error.
@@ -39,6 +41,9 @@ pub enum Error {
     /// No pool with this name.
     #[error("storage pool {0:?} is not configured on this node")]
     PoolNotFound(String),
+    /// A pool on a mounted volume (an HPP `pvcTemplate` pool) whose mount is not there yet.
+    #[error("storage pool {0:?} is not mounted on this node yet")]
+    PoolNotMounted(String),
     /// A volume or snapshot with this name exists with other parameters.
     #[error("{0}")]
     AlreadyExists(String),
@@ -93,6 +98,7 @@ impl Error {
             Error::OutOfRange(_) => ErrorKind::OutOfRange,
             Error::NoSpace(_) => ErrorKind::ResourceExhausted,
             Error::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
+            Error::PoolNotMounted(_) => ErrorKind::Unavailable,
             Error::Io { cause, .. } if cause.raw_os_error() == Some(libc::ENOSPC) => {
                 ErrorKind::ResourceExhausted
             }

@@ -88,7 +88,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 
 impl Provisioner {
     fn pool_of_path(&self, p: &Path) -> Option<&Pool> {
-        self.pools().iter().find(|pool| pool.contains(p))
+        self.pools().into_iter().find(|pool| pool.contains(p))
     }
 
     /// Publishes a volume at `target`: a bind mount of its directory, or for block volumes a

@@ -354,6 +354,7 @@ mod tests {
     fn opens_plain_directory_pool_without_quota() {
         let d = tempfile::tempdir().unwrap();
         let cfg = PoolConfig {
+            mounted: false,
             name: "p".into(),
             path: d.path().join("pool"),
             quota: QuotaMode::Auto,
@@ -363,6 +364,7 @@ mod tests {
         // tmp dirs in CI are not quota-enabled
         if p.quota == QuotaInForce::None {
             let strict = PoolConfig {
+                mounted: false,
                 quota: QuotaMode::Project,
                 ..cfg
             };

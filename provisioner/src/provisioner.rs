@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::config::PoolConfig;
@@ -59,9 +59,23 @@ pub struct CreateVolume {
 /// The hostpath provisioner for one node.
 #[derive(Debug)]
 pub struct Provisioner {
-    pools: Vec<Pool>,
+    pools: Vec<PoolSlot>,
+    /// Held while a mounted pool opens (and recovers), so it is used only once recovered.
+    opening: Mutex<()>,
     guards: OpGuards,
     project_alloc: Mutex<()>,
+}
+
+/// Whether `path` is a mount point (an error reading the mount table counts as not mounted).
+fn is_mounted(path: &std::path::Path) -> bool {
+    crate::sys::mount::is_mount_point(path).unwrap_or(false)
+}
+
+/// A configured pool: open from the start, or (a mounted pool) once its mount is there.
+#[derive(Debug)]
+struct PoolSlot {
+    cfg: PoolConfig,
+    open: OnceLock<Pool>,
 }
 
 pub(crate) fn now() -> (u64, u32) {
@@ -97,12 +111,26 @@ pub(crate) fn snap_key(id: &str) -> String {
 }
 
 impl Provisioner {
-    /// Opens every pool and recovers interrupted operations.
+    /// Opens every pool and recovers interrupted operations. A mounted pool whose mount is not
+    /// there yet opens when it is first needed after it appears.
     pub fn open(pools: &[PoolConfig]) -> Result<Provisioner> {
         crate::config::validate(pools)?;
-        let pools = pools.iter().map(Pool::open).collect::<Result<Vec<_>>>()?;
+        let mut slots = Vec::new();
+        for cfg in pools {
+            let open = OnceLock::new();
+            if !cfg.mounted || is_mounted(&cfg.path) {
+                let _ = open.set(Pool::open(cfg)?);
+            } else {
+                tracing::info!(pool = %cfg.name, path = %cfg.path.display(), "storage pool waits for its mount");
+            }
+            slots.push(PoolSlot {
+                cfg: cfg.clone(),
+                open,
+            });
+        }
         let p = Provisioner {
-            pools,
+            pools: slots,
+            opening: Mutex::new(()),
             guards: OpGuards::default(),
             project_alloc: Mutex::new(()),
         };
@@ -110,9 +138,37 @@ impl Provisioner {
         Ok(p)
     }
 
-    /// The pools, in configuration order (the first is the default).
-    pub fn pools(&self) -> &[Pool] {
-        &self.pools
+    /// The open pools, in configuration order (the first configured is the default).
+    pub fn pools(&self) -> Vec<&Pool> {
+        self.open_pools().collect()
+    }
+
+    fn open_pools(&self) -> impl Iterator<Item = &Pool> {
+        self.pools.iter().filter_map(|s| s.open.get())
+    }
+
+    /// The pool of `slot`, opened (and recovered) now if it is a mounted pool that just got its
+    /// mount; a mounted pool is usable only while its mount is there (else writes would land on
+    /// the directory under it).
+    fn slot_pool<'a>(&'a self, slot: &'a PoolSlot) -> Result<&'a Pool> {
+        let mounted = || !slot.cfg.mounted || is_mounted(&slot.cfg.path);
+        if let Some(p) = slot.open.get() {
+            return if mounted() {
+                Ok(p)
+            } else {
+                Err(Error::PoolNotMounted(slot.cfg.name.clone()))
+            };
+        }
+        if !mounted() {
+            return Err(Error::PoolNotMounted(slot.cfg.name.clone()));
+        }
+        let _opening = self.opening.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = slot.open.get() {
+            return Ok(p);
+        }
+        let pool = Pool::open(&slot.cfg)?;
+        self.recover_pool(&pool)?;
+        Ok(slot.open.get_or_init(|| pool))
     }
 
     /// The operation guards (shared with the node side).
@@ -122,13 +178,38 @@ impl Provisioner {
 
     /// The pool named `name`, or the default pool for `None` / an empty name.
     pub fn pool(&self, name: Option<&str>) -> Result<&Pool> {
-        match name {
-            None | Some("") => Ok(&self.pools[0]),
+        let slot = match name {
+            None | Some("") => &self.pools[0],
             Some(n) => self
                 .pools
                 .iter()
-                .find(|p| p.name == n)
-                .ok_or_else(|| Error::PoolNotFound(n.to_string())),
+                .find(|s| s.cfg.name == n)
+                .ok_or_else(|| Error::PoolNotFound(n.to_string()))?,
+        };
+        self.slot_pool(slot)
+    }
+
+    /// Looks for an object in every pool; a miss while a pool waits for its mount is not a
+    /// NotFound (the object may be there): deleting it must be retried, not taken as done.
+    fn find_in_pools<T>(
+        &self,
+        mut find: impl FnMut(&Pool) -> Result<Option<T>>,
+    ) -> Result<Option<(&Pool, T)>> {
+        let mut waiting = None;
+        for slot in &self.pools {
+            match self.slot_pool(slot) {
+                Ok(p) => {
+                    if let Some(found) = find(p)? {
+                        return Ok(Some((p, found)));
+                    }
+                }
+                Err(e @ Error::PoolNotMounted(_)) => waiting = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        match waiting {
+            Some(e) => Err(e),
+            None => Ok(None),
         }
     }
 
@@ -142,12 +223,7 @@ impl Provisioner {
         if validate_name("volume", id).is_err() {
             return Ok(None);
         }
-        for p in &self.pools {
-            if let Some(m) = p.volume(id)? {
-                return Ok(Some((p, m)));
-            }
-        }
-        Ok(None)
+        self.find_in_pools(|p| p.volume(id))
     }
 
     /// A ready volume, or NotFound.
@@ -162,12 +238,7 @@ impl Provisioner {
         if validate_name("snapshot", id).is_err() {
             return Ok(None);
         }
-        for p in &self.pools {
-            if let Some(m) = p.snapshot(id)? {
-                return Ok(Some((p, m)));
-            }
-        }
-        Ok(None)
+        self.find_in_pools(|p| p.snapshot(id))
     }
 
     /// A ready snapshot, or NotFound.
@@ -181,7 +252,15 @@ impl Provisioner {
     /// Finishes or rolls back operations a crash interrupted, re-applies quota limits, and
     /// releases loop devices backed by pool files that nothing has mounted any more.
     pub fn recover(&self) -> Result<()> {
-        for pool in &self.pools {
+        for pool in self.open_pools() {
+            self.recover_pool(pool)?;
+        }
+        self.release_stale_loops();
+        Ok(())
+    }
+
+    fn recover_pool(&self, pool: &Pool) -> Result<()> {
+        {
             self.adopt_unknown_volumes(pool)?;
             for m in pool.volumes()? {
                 match m.state {
@@ -205,7 +284,6 @@ impl Provisioner {
                 }
             }
         }
-        self.release_stale_loops();
         Ok(())
     }
 
@@ -272,7 +350,7 @@ impl Provisioner {
         };
         let mounts = crate::sys::mount::mounts().unwrap_or_default();
         for a in attached {
-            if !self.pools.iter().any(|p| p.contains(&a.backing)) {
+            if !self.open_pools().any(|p| p.contains(&a.backing)) {
                 continue;
             }
             let name = a.dev.file_name().unwrap_or_default().to_string_lossy();
@@ -341,7 +419,7 @@ impl Provisioner {
     /// A project id for a new volume on `pool`: see [`next_project_id`].
     fn allocate_project_id(&self, pool: &Pool) -> Result<u32> {
         let mut taken = Vec::new();
-        for p in &self.pools {
+        for p in self.open_pools() {
             taken.extend(p.volumes()?.into_iter().filter_map(|m| m.project_id));
         }
         Ok(next_project_id(taken, |id| pool.project_charged(id)))
@@ -406,7 +484,21 @@ impl Provisioner {
         let _guard = self.guards.try_lock(keys)?;
         let pool = self.pool(req.pool.as_deref())?;
 
-        if let Some((p, m)) = self.find_volume(&req.name)? {
+        // A pool waiting for its mount cannot say whether it has the name: new names are
+        // unique (a PV's), so creating in another pool goes on.
+        let existing = match self.find_volume(&req.name) {
+            Err(Error::PoolNotMounted(_)) => {
+                let mut found = None;
+                for p in self.open_pools() {
+                    if found.is_none() {
+                        found = p.volume(&req.name)?.map(|m| (p, m));
+                    }
+                }
+                found
+            }
+            other => other?,
+        };
+        if let Some((p, m)) = existing {
             if m.state == State::Ready {
                 let same = p.name == pool.name
                     && m.mode == req.mode
@@ -566,7 +658,7 @@ impl Provisioner {
     /// Ready volumes of all pools, one page.
     pub fn list_volumes(&self, token: &str, max_entries: i32) -> Result<Page<VolumeMeta>> {
         let mut all = Vec::new();
-        for p in &self.pools {
+        for p in self.open_pools() {
             all.extend(p.volumes()?.into_iter().filter(|m| m.state == State::Ready));
         }
         paginate(all, |m| m.id.as_str(), token, max_entries)
@@ -813,7 +905,7 @@ impl Provisioner {
         max_entries: i32,
     ) -> Result<Page<SnapshotMeta>> {
         let mut all = Vec::new();
-        for p in &self.pools {
+        for p in self.open_pools() {
             all.extend(p.snapshots()?.into_iter().filter(|s| {
                 s.state == State::Ready
                     && (snapshot_id.is_empty() || s.id == snapshot_id)

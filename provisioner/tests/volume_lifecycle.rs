@@ -15,6 +15,7 @@ const MIB: u64 = 1 << 20;
 
 fn pool(name: &str, path: &Path) -> PoolConfig {
     PoolConfig {
+        mounted: false,
         name: name.into(),
         path: path.to_path_buf(),
         quota: QuotaMode::None,
@@ -439,4 +440,57 @@ fn refusals_carry_their_kind_and_leave_nothing() {
         8 * MIB
     );
     assert!(snapshot_ids(&p).is_empty());
+}
+
+/// A mounted pool (an HPP `pvcTemplate` pool) opens once its path is a mount point and is used
+/// only while it is: before, and after an unmount, its requests are Unavailable, a lookup that
+/// misses is no NotFound (a delete must be retried, not taken as done), and nothing is written
+/// to the directory under the mount.
+#[test]
+fn a_mounted_pool_is_used_only_while_mounted() {
+    use provisioner::sys::mount;
+    let under = tempfile::tempdir().unwrap();
+    let backing = tempfile::tempdir().unwrap();
+    let default_pool = tempfile::tempdir().unwrap();
+    let mounted = PoolConfig {
+        mounted: true,
+        ..pool("onpvc", under.path())
+    };
+    let p = Provisioner::open(&[pool("local", default_pool.path()), mounted]).unwrap();
+    let on_pvc = |name: &str| CreateVolume {
+        pool: Some("onpvc".into()),
+        ..request(name, MIB, VolumeMode::Filesystem, None)
+    };
+    let e = p.create_volume(&on_pvc("early")).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains("onpvc"), "{e}");
+    let e = p.delete_volume("gone").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert_eq!(
+        std::fs::read_dir(under.path()).unwrap().count(),
+        0,
+        "written under the mount point"
+    );
+
+    let flags = mount::bind_flags(&[]).unwrap();
+    if let Err(e) = mount::bind(backing.path(), under.path(), flags) {
+        eprintln!("skipping the mounted half: bind mount: {e}");
+        return;
+    }
+    let created = p.create_volume(&on_pvc("vol")).map(|m| m.id);
+    let unmounted = mount::unmount(under.path());
+    let id = created.unwrap();
+    unmounted.unwrap();
+    assert!(
+        backing.path().join(&id).is_dir(),
+        "the volume is on the mounted filesystem"
+    );
+    // Unmounted again: refused, and the directory under the mount stays untouched.
+    let e = p.create_volume(&on_pvc("late")).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(!under.path().join(&id).exists());
+    // The other pools never wait for it.
+    p.create_volume(&request("here", MIB, VolumeMode::Filesystem, None))
+        .unwrap();
+    p.delete_volume("here").unwrap();
 }

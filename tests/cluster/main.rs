@@ -10,4 +10,5 @@ mod faults;
 mod flows;
 mod operators;
 mod populators;
+mod pvc_pool;
 mod support;

@@ -256,6 +256,7 @@ pub fn open_pool(pool: &Path) -> Result<Provisioner> {
     std::fs::create_dir_all(pool)
         .map_err(|e| Error::io(format!("creating the pool directory {}", pool.display()), e))?;
     let pools = [PoolConfig {
+        mounted: false,
         name: "local".into(),
         path: std::fs::canonicalize(pool)
             .map_err(|e| Error::io(format!("pool directory {}", pool.display()), e))?,

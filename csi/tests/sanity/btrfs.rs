@@ -11,6 +11,7 @@ async fn btrfs_server(fs: &LoopFs, quota: QuotaMode) -> Server {
     Server::start_with(
         dir,
         vec![PoolConfig {
+            mounted: false,
             name: "btrfs".into(),
             path: fs.mnt.join("pool"),
             quota,
@@ -73,6 +74,7 @@ async fn btrfs_auto_mode_uses_qgroups_only_when_enabled() {
 async fn btrfs_mode_is_refused_on_other_filesystems() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = PoolConfig {
+        mounted: false,
         name: "p".into(),
         path: dir.path().join("pool"),
         quota: QuotaMode::Btrfs,

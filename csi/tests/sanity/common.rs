@@ -342,11 +342,13 @@ impl Drop for Cleanup {
 pub fn two_pools(default_root: &Path, second_root: &Path) -> Vec<PoolConfig> {
     vec![
         PoolConfig {
+            mounted: false,
             name: "default".into(),
             path: default_root.join("pool-default"),
             quota: QuotaMode::Auto,
         },
         PoolConfig {
+            mounted: false,
             name: "second".into(),
             path: second_root.join("pool-second"),
             quota: QuotaMode::None,

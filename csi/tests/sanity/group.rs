@@ -426,6 +426,7 @@ async fn modify_volume_lifts_and_restores_the_size_limit() {
     require!(fs.is_ok(), fs.err().unwrap());
     let fs = fs.unwrap();
     let pools = vec![PoolConfig {
+        mounted: false,
         name: "btrfs".into(),
         path: fs.mnt.join("pool"),
         quota: QuotaMode::Btrfs,

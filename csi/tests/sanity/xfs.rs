@@ -13,6 +13,7 @@ async fn pool_server(fs: &LoopFs, quota: QuotaMode) -> Server {
     Server::start_with(
         dir,
         vec![PoolConfig {
+            mounted: false,
             name: "xfs".into(),
             path: fs.mnt.join("pool"),
             quota,
@@ -105,6 +106,7 @@ fn project_mode_is_refused_where_project_quotas_only_account() {
         );
         let fs = fs.unwrap();
         let pool = |quota| PoolConfig {
+            mounted: false,
             name: "acct".into(),
             path: fs.mnt.join("pool"),
             quota,

@@ -4,21 +4,24 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use tracing::{Instrument, info_span};
 
-use super::objects::{DriverObjects, Settings, driver_objects, pools};
-use super::status::{active, inactive, status};
+use super::objects::{
+    DriverObjects, POOL_LABEL, Settings, driver_objects, pool_mount_name, pool_mounts, pools,
+};
+use super::status::{ObservedMount, active, inactive, status};
 use api::HostPathProvisioner;
+use api::names::csi::DRIVER_APP;
 use kubekit::error::{Error, Result};
 use kubekit::kubeops;
 use kubekit::metrics::Metrics;
@@ -103,6 +106,78 @@ async fn deploy(o: &DriverObjects, client: &Client, ns: &str) -> Result<DaemonSe
     Ok(applied)
 }
 
+/// The nodes the driver runs on (its pods', HPP's way of choosing where pools are mounted).
+async fn driver_nodes(client: &Client, ns: &str) -> Result<Vec<String>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().labels(&format!("app={DRIVER_APP}"));
+    let mut nodes: Vec<String> = pods
+        .list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.spec?.node_name)
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    Ok(nodes)
+}
+
+/// Each `pvcTemplate` pool's PVC (created once: a PVC spec is not edited) and mounter on
+/// every driver node; mounters of pools or nodes no longer there go (their PVCs stay: they hold
+/// the pool's volumes). What each looks like now, for the status.
+async fn deploy_pool_mounts(
+    hpp: &HostPathProvisioner,
+    ctx: &Context,
+) -> Result<Vec<ObservedMount>> {
+    let ns = &ctx.settings.namespace;
+    let manager = kubeops::manager(CONTROLLER);
+    let templated = hpp
+        .spec
+        .storage_pools
+        .iter()
+        .any(|p| p.pvc_template.is_some());
+    let nodes = match templated {
+        true => driver_nodes(&ctx.client, ns).await?,
+        false => Vec::new(),
+    };
+    let wanted = pool_mounts(hpp, &ctx.settings, &nodes)?;
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
+    let mut observed = Vec::new();
+    for m in &wanted {
+        let name = pool_mount_name(&m.pool, &m.node);
+        let pvc = match kubeops::get(&pvcs, &name).await? {
+            Some(p) => p,
+            None => {
+                kubeops::create(&pvcs, &m.pvc, &manager).await?;
+                m.pvc.clone()
+            }
+        };
+        let dep = kubeops::apply(&deployments, &name, &m.deployment, &manager).await?;
+        observed.push(ObservedMount {
+            pool: m.pool.clone(),
+            pvc,
+            deployment: dep,
+        });
+    }
+    let lp = ListParams::default().labels(POOL_LABEL);
+    for d in deployments.list(&lp).await?.items {
+        let ours = d
+            .owner_references()
+            .iter()
+            .any(|o| Some(o.uid.as_str()) == hpp.metadata.uid.as_deref());
+        if ours
+            && !wanted
+                .iter()
+                .any(|m| m.deployment.metadata.name == d.metadata.name)
+        {
+            kubeops::delete(&deployments, &d.name_any()).await?;
+        }
+    }
+    Ok(observed)
+}
+
 /// Reconciles one HostPathProvisioner.
 pub async fn reconcile(hpp: Arc<HostPathProvisioner>, ctx: Arc<Context>) -> Result<Requeue> {
     let span = info_span!("reconcile", controller = CONTROLLER, name = %hpp.name_any());
@@ -130,15 +205,21 @@ pub async fn reconcile(hpp: Arc<HostPathProvisioner>, ctx: Arc<Context>) -> Resu
             Ok(o) => deploy(&o, &ctx.client, &ctx.settings.namespace).await,
             Err(e) => Err(e),
         };
-        let pools = pools(&hpp).unwrap_or_default();
-        let (ds, error) = match &outcome {
-            Ok(ds) => (Some(ds), None),
-            Err(e) => (None, Some(e.to_string())),
+        let mounts = match &outcome {
+            Ok(_) => deploy_pool_mounts(&hpp, &ctx).await,
+            Err(_) => Ok(Vec::new()),
         };
+        let pools = pools(&hpp).unwrap_or_default();
+        let (ds, error) = match (&outcome, &mounts) {
+            (Ok(ds), Ok(_)) => (Some(ds), None),
+            (Err(e), _) | (_, Err(e)) => (outcome.as_ref().ok(), Some(e.to_string())),
+        };
+        let mounts = mounts.unwrap_or_default();
         let st = status(
             hpp.status.as_ref(),
             &pools,
             ds,
+            &mounts,
             error.as_deref(),
             Timestamp::now(),
         );
@@ -200,6 +281,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>) {
     let hpps: Api<HostPathProvisioner> = Api::all(client.clone());
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &settings.namespace);
     let classes: Api<StorageClass> = Api::all(client.clone());
+    let mounters: Api<Deployment> = Api::namespaced(client.clone(), &settings.namespace);
     let controller = Controller::new(hpps, watcher::Config::default());
     let ctx = Arc::new(Context {
         client,
@@ -210,6 +292,8 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<Metrics>) {
     let results = controller
         .owns(daemonsets, watcher::Config::default())
         .owns(classes, watcher::Config::default())
+        // a pvcTemplate pool's mounters: their readiness is the pool's
+        .owns(mounters, watcher::Config::default().labels(POOL_LABEL))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx);
     kubeops::drain(results).await;
@@ -278,6 +362,15 @@ mod tests {
             )
             .await;
         assert_eq!(sc["parameters"]["storagePool"], "local");
+        // No pvcTemplate pool: only the look for mounters left over.
+        api.expect(
+            Method::GET,
+            "/apis/apps/v1/namespaces/quarry/deployments",
+            200,
+            serde_json::json!({"apiVersion": "apps/v1", "kind": "DeploymentList",
+                               "metadata": {}, "items": []}),
+        )
+        .await;
         let (_, st) = api
             .expect(
                 Method::PATCH,

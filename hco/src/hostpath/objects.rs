@@ -4,16 +4,21 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
+use k8s_openapi::api::apps::v1::{
+    DaemonSet, DaemonSetSpec, Deployment, DeploymentSpec, DeploymentStrategy,
+};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, HostPathVolumeSource,
-    ObjectFieldSelector, PodSpec, PodTemplateSpec, SecurityContext, ServiceAccount, Volume,
-    VolumeMount,
+    Affinity, ConfigMap, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource,
+    HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, SecurityContext, ServiceAccount,
+    Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSIDriverSpec, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::Resource;
+use sha2::{Digest, Sha256};
 
 use api::HostPathProvisioner;
 use api::hostpath::StoragePool;
@@ -86,6 +91,19 @@ pub fn pools(hpp: &HostPathProvisioner) -> Result<Vec<StoragePool>> {
             pvc_template: None,
         });
     }
+    let block = pools.iter().filter(|p| {
+        let t = p.pvc_template.as_ref();
+        t.and_then(|t| t.volume_mode.as_deref()) == Some("Block")
+    });
+    let block: Vec<String> = block
+        .map(|p| {
+            format!(
+                "pool {:?}: a pvcTemplate with volumeMode Block is not supported (its volume \
+                 would need a filesystem made on it); use Filesystem",
+                p.name
+            )
+        })
+        .collect();
     let mut problems: Vec<String> = pools
         .iter()
         .filter(|p| !p.name.is_empty() && !pool_name_ok(&p.name))
@@ -100,6 +118,7 @@ pub fn pools(hpp: &HostPathProvisioner) -> Result<Vec<StoragePool>> {
     let configs: Vec<provisioner::PoolConfig> = pools
         .iter()
         .map(|p| provisioner::PoolConfig {
+            mounted: p.pvc_template.is_some(),
             name: p.name.clone(),
             path: p.path.clone().into(),
             quota: Default::default(),
@@ -108,6 +127,7 @@ pub fn pools(hpp: &HostPathProvisioner) -> Result<Vec<StoragePool>> {
     if let Err(e) = provisioner::config::validate(&configs) {
         problems.push(e.to_string());
     }
+    problems.extend(block);
     if problems.is_empty() {
         Ok(pools)
     } else {
@@ -182,6 +202,178 @@ fn field_env(name: &str, path: &str) -> EnvVar {
     }
 }
 
+/// The directory a `pvcTemplate` pool's path is in.
+fn pool_parent(path: &str) -> String {
+    let parent = std::path::Path::new(path).parent();
+    parent.map_or("/".into(), |p| p.display().to_string())
+}
+
+/// Label of a pool's PVC and mounter (HPP's): the pool's name.
+pub const POOL_LABEL: &str = "kubevirt.io.hostpath-provisioner/storagePool";
+/// Label of a mounter's pods: the pool and node it serves.
+const MOUNTER_LABEL: &str = "quarry.kubevirt.io/pool-mount";
+
+/// What backs a `pvcTemplate` pool on one node: the PVC made from the template and the
+/// Deployment of the pod that mounts it at the pool's path (`quarry pool-mount`), HPP's way.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolMount {
+    /// The pool.
+    pub pool: String,
+    /// The node.
+    pub node: String,
+    /// Its PVC (never owned by the CR: deleting the CR must not take the pool's data).
+    pub pvc: PersistentVolumeClaim,
+    /// The mounter.
+    pub deployment: Deployment,
+}
+
+/// Name of the PVC and the mounter of `pool` on `node` (HPP's `hpp-pool-<pool>-<node>`).
+pub fn pool_mount_name(pool: &str, node: &str) -> String {
+    format!("hpp-pool-{pool}-{node}")
+}
+
+/// The PVC and mounter of every `pvcTemplate` pool on every node of `nodes` (those the driver
+/// runs on).
+pub fn pool_mounts(
+    hpp: &HostPathProvisioner,
+    s: &Settings,
+    nodes: &[String],
+) -> Result<Vec<PoolMount>> {
+    let mut out = Vec::new();
+    for p in pools(hpp)? {
+        let Some(template) = &p.pvc_template else {
+            continue;
+        };
+        for node in nodes {
+            out.push(pool_mount(hpp, s, &p, template, node));
+        }
+    }
+    Ok(out)
+}
+
+fn pool_mount(
+    hpp: &HostPathProvisioner,
+    s: &Settings,
+    p: &StoragePool,
+    template: &PersistentVolumeClaimSpec,
+    node: &str,
+) -> PoolMount {
+    let name = pool_mount_name(&p.name, node);
+    let ns = Some(s.namespace.as_str());
+    let mut pvc_meta = meta(&name, ns, hpp);
+    pvc_meta.owner_references = None;
+    pvc_meta
+        .labels
+        .get_or_insert_default()
+        .insert(POOL_LABEL.into(), p.name.clone());
+    let pvc = PersistentVolumeClaim {
+        metadata: pvc_meta,
+        spec: Some(template.clone()),
+        status: None,
+    };
+    // One label value per pool and node (a node name may be longer than a label value).
+    let digest = Sha256::digest(format!("{}/{node}", p.name));
+    let selector = BTreeMap::from([(MOUNTER_LABEL.to_string(), hex::encode(&digest[..16]))]);
+    let mut labels = selector.clone();
+    labels.insert(POOL_LABEL.into(), p.name.clone());
+    let mut dep_meta = meta(&name, ns, hpp);
+    dep_meta
+        .labels
+        .get_or_insert_default()
+        .extend(labels.clone());
+    let parent = pool_parent(&p.path);
+    let node_root = "/node";
+    let args = csi::mounter::PoolMountArgs {
+        source: "/source".into(),
+        target: format!("{node_root}{}", p.path).into(),
+    };
+    let container = Container {
+        name: "mounter".into(),
+        image: Some(s.image.clone()),
+        image_pull_policy: hpp.spec.image_pull_policy.clone(),
+        args: Some(
+            std::iter::once("pool-mount".to_string())
+                .chain(args.to_args())
+                .collect(),
+        ),
+        // Mounting on the node takes a privileged root container, as HPP's mounter.
+        security_context: Some(SecurityContext {
+            privileged: Some(true),
+            run_as_user: Some(0),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![
+            mount("data", "/source", false),
+            mount("pool-parent", &format!("{node_root}{parent}"), true),
+        ]),
+        ..Default::default()
+    };
+    let on_node = Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: "kubernetes.io/hostname".into(),
+                        operator: "In".into(),
+                        values: Some(vec![node.into()]),
+                    }]),
+                    match_fields: None,
+                }],
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let pod = PodSpec {
+        containers: vec![container],
+        // the scheduler places it (and so binds a WaitForFirstConsumer PVC) on its node
+        affinity: Some(on_node),
+        service_account_name: Some(DRIVER_APP.into()),
+        volumes: Some(vec![
+            Volume {
+                name: "data".into(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: name.clone(),
+                    read_only: None,
+                }),
+                ..Default::default()
+            },
+            host_path("pool-parent", &parent, "DirectoryOrCreate"),
+        ]),
+        ..Default::default()
+    };
+    let deployment = Deployment {
+        metadata: dep_meta,
+        spec: Some(DeploymentSpec {
+            replicas: Some(1),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                match_expressions: None,
+            },
+            // never two mounters of one PVC
+            strategy: Some(DeploymentStrategy {
+                type_: Some("Recreate".into()),
+                rolling_update: None,
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..Default::default()
+                }),
+                spec: Some(pod),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    };
+    PoolMount {
+        pool: p.name.clone(),
+        node: node.into(),
+        pvc,
+        deployment,
+    }
+}
+
 /// The driver objects for a HostPathProvisioner.
 pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverObjects> {
     let pools = pools(hpp)?;
@@ -191,7 +383,10 @@ pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverO
 
     let pool_json: Vec<_> = pools
         .iter()
-        .map(|p| serde_json::json!({"name": p.name, "path": p.path, "quota": "auto"}))
+        .map(|p| {
+            let mounted = p.pvc_template.is_some();
+            serde_json::json!({"name": p.name, "path": p.path, "quota": "auto", "mounted": mounted})
+        })
         .collect();
     let config_map = ConfigMap {
         metadata: meta(POOLS_CONFIG_MAP, ns, hpp),
@@ -232,7 +427,20 @@ pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverO
             ..Default::default()
         },
     ];
+    let mut mounted_parents = Vec::new();
     for p in &pools {
+        if p.pvc_template.is_some() {
+            // The mounter's mount at the pool path reaches the driver only from under a
+            // Bidirectional mount of its parent (a mount at a hostPath's own root does not).
+            let parent = pool_parent(&p.path);
+            if !mounted_parents.contains(&parent) {
+                let vol = format!("pool-{}", p.name);
+                driver_mounts.push(mount(&vol, &parent, true));
+                volumes.push(host_path(&vol, &parent, "DirectoryOrCreate"));
+                mounted_parents.push(parent);
+            }
+            continue;
+        }
         let vol = format!("pool-{}", p.name);
         driver_mounts.push(mount(&vol, &p.path, true));
         volumes.push(host_path(&vol, &p.path, "DirectoryOrCreate"));
@@ -525,6 +733,133 @@ mod tests {
         );
         h.metadata.uid = Some("hpp-uid".into());
         h
+    }
+
+    fn with_pvc_pool(mode: &str) -> HostPathProvisioner {
+        let mut h = hpp(&[("local", "/var/hpvolumes/csi")]);
+        h.spec.storage_pools.push(StoragePool {
+            name: "onpvc".into(),
+            path: "/var/hpvolumes/onpvc".into(),
+            pvc_template: Some(PersistentVolumeClaimSpec {
+                storage_class_name: Some("local-disks".into()),
+                volume_mode: Some(mode.into()),
+                ..Default::default()
+            }),
+        });
+        h
+    }
+
+    #[test]
+    fn a_pvc_template_pool_gets_a_pvc_and_a_mounter_per_node_and_the_driver_sees_its_mount() {
+        let h = with_pvc_pool("Filesystem");
+        let s = Settings::default();
+        let nodes = ["n1".to_string(), "n2".to_string()];
+        let mounts = pool_mounts(&h, &s, &nodes).unwrap();
+        assert_eq!(mounts.len(), 2, "one per node, none for the plain pool");
+        let m = &mounts[0];
+        assert_eq!(m.pvc.metadata.name.as_deref(), Some("hpp-pool-onpvc-n1"));
+        assert_eq!(
+            m.pvc.spec.as_ref().unwrap().storage_class_name.as_deref(),
+            Some("local-disks")
+        );
+        assert!(
+            m.pvc.metadata.owner_references.is_none(),
+            "the pool's data outlives the CR"
+        );
+        let pod = m
+            .deployment
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap();
+        let c = &pod.containers[0];
+        let args = c.args.clone().unwrap();
+        assert_eq!(args[0], "pool-mount");
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: csi::mounter::PoolMountArgs,
+        }
+        let parsed = <Cli as clap::Parser>::try_parse_from(args.iter())
+            .unwrap()
+            .a;
+        assert_eq!(
+            parsed.target,
+            std::path::PathBuf::from("/node/var/hpvolumes/onpvc")
+        );
+        let parent = c
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == "pool-parent")
+            .unwrap();
+        assert_eq!(parent.mount_path, "/node/var/hpvolumes");
+        assert_eq!(parent.mount_propagation.as_deref(), Some("Bidirectional"));
+        let term = &pod
+            .affinity
+            .as_ref()
+            .unwrap()
+            .node_affinity
+            .as_ref()
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+            .unwrap()
+            .node_selector_terms[0];
+        assert_eq!(
+            term.match_expressions.as_ref().unwrap()[0]
+                .values
+                .as_deref(),
+            Some(&["n1".to_string()][..])
+        );
+        // Two nodes' mounters never select each other's pods.
+        let sel = |m: &PoolMount| {
+            m.deployment
+                .spec
+                .as_ref()
+                .unwrap()
+                .selector
+                .match_labels
+                .clone()
+        };
+        assert_ne!(sel(&mounts[0]), sel(&mounts[1]));
+
+        // The driver: the pool marked mounted, its parent mounted Bidirectional.
+        let o = driver_objects(&h, &s).unwrap();
+        let pools_json: serde_json::Value =
+            serde_json::from_str(&o.pools.data.as_ref().unwrap()["pools.json"]).unwrap();
+        assert_eq!(pools_json[1]["mounted"], true);
+        assert_eq!(pools_json[0]["mounted"], false);
+        let ds = o
+            .daemon_set
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap();
+        let driver = &ds.containers[0];
+        let paths: Vec<_> = driver
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        assert!(
+            paths.contains(&"/var/hpvolumes") && paths.contains(&"/var/hpvolumes/csi"),
+            "{paths:?}"
+        );
+    }
+
+    #[test]
+    fn a_block_pvc_template_is_refused_by_name() {
+        let e = pools(&with_pvc_pool("Block")).unwrap_err().to_string();
+        assert!(e.contains("onpvc") && e.contains("Block"), "{e}");
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! HostPathProvisioner status from its DaemonSet: Available / Progressing / Degraded and one
-//! entry per pool (every driver pod serves every pool).
+//! entry per pool (every driver pod serves every pool; a `pvcTemplate` pool is ready where its
+//! mounters are, and lists its PVCs).
 
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::jiff::Timestamp;
 
-use api::hostpath::{OperatorCondition, StoragePool, StoragePoolStatus};
+use api::hostpath::{ClaimStatus, OperatorCondition, StoragePool, StoragePoolStatus};
 use api::{HostPathProvisioner, HostPathProvisionerStatus};
 
 fn set(
@@ -76,10 +78,22 @@ pub fn inactive(
 
 /// The status for `pools`, given the DaemonSet as last seen (None: not created yet) and the
 /// previous status (for transition times).
+/// A `pvcTemplate` pool's PVC and mounter on one node, as read.
+#[derive(Debug, Clone)]
+pub struct ObservedMount {
+    /// The pool.
+    pub pool: String,
+    /// Its PVC.
+    pub pvc: PersistentVolumeClaim,
+    /// Its mounter.
+    pub deployment: Deployment,
+}
+
 pub fn status(
     previous: Option<&HostPathProvisionerStatus>,
     pools: &[StoragePool],
     ds: Option<&DaemonSet>,
+    mounts: &[ObservedMount],
     error: Option<&str>,
     now: Timestamp,
 ) -> HostPathProvisionerStatus {
@@ -106,18 +120,35 @@ pub fn status(
     }
     st.storage_pool_statuses = pools
         .iter()
-        .map(|p| StoragePoolStatus {
-            name: p.name.clone(),
-            phase: Some(
-                if desired > 0 && ready == desired {
-                    "Ready"
-                } else {
-                    "NotReady"
-                }
-                .into(),
-            ),
-            current_ready: Some(ready),
-            desired_ready: Some(desired),
+        .map(|p| {
+            // A pvcTemplate pool is ready where its mounters are: one per driver node.
+            let (mut current, mut wanted, mut claims) = (ready, desired, Vec::new());
+            if p.pvc_template.is_some() {
+                let of_pool: Vec<_> = mounts.iter().filter(|m| m.pool == p.name).collect();
+                wanted = of_pool.len() as i32;
+                current = of_pool
+                    .iter()
+                    .filter(|m| {
+                        let st = m.deployment.status.as_ref();
+                        st.and_then(|s| s.ready_replicas).unwrap_or(0) >= 1
+                    })
+                    .count() as i32;
+                claims = of_pool
+                    .iter()
+                    .map(|m| ClaimStatus {
+                        name: m.pvc.metadata.name.clone().unwrap_or_default(),
+                        status: m.pvc.status.clone().unwrap_or_default(),
+                    })
+                    .collect();
+            }
+            let pool_ready = desired > 0 && ready == desired && wanted > 0 && current == wanted;
+            StoragePoolStatus {
+                name: p.name.clone(),
+                phase: Some(if pool_ready { "Ready" } else { "NotReady" }.into()),
+                current_ready: Some(current),
+                desired_ready: Some(wanted),
+                claim_statuses: claims,
+            }
         })
         .collect();
     st.observed_version = Some(env!("CARGO_PKG_VERSION").into());
@@ -156,7 +187,7 @@ mod tests {
             pvc_template: None,
         }];
         let now = Timestamp::from_second(1_800_000_000).unwrap();
-        let s = status(None, &pools, Some(&ds(3, 1)), None, now);
+        let s = status(None, &pools, Some(&ds(3, 1)), &[], None, now);
         assert_eq!(
             (cond(&s, "Available"), cond(&s, "Progressing")),
             ("True", "True")
@@ -165,7 +196,7 @@ mod tests {
             s.storage_pool_statuses[0].phase.as_deref(),
             Some("NotReady")
         );
-        let s = status(Some(&s), &pools, Some(&ds(3, 3)), None, now);
+        let s = status(Some(&s), &pools, Some(&ds(3, 3)), &[], None, now);
         assert_eq!(
             (
                 cond(&s, "Available"),
@@ -176,12 +207,12 @@ mod tests {
         );
         assert_eq!(s.storage_pool_statuses[0].phase.as_deref(), Some("Ready"));
         assert_eq!(s.storage_pool_statuses[0].current_ready, Some(3));
-        let s = status(Some(&s), &pools, None, Some("bad pools"), now);
+        let s = status(Some(&s), &pools, None, &[], Some("bad pools"), now);
         assert_eq!(
             (cond(&s, "Available"), cond(&s, "Degraded")),
             ("False", "True")
         );
-        let s = status(None, &pools, None, None, now);
+        let s = status(None, &pools, None, &[], None, now);
         assert_eq!(cond(&s, "Available"), "False");
     }
 
