@@ -179,7 +179,7 @@ pub struct StoragePoolStatus {
     /// Pool name.
     pub name: String,
     /// `Ready` when every scheduled driver pod (and a `pvcTemplate` pool's every mounter) is
-    /// ready, else `NotReady`.
+    /// ready, else `NotReady` (a `pvcTemplate` pool: `Mounting`, as HPP says).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     /// Driver pods ready (a `pvcTemplate` pool's: mounters ready).

@@ -142,9 +142,15 @@ pub fn status(
                     .collect();
             }
             let pool_ready = desired > 0 && ready == desired && wanted > 0 && current == wanted;
+            // HPP's phase while a pool's PVCs are being mounted.
+            let waiting = if p.pvc_template.is_some() {
+                "Mounting"
+            } else {
+                "NotReady"
+            };
             StoragePoolStatus {
                 name: p.name.clone(),
-                phase: Some(if pool_ready { "Ready" } else { "NotReady" }.into()),
+                phase: Some(if pool_ready { "Ready" } else { waiting }.into()),
                 current_ready: Some(current),
                 desired_ready: Some(wanted),
                 claim_statuses: claims,
@@ -214,6 +220,71 @@ mod tests {
         );
         let s = status(None, &pools, None, &[], None, now);
         assert_eq!(cond(&s, "Available"), "False");
+    }
+
+    #[test]
+    fn a_pvc_pool_is_ready_when_its_mounters_are_and_lists_its_claims() {
+        use k8s_openapi::api::apps::v1::DeploymentStatus;
+        use k8s_openapi::api::core::v1::PersistentVolumeClaimStatus;
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let pools = vec![StoragePool {
+            name: "onpvc".into(),
+            path: "/var/hpvolumes/onpvc".into(),
+            pvc_template: Some(Default::default()),
+        }];
+        let mount = |node: &str, ready: i32| ObservedMount {
+            pool: "onpvc".into(),
+            pvc: PersistentVolumeClaim {
+                metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                    name: Some(format!("hpp-pool-onpvc-{node}")),
+                    ..Default::default()
+                },
+                spec: None,
+                status: Some(PersistentVolumeClaimStatus {
+                    phase: Some("Bound".into()),
+                    ..Default::default()
+                }),
+            },
+            deployment: Deployment {
+                status: Some(DeploymentStatus {
+                    ready_replicas: Some(ready),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        };
+        let s = status(
+            None,
+            &pools,
+            Some(&ds(2, 2)),
+            &[mount("a", 1), mount("b", 0)],
+            None,
+            now,
+        );
+        let p = &s.storage_pool_statuses[0];
+        assert_eq!(p.phase.as_deref(), Some("Mounting"));
+        assert_eq!((p.current_ready, p.desired_ready), (Some(1), Some(2)));
+        let claims: Vec<_> = p
+            .claim_statuses
+            .iter()
+            .map(|c| (c.name.as_str(), c.status.phase.as_deref()))
+            .collect();
+        assert_eq!(
+            claims,
+            [
+                ("hpp-pool-onpvc-a", Some("Bound")),
+                ("hpp-pool-onpvc-b", Some("Bound"))
+            ]
+        );
+        let s = status(
+            None,
+            &pools,
+            Some(&ds(2, 2)),
+            &[mount("a", 1), mount("b", 1)],
+            None,
+            now,
+        );
+        assert_eq!(s.storage_pool_statuses[0].phase.as_deref(), Some("Ready"));
     }
 
     #[test]
