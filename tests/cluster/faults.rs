@@ -120,16 +120,7 @@ fn volume_holding(c: &Cluster, ns: &str, pvc: &str) -> String {
     if !pv.is_empty() {
         return pv;
     }
-    let uid = c.kubectl_ok(&[
-        "-n",
-        ns,
-        "get",
-        "pvc",
-        pvc,
-        "-o",
-        "jsonpath={.metadata.uid}",
-    ]);
-    volume_of(&format!("prime-{uid}"))
+    volume_of(&crate::support::prime_of(c, ns, pvc))
 }
 
 /// Deletes the DataVolume `name` and waits until its pods, PVC (and a populator's PVC'),

@@ -43,26 +43,14 @@ spec:
 
 /// Waits until PVC' of `pvc` is gone (deleted once its volume was rebound).
 fn wait_prime_gone(c: &Cluster, ns: &str, pvc: &str) {
-    let uid = c.kubectl_ok(&[
-        "-n",
-        ns,
-        "get",
-        "pvc",
-        pvc,
-        "-o",
-        "jsonpath={.metadata.uid}",
-    ]);
+    let prime = crate::support::prime_of(c, ns, pvc);
     c.wait_until(
         ns,
         "pvc",
         "{.items[*].metadata.name}",
         "no PVC'",
         DV_LIMIT,
-        |names| {
-            !names
-                .split_whitespace()
-                .any(|n| n == format!("prime-{uid}"))
-        },
+        |names| !names.split_whitespace().any(|n| n == prime),
     );
 }
 

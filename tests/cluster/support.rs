@@ -489,3 +489,17 @@ fn testkit_unique() -> u32 {
     static N: AtomicU32 = AtomicU32::new(0);
     std::process::id().wrapping_mul(65599) ^ N.fetch_add(1, Ordering::Relaxed)
 }
+
+/// The name of the PVC' a volume populator fills for `pvc` (`prime-<uid>`).
+pub fn prime_of(c: &Cluster, ns: &str, pvc: &str) -> String {
+    let uid = c.kubectl_ok(&[
+        "-n",
+        ns,
+        "get",
+        "pvc",
+        pvc,
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
+    format!("prime-{uid}")
+}
