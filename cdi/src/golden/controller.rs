@@ -1,7 +1,8 @@
 //! The DataSource controller: each DataSource's Ready condition follows what it points to (a
-//! PVC's DataVolume, the PVC itself, or a VolumeSnapshot), recomputed when the DataSource, a
-//! DataVolume or a PVC changes (snapshots are looked at again every few minutes). The decision
-//! is [`super::datasource`]'s; this module reads and writes.
+//! PVC's DataVolume, the PVC itself, or a VolumeSnapshot; through a `dataSource` reference, the
+//! source of the DataSource it names), recomputed when the DataSource, the DataSource it names,
+//! a DataVolume or a PVC changes (snapshots are looked at again every few minutes). The
+//! decision is [`super::datasource`]'s; this module reads and writes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,8 +15,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 
-use super::datasource::{SourceState, status};
-use api::golden::DataSource;
+use super::datasource::{SourceState, reference, resolve, status_of};
+use api::golden::{DataSource, DataSourceSource};
 use api::{DataVolume, DataVolumeStatus};
 use kubekit::error::{Error, Result};
 use kubekit::kubeops;
@@ -50,9 +51,35 @@ fn source_namespace<'a>(given: &'a str, ds: &'a DataSource) -> &'a str {
     }
 }
 
-/// Reads the state of the DataSource's source.
-pub async fn source_state(client: &Client, ds: &DataSource) -> Result<SourceState> {
-    let src = &ds.spec.source;
+/// The source in force of the DataSource and its state: its own source, or through its
+/// `dataSource` reference the source of the DataSource it names (read here, one deep).
+pub async fn resolved_state(
+    client: &Client,
+    ds: &DataSource,
+) -> Result<(DataSourceSource, SourceState)> {
+    let referenced = match reference(ds) {
+        // Only one of its own namespace, not itself, is read (others do not resolve).
+        Some((ns, name))
+            if Some(ns.as_str()) == ds.metadata.namespace.as_deref()
+                && Some(name.as_str()) != ds.metadata.name.as_deref() =>
+        {
+            let api: Api<DataSource> = Api::namespaced(client.clone(), &ns);
+            kubeops::get(&api, &name).await?
+        }
+        _ => None,
+    };
+    Ok(match resolve(ds, referenced.as_ref()) {
+        Ok(src) => (src.clone(), source_state(client, ds, src).await?),
+        Err(u) => (DataSourceSource::default(), SourceState::Unresolved(u)),
+    })
+}
+
+/// Reads the state of `src`, a source of `ds` (its namespace the default).
+pub async fn source_state(
+    client: &Client,
+    ds: &DataSource,
+    src: &DataSourceSource,
+) -> Result<SourceState> {
     if let Some(p) = &src.pvc {
         let ns = source_namespace(&p.namespace, ds);
         let dvs: Api<DataVolume> = Api::namespaced(client.clone(), ns);
@@ -81,8 +108,8 @@ pub async fn source_state(client: &Client, ds: &DataSource) -> Result<SourceStat
 /// Writes the DataSource's status when the source's state changed it.
 pub async fn reconcile(ds: Arc<DataSource>, ctx: Arc<Context>) -> Result<Requeue> {
     let _measure = ctx.metrics.reconcile(CONTROLLER);
-    let state = source_state(&ctx.client, &ds).await?;
-    let new = status(&ds, state, Timestamp::now());
+    let (source, state) = resolved_state(&ctx.client, &ds).await?;
+    let new = status_of(&ds, &source, state, Timestamp::now());
     if ds.status.as_ref() != Some(&new) {
         let ns = ds.namespace().unwrap_or_default();
         let api: Api<DataSource> = Api::namespaced(ctx.client.clone(), &ns);
@@ -121,6 +148,17 @@ fn pointing_at(
         .collect()
 }
 
+/// The DataSources whose `dataSource` reference names `ds` (its source is theirs).
+fn referring_to(store: &Store<DataSource>, ds: &DataSource) -> Vec<ObjectRef<DataSource>> {
+    let target = (ds.namespace().unwrap_or_default(), ds.name_any());
+    store
+        .state()
+        .iter()
+        .filter(|d| reference(d).as_ref() == Some(&target))
+        .map(|d| ObjectRef::from_obj(d.as_ref()))
+        .collect()
+}
+
 /// Runs the controller (DataSources of `namespace`, or all) until the process stops.
 pub async fn run(client: Client, metrics: Arc<Metrics>, namespace: Option<&str>) {
     let controller = Controller::new(
@@ -129,12 +167,19 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, namespace: Option<&str>)
     );
     let by_dv = controller.store();
     let by_pvc = controller.store();
+    let by_reference = controller.store();
     let ctx = Arc::new(Context {
         client: client.clone(),
         metrics,
     });
-    // Sources may be in any namespace: watch DataVolumes and PVCs everywhere.
+    // Sources may be in any namespace: watch DataVolumes and PVCs everywhere. A DataSource
+    // named by a `dataSource` reference (in the same namespace) is its referrers' source too.
     let results = controller
+        .watches(
+            kubeops::scoped::<DataSource>(&client, namespace),
+            watcher::Config::default(),
+            move |ds| referring_to(&by_reference, &ds),
+        )
         .watches(
             Api::<DataVolume>::all(client.clone()),
             watcher::Config::default(),

@@ -13,8 +13,8 @@ use provisioner::Provisioner;
 
 use super::datavolume::Store;
 use super::store::ObjectStore;
-use crate::golden::datasource::{SourceState, status};
-use api::golden::DataSource;
+use crate::golden::datasource::{SourceState, reference, resolve, status_of};
+use api::golden::{DataSource, DataSourceSource};
 use kubekit::error::{Error, Result};
 
 /// The pool volume of a local PVC `namespace/name` (what `quarry apply` names a DataVolume's).
@@ -45,9 +45,14 @@ pub fn parse(text: &str, what: &str) -> Result<DataSource> {
     Ok(ds)
 }
 
-/// What a local DataSource's source is now: the local DataVolume of its PVC (else whether the
-/// pool has the volume), or whether the pool has its snapshot.
-fn source_state(ds: &DataSource, state_dir: &Path, prov: &Provisioner) -> Result<SourceState> {
+/// What `src`, a source of the local DataSource `ds`, is now: the local DataVolume of its PVC
+/// (else whether the pool has the volume), or whether the pool has its snapshot.
+fn source_state(
+    ds: &DataSource,
+    src: &DataSourceSource,
+    state_dir: &Path,
+    prov: &Provisioner,
+) -> Result<SourceState> {
     let ns = ds.metadata.namespace.as_deref().unwrap_or("default");
     let in_ns = |p: &api::datavolume::SourcePvc| {
         let pns = if p.namespace.is_empty() {
@@ -57,7 +62,6 @@ fn source_state(ds: &DataSource, state_dir: &Path, prov: &Provisioner) -> Result
         };
         (pns, p.name.clone())
     };
-    let src = &ds.spec.source;
     if let Some(p) = &src.pvc {
         let (pns, name) = in_ns(p);
         if let Ok(dv) = Store::new(state_dir).load(&pns, &name) {
@@ -71,12 +75,7 @@ fn source_state(ds: &DataSource, state_dir: &Path, prov: &Provisioner) -> Result
         let ready = prov.snapshot(&volume_id(&sns, &name)).is_ok();
         return Ok(SourceState::Snapshot(ready.then_some(true)));
     }
-    // A DataSource pointing at another one is resolved by the DataVolume (one deep).
-    Ok(if src.data_source.is_some() {
-        SourceState::Pvc { exists: true }
-    } else {
-        SourceState::NoSource
-    })
+    Ok(SourceState::NoSource)
 }
 
 /// Recomputes a DataSource's status (Ready) from the local state, and saves it.
@@ -84,9 +83,18 @@ pub fn refresh(mut ds: DataSource, state_dir: &Path, prov: &Provisioner) -> Resu
     if ds.metadata.namespace.is_none() {
         ds.metadata.namespace = Some("default".into());
     }
-    let state = source_state(&ds, state_dir, prov)?;
-    ds.status = Some(status(&ds, state, Timestamp::now()));
-    ObjectStore::<DataSource>::new(state_dir).save(&ds)?;
+    let store = ObjectStore::<DataSource>::new(state_dir);
+    // A `dataSource` reference stands for the source of the one it names (as in a cluster).
+    let referenced = match reference(&ds) {
+        Some((ns, name)) => store.get(&ns, &name)?,
+        None => None,
+    };
+    let (source, state) = match resolve(&ds, referenced.as_ref()) {
+        Ok(src) => (src.clone(), source_state(&ds, src, state_dir, prov)?),
+        Err(u) => (DataSourceSource::default(), SourceState::Unresolved(u)),
+    };
+    ds.status = Some(status_of(&ds, &source, state, Timestamp::now()));
+    store.save(&ds)?;
     Ok(ds)
 }
 

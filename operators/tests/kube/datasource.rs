@@ -1,6 +1,8 @@
 //! The DataSource controller against the real API server: Ready follows the DataVolume its PVC
 //! source names (missing, importing, succeeded), the PVC alone, and a change of source; a
-//! DataVolume's `sourceRef` waits for its DataSource, then resolves to its source.
+//! `dataSource` source shows and follows the source of the DataSource it names (one deep, CDI's
+//! reasons otherwise); a DataVolume's `sourceRef` waits for its DataSource, then resolves to its
+//! source.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,14 +47,20 @@ async fn set_phase(client: &Client, ns: &str, name: &str, phase: &str) {
     .unwrap_or_else(|e| panic!("writing the phase of DataVolume {name}: {e}"));
 }
 
+/// A fresh namespace (None: skip) with the DataSource controller over it, stopped by aborting.
+async fn with_controller(prefix: &str) -> Option<(Client, String, tokio::task::JoinHandle<()>)> {
+    let (client, ns) = namespace(prefix, &[]).await?;
+    let task = {
+        let (client, ns) = (client.clone(), ns.clone());
+        tokio::spawn(async move { controller::run(client, Arc::default(), Some(&ns)).await })
+    };
+    Some((client, ns, task))
+}
+
 #[tokio::test]
 async fn ready_follows_the_data_volume_and_pvc_of_its_source() {
-    let Some((client, golden)) = namespace("golden", &[]).await else {
+    let Some((client, golden, task)) = with_controller("golden").await else {
         return;
-    };
-    let task = {
-        let (client, ns) = (client.clone(), golden.clone());
-        tokio::spawn(async move { controller::run(client, Arc::default(), Some(&ns)).await })
     };
     let sources: Api<DataSource> = Api::namespaced(client.clone(), &golden);
     let ds: DataSource = serde_json::from_value(json!({
@@ -199,4 +207,100 @@ async fn a_data_volume_with_a_source_ref_waits_for_its_data_source_then_resolves
     for t in tasks {
         t.abort();
     }
+}
+
+/// A DataSource named `name` with `source`.
+fn data_source(name: &str, source: serde_json::Value) -> DataSource {
+    serde_json::from_value(json!({
+        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataSource",
+        "metadata": {"name": name}, "spec": {"source": source}}))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_data_source_naming_another_shows_and_follows_that_ones_source_one_deep() {
+    let Some((client, ns, task)) = with_controller("ds-chain").await else {
+        return;
+    };
+    let sources: Api<DataSource> = Api::namespaced(client.clone(), &ns);
+    let create = |ds: DataSource| {
+        let sources = sources.clone();
+        async move { sources.create(&PostParams::default(), &ds).await.unwrap() }
+    };
+    // A DataSource `name` whose source is the DataSource `to` of its namespace.
+    let refer = |name: &str, to: &str| {
+        create(data_source(
+            name,
+            json!({"dataSource": {"namespace": "", "name": to}}),
+        ))
+    };
+    let shown = |name: &'static str| {
+        let sources = sources.clone();
+        async move {
+            let st = sources.get(name).await.unwrap().status.unwrap();
+            st.source.unwrap_or_default()
+        }
+    };
+    create(data_source(
+        "fedora-42",
+        json!({"pvc": {"namespace": "", "name": "fedora-42-disk"}}),
+    ))
+    .await;
+    refer("fedora", "fedora-42").await;
+    // The named one's source is missing: so is the referrer's, and it shows no source.
+    assert_eq!(
+        ready(&sources, "fedora", "False", "NotFound").await,
+        "PVC not found"
+    );
+    assert_eq!(shown("fedora").await, Default::default());
+
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let pvc = |name: &str| -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "1Gi"}}}}))
+        .unwrap()
+    };
+    pvcs.create(&PostParams::default(), &pvc("fedora-42-disk"))
+        .await
+        .unwrap();
+    ready(&sources, "fedora", "True", "Ready").await;
+    assert_eq!(shown("fedora").await.pvc.unwrap().name, "fedora-42-disk");
+
+    // The named one moves (as a DataImportCron moves its DataSource): the referrer follows.
+    sources
+        .patch(
+            "fedora-42",
+            &test_writes(),
+            &Patch::Merge(
+                json!({"spec": {"source": {"pvc": {"namespace": "", "name": "fedora-43-disk"}}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    ready(&sources, "fedora", "False", "NotFound").await;
+    pvcs.create(&PostParams::default(), &pvc("fedora-43-disk"))
+        .await
+        .unwrap();
+    ready(&sources, "fedora", "True", "Ready").await;
+    assert_eq!(shown("fedora").await.pvc.unwrap().name, "fedora-43-disk");
+
+    // What CDI does not follow, with its reasons and messages.
+    refer("chained", "fedora").await;
+    refer("selfish", "selfish").await;
+    refer("dangling", "nothere").await;
+    let elsewhere = json!({"dataSource": {"namespace": "golden-images", "name": "fedora"}});
+    create(data_source("elsewhere", elsewhere)).await;
+    assert_eq!(
+        ready(&sources, "chained", "False", "MaxReferenceDepthReached").await,
+        "DataSource reference chain exceeds maximum depth of 1"
+    );
+    ready(&sources, "selfish", "False", "SelfReference").await;
+    assert_eq!(
+        ready(&sources, "dangling", "False", "NotFound").await,
+        "datasources.cdi.kubevirt.io \"nothere\" not found"
+    );
+    ready(&sources, "elsewhere", "False", "CrossNamespaceReference").await;
+    task.abort();
 }
