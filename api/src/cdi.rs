@@ -308,9 +308,57 @@ pub fn cdi_labels() -> BTreeMap<String, String> {
     ])
 }
 
+/// The active CDI CR, as CDI picks it: the only one, or among several the only one whose phase
+/// is not `Error`. Several active ones are an error.
+pub fn active_cdi(crs: &[Cdi]) -> Result<Option<&Cdi>, String> {
+    if crs.len() <= 1 {
+        return Ok(crs.first());
+    }
+    let active: Vec<&Cdi> = crs
+        .iter()
+        .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Error"))
+        .collect();
+    match active.as_slice() {
+        [one] => Ok(Some(one)),
+        _ => Err(format!(
+            "invalid number of active CDI resources: {}",
+            active.len()
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cdi(name: &str, phase: Option<&str>) -> Cdi {
+        let mut c = Cdi::new(name, CdiSpec::default());
+        c.status = phase.map(|p| CdiStatus {
+            phase: Some(p.into()),
+            ..Default::default()
+        });
+        c
+    }
+
+    #[test]
+    fn the_active_cdi_is_the_only_one_or_the_only_one_not_in_error() {
+        assert!(active_cdi(&[]).unwrap().is_none());
+        let one = [cdi("a", Some("Error"))];
+        assert_eq!(
+            active_cdi(&one).unwrap().unwrap().metadata.name.as_deref(),
+            Some("a")
+        );
+        let two = [cdi("a", Some("Error")), cdi("b", Some("Deployed"))];
+        assert_eq!(
+            active_cdi(&two).unwrap().unwrap().metadata.name.as_deref(),
+            Some("b")
+        );
+        let both = [cdi("a", None), cdi("b", Some("Deployed"))];
+        assert_eq!(
+            active_cdi(&both).unwrap_err(),
+            "invalid number of active CDI resources: 2"
+        );
+    }
 
     #[test]
     fn cdi_manifests_parse_with_cdi_field_names() {

@@ -13,7 +13,6 @@ use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use api::Cdi;
 use api::cdi::{CdiConfigSpec, CdiConfigStatus, ImportProxy, feature_gate};
 use api::hyperconverged::FilesystemOverhead;
 
@@ -212,24 +211,7 @@ pub struct Overrides {
     pub honor_wait_for_first_consumer: Option<bool>,
 }
 
-/// The active CDI CR, as CDI picks it: the only one, or among several the only one whose phase
-/// is not `Error`. Several active ones are an error.
-pub fn active_cdi(crs: &[Cdi]) -> Result<Option<&Cdi>, String> {
-    if crs.len() <= 1 {
-        return Ok(crs.first());
-    }
-    let active: Vec<&Cdi> = crs
-        .iter()
-        .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Error"))
-        .collect();
-    match active.as_slice() {
-        [one] => Ok(Some(one)),
-        _ => Err(format!(
-            "invalid number of active CDI resources: {}",
-            active.len()
-        )),
-    }
-}
+pub use api::cdi::active_cdi;
 
 /// A CDI `Percent` (`"0"`, `"0.055"`, at most three decimals) as a fraction Quarry can use; `"1"`,
 /// which CDI's pattern allows, leaves no usable space and is refused too.
@@ -406,18 +388,8 @@ pub fn config_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use api::cdi::CdiSpec;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use serde_json::json;
-
-    fn cdi(name: &str, phase: Option<&str>) -> Cdi {
-        let mut c = Cdi::new(name, CdiSpec::default());
-        c.status = phase.map(|p| api::cdi::CdiStatus {
-            phase: Some(p.into()),
-            ..Default::default()
-        });
-        c
-    }
 
     fn class(name: &str, ann: Option<&str>) -> StorageClass {
         let mut sc = StorageClass::default();
@@ -428,26 +400,6 @@ mod tests {
 
     fn spec(v: serde_json::Value) -> CdiConfigSpec {
         serde_json::from_value(v).unwrap()
-    }
-
-    #[test]
-    fn the_active_cdi_is_the_only_one_or_the_only_one_not_in_error() {
-        assert!(active_cdi(&[]).unwrap().is_none());
-        let one = [cdi("a", Some("Error"))];
-        assert_eq!(
-            active_cdi(&one).unwrap().unwrap().metadata.name.as_deref(),
-            Some("a")
-        );
-        let two = [cdi("a", Some("Error")), cdi("b", Some("Deployed"))];
-        assert_eq!(
-            active_cdi(&two).unwrap().unwrap().metadata.name.as_deref(),
-            Some("b")
-        );
-        let both = [cdi("a", None), cdi("b", Some("Deployed"))];
-        assert_eq!(
-            active_cdi(&both).unwrap_err(),
-            "invalid number of active CDI resources: 2"
-        );
     }
 
     #[test]

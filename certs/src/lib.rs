@@ -22,11 +22,11 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
 
+use api::Cdi;
+use api::cdi::active_cdi;
 use api::hyperconverged::CertConfig;
 use api::names::{self, secret};
 use kubekit::error::Result;
@@ -168,43 +168,48 @@ async fn write_secret(
     Ok(())
 }
 
-/// `CDI` (`cdi.kubevirt.io/v1beta1`, cluster-scoped).
-fn cdi_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("cdi.kubevirt.io", "v1beta1", "CDI"),
-        "cdis",
-    )
+/// The lifetimes the CDI CRs ask for: the active one's `spec.certConfig` (the CR CDI's operator
+/// serves: the only one, or the only one whose phase is not `Error`, [`active_cdi`]), the
+/// defaults without one. Err: why the defaults are to be used instead (several active CRs, or
+/// a certConfig that cannot be honoured).
+pub fn durations_of(crs: &[Cdi]) -> std::result::Result<Durations, String> {
+    let Some(cdi) = active_cdi(crs)? else {
+        return Ok(Durations::default());
+    };
+    let given = cdi.spec.cert_config.clone().unwrap_or_default();
+    let config = CertConfig {
+        ca: given.ca,
+        server: given.server,
+    };
+    Durations::from_cert_config(&config).map_err(|e| {
+        let name = cdi.metadata.name.as_deref().unwrap_or_default();
+        format!("CDI {name}: {e}")
+    })
 }
 
-/// The lifetimes of the `CDI` CR's `spec.certConfig` (the defaults without a CR, its CRD, or
-/// with a certConfig that cannot be honoured, which is logged).
+/// The lifetimes of the active `CDI` CR's `spec.certConfig` ([`durations_of`]; the defaults
+/// without a CR or its CRD, or when they cannot be honoured, which is logged).
 pub async fn durations(client: &kube::Client) -> Result<Durations> {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &cdi_resource());
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::erase::<Cdi>(&()));
     let list = match api.list(&ListParams::default()).await {
         Ok(l) => l,
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Durations::default()),
         Err(e) => return Err(e.into()),
     };
-    let Some(cdi) = list.items.into_iter().next() else {
-        return Ok(Durations::default());
-    };
-    let name = cdi.metadata.name.clone().unwrap_or_default();
-    let given = cdi
-        .data
-        .pointer("/spec/certConfig")
-        .cloned()
-        .map(serde_json::from_value::<CertConfig>)
-        .transpose();
-    match given
-        .map_err(|e| e.to_string())
-        .and_then(|c| Durations::from_cert_config(&c.unwrap_or_default()))
-    {
-        Ok(d) => Ok(d),
-        Err(e) => {
-            tracing::warn!(cdi = %name, error = %e, "certConfig ignored, using the defaults");
-            Ok(Durations::default())
+    // Read one by one: a CR that does not parse is skipped, with a warning, instead of
+    // leaving every certificate unrenewed.
+    let mut crs = Vec::new();
+    for o in list.items {
+        let name = o.metadata.name.clone().unwrap_or_default();
+        match o.try_parse::<Cdi>() {
+            Ok(c) => crs.push(c),
+            Err(e) => tracing::warn!(cdi = %name, error = %e, "CDI CR not understood, skipped"),
         }
     }
+    Ok(durations_of(&crs).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "certConfig ignored, using the defaults");
+        Durations::default()
+    }))
 }
 
 /// The names of the webhooks whose `caBundle` is not `bundle`.
@@ -320,4 +325,49 @@ async fn inject(client: &kube::Client, bundle: &[u8]) -> Result<(Vec<String>, Ve
         tracing::info!(%what, "caBundle injected");
     }
     Ok((injected, missing))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CDI CR `name` in `phase` whose certConfig gives the CA `ca_hours` hours.
+    fn cdi(name: &str, phase: Option<&str>, ca_hours: u64) -> Cdi {
+        serde_json::from_value(json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "CDI",
+            "metadata": {"name": name},
+            "spec": {"certConfig": {"ca": {"duration": format!("{ca_hours}h0m0s"),
+                                           "renewBefore": "1h0m0s"}}},
+            "status": {"phase": phase}}))
+        .unwrap()
+    }
+
+    fn ca_hours(d: Durations) -> u64 {
+        d.ca.duration.as_secs() / 3600
+    }
+
+    #[test]
+    fn durations_come_from_the_active_cdi_not_the_first_listed() {
+        assert_eq!(durations_of(&[]), Ok(Durations::default()));
+        assert_eq!(
+            durations_of(&[cdi("only", Some("Error"), 72)]).map(ca_hours),
+            Ok(72)
+        );
+        // The first listed is in Error: the one CDI's operator serves is the other.
+        let crs = [
+            cdi("cdi", Some("Error"), 100),
+            cdi("cdi-kubevirt-hyperconverged", Some("Deployed"), 72),
+        ];
+        assert_eq!(durations_of(&crs).map(ca_hours), Ok(72));
+        // Two active ones: neither is taken (the caller logs why and uses the defaults).
+        let crs = [cdi("cdi", None, 100), cdi("other", Some("Deployed"), 72)];
+        let e = durations_of(&crs).unwrap_err();
+        assert!(
+            e.contains("invalid number of active CDI resources: 2"),
+            "{e}"
+        );
+        // A certConfig that cannot be honoured names its CR.
+        let e = durations_of(&[cdi("cdi", None, 0)]).unwrap_err();
+        assert!(e.starts_with("CDI cdi: certConfig.ca"), "{e}");
+    }
 }
