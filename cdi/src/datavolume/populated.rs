@@ -19,8 +19,8 @@ use super::source::Source;
 use super::status::{self, reason};
 use super::{ANN_IMMEDIATE_BINDING, labels, name, owner_ref};
 use crate::populator::{
-    ANN_POD_PHASE, ANN_POD_READY, ANN_POD_RESTARTS, ANN_PROGRESS, ANN_RUNNING_MESSAGE,
-    ANN_RUNNING_REASON, ANN_SELECTED_NODE,
+    ANN_POD_PHASE, ANN_POD_READY, ANN_POD_RESTARTS, ANN_PRIORITY_CLASS, ANN_PROGRESS,
+    ANN_RUNNING_MESSAGE, ANN_RUNNING_REASON, ANN_SELECTED_NODE,
 };
 use api::datavolume::{DataVolumeSource, condition};
 use api::populator::{ImportSourceType, VolumeImportSourceSpec, VolumeUploadSourceSpec};
@@ -146,11 +146,13 @@ fn populated_pvc(cx: &Ctx<'_>, claim: &Claim, upload: bool) -> PersistentVolumeC
         name: source_name(cx.dv, upload),
         namespace: None,
     });
+    let ann = p.metadata.annotations.get_or_insert_default();
     if immediate(cx) {
-        p.metadata
-            .annotations
-            .get_or_insert_default()
-            .insert(ANN_IMMEDIATE_BINDING.into(), "true".into());
+        ann.insert(ANN_IMMEDIATE_BINDING.into(), "true".into());
+    }
+    // The populator's pods run at the DataVolume's priority (CDI passes it the same way).
+    if let Some(class) = &cx.dv.spec.priority_class_name {
+        ann.insert(ANN_PRIORITY_CLASS.into(), class.clone());
     }
     p
 }

@@ -1316,6 +1316,7 @@ fn on_a_csi_class_a_datavolume_makes_its_import_source_and_a_pvc_naming_it() {
         ANN_IMMEDIATE_BINDING.to_string(),
         "true".to_string(),
     )]));
+    dv.spec.priority_class_name = Some("vm-disks".into());
     let d = step(&mut dv, &on_csi(None), &cfg);
     let Some(Action::CreatePopulatorSource(src)) = d.actions.first() else {
         panic!("{:?}", d.actions)
@@ -1345,6 +1346,13 @@ fn on_a_csi_class_a_datavolume_makes_its_import_source_and_a_pvc_naming_it() {
             .unwrap()
             .contains_key(ANN_IMMEDIATE_BINDING)
     );
+    let priority = p
+        .metadata
+        .annotations
+        .as_ref()
+        .unwrap()
+        .get(crate::populator::ANN_PRIORITY_CLASS);
+    assert_eq!(priority.map(String::as_str), Some("vm-disks"));
     assert!(!d.actions.iter().any(|a| matches!(a, Action::CreatePod(_))));
     assert_eq!(d.status.phase, Some(Phase::Pending));
 

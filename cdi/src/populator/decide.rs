@@ -19,8 +19,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::{
     ANN_POD_PHASE, ANN_POD_READY, ANN_POD_RESTARTS, ANN_POPULATOR_KIND, ANN_PRIME_NAME,
-    ANN_PROGRESS, ANN_RUNNING, ANN_RUNNING_MESSAGE, ANN_RUNNING_REASON, ANN_SELECTED_NODE, labels,
-    prime_name,
+    ANN_PRIORITY_CLASS, ANN_PROGRESS, ANN_RUNNING, ANN_RUNNING_MESSAGE, ANN_RUNNING_REASON,
+    ANN_SELECTED_NODE, labels, prime_name,
 };
 use crate::datavolume::decide::{Event, pod_phase, pod_ready, terminated};
 use crate::datavolume::pod::{self, SourceRefs, Workload};
@@ -378,7 +378,7 @@ pub fn workload(
             uid: uid(prime),
             ..owner(t)
         }),
-        priority_class: None,
+        priority_class: annotation(t, ANN_PRIORITY_CLASS).map(String::from),
         preallocation: src.preallocation(),
     }
 }
@@ -913,7 +913,7 @@ mod tests {
     fn the_importer_fills_prime_and_reports_progress_on_the_target() {
         let cfg = Config::default();
         let (src, imm) = (import(), class("Immediate"));
-        let t = target(&[]);
+        let t = target(&[(ANN_PRIORITY_CLASS, "vm-disks")]);
         let prime = prime_of(&t, "Pending");
         let d = decide(
             &Observed {
@@ -926,6 +926,10 @@ mod tests {
             panic!("{d:?}")
         };
         assert_eq!(p.metadata.name.as_deref(), Some("importer-prime-t-uid"));
+        assert_eq!(
+            p.spec.as_ref().unwrap().priority_class_name.as_deref(),
+            Some("vm-disks")
+        );
         let spec = p.spec.as_ref().unwrap();
         let claim = spec.volumes.as_ref().unwrap()[0]
             .persistent_volume_claim

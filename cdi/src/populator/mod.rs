@@ -28,6 +28,9 @@ pub const ANN_POPULATOR_KIND: &str = "cdi.kubevirt.io/storage.populator.kind";
 pub const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 /// Target PVC annotation: the phase of the pod that fills it (CDI's).
 pub const ANN_POD_PHASE: &str = "cdi.kubevirt.io/storage.pod.phase";
+/// Target PVC annotation: the priority class of the pods that fill it (CDI's; a DataVolume's
+/// `priorityClassName` goes on its PVC as this).
+pub const ANN_PRIORITY_CLASS: &str = "cdi.kubevirt.io/storage.pod.priorityclassname";
 /// Target PVC annotation: whether the pod that fills it is ready (an upload server takes data).
 pub const ANN_POD_READY: &str = "cdi.kubevirt.io/storage.pod.ready";
 /// Target PVC annotation: how many times the pod that fills it was started again (CDI's).
