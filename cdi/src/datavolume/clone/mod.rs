@@ -99,6 +99,21 @@ pub fn resolve_source_ref<'a>(
                 ));
             }
             let next = in_ns(next);
+            // CDI's chain rules, as the DataSource's own status says them: the DataSource is
+            // edited to fix them, so the DataVolume waits.
+            let refused = if next.namespace != at.0 {
+                Some("cannot reference a DataSource in another namespace")
+            } else if next.name == at.1 {
+                Some("cannot self-reference")
+            } else {
+                None
+            };
+            if let Some(why) = refused {
+                return SourceRef::Wait {
+                    reason: reason::CLONE_WITHOUT_SOURCE,
+                    message: format!("DataSource {}/{} {why}", at.0, at.1),
+                };
+            }
             at = (next.namespace, next.name);
             continue;
         }
@@ -466,6 +481,31 @@ mod tests {
     }
 
     #[test]
+    fn a_chain_into_another_namespace_or_onto_itself_is_waited_on_as_cdi_refuses_it() {
+        let chain = |ns: &str, name: &str| DataSourceSource {
+            data_source: Some(SourcePvc {
+                namespace: ns.into(),
+                name: name.into(),
+            }),
+            ..Default::default()
+        };
+        let all = [
+            data_source("vms", "across", chain("golden", "fedora"), false),
+            data_source("vms", "itself", chain("", "itself"), false),
+            data_source("golden", "fedora", pvc("golden", "fedora-3d8e"), true),
+        ];
+        for (name, says) in [
+            ("across", "another namespace"),
+            ("itself", "self-reference"),
+        ] {
+            let SourceRef::Wait { message, .. } = resolve(&sref(None, name), &all) else {
+                panic!("{name}")
+            };
+            assert!(message.contains(says), "{message}");
+        }
+    }
+
+    #[test]
     fn a_missing_or_unready_data_source_is_waited_for() {
         assert_eq!(
             resolve(&sref(Some("golden"), "fedora"), &[]),
@@ -494,16 +534,16 @@ mod tests {
             ..Default::default()
         };
         let all = [
-            data_source("vms", "alias", to("golden", "fedora"), false),
+            data_source("golden", "alias", to("", "fedora"), false),
             data_source("golden", "fedora", pvc("golden", "fedora-3d8e"), true),
-            data_source("vms", "alias2", to("vms", "alias"), false),
+            data_source("golden", "alias2", to("golden", "alias"), false),
         ];
         assert!(matches!(
-            resolve(&sref(None, "alias"), &all),
+            resolve(&sref(Some("golden"), "alias"), &all),
             SourceRef::Pvc(_)
         ));
         assert!(matches!(
-            resolve(&sref(None, "alias2"), &all),
+            resolve(&sref(Some("golden"), "alias2"), &all),
             SourceRef::Invalid(_)
         ));
     }
