@@ -7,8 +7,6 @@
 //! Import: Pending (PendingPopulation while a WaitForFirstConsumer PVC waits for its consumer)
 //! → ImportScheduled → ImportInProgress → Succeeded | Failed; uploads as their own flow.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, TypedObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -20,7 +18,7 @@ use super::status::{self, reason};
 use super::{ANN_IMMEDIATE_BINDING, labels, name, owner_ref};
 use crate::populator::{
     ANN_POD_PHASE, ANN_POD_READY, ANN_POD_RESTARTS, ANN_PRIORITY_CLASS, ANN_PROGRESS,
-    ANN_RUNNING_MESSAGE, ANN_RUNNING_REASON, ANN_SELECTED_NODE,
+    ANN_RUNNING_MESSAGE, ANN_RUNNING_REASON, ANN_SELECTED_NODE, annotation,
 };
 use api::datavolume::{DataVolumeSource, condition};
 use api::populator::{ImportSourceType, VolumeImportSourceSpec, VolumeUploadSourceSpec};
@@ -167,14 +165,6 @@ fn immediate(cx: &Ctx<'_>) -> bool {
             .is_some_and(|a| a.contains_key(ANN_IMMEDIATE_BINDING))
 }
 
-fn pvc_annotation<'a>(pvc: &'a PersistentVolumeClaim, key: &str) -> Option<&'a str> {
-    pvc.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a: &'a BTreeMap<String, String>| a.get(key))
-        .map(String::as_str)
-}
-
 /// The DataVolume's steps when a populator fills it.
 pub(super) fn decide_populated(cx: &mut Ctx<'_>, src: &Source, claim: &Claim) {
     let upload = matches!(src, Source::Upload);
@@ -189,7 +179,7 @@ pub(super) fn decide_populated(cx: &mut Ctx<'_>, src: &Source, claim: &Claim) {
         cx.cond(condition::BOUND, false, reason::PENDING, &msg);
         return;
     };
-    let restarts: i32 = pvc_annotation(pvc, ANN_POD_RESTARTS)
+    let restarts: i32 = annotation(pvc, ANN_POD_RESTARTS)
         .and_then(|r| r.parse().ok())
         .unwrap_or(0);
     cx.st.restart_count = Some(cx.st.restart_count.unwrap_or(0).max(restarts));
@@ -232,11 +222,11 @@ fn succeeded(cx: &mut Ctx<'_>, pvc_name: &str, upload: bool) {
 
 /// The PVC is pending: the populator's pod, as its annotations tell.
 fn populating(cx: &mut Ctx<'_>, pvc: &PersistentVolumeClaim, pvc_name: &str, upload: bool) {
-    match pvc_annotation(pvc, ANN_POD_PHASE) {
+    match annotation(pvc, ANN_POD_PHASE) {
         None => {
             let waits = cx.obs.wait_for_first_consumer
-                && pvc_annotation(pvc, ANN_SELECTED_NODE).is_none()
-                && pvc_annotation(pvc, ANN_IMMEDIATE_BINDING).is_none();
+                && annotation(pvc, ANN_SELECTED_NODE).is_none()
+                && annotation(pvc, ANN_IMMEDIATE_BINDING).is_none();
             if waits {
                 cx.cond(
                     condition::RUNNING,
@@ -261,7 +251,7 @@ fn populating(cx: &mut Ctx<'_>, pvc: &PersistentVolumeClaim, pvc_name: &str, upl
         }
         Some("Running") if upload => {
             cx.transfer_running();
-            if pvc_annotation(pvc, ANN_POD_READY) == Some("true") {
+            if annotation(pvc, ANN_POD_READY) == Some("true") {
                 cx.phase(
                     Phase::UploadReady,
                     Some((
@@ -286,13 +276,13 @@ fn populating(cx: &mut Ctx<'_>, pvc: &PersistentVolumeClaim, pvc_name: &str, upl
                     )),
                 );
             }
-            if let Some(p) = pvc_annotation(pvc, ANN_PROGRESS).filter(|p| p.ends_with('%')) {
+            if let Some(p) = annotation(pvc, ANN_PROGRESS).filter(|p| p.ends_with('%')) {
                 cx.st.progress = Some(p.to_string());
             }
         }
         Some("Failed") => {
-            let why = pvc_annotation(pvc, ANN_RUNNING_REASON).unwrap_or("Error");
-            let message = pvc_annotation(pvc, ANN_RUNNING_MESSAGE).unwrap_or_default();
+            let why = annotation(pvc, ANN_RUNNING_REASON).unwrap_or("Error");
+            let message = annotation(pvc, ANN_RUNNING_MESSAGE).unwrap_or_default();
             let spent = cx.st.restart_count.unwrap_or(0).max(0) as u32 >= cx.cfg.retry.max_restarts;
             if retry::is_terminal(why) || spent {
                 let ev = if upload {

@@ -19,7 +19,8 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::{Instrument, info_span};
 
 use super::decide::{Action, CloneOrigin, Observed, PopulationSource, decide, workload};
-use super::{ANN_POPULATOR_KIND, ANN_SELECTED_NODE, prime_name, source_ref};
+use super::{ANN_POPULATOR_KIND, prime_name, source_ref};
+use crate::datavolume::clone::observe::snapshot_node;
 use crate::datavolume::controller::{
     MetricsClient, copy_proxy_ca, metrics_http, scrape, source_refs,
 };
@@ -222,11 +223,7 @@ async fn apply(
         Some(v) if !v.is_empty() => kubeops::get(&volumes, v).await?,
         _ => None,
     };
-    let import = match &src {
-        Some(PopulationSource::Import(_)) => src.as_ref().map(import_source),
-        _ => None,
-    }
-    .flatten();
+    let import = src.as_ref().and_then(import_source);
     let refs = match (&import, &prime, &pod) {
         (Some(i), Some(_), None) => source_refs(client, &cfg, i, &ns).await?,
         _ => SourceRefs::default(),
@@ -249,13 +246,8 @@ async fn apply(
         Some(PopulationSource::Clone(c)) if c.source.kind == "VolumeSnapshot" => {
             let api: Api<VolumeSnapshot> = Api::namespaced(client.clone(), &ns);
             let snap = kubeops::get(&api, &c.source.name).await?;
-            let taken_of = snap
-                .as_ref()
-                .and_then(|s| s.spec.source.persistent_volume_claim_name.clone());
-            let node = match taken_of {
-                Some(p) => kubeops::get(&pvcs, &p)
-                    .await?
-                    .and_then(|p| p.annotations().get(ANN_SELECTED_NODE).cloned()),
+            let node = match &snap {
+                Some(s) => snapshot_node(client, &ns, s).await?,
                 None => None,
             };
             (None, snap, node)
@@ -347,7 +339,8 @@ async fn apply(
     })
 }
 
-/// The checked import of a VolumeImportSource (None: invalid, which [`decide`] reports).
+/// The checked import of a VolumeImportSource (None: another kind, or invalid, which
+/// [`decide`] reports).
 fn import_source(src: &PopulationSource) -> Option<crate::datavolume::source::ImportSource> {
     match source::source(&src.as_spec()).ok()? {
         Source::Import(i) => Some(i),

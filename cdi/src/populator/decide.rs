@@ -20,7 +20,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::{
     ANN_POD_PHASE, ANN_POD_READY, ANN_POD_RESTARTS, ANN_POPULATOR_KIND, ANN_PRIME_NAME,
     ANN_PRIORITY_CLASS, ANN_PROGRESS, ANN_RUNNING, ANN_RUNNING_MESSAGE, ANN_RUNNING_REASON,
-    ANN_SELECTED_NODE, labels, prime_name,
+    ANN_SELECTED_NODE, annotation, labels, prime_name,
 };
 use crate::datavolume::decide::{Event, pod_phase, pod_ready, terminated};
 use crate::datavolume::pod::{self, SourceRefs, Workload};
@@ -281,14 +281,6 @@ fn is_bound(pvc: &PersistentVolumeClaim) -> bool {
         .as_ref()
         .and_then(|s| s.volume_name.as_deref())
         .is_some_and(|v| !v.is_empty())
-}
-
-fn annotations(pvc: &PersistentVolumeClaim) -> Option<&BTreeMap<String, String>> {
-    pvc.metadata.annotations.as_ref()
-}
-
-fn annotation<'a>(pvc: &'a PersistentVolumeClaim, key: &str) -> Option<&'a str> {
-    annotations(pvc)?.get(key).map(String::as_str)
 }
 
 /// CDI's rule: a WaitForFirstConsumer claim is populated once the scheduler chose its node,

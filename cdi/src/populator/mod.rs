@@ -42,6 +42,13 @@ pub const ANN_RUNNING_REASON: &str = "cdi.kubevirt.io/storage.condition.running.
 /// Its message.
 pub const ANN_RUNNING_MESSAGE: &str = "cdi.kubevirt.io/storage.condition.running.message";
 
+/// The annotation `key` of a PVC.
+pub(crate) fn annotation<'a>(pvc: &'a PersistentVolumeClaim, key: &str) -> Option<&'a str> {
+    kube::ResourceExt::annotations(pvc)
+        .get(key)
+        .map(String::as_str)
+}
+
 /// PVC' of `target`: `prime-<uid>`, as CDI names it.
 pub fn prime_name(target: &PersistentVolumeClaim) -> String {
     format!(

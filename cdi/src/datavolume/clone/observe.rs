@@ -32,6 +32,24 @@ const CLIENT_CERT_LIFETIME: i64 = 24 * 3600;
 
 /// Reads what a clone of `c` into `dv` (target PVC `target`, of StorageClass `target_class`)
 /// needs.
+/// The node a snapshot's data is on (where a node-local driver restores it): the selected node
+/// of the PVC it was taken of while that PVC exists, else the node Quarry recorded on the
+/// snapshot when it took it (a DataImportCron deletes its import once the snapshot is ready).
+pub(crate) async fn snapshot_node(
+    client: &Client,
+    ns: &str,
+    snap: &VolumeSnapshot,
+) -> Result<Option<String>> {
+    if let Some(origin) = &snap.spec.source.persistent_volume_claim_name {
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+        let node = kubeops::get(&api, origin).await?;
+        if let Some(node) = node.as_ref().and_then(objects::node_of) {
+            return Ok(Some(node.to_string()));
+        }
+    }
+    Ok(snap.annotations().get(snapshot::ANN_SOURCE_NODE).cloned())
+}
+
 pub async fn observe(
     client: &Client,
     dv: &DataVolume,
@@ -54,25 +72,8 @@ pub async fn observe(
         CloneSourceKind::Snapshot => {
             let api: Api<VolumeSnapshot> = Api::namespaced(client.clone(), &src_ns);
             o.source_snapshot = kubeops::get(&api, &c.name).await?;
-            let origin = o
-                .source_snapshot
-                .as_ref()
-                .and_then(|s| s.spec.source.persistent_volume_claim_name.clone());
-            if let Some(origin) = origin {
-                let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &src_ns);
-                o.snapshot_node = kubeops::get(&api, &origin)
-                    .await?
-                    .as_ref()
-                    .and_then(objects::node_of)
-                    .map(String::from);
-            }
-            // The PVC is gone (a DataImportCron deletes its import once the snapshot is
-            // ready): the node Quarry recorded on the snapshot when it took it.
-            if o.snapshot_node.is_none() {
-                o.snapshot_node = o
-                    .source_snapshot
-                    .as_ref()
-                    .and_then(|s| s.annotations().get(snapshot::ANN_SOURCE_NODE).cloned());
+            if let Some(s) = &o.source_snapshot {
+                o.snapshot_node = snapshot_node(client, &src_ns, s).await?;
             }
         }
     }
