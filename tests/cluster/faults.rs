@@ -400,12 +400,11 @@ fn the_api_server_restarted_mid_import_is_survived() {
 }
 
 /// A pool of its own on a small loop-mounted ext4, added to the HostPathProvisioner CR (its
-/// StorageClass made by the controller); on drop the CR gets its pools back and the mount goes.
+/// StorageClass made by the controller); on drop the pool leaves the CR and the mount goes.
 struct SmallPool<'a> {
-    c: &'a Cluster,
     mount: std::path::PathBuf,
     image: std::path::PathBuf,
-    pools: String,
+    added: crate::support::AddedPool<'a>,
 }
 
 impl<'a> SmallPool<'a> {
@@ -428,30 +427,13 @@ impl<'a> SmallPool<'a> {
             img = image.display(),
             m = mount.display()
         ));
-        let pools = c.kubectl_ok(&[
-            "get",
-            "hostpathprovisioner",
-            "hostpath-provisioner",
-            "-o",
-            "jsonpath={.spec.storagePools}",
-        ]);
+        let pool = format!(r#"{{"name":"{name}","path":"{}"}}"#, mount.display());
+        let added = crate::support::AddedPool::add(c, name, &pool);
         let pool = SmallPool {
-            c,
             mount,
             image,
-            pools,
+            added,
         };
-        c.kubectl_ok(&[
-            "patch",
-            "hostpathprovisioner",
-            "hostpath-provisioner",
-            "--type=json",
-            "-p",
-            &format!(
-                r#"[{{"op":"add","path":"/spec/storagePools/-","value":{{"name":"{name}","path":"{}"}}}}]"#,
-                pool.mount.display()
-            ),
-        ]);
         c.wait_for(
             "default",
             &format!("storageclass/hostpath-csi-{name}"),
@@ -459,36 +441,15 @@ impl<'a> SmallPool<'a> {
             name,
             DV_LIMIT,
         );
-        c.kubectl_ok(&[
-            "-n",
-            testkit::cluster::NAMESPACE,
-            "rollout",
-            "status",
-            "daemonset/quarry-csi",
-            "--timeout=180s",
-        ]);
+        let rolled = crate::support::driver_rolled_out(c);
+        assert!(rolled.status.success(), "the driver's rollout: {rolled:?}");
         pool
     }
 }
 
 impl Drop for SmallPool<'_> {
     fn drop(&mut self) {
-        let _ = self.c.kubectl(&[
-            "patch",
-            "hostpathprovisioner",
-            "hostpath-provisioner",
-            "--type=merge",
-            "-p",
-            &format!(r#"{{"spec":{{"storagePools":{}}}}}"#, self.pools),
-        ]);
-        let _ = self.c.kubectl(&[
-            "-n",
-            testkit::cluster::NAMESPACE,
-            "rollout",
-            "status",
-            "daemonset/quarry-csi",
-            "--timeout=180s",
-        ]);
+        self.added.restore();
         let _ = std::process::Command::new("umount")
             .arg("-l")
             .arg(&self.mount)

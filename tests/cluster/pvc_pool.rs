@@ -5,18 +5,21 @@
 
 use std::time::Duration;
 
+use crate::support::{
+    AddedPool, DV_LIMIT, assert_disk, cluster, driver_rolled_out, dv_yaml, qcow2_image,
+    wait_succeeded,
+};
 use crate::support::{CLASS, FileServer};
-use crate::support::{DV_LIMIT, assert_disk, cluster, dv_yaml, qcow2_image, wait_succeeded};
 use testkit::cluster::{Cluster, NAMESPACE};
 
 const POOL: &str = "onpvc";
 const LOCAL_CLASS: &str = "quarry-test-local";
 
 /// The pool added to the HostPathProvisioner and the local volume under it, all taken back
-/// when dropped (the HostPathProvisioner's pools as they were).
+/// when dropped.
 struct PvcPool<'a> {
     c: &'a Cluster,
-    pools: String,
+    added: AddedPool<'a>,
     backing: std::path::PathBuf,
 }
 
@@ -50,40 +53,18 @@ spec:
             backing = backing.display(),
             node = c.node_name
         ));
-        let pools = c.kubectl_ok(&[
-            "get",
-            "hostpathprovisioner",
-            "hostpath-provisioner",
-            "-o",
-            "jsonpath={.spec.storagePools}",
-        ]);
-        let pool = PvcPool { c, pools, backing };
         let value = format!(
             r#"{{"name":"{POOL}","path":"/var/hpvolumes/{POOL}","pvcTemplate":{{"storageClassName":"{LOCAL_CLASS}","accessModes":["ReadWriteOnce"],"resources":{{"requests":{{"storage":"1Gi"}}}}}}}}"#
         );
-        c.kubectl_ok(&[
-            "patch",
-            "hostpathprovisioner",
-            "hostpath-provisioner",
-            "--type=json",
-            "-p",
-            &format!(r#"[{{"op":"add","path":"/spec/storagePools/-","value":{value}}}]"#),
-        ]);
-        pool
+        let added = AddedPool::add(c, POOL, &value);
+        PvcPool { c, added, backing }
     }
 }
 
 impl Drop for PvcPool<'_> {
     fn drop(&mut self) {
         let c = self.c;
-        let _ = c.kubectl(&[
-            "patch",
-            "hostpathprovisioner",
-            "hostpath-provisioner",
-            "--type=merge",
-            "-p",
-            &format!(r#"{{"spec":{{"storagePools":{}}}}}"#, self.pools),
-        ]);
+        self.added.restore();
         let mounter = format!("deployment/hpp-pool-{POOL}-{}", c.node_name);
         let _ = c.kubectl(&[
             "-n",
@@ -97,14 +78,6 @@ impl Drop for PvcPool<'_> {
         let _ = c.kubectl(&["-n", NAMESPACE, "delete", "pvc", &pvc, "--wait=true"]);
         let _ = c.kubectl(&["delete", "pv", &format!("{LOCAL_CLASS}-pv"), "--wait=true"]);
         let _ = c.kubectl(&["delete", "storageclass", LOCAL_CLASS]);
-        let _ = c.kubectl(&[
-            "-n",
-            NAMESPACE,
-            "rollout",
-            "status",
-            "daemonset/quarry-csi",
-            "--timeout=180s",
-        ]);
         let _ = std::fs::remove_dir_all(&self.backing);
     }
 }
@@ -135,14 +108,8 @@ fn a_pool_on_a_pvc_keeps_its_volumes_on_that_pvc() {
         ),
     ]);
     assert_eq!(claim, format!("hpp-pool-{POOL}-{}=Bound", c.node_name));
-    c.kubectl_ok(&[
-        "-n",
-        NAMESPACE,
-        "rollout",
-        "status",
-        "daemonset/quarry-csi",
-        "--timeout=180s",
-    ]);
+    let rolled = driver_rolled_out(c);
+    assert!(rolled.status.success(), "the driver's rollout: {rolled:?}");
 
     let ns = c.namespace("pvc-pool", &[]);
     let source = format!("    http:\n      url: {}/disk.qcow2", server.url);

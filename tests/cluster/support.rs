@@ -503,3 +503,66 @@ pub fn prime_of(c: &Cluster, ns: &str, pvc: &str) -> String {
     ]);
     format!("prime-{uid}")
 }
+
+/// Waits (at most 180 s) until every CSI driver pod runs the DaemonSet's current spec.
+pub fn driver_rolled_out(c: &Cluster) -> std::process::Output {
+    c.kubectl(&[
+        "-n",
+        testkit::cluster::NAMESPACE,
+        "rollout",
+        "status",
+        "daemonset/quarry-csi",
+        "--timeout=180s",
+    ])
+}
+
+/// A pool added to the HostPathProvisioner CR (its controller makes the pool's StorageClass and
+/// rolls the driver); [`AddedPool::restore`] takes it out again. Tests that run at once add and
+/// remove their own pools only, each by name.
+pub struct AddedPool<'a> {
+    c: &'a Cluster,
+    name: String,
+}
+
+const HPP: [&str; 2] = ["hostpathprovisioner", "hostpath-provisioner"];
+
+impl<'a> AddedPool<'a> {
+    /// Adds `pool`, a `storagePools` entry as JSON, named `name`.
+    pub fn add(c: &'a Cluster, name: &str, pool: &str) -> AddedPool<'a> {
+        let patch = format!(r#"[{{"op":"add","path":"/spec/storagePools/-","value":{pool}}}]"#);
+        c.kubectl_ok(&["patch", HPP[0], HPP[1], "--type=json", "-p", &patch]);
+        AddedPool {
+            c,
+            name: name.into(),
+        }
+    }
+
+    /// Removes the pool (the patch names its index and tests that it is still this pool there,
+    /// so another test's edit in between is read again, not undone) and waits for the driver's
+    /// rollout. Best effort: it runs in drops.
+    pub fn restore(&self) {
+        for _ in 0..10 {
+            let names = self.c.kubectl_ok(&[
+                "get",
+                HPP[0],
+                HPP[1],
+                "-o",
+                "jsonpath={.spec.storagePools[*].name}",
+            ]);
+            let Some(at) = names.split_whitespace().position(|n| n == self.name) else {
+                break;
+            };
+            let patch = format!(
+                r#"[{{"op":"test","path":"/spec/storagePools/{at}/name","value":"{}"}},{{"op":"remove","path":"/spec/storagePools/{at}"}}]"#,
+                self.name
+            );
+            let out = self
+                .c
+                .kubectl(&["patch", HPP[0], HPP[1], "--type=json", "-p", &patch]);
+            if out.status.success() {
+                break;
+            }
+        }
+        let _ = driver_rolled_out(self.c);
+    }
+}
