@@ -490,8 +490,9 @@ impl Provisioner {
             Err(Error::PoolNotMounted(_)) => {
                 let mut found = None;
                 for p in self.open_pools() {
-                    if found.is_none() {
-                        found = p.volume(&req.name)?.map(|m| (p, m));
+                    if let Some(m) = p.volume(&req.name)? {
+                        found = Some((p, m));
+                        break;
                     }
                 }
                 found
