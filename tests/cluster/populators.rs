@@ -192,7 +192,9 @@ spec: {{contentType: kubevirt}}
 }
 
 /// VolumeCloneSources: a populated PVC cloned by the CSI driver, and a snapshot of it restored,
-/// each into a PVC that binds with the source's disk (no pod copies anything).
+/// each into a PVC that binds with the source's disk (no pod copies anything); and the same PVC
+/// cloned into a Block volume, which the driver cannot: copied host-assisted (an upload server
+/// fills PVC', a clone source pod streams the source's disk to it).
 #[test]
 fn a_volume_clone_source_clones_a_pvc_and_restores_a_snapshot() {
     let Some(c) = crate::support::cluster() else {
@@ -252,7 +254,16 @@ spec:
         "from-snap",
         immediate,
     ));
-    for pvc in ["copy", "restored"] {
+    let block = populated_pvc(
+        &ns,
+        "block-copy",
+        "VolumeCloneSource",
+        "from-pvc",
+        immediate,
+    )
+    .replace("spec:\n", "spec:\n  volumeMode: Block\n");
+    c.apply(&block);
+    for pvc in ["copy", "restored", "block-copy"] {
         c.wait_for(
             &ns,
             &format!("pvc/{pvc}"),
@@ -261,7 +272,7 @@ spec:
             DV_LIMIT,
         );
         wait_prime_gone(c, &ns, pvc);
-        assert_disk(c, &ns, pvc, &image, false);
+        assert_disk(c, &ns, pvc, &image, pvc == "block-copy");
         let reasons = event_reasons(c, &ns, "PersistentVolumeClaim", pvc);
         assert!(
             reasons.iter().any(|r| r == "CloneSucceeded"),

@@ -537,15 +537,10 @@ async fn observe_clone(
     {
         let dv_ns = dv.namespace().unwrap_or_default();
         let src_ns = c.namespace_or(&dv_ns);
+        let meta = super::clone::objects::client_secret_meta(&pod::Workload::of(dv), src_ns, uid);
         o.client_secret = Some(
-            super::clone::observe::ensure_client_secret(
-                &ctx.client,
-                dv,
-                namespace,
-                (src_ns, uid),
-                &ctx.manager,
-            )
-            .await?,
+            super::clone::observe::ensure_client_secret(&ctx.client, meta, namespace, &ctx.manager)
+                .await?,
         );
     }
     Ok(o)

@@ -20,7 +20,8 @@ use tracing::{Instrument, info_span};
 
 use super::decide::{Action, CloneOrigin, Observed, PopulationSource, decide, workload};
 use super::{ANN_POPULATOR_KIND, prime_name, source_ref};
-use crate::datavolume::clone::observe::snapshot_node;
+use crate::datavolume::clone::objects::source_pod_name;
+use crate::datavolume::clone::observe::{ensure_client_secret, snapshot_node};
 use crate::datavolume::controller::{
     MetricsClient, copy_proxy_ca, metrics_http, scrape, source_refs,
 };
@@ -127,7 +128,9 @@ async fn orphaned(
         .annotations()
         .get(ANN_POPULATOR_KIND)
         .map(String::as_str);
-    if kind == Some(populator::UPLOAD_KIND) {
+    if kind != Some(populator::IMPORT_KIND) {
+        // An upload's or a host-assisted clone's upload server (its clone source pod is owned by
+        // PVC' and goes with it).
         kubeops::delete(&pods, &pod::upload_name(target)).await?;
     }
     if prime.metadata.deletion_timestamp.is_none() {
@@ -205,17 +208,26 @@ async fn apply(
         None => None,
     };
     let prime = kubeops::get(&pvcs, &prime_name(target)).await?;
-    let upload = kind == populator::UPLOAD_KIND;
-    // Named as [`workload`] names them: an upload server for the target, an importer for PVC'.
+    let import = kind == populator::IMPORT_KIND;
+    // Named as [`workload`] names them: an importer for PVC', an upload server (an upload's, a
+    // host-assisted clone's) for the target.
     let pod = match &prime {
-        Some(_) if upload => kubeops::get(&pods, &pod::upload_name(&name)).await?,
-        Some(p) => kubeops::get(&pods, &pod::importer_pod_name(&p.name_any())).await?,
+        Some(p) if import => kubeops::get(&pods, &pod::importer_pod_name(&p.name_any())).await?,
+        Some(_) => kubeops::get(&pods, &pod::upload_name(&name)).await?,
         None => None,
     };
-    let service = upload
+    let service = !import
+        && prime.is_some()
         && kubeops::get(&services, &pod::upload_name(&name))
             .await?
             .is_some();
+    let source_pod = match &pod {
+        Some(_) if kind == populator::CLONE_KIND => {
+            let uid = target.uid().unwrap_or_default();
+            kubeops::get(&pods, &source_pod_name(&uid)).await?
+        }
+        _ => None,
+    };
     let volume = match prime
         .as_ref()
         .and_then(|p| p.spec.as_ref()?.volume_name.as_deref())
@@ -223,13 +235,15 @@ async fn apply(
         Some(v) if !v.is_empty() => kubeops::get(&volumes, v).await?,
         _ => None,
     };
-    let import = src.as_ref().and_then(import_source);
-    let refs = match (&import, &prime, &pod) {
+    let import_from = src.as_ref().and_then(import_source);
+    let refs = match (&import_from, &prime, &pod) {
         (Some(i), Some(_), None) => source_refs(client, &cfg, i, &ns).await?,
         _ => SourceRefs::default(),
     };
-    let progress = match &pod {
-        Some(p) if !upload && pod_phase(p) == "Running" => {
+    // Progress: the importer's, or a host-assisted clone's source pod's (CDI's cloner serves it
+    // as an importer does).
+    let progress = match if import { &pod } else { &source_pod } {
+        Some(p) if pod_phase(p) == "Running" => {
             let m = MetricsClient {
                 http: &ctx.http,
                 port: POD_PORT as u16,
@@ -265,6 +279,7 @@ async fn apply(
         class: class.as_ref(),
         prime: prime.as_ref(),
         pod: pod.as_ref(),
+        source_pod: source_pod.as_ref(),
         service,
         volume: volume.as_ref(),
         origin,
@@ -279,7 +294,7 @@ async fn apply(
             Action::CreatePrime(p) => kubeops::create(&pvcs, &p, &ctx.manager).await?,
             Action::CreatePod(p) => {
                 if let (Some(ca), Some(prime), Some(src)) = (pod::proxy_ca(&cfg), &prime, &src)
-                    && !upload
+                    && import
                 {
                     let w = workload(target, prime, src);
                     copy_proxy_ca(client, &ctx.manager, &w, ca).await?;
@@ -287,6 +302,10 @@ async fn apply(
                 kubeops::create(&pods, &p, &ctx.manager).await?
             }
             Action::CreateService(s) => kubeops::create(&services, &s, &ctx.manager).await?,
+            Action::CreateSourcePod(p) => kubeops::create(&pods, &p, &ctx.manager).await?,
+            Action::EnsureClientSecret { namespace, secret } => {
+                ensure_client_secret(client, *secret, &namespace, &ctx.manager).await?;
+            }
             Action::Annotate(set) => annotate(&pvcs, target, set, &ctx.manager).await?,
             Action::Rebind {
                 volume,

@@ -22,6 +22,9 @@ use super::{
     ANN_PRIORITY_CLASS, ANN_PROGRESS, ANN_RUNNING, ANN_RUNNING_MESSAGE, ANN_RUNNING_REASON,
     ANN_SELECTED_NODE, annotation, labels, prime_name,
 };
+use crate::datavolume::clone::flow::SHARED_TLS_REFUSED;
+use crate::datavolume::clone::flow::event::HOST_ASSISTED_CLONE_NOT_POSSIBLE;
+use crate::datavolume::clone::objects as clone_objects;
 use crate::datavolume::decide::{Event, pod_phase, pod_ready, terminated};
 use crate::datavolume::pod::{self, SourceRefs, Workload};
 use crate::datavolume::pvc::{Claim, VolumeMode};
@@ -101,8 +104,11 @@ impl PopulationSource {
                 upload: Some(Default::default()),
                 ..Default::default()
             },
-            // A clone runs no pod: nothing for the pod builders.
-            PopulationSource::Clone(_) => DataVolumeSource::default(),
+            // A CSI clone runs no pod; a host-assisted one fills PVC' through an upload server.
+            PopulationSource::Clone(_) => DataVolumeSource {
+                upload: Some(Default::default()),
+                ..Default::default()
+            },
         };
         DataVolumeSpec {
             source: Some(source),
@@ -126,6 +132,8 @@ pub struct Observed<'a> {
     pub prime: Option<&'a PersistentVolumeClaim>,
     /// The importer or upload server pod of PVC'.
     pub pod: Option<&'a Pod>,
+    /// The clone source pod of a host-assisted clone.
+    pub source_pod: Option<&'a Pod>,
     /// Whether the upload Service exists.
     pub service: bool,
     /// The PersistentVolume PVC' is (or was) bound to.
@@ -166,6 +174,16 @@ pub enum Action {
         /// The cert controller's namespace, holding the signer.
         namespace: String,
     },
+    /// Issue the clone source pod's client certificate Secret (`secret`) from the signer in
+    /// `namespace`, unless it exists, before the pod that mounts it.
+    EnsureClientSecret {
+        /// The cert controller's namespace, holding the signer.
+        namespace: String,
+        /// The Secret's metadata.
+        secret: Box<ObjectMeta>,
+    },
+    /// Create the clone source pod of a host-assisted clone.
+    CreateSourcePod(Box<Pod>),
     /// Record an event on the target PVC.
     Event(Event),
     /// Delete a pod by name.
@@ -203,15 +221,11 @@ pub fn decide(obs: &Observed<'_>, cfg: &Config) -> Decision {
         return d;
     }
     let clone = match src {
-        PopulationSource::Clone(c) => match clone_source(obs, c) {
-            Ok(data_source) => Some(data_source),
-            Err(Some(problem)) => {
-                d.actions.push(event(true, "ErrCloneSource", &problem));
-                return d;
-            }
+        PopulationSource::Clone(c) => match clone_route(obs, c) {
+            Some(route) => Some(route),
             // Not there or not ready yet: a source PVC's binding is not watched for its
             // targets, so look again soon.
-            Err(None) => {
+            None => {
                 d.requeue = Some(Duration::from_secs(5));
                 return d;
             }
@@ -220,7 +234,7 @@ pub fn decide(obs: &Observed<'_>, cfg: &Config) -> Decision {
     };
     let Some(prime) = obs.prime else {
         let mut p = prime_claim(t, src);
-        if let Some((data_source, node)) = clone {
+        if let Some(CloneRoute::Csi { data_source, node }) = clone {
             let spec = p.spec.get_or_insert_default();
             spec.data_source = Some(data_source);
             // A node-local driver clones where the source is.
@@ -251,21 +265,36 @@ pub fn decide(obs: &Observed<'_>, cfg: &Config) -> Decision {
     {
         return d;
     }
-    if clone.is_some() {
-        cloned(obs, prime, &mut d);
-        return d;
+    match &clone {
+        Some(CloneRoute::Csi { .. }) => {
+            cloned(obs, prime, &mut d);
+            return d;
+        }
+        Some(CloneRoute::HostAssisted(_)) if shared_upload_tls(cfg) && obs.source_pod.is_none() => {
+            refuse(
+                &mut d,
+                HOST_ASSISTED_CLONE_NOT_POSSIBLE,
+                SHARED_TLS_REFUSED.into(),
+            );
+            return d;
+        }
+        _ => {}
     }
     match obs.pod {
         None => start_pod(obs, src, prime, cfg, &mut d),
         Some(p) => follow_pod(obs, src, prime, p, cfg, &mut d),
+    }
+    if let (Some(CloneRoute::HostAssisted(from)), Some(upload)) = (&clone, obs.pod) {
+        feed_upload(obs, (src, from), (prime, upload), cfg, &mut d);
     }
     // An upload server's certificate comes before its pod, and stays current while it runs.
     let live = obs
         .pod
         .is_some_and(|p| !matches!(pod_phase(p), "Succeeded" | "Failed"));
     let starts = d.actions.iter().any(|a| matches!(a, Action::CreatePod(_)));
-    if let (PopulationSource::Upload(_), Some(UploadTls::Issued { namespace })) =
-        (src, &cfg.upload_tls)
+    let upload_server = matches!(src, PopulationSource::Upload(_))
+        || matches!(clone, Some(CloneRoute::HostAssisted(_)));
+    if let (true, Some(UploadTls::Issued { namespace })) = (upload_server, &cfg.upload_tls)
         && (live || starts)
     {
         let ensure = Action::EnsureUploadSecret {
@@ -353,11 +382,11 @@ pub fn workload(
     src: &PopulationSource,
 ) -> Workload {
     let uid = |p: &PersistentVolumeClaim| p.metadata.uid.clone().unwrap_or_default();
-    // An upload server is named for the target, which the upload proxy routes by; an importer
-    // for PVC', as CDI names it.
+    // An upload server (an upload's, a host-assisted clone's) is named for the target, which
+    // the upload proxy routes by; an importer for PVC', as CDI names it.
     let name = match src {
-        PopulationSource::Upload(_) => t.metadata.name.clone(),
-        PopulationSource::Import(_) | PopulationSource::Clone(_) => prime.metadata.name.clone(),
+        PopulationSource::Upload(_) | PopulationSource::Clone(_) => t.metadata.name.clone(),
+        PopulationSource::Import(_) => prime.metadata.name.clone(),
     };
     Workload {
         name: name.unwrap_or_default(),
@@ -370,7 +399,12 @@ pub fn workload(
             uid: uid(prime),
             ..owner(t)
         }),
-        priority_class: annotation(t, ANN_PRIORITY_CLASS).map(String::from),
+        // A VolumeCloneSource's own, else the PVC's (a DataVolume's goes there).
+        priority_class: match src {
+            PopulationSource::Clone(c) => c.priority_class_name.clone(),
+            _ => None,
+        }
+        .or_else(|| annotation(t, ANN_PRIORITY_CLASS).map(String::from)),
         preallocation: src.preallocation(),
     }
 }
@@ -409,22 +443,14 @@ fn start_pod(
     d: &mut Decision,
 ) {
     let t = obs.target;
-    let refused = |d: &mut Decision, reason: &str, message: String| {
-        d.actions.push(annotate([
-            (ANN_RUNNING, Some("false".into())),
-            (ANN_RUNNING_REASON, Some(reason.into())),
-            (ANN_RUNNING_MESSAGE, Some(message.clone())),
-        ]));
-        d.actions.push(event(true, reason, &message));
-    };
     let claim = match claim_of(t, cfg) {
         Ok(c) => c,
-        Err(e) => return refused(d, "ErrClaimNotValid", e),
+        Err(e) => return refuse(d, "ErrClaimNotValid", e),
     };
     let spec = src.as_spec();
     let source = match source::source(&spec) {
         Ok(s) => s,
-        Err(e) => return refused(d, "ErrInvalidSource", e.to_string()),
+        Err(e) => return refuse(d, "ErrInvalidSource", e.to_string()),
     };
     let w = workload(t, prime, src);
     let target_uid = t.metadata.uid.clone().unwrap_or_default();
@@ -435,7 +461,7 @@ fn start_pod(
             let archive = src.content_type() == ContentType::Archive;
             pod::upload_pod(&w, &claim, cfg, &target_uid, archive)
         }
-        Source::Clone(_) => return refused(d, "ErrInvalidSource", "not an import".into()),
+        Source::Clone(_) => return refuse(d, "ErrInvalidSource", "not an import".into()),
     };
     d.actions.push(Action::CreatePod(Box::new(p)));
     if source == Source::Upload && !obs.service {
@@ -474,7 +500,12 @@ fn follow_pod(
             "UploadFailed",
             format!("Upload into {} failed", name(t)),
         ),
-        PopulationSource::Clone(_) => return,
+        PopulationSource::Clone(_) => (
+            "CloneSucceeded",
+            format!("Successfully cloned into {}", name(t)),
+            "CloneFailed",
+            format!("Clone into {} failed", name(t)),
+        ),
     };
     match phase {
         "Succeeded" => {
@@ -539,7 +570,9 @@ fn follow_pod(
                 set.push((ANN_PROGRESS, Some(format_progress(progress))));
             }
             d.actions.push(annotate(set));
-            if running && matches!(src, PopulationSource::Import(_)) {
+            // Progress is read from an importer or a clone source pod (not watched: another
+            // object than the upload server): look again.
+            if running && !matches!(src, PopulationSource::Upload(_)) {
                 d.requeue = Some(cfg.progress_interval);
             }
         }
@@ -596,43 +629,138 @@ fn rebind(obs: &Observed<'_>, prime: &PersistentVolumeClaim, d: &mut Decision) -
     true
 }
 
-/// The `dataSource` of a clone's PVC' and the node to make it on; Err(None) while the source
-/// is missing or not ready, Err(Some(why)) when it cannot be cloned by the CSI driver (another
-/// StorageClass or volume mode: a host-assisted copy, which Quarry's populator does not do).
-fn clone_source(
-    obs: &Observed<'_>,
-    c: &VolumeCloneSourceSpec,
-) -> Result<(TypedLocalObjectReference, Option<String>), Option<String>> {
+/// How a `VolumeCloneSource`'s PVC' is filled.
+#[derive(Debug, Clone, PartialEq)]
+enum CloneRoute {
+    /// By the CSI driver: PVC''s `dataSource`, made on the source's node (a node-local driver
+    /// clones where the source is).
+    Csi {
+        data_source: TypedLocalObjectReference,
+        node: Option<String>,
+    },
+    /// Host-assisted (CDI's way when the source is of another StorageClass or volume mode): an
+    /// upload server fills PVC' from a clone source pod reading this PVC.
+    HostAssisted(SourcePvc),
+}
+
+/// The source PVC of a host-assisted clone.
+#[derive(Debug, Clone, PartialEq)]
+struct SourcePvc {
+    name: String,
+    mode: VolumeMode,
+    node: Option<String>,
+}
+
+/// How to clone `c`; None while its source is missing or not ready.
+fn clone_route(obs: &Observed<'_>, c: &VolumeCloneSourceSpec) -> Option<CloneRoute> {
     let spec = obs.target.spec.clone().unwrap_or_default();
-    match obs.origin {
-        None => Err(None),
-        Some(CloneOrigin::Pvc(src)) => {
+    match obs.origin? {
+        CloneOrigin::Pvc(src) => {
             let bound = src.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
             if !bound {
-                return Err(None);
+                return None;
             }
             let src_spec = src.spec.clone().unwrap_or_default();
-            let mode = |m: &Option<String>| m.clone().unwrap_or_else(|| "Filesystem".into());
-            if src_spec.storage_class_name != spec.storage_class_name
-                || mode(&src_spec.volume_mode) != mode(&spec.volume_mode)
-            {
-                return Err(Some(format!(
-                    "PVC {} is of another StorageClass or volume mode: a VolumeCloneSource \
-                     is cloned by the CSI driver only",
-                    c.source.name
-                )));
-            }
+            let mode = |m: &Option<String>| match m.as_deref() {
+                Some("Block") => VolumeMode::Block,
+                _ => VolumeMode::Filesystem,
+            };
             let node = annotation(src, ANN_SELECTED_NODE).map(String::from);
-            Ok((c.source.clone(), node))
+            let csi = src_spec.storage_class_name == spec.storage_class_name
+                && mode(&src_spec.volume_mode) == mode(&spec.volume_mode);
+            Some(if csi {
+                CloneRoute::Csi {
+                    data_source: c.source.clone(),
+                    node,
+                }
+            } else {
+                CloneRoute::HostAssisted(SourcePvc {
+                    name: c.source.name.clone(),
+                    mode: mode(&src_spec.volume_mode),
+                    node,
+                })
+            })
         }
-        Some(CloneOrigin::Snapshot(snap, node)) => {
+        CloneOrigin::Snapshot(snap, node) => {
             let ready = snap.status.as_ref().and_then(|s| s.ready_to_use) == Some(true);
-            if !ready {
-                return Err(None);
-            }
-            Ok((c.source.clone(), node.map(String::from)))
+            ready.then(|| CloneRoute::Csi {
+                data_source: c.source.clone(),
+                node: node.map(String::from),
+            })
         }
     }
+}
+
+fn shared_upload_tls(cfg: &Config) -> bool {
+    matches!(cfg.upload_tls, Some(UploadTls::Shared { .. }))
+}
+
+/// A host-assisted clone once its upload server exists: when it takes data, the clone source
+/// pod streams the source to it (with a client certificate first, where upload servers have
+/// their own); a failed source pod is replaced while the upload server waits.
+fn feed_upload(
+    obs: &Observed<'_>,
+    (src, from): (&PopulationSource, &SourcePvc),
+    (prime, upload): (&PersistentVolumeClaim, &Pod),
+    cfg: &Config,
+    d: &mut Decision,
+) {
+    if upload.metadata.deletion_timestamp.is_some()
+        || pod_phase(upload) != "Running"
+        || !pod_ready(upload)
+    {
+        return;
+    }
+    let t = obs.target;
+    let target_uid = t.metadata.uid.clone().unwrap_or_default();
+    match obs.source_pod {
+        None => {
+            let w = workload(t, prime, src);
+            let namespace = t.metadata.namespace.clone().unwrap_or_default();
+            let mut secret = None;
+            if let Some(UploadTls::Issued { namespace: signer }) = &cfg.upload_tls {
+                let mut meta = clone_objects::client_secret_meta(&w, &namespace, &target_uid);
+                meta.owner_references = w.owner.clone().map(|o| vec![o]);
+                secret = meta.name.clone();
+                d.actions.push(Action::EnsureClientSecret {
+                    namespace: signer.clone(),
+                    secret: Box::new(meta),
+                });
+            }
+            let spec = clone_objects::SourcePodSpec {
+                namespace: &namespace,
+                pvc: &from.name,
+                mode: from.mode,
+                node: from.node.as_deref(),
+                target_uid: &target_uid,
+                tls_secret: secret.as_deref(),
+            };
+            let mut p = clone_objects::source_pod(&w, &spec, cfg);
+            // Same namespace as PVC': owned by it, so it goes with it.
+            p.metadata.owner_references = w.owner.map(|o| vec![o]);
+            d.actions.push(Action::CreateSourcePod(Box::new(p)));
+            d.requeue = Some(cfg.progress_interval);
+        }
+        Some(p) if pod_phase(p) == "Failed" => {
+            let (code, msg) = terminated(p).unwrap_or((-1, String::new()));
+            let message = format!("Clone source pod failed: {msg} (exit code {code}); restarting");
+            d.actions.push(event(true, "CloneFailed", &message));
+            d.actions.push(Action::DeletePod(
+                p.metadata.name.clone().unwrap_or_default(),
+            ));
+        }
+        Some(_) => d.requeue = Some(cfg.progress_interval),
+    }
+}
+
+/// Says on the target why nothing runs.
+fn refuse(d: &mut Decision, reason: &str, message: String) {
+    d.actions.push(annotate([
+        (ANN_RUNNING, Some("false".into())),
+        (ANN_RUNNING_REASON, Some(reason.into())),
+        (ANN_RUNNING_MESSAGE, Some(message.clone())),
+    ]));
+    d.actions.push(event(true, reason, &message));
 }
 
 /// A clone's PVC' is made by the CSI driver from its source: once bound, its volume is the
@@ -835,6 +963,7 @@ mod tests {
             class: Some(class),
             prime: None,
             pod: None,
+            source_pod: None,
             service: false,
             volume: None,
             origin: None,
@@ -1194,21 +1323,6 @@ mod tests {
             "node-3"
         );
 
-        // Another class: not a CSI clone; said, nothing made.
-        let mut other = golden.clone();
-        other.spec.as_mut().unwrap().storage_class_name = Some("other".into());
-        let d = decide(
-            &Observed {
-                origin: Some(CloneOrigin::Pvc(&other)),
-                ..observe(&t, &src, &imm)
-            },
-            &cfg,
-        );
-        assert!(
-            matches!(d.actions.as_slice(), [Action::Event(e)] if e.warning && e.reason == "ErrCloneSource"),
-            "{d:?}"
-        );
-
         // PVC' made by the driver and bound: its volume becomes the target's, no pod ever.
         let prime = prime_of(&t, "Bound");
         let pv = volume("p-uid");
@@ -1227,6 +1341,194 @@ mod tests {
             "CloneSucceeded",
             "Successfully cloned into disk"
         )));
+    }
+
+    fn ready_pod(name: &str, phase: &str) -> Pod {
+        let mut p = pod(phase, None);
+        p.metadata.name = Some(name.into());
+        p.status.get_or_insert_default().conditions =
+            Some(vec![k8s_openapi::api::core::v1::PodCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]);
+        p
+    }
+
+    /// Another StorageClass or volume mode than the source's: CDI's host-assisted copy. PVC'
+    /// is made plain (no dataSource, not on the source's node), an upload server named for the
+    /// target fills it, and once it takes data a clone source pod on the source's node streams
+    /// the source to it with a client certificate; then PVC''s volume is rebound.
+    #[test]
+    fn a_clone_source_of_another_class_or_mode_is_copied_host_assisted() {
+        let cfg = Config {
+            upload_tls: Some(UploadTls::Issued {
+                namespace: "quarry".into(),
+            }),
+            ..Config::default()
+        };
+        let mut src = clone_of("PersistentVolumeClaim", "golden");
+        if let PopulationSource::Clone(c) = &mut src {
+            c.priority_class_name = Some("copies".into());
+        }
+        let imm = class("Immediate");
+        let mut t = target(&[]);
+        t.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+        let mut golden = target(&[(ANN_SELECTED_NODE, "node-3")]);
+        golden.metadata.name = Some("golden".into());
+        golden.spec.as_mut().unwrap().storage_class_name = Some("other".into());
+        golden.status = Some(PersistentVolumeClaimStatus {
+            phase: Some("Bound".into()),
+            ..Default::default()
+        });
+        let with_source = Observed {
+            origin: Some(CloneOrigin::Pvc(&golden)),
+            ..observe(&t, &src, &imm)
+        };
+        let d = decide(&with_source, &cfg);
+        let p = created_prime(&d);
+        assert_eq!(p.spec.as_ref().unwrap().data_source, None);
+        assert!(
+            !p.metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .contains_key(ANN_SELECTED_NODE)
+        );
+
+        // PVC' made: the upload server for the target, its Service and certificate.
+        let prime = prime_of(&t, "Pending");
+        let with_prime = Observed {
+            prime: Some(&prime),
+            ..with_source.clone()
+        };
+        let d = decide(&with_prime, &cfg);
+        let upload = d
+            .actions
+            .iter()
+            .find_map(|a| match a {
+                Action::CreatePod(p) => Some(p.as_ref()),
+                _ => None,
+            })
+            .expect("upload server");
+        assert_eq!(upload.metadata.name.as_deref(), Some("cdi-upload-disk"));
+        assert!(
+            d.actions
+                .iter()
+                .any(|a| matches!(a, Action::CreateService(_)))
+        );
+        assert!(
+            matches!(d.actions[0], Action::EnsureUploadSecret { .. }),
+            "{d:?}"
+        );
+        assert!(
+            !d.actions
+                .iter()
+                .any(|a| matches!(a, Action::CreateSourcePod(_)))
+        );
+
+        // The upload server takes data: the client certificate, then the source pod.
+        let server = ready_pod("cdi-upload-disk", "Running");
+        let running = Observed {
+            pod: Some(&server),
+            service: true,
+            ..with_prime.clone()
+        };
+        let d = decide(&running, &cfg);
+        let secret = d.actions.iter().position(|a| {
+            matches!(a, Action::EnsureClientSecret { namespace, secret }
+                if namespace == "quarry" && secret.name.as_deref() == Some("t-uid-source-pod"))
+        });
+        let source = d
+            .actions
+            .iter()
+            .position(|a| matches!(a, Action::CreateSourcePod(_)));
+        assert!(
+            matches!((secret, source), (Some(a), Some(b)) if a < b),
+            "{d:?}"
+        );
+        let Action::CreateSourcePod(sp) = &d.actions[source.unwrap()] else {
+            unreachable!()
+        };
+        let spec = sp.spec.as_ref().unwrap();
+        let claims: Vec<_> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| v.persistent_volume_claim.as_ref())
+            .collect();
+        assert!(
+            matches!(claims.as_slice(), [c] if c.claim_name == "golden" && c.read_only == Some(true)),
+            "{claims:?}"
+        );
+        let affinity = serde_json::to_string(&spec.affinity).unwrap();
+        assert!(affinity.contains("node-3"), "{affinity}");
+        assert_eq!(
+            sp.metadata.owner_references.as_ref().unwrap()[0].uid,
+            "p-uid"
+        );
+        let args = spec.containers[0]
+            .args
+            .clone()
+            .unwrap_or_default()
+            .join(" ");
+        assert!(args.contains("https://cdi-upload-disk.vms.svc/"), "{args}");
+        assert_eq!(spec.priority_class_name.as_deref(), Some("copies"));
+        assert!(d.requeue.is_some());
+
+        // A failed source pod is replaced while the upload server waits.
+        let mut failed = pod("Failed", Some(1));
+        failed.metadata.name = Some("t-uid-source-pod".into());
+        let d = decide(
+            &Observed {
+                source_pod: Some(&failed),
+                ..running.clone()
+            },
+            &cfg,
+        );
+        assert!(
+            d.actions
+                .contains(&Action::DeletePod("t-uid-source-pod".into()))
+        );
+        assert!(
+            d.actions
+                .iter()
+                .any(|a| matches!(a, Action::Event(e) if e.reason == "CloneFailed"))
+        );
+
+        // The upload server finished: PVC''s volume becomes the target's.
+        let bound = prime_of(&t, "Bound");
+        let done = ready_pod("cdi-upload-disk", "Succeeded");
+        let pv = volume("p-uid");
+        let d = decide(
+            &Observed {
+                prime: Some(&bound),
+                pod: Some(&done),
+                volume: Some(&pv),
+                ..running.clone()
+            },
+            &cfg,
+        );
+        assert!(d.actions.iter().any(|a| matches!(a, Action::Rebind { .. })));
+        assert!(d.actions.contains(&event(
+            false,
+            "CloneSucceeded",
+            "Successfully cloned into disk"
+        )));
+
+        // One upload TLS Secret for every server: the source pod could not authenticate.
+        let shared = Config {
+            upload_tls: Some(UploadTls::Shared {
+                secret: "tls".into(),
+                client_ca_config_map: None,
+            }),
+            ..cfg.clone()
+        };
+        let d = decide(&with_prime, &shared);
+        assert!(!d.actions.iter().any(|a| matches!(a, Action::CreatePod(_))));
+        assert!(d.actions.iter().any(
+            |a| matches!(a, Action::Event(e) if e.warning && e.reason == "HostAssistedCloneNotPossible")
+        ));
     }
 
     #[test]

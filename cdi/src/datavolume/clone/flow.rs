@@ -530,7 +530,7 @@ fn host_assisted(
                     target_uid: &target_uid,
                     tls_secret: o.client_secret.as_deref(),
                 };
-                let p = objects::source_pod(cx.dv, &spec, cx.cfg);
+                let p = objects::source_pod(&pod::Workload::of(cx.dv), &spec, cx.cfg);
                 cx.actions.push(Action::CreateSourcePod(Box::new(p)));
                 cx.requeue = Some(cx.cfg.progress_interval);
                 scheduled(cx);

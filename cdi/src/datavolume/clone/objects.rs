@@ -147,13 +147,13 @@ pub fn temp_snapshot(dv: &DataVolume, source_pvc: &str, class: Option<&str>) -> 
     s
 }
 
-/// The URL the clone source posts to: the target's upload Service.
-pub fn upload_url(dv: &DataVolume, tls: bool) -> String {
+/// The URL the clone source posts to: the upload Service of the target `w` works for.
+pub fn upload_url(w: &pod::Workload, tls: bool) -> String {
     let scheme = if tls { "https" } else { "http" };
     format!(
         "{scheme}://{}.{}.svc{CLONE_UPLOAD_PATH}",
-        pod::upload_name(name(dv)),
-        dv.metadata.namespace.as_deref().unwrap_or_default()
+        pod::upload_name(&w.name),
+        w.namespace.as_deref().unwrap_or_default()
     )
 }
 
@@ -176,16 +176,16 @@ pub struct SourcePodSpec<'a> {
 }
 
 /// The host-assisted clone source pod: `quarry clone-source` streaming the source volume
-/// (mounted read-only: `disk.img`, or the block device) to the target's upload server, on the
-/// source's node, in the source namespace (an owner reference cannot cross namespaces: the
-/// controller deletes it).
-pub fn source_pod(dv: &DataVolume, s: &SourcePodSpec, cfg: &Config) -> Pod {
+/// (mounted read-only: `disk.img`, or the block device) to the upload server of the target `w`
+/// works for, on the source's node, in the source namespace. It has no owner (a reference cannot
+/// cross namespaces: the controller deletes it).
+pub fn source_pod(w: &pod::Workload, s: &SourcePodSpec, cfg: &Config) -> Pod {
     let (path, content_type) = match s.mode {
         VolumeMode::Filesystem => (DISK_IMG, CloneKind::Filesystem),
         VolumeMode::Block => (BLOCK_DEVICE, CloneKind::Blockdevice),
     };
     let mut args = CloneSourceArgs::new(path, content_type);
-    args.upload_url = Some(upload_url(dv, cfg.upload_tls.is_some()));
+    args.upload_url = Some(upload_url(w, cfg.upload_tls.is_some()));
     let mut volumes = Vec::new();
     let mut mounts = Vec::new();
     if let Some(secret) = s.tls_secret {
@@ -212,7 +212,7 @@ pub fn source_pod(dv: &DataVolume, s: &SourcePodSpec, cfg: &Config) -> Pod {
         overhead: 0.0,
     };
     let mut p = pod::pod(
-        &pod::Workload::of(dv),
+        w,
         source_pod_name(s.target_uid),
         &source_claim,
         c,
@@ -290,12 +290,13 @@ pub fn resize_pod(dv: &DataVolume, claim: &Claim, size: u64, cfg: &Config) -> Po
     )
 }
 
-/// The metadata of the client certificate Secret of a clone source pod.
-pub fn client_secret_meta(dv: &DataVolume, namespace: &str, target_uid: &str) -> ObjectMeta {
+/// The metadata of the client certificate Secret of a clone source pod in `namespace`, for the
+/// target `w` works for.
+pub fn client_secret_meta(w: &pod::Workload, namespace: &str, target_uid: &str) -> ObjectMeta {
     ObjectMeta {
         name: Some(source_pod_name(target_uid)),
         namespace: Some(namespace.into()),
-        labels: Some(labels(dv)),
+        labels: Some(w.labels.clone()),
         ..Default::default()
     }
 }
@@ -398,7 +399,7 @@ mod tests {
             }),
             ..Config::default()
         };
-        source_pod(&dv(), &s, &cfg)
+        source_pod(&pod::Workload::of(&dv()), &s, &cfg)
     }
 
     #[test]

@@ -8,14 +8,14 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 
 use super::CloneFacts;
 use super::flow::CloneObserved;
-use super::objects::{self as objects, client_secret_meta};
-use crate::datavolume::name;
+use super::objects::{self as objects};
 use crate::datavolume::source::CloneSource;
 use crate::datavolume::source::CloneSourceKind;
 use api::names::secret;
@@ -164,21 +164,20 @@ fn driver(c: &DynamicObject) -> Option<String> {
     c.data.get("driver")?.as_str().map(String::from)
 }
 
-/// Makes sure the clone source pod of `dv` (source namespace `src_ns`, target PVC UID
-/// `target_uid`) has a client certificate the upload server accepts: issued from the cert
-/// controller's upload server client signer in `signer_ns` (the upload proxy's client
-/// certificate comes from it too), with the upload server signer's bundle as `ca.crt`. Returns
-/// the Secret's name.
+/// Makes sure the clone source pod's client certificate Secret `meta` (made by
+/// [`objects::client_secret_meta`], in the source namespace) exists: a certificate the upload
+/// server accepts, issued from the cert controller's upload server client signer in `signer_ns`
+/// (the upload proxy's client certificate comes from it too), with the upload server signer's
+/// bundle as `ca.crt`. Returns the Secret's name.
 pub async fn ensure_client_secret(
     client: &Client,
-    dv: &DataVolume,
+    meta: ObjectMeta,
     signer_ns: &str,
-    (src_ns, target_uid): (&str, &str),
     manager: &str,
 ) -> Result<String> {
-    let meta = client_secret_meta(dv, src_ns, target_uid);
     let secret_name = meta.name.clone().unwrap_or_default();
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), src_ns);
+    let src_ns = meta.namespace.clone().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &src_ns);
     if kubeops::get(&secrets, &secret_name).await?.is_some() {
         return Ok(secret_name);
     }
@@ -222,7 +221,7 @@ pub async fn ensure_client_secret(
         ..Secret::default()
     };
     kubeops::create(&secrets, &s, manager).await?;
-    tracing::info!(secret = %format!("{src_ns}/{secret_name}"), dv = name(dv),
+    tracing::info!(secret = %format!("{src_ns}/{secret_name}"),
         "clone source client certificate issued");
     Ok(secret_name)
 }
