@@ -300,11 +300,11 @@ fn a_data_import_cron_follows_two_versions_and_collects_the_old() {
 /// tests' crons on PVCs.
 const SNAPSHOT_FORMAT_CLASS: &str = "hostpath-csi-cron-snapshots";
 
-/// A DataVolume `name` cloning the DataSource `golden` (`sourceRef`) onto `class`: once it
-/// succeeded, its volume holds `image`.
+/// A DataVolume `name` in `ns` cloning the DataSource `golden` of `golden_ns` (`sourceRef`)
+/// onto `class`: once it succeeded, its volume holds `image`.
 fn restore_and_check(
     c: &testkit::cluster::Cluster,
-    ns: &str,
+    (ns, golden_ns): (&str, &str),
     name: &str,
     image: &crate::support::Image,
 ) {
@@ -313,7 +313,7 @@ fn restore_and_check(
     let yaml = dv_yaml(ns, name, "", "32Mi", false)
         .replace(
             "  source:\n\n",
-            "  sourceRef: {kind: DataSource, name: golden}\n",
+            &format!("  sourceRef: {{kind: DataSource, name: golden, namespace: {golden_ns}}}\n"),
         )
         .replace(
             &format!("storageClassName: {}", crate::support::CLASS),
@@ -400,7 +400,7 @@ allowVolumeExpansion: true
     let outlives = "the import outlives its ready snapshot";
     wait_gone(c, &ns, "pvc", &first, outlives);
     wait_gone(c, &ns, "dv", &first, outlives);
-    restore_and_check(c, &ns, "vm-1", &v1);
+    restore_and_check(c, (&ns, &ns), "vm-1", &v1);
 
     // A new version: its own snapshot, the first one collected (importsToKeep 1).
     let v2 = crate::support::raw_image(dir.path(), "golden.img", 2);
@@ -408,7 +408,20 @@ allowVolumeExpansion: true
     wait_gone(c, &ns, "pvc", &second, outlives);
     let kept = "the outdated snapshot is kept";
     wait_gone(c, &ns, "volumesnapshot", &first, kept);
-    restore_and_check(c, &ns, "vm-2", &v2);
+    restore_and_check(c, (&ns, &ns), "vm-2", &v2);
+
+    // Into another namespace (VMs apart from their golden images): the snapshot is restored in
+    // its own namespace and copied host-assisted; the restore goes once the copy is done.
+    let vms = c.namespace("cron-snapshot-vms", &[]);
+    restore_and_check(c, (&vms, &ns), "vm-3", &v2);
+    let reasons = crate::support::event_reasons(c, &vms, "DataVolume", "vm-3");
+    assert!(
+        reasons.iter().any(|r| r == "CrossNamespaceClone"),
+        "{reasons:?}"
+    );
+    let uid = c.kubectl_ok(&["-n", &vms, "get", "dv", "vm-3", "-o", "jsonpath={.metadata.uid}"]);
+    let restore = format!("{}-host-assisted-source-pvc", uid.trim());
+    wait_gone(c, &ns, "pvc", &restore, "the snapshot's restore outlives the copy");
 }
 
 /// HTTPS with the server's CA from a ConfigMap (`certConfigMap`) and basic auth from a Secret

@@ -427,7 +427,8 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
             Action::DeletePod(_)
             | Action::DeleteService(_)
             | Action::DeleteSnapshot(_)
-            | Action::DeleteSourcePod { .. } => deletions.push(action),
+            | Action::DeleteSourcePod { .. }
+            | Action::DeleteRestore { .. } => deletions.push(action),
             Action::Event(e) => publish(ctx, dv, e).await,
             Action::CreateSnapshot(s) => {
                 let api: Api<VolumeSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
@@ -436,6 +437,11 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
             Action::CreateSourcePod(p) => {
                 let src_ns = p.metadata.namespace.clone().unwrap_or_default();
                 let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &src_ns);
+                kubeops::create(&api, &p, &ctx.manager).await?
+            }
+            Action::CreateRestore(p) => {
+                let src_ns = p.metadata.namespace.clone().unwrap_or_default();
+                let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &src_ns);
                 kubeops::create(&api, &p, &ctx.manager).await?
             }
             Action::EnsureUploadSecret { namespace } => {
@@ -498,6 +504,11 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
                 kubeops::delete(&api, &name).await?;
                 // Its client certificate is named as the pod.
                 let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+                kubeops::delete(&api, &name).await?
+            }
+            Action::DeleteRestore { namespace, name } => {
+                let api: Api<PersistentVolumeClaim> =
+                    Api::namespaced(ctx.client.clone(), &namespace);
                 kubeops::delete(&api, &name).await?
             }
             _ => {}
@@ -751,11 +762,28 @@ async fn cleanup(dv: &DataVolume, ctx: &Context) -> Result<()> {
     kubeops::delete(&pods, &pod::upload_name(name(dv))).await?;
     kubeops::delete(&pods, &super::clone::objects::resize_pod_name(dv)).await?;
     kubeops::delete(&services, &pod::upload_name(name(dv))).await?;
-    if matches!(resolved_source(dv, None), Some(Source::Clone(_))) {
+    // A sourceRef's DataSource as it is now (its namespace is what matters here).
+    let sref = match &dv.spec.source_ref {
+        Some(r) => Some(source_ref(&ctx.client, &ns, r).await?),
+        None => None,
+    };
+    if let Some(Source::Clone(c)) = resolved_source(dv, sref.as_ref()) {
         let snapshots: Api<VolumeSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
         // The snapshot API may not be served: nothing to delete then.
         if let Err(e) = kubeops::delete(&snapshots, &temp_snapshot_name(dv)).await {
             tracing::debug!("temporary snapshot: {e}");
+        }
+        // What a host-assisted copy made in the source's namespace (no owner reference
+        // crosses namespaces): the clone source pod, its certificate, a snapshot's restore.
+        let src_ns = c.namespace_or(&ns).to_string();
+        let src_pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &src_ns);
+        kubeops::delete(&src_pvcs, &super::clone::objects::restore_name(dv)).await?;
+        if let Some(uid) = kubeops::get(&pvcs, name(dv)).await?.and_then(|p| p.uid()) {
+            let source_pod = super::clone::objects::source_pod_name(&uid);
+            let src_pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &src_ns);
+            kubeops::delete(&src_pods, &source_pod).await?;
+            let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &src_ns);
+            kubeops::delete(&secrets, &source_pod).await?;
         }
     }
     let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);

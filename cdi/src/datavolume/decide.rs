@@ -132,6 +132,15 @@ pub enum Action {
         /// Its name.
         name: String,
     },
+    /// Create the PVC a source snapshot is restored into (in the snapshot's namespace).
+    CreateRestore(Box<PersistentVolumeClaim>),
+    /// Delete that PVC.
+    DeleteRestore {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
     /// Make an existing PVC, populated for the DataVolume, the DataVolume's: write these owner
     /// references, guarded by the PVC's resourceVersion as observed ([`super::adopt`]).
     AdoptPvc {

@@ -413,6 +413,8 @@ pub fn apply(
                 | Action::DeleteSnapshot(_)
                 | Action::CreateSourcePod(_)
                 | Action::DeleteSourcePod { .. }
+                | Action::CreateRestore(_)
+                | Action::DeleteRestore { .. }
                 | Action::ExpandPvc(_) => {}
                 // Local volumes have no owners.
                 Action::AdoptPvc { .. } => {}

@@ -28,7 +28,7 @@ use crate::datavolume::status::{self, reason};
 use crate::datavolume::{name, pod};
 use api::Phase;
 use api::datavolume::condition;
-use api::snapshot::VolumeSnapshot;
+use api::snapshot::{ANN_SOURCE_VOLUME_MODE, VolumeSnapshot};
 
 /// Event and condition reasons of clones (CDI's spelling).
 pub mod event {
@@ -89,6 +89,11 @@ pub struct CloneObserved {
     /// The clone source pod's client certificate Secret, in the source namespace (None: the
     /// upload server takes plain HTTP, or no certificate is issued yet).
     pub client_secret: Option<String>,
+    /// The PVC a source snapshot is restored into for a host-assisted copy.
+    pub restore: Option<PersistentVolumeClaim>,
+    /// A StorageClass of the source snapshot's driver, to restore it with (read while the
+    /// restore is not made).
+    pub restore_class: Option<String>,
 }
 
 /// The source PVC or snapshot as far as the clone needs it: `Err` with the awaited message.
@@ -209,14 +214,6 @@ pub(in crate::datavolume) fn decide_clone(cx: &mut Ctx<'_>, src: &CloneSource, c
                     return;
                 }
             };
-            if choice.strategy == Strategy::HostAssisted && src.kind == CloneSourceKind::Snapshot {
-                let why = choice.fallback.map(|f| f.1).unwrap_or("copy requested");
-                let message = format!(
-                    "a host-assisted clone of snapshot {from} is not supported by Quarry ({why})"
-                );
-                cx.fail(reason::INVALID_SPEC, &message, reason::DATA_VOLUME_FAILED);
-                return;
-            }
             if let Some((why, message)) = choice.fallback
                 && cx.st.phase != Some(Phase::CloneScheduled)
             {
@@ -478,6 +475,22 @@ fn host_assisted(
             return;
         }
     }
+    // A snapshot is copied from a PVC restored from it, in its namespace.
+    let source = match src.kind {
+        CloneSourceKind::Pvc => {
+            let o = &cx.obs.clone;
+            let pvc = o.source_pvc.as_ref();
+            (
+                src.name.clone(),
+                pvc.and_then(volume_mode),
+                pvc.and_then(node_of).map(String::from),
+            )
+        }
+        CloneSourceKind::Snapshot => match restore(cx, claim, src_ns, &src.name) {
+            Some(r) => r,
+            None => return,
+        },
+    };
     let target_uid = crate::datavolume::decide::pvc_uid(cx);
     let source_pod = cx.obs.clone.source_pod.clone();
     let Some(upload) = cx.obs.pod else {
@@ -506,6 +519,12 @@ fn host_assisted(
             succeed(cx, from, None);
             crate::datavolume::decide::remove_pod(cx, pod::upload_name(name(cx.dv)), Work::Upload);
             delete_source(cx);
+            if cx.obs.clone.restore.is_some() {
+                cx.actions.push(Action::DeleteRestore {
+                    namespace: src_ns.to_string(),
+                    name: objects::restore_name(cx.dv),
+                });
+            }
         }
         "Failed" => {
             let upload_name = upload.metadata.name.clone().unwrap_or_default();
@@ -514,21 +533,14 @@ fn host_assisted(
         }
         "Running" if crate::datavolume::decide::pod_ready(upload) => match &source_pod {
             None => {
-                let mode = cx
-                    .obs
-                    .clone
-                    .source_pvc
-                    .as_ref()
-                    .and_then(volume_mode)
-                    .unwrap_or(VolumeMode::Filesystem);
-                let o = &cx.obs.clone;
+                let (pvc, mode, node) = &source;
                 let spec = SourcePodSpec {
                     namespace: src_ns,
-                    pvc: &src.name,
-                    mode,
-                    node: o.source_pvc.as_ref().and_then(node_of),
+                    pvc,
+                    mode: mode.unwrap_or(VolumeMode::Filesystem),
+                    node: node.as_deref(),
                     target_uid: &target_uid,
-                    tls_secret: o.client_secret.as_deref(),
+                    tls_secret: cx.obs.clone.client_secret.as_deref(),
                 };
                 let p = objects::source_pod(&pod::Workload::of(cx.dv), &spec, cx.cfg);
                 cx.actions.push(Action::CreateSourcePod(Box::new(p)));
@@ -572,6 +584,50 @@ fn host_assisted(
             scheduled(cx);
         }
     }
+}
+
+/// The PVC a snapshot is copied from (its name, mode and node): restored from the snapshot in
+/// its namespace, made here when missing; None when it cannot be made (the DataVolume failed).
+fn restore(
+    cx: &mut Ctx<'_>,
+    claim: &Claim,
+    src_ns: &str,
+    snapshot: &str,
+) -> Option<(String, Option<VolumeMode>, Option<String>)> {
+    let o = &cx.obs.clone;
+    let name = objects::restore_name(cx.dv);
+    if let Some(r) = &o.restore {
+        return Some((name, volume_mode(r), node_of(r).map(String::from)));
+    }
+    if o.source_pod.is_some() {
+        // Its source pod outlived it: it fails and is replaced once the restore is back.
+        return Some((name, None, o.snapshot_node.clone()));
+    }
+    let Some(class) = o.restore_class.clone() else {
+        let message =
+            format!("no StorageClass of snapshot {src_ns}/{snapshot}'s driver to restore it with");
+        cx.fail(reason::INVALID_SPEC, &message, reason::DATA_VOLUME_FAILED);
+        return None;
+    };
+    let snap = o.source_snapshot.as_ref();
+    // The mode of the volume snapshotted, as CDI records it on the snapshots it takes; else the
+    // target's (CDI's assumption).
+    let mode = snap
+        .and_then(|s| s.metadata.annotations.as_ref()?.get(ANN_SOURCE_VOLUME_MODE))
+        .and_then(|m| VolumeMode::parse(Some(m)).ok())
+        .unwrap_or(claim.mode);
+    let node = o.snapshot_node.clone();
+    let r = objects::Restore {
+        namespace: src_ns,
+        snapshot,
+        class: &class,
+        mode,
+        size: source_size(CloneSourceKind::Snapshot, o).unwrap_or(claim.size),
+        node: node.as_deref(),
+    };
+    let pvc = objects::restore_pvc(cx.dv, &r);
+    cx.actions.push(Action::CreateRestore(Box::new(pvc)));
+    Some((name, Some(mode), node))
 }
 
 #[cfg(test)]
@@ -889,6 +945,128 @@ mod tests {
             .clone()
             .unwrap();
         assert_eq!(ds.name, "golden-snap");
+    }
+
+    /// A snapshot in another namespace (a golden image kept as a snapshot, cloned for a VM) is
+    /// copied host-assisted, as CDI: restored into a PVC of its namespace, on its node, in the
+    /// mode it was taken in, which the clone source pod reads; the restore goes once done.
+    #[test]
+    fn a_snapshot_of_another_namespace_is_restored_there_and_copied_host_assisted() {
+        let mut dv = dv(
+            serde_json::json!({"snapshot": {"namespace": "golden", "name": "fedora-snap"}}),
+            "1Gi",
+            "Block",
+        );
+        sign_for(
+            &mut dv,
+            CloneSourceKind::Snapshot,
+            ("golden", "fedora-snap"),
+        );
+        let mut snap = snapshot(true, GI);
+        snap.metadata.annotations = Some(BTreeMap::from([(
+            ANN_SOURCE_VOLUME_MODE.to_string(),
+            "Filesystem".to_string(),
+        )]));
+        let o = |restore: Option<PersistentVolumeClaim>, source_pod: Option<Pod>| CloneObserved {
+            source_snapshot: Some(snap.clone()),
+            snapshot_node: Some("node-s".into()),
+            restore_class: Some("hostpath-csi".into()),
+            restore,
+            source_pod,
+            facts: facts("snapshot"),
+            ..Default::default()
+        };
+        let d = step(&mut dv, &observed(None, None, o(None, None)));
+        assert!(
+            events(&d).contains(&(true, "CrossNamespaceClone".to_string())),
+            "{d:?}"
+        );
+        assert_eq!(
+            created_pvc(&d).metadata.annotations.as_ref().unwrap()[ANN_CLONE_TYPE],
+            "copy"
+        );
+        let t = target(Strategy::HostAssisted, "Bound", GI, Some(GI));
+        let d = step(&mut dv, &observed(Some(&t), None, o(None, None)));
+        let restore = d
+            .actions
+            .iter()
+            .find_map(|a| match a {
+                Action::CreateRestore(p) => Some(p.as_ref().clone()),
+                _ => None,
+            })
+            .expect("the snapshot's restore");
+        assert_eq!(
+            restore.metadata.name.as_deref(),
+            Some("dv-uid-host-assisted-source-pvc")
+        );
+        assert_eq!(restore.metadata.namespace.as_deref(), Some("golden"));
+        assert_eq!(restore.metadata.owner_references, None);
+        let ann = restore.metadata.annotations.clone().unwrap();
+        assert_eq!(ann[objects::ANN_OWNED_BY_DATA_VOLUME], "vms/vm-disk");
+        assert_eq!(ann[objects::ANN_SELECTED_NODE], "node-s");
+        let spec = restore.spec.clone().unwrap();
+        assert_eq!(spec.volume_mode.as_deref(), Some("Filesystem"));
+        assert_eq!(spec.storage_class_name.as_deref(), Some("hostpath-csi"));
+        assert_eq!(spec.data_source.unwrap().name, "fedora-snap");
+        assert!(d.actions.iter().any(|a| matches!(a, Action::CreatePod(_))));
+
+        // The upload server ready: the source pod reads the restore, on the snapshot's node.
+        let upload = pod_in("cdi-upload-vm-disk", "Running", true);
+        let mut restored = restore.clone();
+        restored.metadata.annotations = Some(ann);
+        let d = step(
+            &mut dv,
+            &observed(Some(&t), Some(&upload), o(Some(restored.clone()), None)),
+        );
+        let [Action::CreateSourcePod(sp)] = &objects_of(&d)[..] else {
+            panic!("{:?}", d.actions)
+        };
+        let pod_spec = sp.spec.as_ref().unwrap();
+        let claim = pod_spec
+            .volumes
+            .iter()
+            .flatten()
+            .find_map(|v| v.persistent_volume_claim.as_ref());
+        assert_eq!(claim.unwrap().claim_name, "dv-uid-host-assisted-source-pvc");
+        assert!(
+            serde_json::to_string(&pod_spec.affinity)
+                .unwrap()
+                .contains("node-s")
+        );
+        let args = pod_spec.containers[0].args.clone().unwrap().join(" ");
+        assert!(
+            args.contains("/data/disk.img"),
+            "a Filesystem snapshot's disk: {args}"
+        );
+
+        // Done: the pods, the Service and the restore go.
+        let done = pod_in("cdi-upload-vm-disk", "Succeeded", false);
+        let running = pod_in("pvc-uid-source-pod", "Running", true);
+        let d = step(
+            &mut dv,
+            &observed(Some(&t), Some(&done), o(Some(restored), Some(running))),
+        );
+        assert_eq!(d.status.phase, Some(Phase::Succeeded));
+        assert!(d.actions.contains(&Action::DeleteRestore {
+            namespace: "golden".into(),
+            name: "dv-uid-host-assisted-source-pvc".into()
+        }));
+
+        // No class of the snapshot's driver: failed, saying so.
+        let mut fresh = dv.clone();
+        fresh.status = None;
+        let d = step(
+            &mut fresh,
+            &observed(
+                Some(&t),
+                None,
+                CloneObserved {
+                    restore_class: None,
+                    ..o(None, None)
+                },
+            ),
+        );
+        assert_eq!(d.status.phase, Some(Phase::Failed), "{d:?}");
     }
 
     #[test]

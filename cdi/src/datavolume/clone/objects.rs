@@ -71,6 +71,80 @@ pub fn source_pod_name(target_pvc_uid: &str) -> String {
     format!("{target_pvc_uid}-source-pod")
 }
 
+/// The PVC a snapshot is restored into, in the snapshot's namespace, for a host-assisted copy
+/// of it (CDI's `<DataVolume UID>-host-assisted-source-pvc`).
+pub fn restore_name(dv: &DataVolume) -> String {
+    format!(
+        "{}-host-assisted-source-pvc",
+        dv.metadata.uid.as_deref().unwrap_or_default()
+    )
+}
+
+/// CDI's annotation naming the DataVolume (`namespace/name`) an object of another namespace is
+/// kept for.
+pub const ANN_OWNED_BY_DATA_VOLUME: &str = "cdi.kubevirt.io/ownedByDataVolume";
+
+/// What a snapshot's restore for a host-assisted copy is made of.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Restore<'a> {
+    /// The snapshot's namespace and name.
+    pub namespace: &'a str,
+    /// The snapshot.
+    pub snapshot: &'a str,
+    /// A StorageClass of the snapshot's driver.
+    pub class: &'a str,
+    /// The volume mode of the volume the snapshot was taken of.
+    pub mode: VolumeMode,
+    /// The snapshot's restore size, bytes.
+    pub size: u64,
+    /// Where its data is (a node-local driver restores there).
+    pub node: Option<&'a str>,
+}
+
+/// The PVC restored from a snapshot that a host-assisted copy reads (CDI's way to clone a
+/// snapshot across namespaces, drivers or modes): in the snapshot's namespace, owned by the
+/// DataVolume when that is its own, else named by [`ANN_OWNED_BY_DATA_VOLUME`] (the DataVolume's
+/// controller deletes it).
+pub fn restore_pvc(dv: &DataVolume, r: &Restore) -> PersistentVolumeClaim {
+    let mut annotations = BTreeMap::from([(
+        ANN_OWNED_BY_DATA_VOLUME.to_string(),
+        format!(
+            "{}/{}",
+            dv.metadata.namespace.as_deref().unwrap_or_default(),
+            name(dv)
+        ),
+    )]);
+    if let Some(node) = r.node {
+        annotations.insert(ANN_SELECTED_NODE.into(), node.into());
+    }
+    let own = dv.metadata.namespace.as_deref() == Some(r.namespace);
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(restore_name(dv)),
+            namespace: Some(r.namespace.into()),
+            labels: Some(labels(dv)),
+            annotations: Some(annotations),
+            owner_references: own.then(|| owner_ref(dv).into_iter().collect()),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::core::v1::PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            storage_class_name: Some(r.class.into()),
+            volume_mode: Some(r.mode.as_str().into()),
+            data_source: Some(snapshot_source(r.snapshot)),
+            resources: Some(k8s_openapi::api::core::v1::VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    Quantity(r.size.to_string()),
+                )])),
+                limits: None,
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
 /// The pod that grows `disk.img` after an expansion.
 pub fn resize_pod_name(dv: &DataVolume) -> String {
     format!("cdi-expand-{}", name(dv))

@@ -13,9 +13,9 @@ use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 
-use super::CloneFacts;
 use super::flow::CloneObserved;
 use super::objects::{self as objects};
+use super::{CloneFacts, Strategy};
 use crate::datavolume::source::CloneSource;
 use crate::datavolume::source::CloneSourceKind;
 use api::names::secret;
@@ -74,6 +74,19 @@ pub async fn observe(
             o.source_snapshot = kubeops::get(&api, &c.name).await?;
             if let Some(s) = &o.source_snapshot {
                 o.snapshot_node = snapshot_node(client, &src_ns, s).await?;
+            }
+            // A host-assisted copy of a snapshot reads it restored (its target records the
+            // strategy: nothing to read before).
+            if target.and_then(|t| t.annotations().get(objects::ANN_CLONE_TYPE))
+                == Some(&Strategy::HostAssisted.as_str().to_string())
+            {
+                let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &src_ns);
+                o.restore = kubeops::get(&pvcs, &objects::restore_name(dv)).await?;
+                if o.restore.is_none()
+                    && let Some(s) = &o.source_snapshot
+                {
+                    o.restore_class = restore_class(client, s, target_class).await?;
+                }
             }
         }
     }
@@ -144,6 +157,38 @@ async fn facts(
         default.or(of_driver.first()).map(|c| c.name_any())
     });
     Ok(f)
+}
+
+/// A StorageClass of `snap`'s driver to restore it with: the target's when it is one (CDI picks
+/// the first of the driver's).
+async fn restore_class(
+    client: &Client,
+    snap: &VolumeSnapshot,
+    target_class: Option<&str>,
+) -> Result<Option<String>> {
+    let snapshot_classes = snapshot_classes(client).await;
+    let Some(driver) = snap.spec.volume_snapshot_class_name.as_ref().and_then(|n| {
+        snapshot_classes
+            .iter()
+            .find(|c| &c.name_any() == n)
+            .and_then(driver)
+    }) else {
+        return Ok(None);
+    };
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let mut of_driver: Vec<String> = classes
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|c| c.provisioner == driver)
+        .map(|c| c.name_any())
+        .collect();
+    of_driver.sort();
+    Ok(match target_class {
+        Some(t) if of_driver.iter().any(|c| c == t) => Some(t.to_string()),
+        _ => of_driver.into_iter().next(),
+    })
 }
 
 /// The VolumeSnapshotClasses (none when the cluster does not serve the snapshot API).
