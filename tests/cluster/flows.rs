@@ -419,9 +419,23 @@ allowVolumeExpansion: true
         reasons.iter().any(|r| r == "CrossNamespaceClone"),
         "{reasons:?}"
     );
-    let uid = c.kubectl_ok(&["-n", &vms, "get", "dv", "vm-3", "-o", "jsonpath={.metadata.uid}"]);
+    let uid = c.kubectl_ok(&[
+        "-n",
+        &vms,
+        "get",
+        "dv",
+        "vm-3",
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
     let restore = format!("{}-host-assisted-source-pvc", uid.trim());
-    wait_gone(c, &ns, "pvc", &restore, "the snapshot's restore outlives the copy");
+    wait_gone(
+        c,
+        &ns,
+        "pvc",
+        &restore,
+        "the snapshot's restore outlives the copy",
+    );
 }
 
 /// HTTPS with the server's CA from a ConfigMap (`certConfigMap`) and basic auth from a Secret

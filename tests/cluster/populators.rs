@@ -109,7 +109,8 @@ fn a_volume_import_source_fills_a_wait_for_first_consumer_pvc_for_its_consumer()
 }
 
 /// `storage.bind.immediate.requested` populates at once, with no consumer: the PVC is Bound
-/// with the disk before any pod uses it (how DataImportCrons land golden images).
+/// with the disk before any pod uses it (how DataImportCrons land golden images); and a
+/// DataVolume whose claim names the source is filled the same way.
 #[test]
 fn immediate_binding_populates_with_no_consumer() {
     let Some(c) = crate::support::cluster() else {
@@ -134,6 +135,32 @@ fn immediate_binding_populates_with_no_consumer() {
     c.wait_for(&ns, "pvc/now", "{.status.phase}", "Bound", DV_LIMIT);
     wait_prime_gone(c, &ns, "now");
     assert_disk(c, &ns, "now", &image, false);
+
+    // A DataVolume with no source whose claim names the same VolumeImportSource (CDI's
+    // external population): its PVC carries the reference, the populator fills it, and the
+    // DataVolume is Succeeded once it is bound.
+    let start = Instant::now();
+    c.apply(&format!(
+        "apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataVolume
+metadata:
+  name: external
+  namespace: {ns}
+  annotations: {{cdi.kubevirt.io/storage.bind.immediate.requested: 'true'}}
+spec:
+  storage:
+    storageClassName: {CLASS}
+    resources: {{requests: {{storage: 64Mi}}}}
+    dataSourceRef: {{apiGroup: cdi.kubevirt.io, kind: VolumeImportSource, name: src}}
+"
+    ));
+    crate::support::wait_succeeded(c, &ns, "external", start);
+    assert_disk(c, &ns, "external", &image, false);
+    let reasons = event_reasons(c, &ns, "DataVolume", "external");
+    assert!(
+        reasons.iter().any(|r| r == "ExternalPopulationSucceeded"),
+        "{reasons:?}"
+    );
 }
 
 /// A VolumeUploadSource: the token API issues a token for the PVC, the upload proxy routes to

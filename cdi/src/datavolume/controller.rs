@@ -276,6 +276,18 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         (None, Some(src)) if !finished && populated::populates(src) => {
             Some(csi_class(dv, ctx).await?)
         }
+        // An external populator other than a snapshot needs a CSI driver (read once bound).
+        (Some(p), None) if !finished && super::external::populator(dv).is_some() => {
+            let bound = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+            let class = p.spec.as_ref().and_then(|s| s.storage_class_name.clone());
+            match class {
+                Some(c) if bound => {
+                    let classes: Api<StorageClass> = Api::all(ctx.client.clone());
+                    Some(has_csi_driver(kubeops::get(&classes, &c).await?, ctx).await?)
+                }
+                _ => None,
+            }
+        }
         _ => Some(false),
     };
     let populated = resolved.as_ref().is_some_and(populated::populates)
@@ -616,6 +628,11 @@ async fn csi_class(dv: &DataVolume, ctx: &Context) -> Result<bool> {
             default_class(&all, disk_image).cloned()
         }
     };
+    has_csi_driver(class, ctx).await
+}
+
+/// Whether a CSIDriver names `class`'s provisioner (false without a class).
+async fn has_csi_driver(class: Option<StorageClass>, ctx: &Context) -> Result<bool> {
     let Some(class) = class else {
         return Ok(false);
     };

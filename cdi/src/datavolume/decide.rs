@@ -466,6 +466,18 @@ fn steps(dv: &DataVolume, obs: &Observed<'_>, cfg: &Config) -> Decision {
         }
         _ => &dv.spec,
     };
+    if let Some(by) = super::external::populator(dv) {
+        match pvc::claim(dv, cfg, &obs.storage) {
+            Ok(claim) => super::external::decide_external(&mut cx, &claim, &by),
+            Err(Error::ClaimNotValid(message)) => claim_not_valid(&mut cx, &message),
+            Err(e) => cx.fail(
+                reason::INVALID_SPEC,
+                &e.to_string(),
+                reason::DATA_VOLUME_FAILED,
+            ),
+        }
+        return cx.finish();
+    }
     let checked = source::source(spec).and_then(|s| Ok((s, pvc::claim(dv, cfg, &obs.storage)?)));
     let (src, claim) = match checked {
         Ok(v) => v,

@@ -9,6 +9,8 @@
 //!   authorizes one from another namespace ([`clone::token`]);
 //! - [`populated`]: a DataVolume filled by the volume populators ([`crate::populator`]), CDI's
 //!   default on CSI storage;
+//! - [`external`]: a DataVolume whose PVC is filled by the populator its claim names (CDI's
+//!   external population);
 //! - [`adopt`]: a PVC populated before its DataVolume (CDI's `populatedFor`, `prePopulated`),
 //!   adopted as it is;
 //! - [`decide`]: the state machine: observed PVC and pod in, status and actions out;
@@ -30,6 +32,7 @@ pub mod adopt;
 pub mod clone;
 pub mod controller;
 pub mod decide;
+pub mod external;
 pub mod pod;
 pub mod populated;
 pub mod pvc;
@@ -65,9 +68,13 @@ pub const FINALIZER: &str = "quarry.kubevirt.io/datavolume-cleanup";
 /// [`pvc::claim`]). Modes a StorageProfile may still complete are not required here.
 pub fn validate(dv: &DataVolume, cfg: &Config) -> Result<(), Vec<String>> {
     let claim = pvc::claim(dv, cfg, &pvc::StorageDefaults::Builtin);
-    // A sourceRef is checked once resolved (its DataSource may not exist yet).
+    // A sourceRef is checked once resolved (its DataSource may not exist yet); an external
+    // populator has no source to check.
     let by_ref = dv.spec.source.is_none() && dv.spec.source_ref.is_some();
-    let source = (!by_ref).then(|| source::source(&dv.spec).err()).flatten();
+    let unchecked = by_ref || external::populator(dv).is_some();
+    let source = (!unchecked)
+        .then(|| source::source(&dv.spec).err())
+        .flatten();
     let errors: Vec<String> = [source, claim.err()]
         .into_iter()
         .flatten()

@@ -1699,3 +1699,75 @@ fn a_pre_populated_datavolume_makes_no_pvc_and_waits_for_the_one_populated_for_i
     assert_eq!(d.status.phase, Some(Phase::Succeeded));
     assert!(adoption(&d).is_some());
 }
+
+/// CDI's external population: no source, a claim naming a populator. The PVC carries it (and
+/// CDI's marker), nothing runs, the DataVolume waits for the binding and then is Succeeded; a
+/// populator other than a snapshot on storage without a CSI driver stops at PVCBound, saying so.
+#[test]
+fn an_external_populator_fills_the_pvc_and_the_datavolume_follows_its_binding() {
+    let cfg = Config::default();
+    let mut dv = DataVolume::new(
+        "fedora",
+        DataVolumeSpec {
+            storage: Some(StorageSpec {
+                data_source_ref: Some(k8s_openapi::api::core::v1::TypedObjectReference {
+                    api_group: Some("cdi.kubevirt.io".into()),
+                    kind: "VolumeImportSource".into(),
+                    name: "fedora-source".into(),
+                    namespace: None,
+                }),
+                ..storage("1Gi").unwrap()
+            }),
+            ..Default::default()
+        },
+    );
+    dv.metadata.namespace = Some("vms".into());
+    dv.metadata.uid = Some(UID.into());
+    assert_eq!(validate(&dv, &cfg), Ok(()));
+
+    let d = step(&mut dv, &obs(None, None), &cfg);
+    let [Action::CreatePvc(p)] = &d.actions[..] else {
+        panic!("{:?}", d.actions)
+    };
+    let spec = p.spec.as_ref().unwrap();
+    assert_eq!(spec.data_source_ref.as_ref().unwrap().name, "fedora-source");
+    let ann = p.metadata.annotations.as_ref().unwrap();
+    assert_eq!(ann[external::ANN_EXTERNAL_POPULATION], "true");
+    assert_eq!(d.status.phase, Some(Phase::Pending));
+
+    // Pending while the populator works: no pod of Quarry's, even where the importer would be
+    // a WaitForFirstConsumer PVC's first consumer.
+    let pending = pvc("Pending");
+    let waiting = Observed {
+        wait_for_first_consumer: true,
+        ..obs(Some(&pending), None)
+    };
+    let d = step(&mut dv, &waiting, &cfg);
+    assert!(
+        !d.actions.iter().any(|a| matches!(a, Action::CreatePod(_))),
+        "{d:?}"
+    );
+    assert_eq!(d.status.phase, Some(Phase::WaitForFirstConsumer));
+
+    // Bound on CSI storage: Succeeded, with CDI's event.
+    let bound = pvc("Bound");
+    let csi = Observed {
+        csi_class: Some(true),
+        ..obs(Some(&bound), None)
+    };
+    let d = step(&mut dv.clone(), &csi, &cfg);
+    assert_eq!(d.status.phase, Some(Phase::Succeeded));
+    assert_eq!(d.status.progress.as_deref(), Some("100.00%"));
+    assert_eq!(
+        events(&d),
+        [(false, "ExternalPopulationSucceeded".to_string())]
+    );
+
+    // Not a CSI driver's class: CDI's refusal.
+    let d = step(&mut dv, &obs(Some(&bound), None), &cfg);
+    assert_eq!(d.status.phase, Some(Phase::PvcBound));
+    assert_eq!(
+        events(&d),
+        [(true, "NoCSIDriverForExternalPopulation".to_string())]
+    );
+}

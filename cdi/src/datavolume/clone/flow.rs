@@ -1002,7 +1002,7 @@ mod tests {
         assert_eq!(restore.metadata.namespace.as_deref(), Some("golden"));
         assert_eq!(restore.metadata.owner_references, None);
         let ann = restore.metadata.annotations.clone().unwrap();
-        assert_eq!(ann[objects::ANN_OWNED_BY_DATA_VOLUME], "vms/vm-disk");
+        assert_eq!(ann[crate::datavolume::ANN_OWNED_BY], "vms/vm-disk");
         assert_eq!(ann[objects::ANN_SELECTED_NODE], "node-s");
         let spec = restore.spec.clone().unwrap();
         assert_eq!(spec.volume_mode.as_deref(), Some("Filesystem"));

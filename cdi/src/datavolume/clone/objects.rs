@@ -19,7 +19,7 @@ use uploader::clone::CloneKind;
 use super::Strategy;
 use crate::datavolume::pod::{self, BLOCK_DEVICE, DISK_IMG, TLS_DIR};
 use crate::datavolume::pvc::{ALIGN, Claim, VolumeMode, desired_pvc};
-use crate::datavolume::{labels, name, owner_ref};
+use crate::datavolume::{ANN_OWNED_BY, labels, name, owner_ref};
 use crate::settings::Config;
 use api::DataVolume;
 use api::snapshot::{self, VolumeSnapshot, VolumeSnapshotSource, VolumeSnapshotSpec};
@@ -80,10 +80,6 @@ pub fn restore_name(dv: &DataVolume) -> String {
     )
 }
 
-/// CDI's annotation naming the DataVolume (`namespace/name`) an object of another namespace is
-/// kept for.
-pub const ANN_OWNED_BY_DATA_VOLUME: &str = "cdi.kubevirt.io/ownedByDataVolume";
-
 /// What a snapshot's restore for a host-assisted copy is made of.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Restore<'a> {
@@ -103,11 +99,11 @@ pub struct Restore<'a> {
 
 /// The PVC restored from a snapshot that a host-assisted copy reads (CDI's way to clone a
 /// snapshot across namespaces, drivers or modes): in the snapshot's namespace, owned by the
-/// DataVolume when that is its own, else named by [`ANN_OWNED_BY_DATA_VOLUME`] (the DataVolume's
+/// DataVolume when that is its own, else named by [`ANN_OWNED_BY`] (the DataVolume's
 /// controller deletes it).
 pub fn restore_pvc(dv: &DataVolume, r: &Restore) -> PersistentVolumeClaim {
     let mut annotations = BTreeMap::from([(
-        ANN_OWNED_BY_DATA_VOLUME.to_string(),
+        ANN_OWNED_BY.to_string(),
         format!(
             "{}/{}",
             dv.metadata.namespace.as_deref().unwrap_or_default(),
