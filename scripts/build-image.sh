@@ -10,9 +10,10 @@
 #             DIR/oci/             an OCI image layout (skopeo: oci:DIR/oci:TAG)
 #             DIR/quarry-oci.tar   the same layout as one archive (skopeo: oci-archive:FILE:TAG)
 #
-# One layer on an empty base: /usr/bin/quarry, exactly the shared libraries it links (found with
-# ldd: the dynamic loader, libc, libm, libgcc_s, ...; glibc 2.36's `files` and `dns` NSS modules
-# are inside libc.so.6), /etc/passwd and /etc/group with the non-root user quarry (UID/GID 107,
+# One layer on an empty base: /usr/bin/quarry; /usr/bin/mkfs.xfs, the build machine's (xfsprogs),
+# which `quarry pool-mount` runs on a blank Block PVC, as HPP's mounter does; exactly the shared
+# libraries the two link (found with ldd: the dynamic loader, libc, libm, libgcc_s, libblkid,
+# libuuid, ...; glibc 2.36's `files` and `dns` NSS modules are inside libc.so.6), /etc/passwd and /etc/group with the non-root user quarry (UID/GID 107,
 # CDI's importer user), /etc/nsswitch.conf, Debian's CA bundle and an empty /tmp. The
 # entrypoint is /usr/bin/quarry: the component is chosen by the arguments. The default user is
 # 107:107; the CSI driver's pod runs as root (see README, "Container image").
@@ -20,7 +21,7 @@
 # Determinism: files are staged with fixed modes, archived by GNU tar in name order with mtime
 # SOURCE_DATE_EPOCH (default: the commit time of HEAD) and owner 0:0, compressed with `gzip -n`;
 # the JSON documents are written by jq with sorted keys. Needs: GNU tar, gzip, jq, sha256sum, ldd,
-# strip (binutils).
+# strip (binutils), mkfs.xfs (xfsprogs; MKFS_XFS=PATH names another).
 set -euo pipefail
 export LC_ALL=C # the glob and sort orders below
 
@@ -49,6 +50,10 @@ if [ -z "$binary" ]; then
   binary="${CARGO_TARGET_DIR:-$root/target}/release/quarry"
 fi
 [ -x "$binary" ] || die "$binary is not an executable"
+# root's PATH has /usr/sbin, a user's may not
+mkfs_xfs=${MKFS_XFS:-$(PATH="$PATH:/usr/sbin:/sbin" command -v mkfs.xfs || true)}
+[ -n "$mkfs_xfs" ] && [ -x "$mkfs_xfs" ] ||
+  die "mkfs.xfs is required: the image ships it for pool-mount (Debian package xfsprogs; scripts/setup.sh installs it)"
 
 # IMAGE_REVISION overrides the revision label (tests: the digest must not follow the work tree)
 revision=${IMAGE_REVISION:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -67,11 +72,18 @@ install -m 0755 "$binary" "$rootfs/usr/bin/quarry"
 # Debug info off (a third of the size); the symbol table stays, so backtraces name functions.
 strip --strip-debug "$rootfs/usr/bin/quarry"
 
-# The loader and every library the binary links, at the paths the loader looks them up by.
+install -m 0755 "$mkfs_xfs" "$rootfs/usr/bin/mkfs.xfs"
+
+# The loader and every library the binaries link, at the paths the loader looks them up by.
 # ldd prints "name => /path (addr)" for libraries and "/path (addr)" for the loader.
-libs=$(ldd "$binary" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u)
-[ -n "$libs" ] || die "ldd found no libraries in $binary (a static binary needs no build script)"
-grep -q 'ld-linux' <<<"$libs" || die "ldd found no dynamic loader for $binary"
+linked() {
+  local found
+  found=$(ldd "$1" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }')
+  [ -n "$found" ] || die "ldd found no libraries in $1 (a static binary needs no build script)"
+  grep -q 'ld-linux' <<<"$found" || die "ldd found no dynamic loader for $1"
+  echo "$found"
+}
+libs=$({ linked "$binary" && linked "$mkfs_xfs"; } | sort -u)
 for lib in $libs; do
   mkdir -p "$rootfs$(dirname "$lib")"
   install -m 0755 "$(readlink -f "$lib")" "$rootfs$lib"

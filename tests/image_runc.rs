@@ -114,7 +114,7 @@ fn layer_paths(layer: &Path) -> Vec<String> {
 }
 
 #[test]
-fn a_second_build_gives_the_same_digest_and_the_layer_holds_only_what_the_binary_needs() {
+fn a_second_build_gives_the_same_digest_and_the_layer_holds_only_what_the_binaries_need() {
     let a = Image::build();
     let b = Image::build();
     assert_eq!(
@@ -153,8 +153,9 @@ fn a_second_build_gives_the_same_digest_and_the_layer_holds_only_what_the_binary
         "2023-11-14T22:13:20Z"
     );
 
-    // The files: the binary, the loader and libraries ldd lists, the account and NSS files,
-    // the CA bundle. Nothing else (no shell, no package manager).
+    // The files: the binary, the build machine's mkfs.xfs, the loader and libraries ldd lists
+    // for the two, the account and NSS files, the CA bundle. Nothing else (no shell, no
+    // package manager).
     let paths = layer_paths(&a.layer());
     let files: Vec<&str> = paths
         .iter()
@@ -169,28 +170,37 @@ fn a_second_build_gives_the_same_digest_and_the_layer_holds_only_what_the_binary
         "etc/nsswitch.conf",
         "etc/passwd",
         "etc/ssl/certs/ca-certificates.crt",
+        "usr/bin/mkfs.xfs",
         "usr/bin/quarry",
     ];
-    let ldd = Command::new("ldd")
-        .arg(env!("CARGO_BIN_EXE_quarry"))
-        .output()
-        .unwrap();
-    let ldd = String::from_utf8(ldd.stdout).unwrap();
-    let libs: Vec<String> = ldd
-        .lines()
-        .filter_map(|l| {
-            let words: Vec<&str> = l.split_whitespace().collect();
-            match words.as_slice() {
-                [_, "=>", path, ..] if path.starts_with('/') => Some(path.to_string()),
-                [path, ..] if path.starts_with('/') => Some(path.to_string()),
-                _ => None,
-            }
-        })
-        .collect();
-    assert!(
-        libs.iter().any(|l| l.contains("libc.so")),
-        "ldd lists libc: {ldd}"
-    );
+    let mkfs_xfs = ["/usr/sbin/mkfs.xfs", "/sbin/mkfs.xfs"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("mkfs.xfs (xfsprogs) is installed");
+    let mut libs = Vec::new();
+    for binary in [env!("CARGO_BIN_EXE_quarry"), mkfs_xfs] {
+        let ldd = Command::new("ldd").arg(binary).output().unwrap();
+        let ldd = String::from_utf8(ldd.stdout).unwrap();
+        let linked: Vec<String> = ldd
+            .lines()
+            .filter_map(|l| {
+                let words: Vec<&str> = l.split_whitespace().collect();
+                match words.as_slice() {
+                    [_, "=>", path, ..] if path.starts_with('/') => Some(path.to_string()),
+                    [path, ..] if path.starts_with('/') => Some(path.to_string()),
+                    _ => None,
+                }
+            })
+            .collect();
+        assert!(
+            linked.iter().any(|l| l.contains("libc.so")),
+            "ldd lists libc: {ldd}"
+        );
+        libs.extend(linked);
+    }
+    assert!(libs.iter().any(|l| l.contains("libblkid")), "{libs:?}");
+    libs.sort();
+    libs.dedup();
     expected.extend(libs.iter().map(|l| l.trim_start_matches('/')));
     expected.sort();
     let mut files_sorted = files.clone();
@@ -405,6 +415,28 @@ fn privileged_caps() -> (Vec<&'static str>, u64) {
         .map(|(_, name)| *name)
         .collect();
     (caps, mask & ((1 << CAPS.len()) - 1))
+}
+
+/// A privileged container (the CSI driver's and the pool mounters' pods): root with every
+/// capability, no seccomp filter, nothing masked; and the mask of those capabilities.
+fn privileged() -> (Security, u64) {
+    let (caps, mask) = privileged_caps();
+    let sec = Security {
+        uid: 0,
+        gid: 0,
+        caps,
+        no_new_privileges: false,
+        seccomp: None,
+        masked_paths: false,
+    };
+    (sec, mask)
+}
+
+/// The image's environment, with info logs.
+fn info_logs(bundle: &Bundle) -> Value {
+    let mut env = bundle.config["Env"].clone();
+    env.as_array_mut().unwrap().push(json!("RUST_LOG=info"));
+    env
 }
 
 fn bind(src: &Path, dst: &str, read_only: bool) -> Value {
@@ -826,6 +858,82 @@ fn the_importer_writes_a_block_volume_it_owns_without_capabilities() {
 }
 
 #[test]
+fn the_pool_mounter_makes_a_blank_block_pvc_xfs_with_the_images_mkfs_and_mounts_it() {
+    let Some((bundle, work)) = bundle_and_workdir() else {
+        return;
+    };
+    // XFS's smallest filesystem
+    let Some(dev) = LoopDevice::new(&work.path().join("backing"), 300 << 20) else {
+        return;
+    };
+    let node = work.path().join("node");
+    fs::create_dir(&node).unwrap();
+    // The mounter's pod (hco's pool_mount): privileged root, the Block PVC at /dev/data, the
+    // node's directory of the pool mounted under /node.
+    let args = bundle.command(&[
+        "pool-mount",
+        "--device",
+        "/dev/data",
+        "--target",
+        "/node/pool",
+    ]);
+    let (sec, _) = privileged();
+    let env = info_logs(&bundle);
+    let mut spec = runtime_spec(&args, &env, &sec, vec![bind(&node, "/node", false)]);
+    spec["linux"]["resources"]["devices"] = json!([{"allow": true, "access": "rwm"}]);
+    spec["linux"]["devices"] = json!([block_device(&dev.device, "/dev/data", 0)]);
+    let mut c = Container::create(&bundle, &spec, "quarry-pool-mount");
+    c.start();
+
+    // the mount is in the container's mount namespace (runc's mounts do not propagate here)
+    let pid = c.pid;
+    let mounted = || {
+        let info = fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+        provisioner::sys::mount::parse_mountinfo(&info)
+            .into_iter()
+            .find(|m| m.mount_point == Path::new("/node/pool"))
+    };
+    let start = Instant::now();
+    let m = loop {
+        if let Some(m) = mounted() {
+            break m;
+        }
+        if let Some(code) = c.try_wait() {
+            panic!("the mounter exited with {code}: {}", c.output());
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "not mounted within a minute: {}",
+            c.output()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(m.fstype, "xfs", "{}", c.output());
+    let blkid = Command::new("blkid")
+        .args(["-p", "-s", "TYPE", "-o", "value"])
+        .arg(&dev.device)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&blkid.stdout).trim(), "xfs");
+    // the pool as the container sees it: the new filesystem, writable
+    let pool = PathBuf::from(format!("/proc/{}/root/node/pool", c.pid));
+    fs::write(pool.join("volume"), b"data").unwrap();
+    assert!(
+        !node.join("pool/volume").exists(),
+        "on the device, not the node's directory"
+    );
+
+    c.runc(&["kill", &c.id, "TERM"]);
+    let code = c.wait(Duration::from_secs(20));
+    assert_eq!(code, 0, "{}", c.output());
+    assert!(
+        c.output().contains("storage pool unmounted"),
+        "{}",
+        c.output()
+    );
+}
+
+#[test]
 fn https_imports_trust_the_images_ca_bundle() {
     let Some((bundle, work)) = bundle_and_workdir() else {
         return;
@@ -882,19 +990,9 @@ async fn the_csi_driver_runs_privileged_and_answers_probe_on_the_mounted_socket(
         "--pools",
         &pools,
     ]);
-    // The DaemonSet's container: privileged, so root with every capability, no seccomp filter,
-    // nothing masked.
-    let (caps, cap_mask) = privileged_caps();
-    let sec = Security {
-        uid: 0,
-        gid: 0,
-        caps,
-        no_new_privileges: false,
-        seccomp: None,
-        masked_paths: false,
-    };
-    let mut env = bundle.config["Env"].clone();
-    env.as_array_mut().unwrap().push(json!("RUST_LOG=info"));
+    // The DaemonSet's container: privileged.
+    let (sec, cap_mask) = privileged();
+    let env = info_logs(&bundle);
     let spec = runtime_spec(
         &args,
         &env,

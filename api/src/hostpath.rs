@@ -58,9 +58,16 @@ pub struct StoragePool {
     /// Host directory of the pool.
     pub path: String,
     /// A PVC made from this on every node the driver runs on backs the pool there: it is
-    /// mounted at `path` by a mounter pod (HPP's), Filesystem volumes only.
+    /// mounted at `path` by a mounter pod (HPP's). A Filesystem volume is bind-mounted; a Block
+    /// volume is given an XFS filesystem when it is blank, then mounted (one that already holds
+    /// XFS, ext2/3/4 or btrfs is mounted as it is, never formatted again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pvc_template: Option<PersistentVolumeClaimSpec>,
+    /// The snapshot type, HPP's: only `reflink` is accepted. It changes nothing in Quarry, which
+    /// snapshots on every pool (reflinks where the filesystem has them, sparse copies
+    /// elsewhere), where HPP refuses snapshots on a pool without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_provider: Option<String>,
 }
 
 /// Node placement (the controller-lifecycle-operator-sdk shape).
@@ -131,7 +138,7 @@ impl HostPathProvisioner {
                 storage_pools: vec![StoragePool {
                     name: pool.into(),
                     path: path.into(),
-                    pvc_template: None,
+                    ..Default::default()
                 }],
                 ..Default::default()
             },

@@ -43,6 +43,9 @@ pub enum Error {
         /// Cause, printed by the CLI's chain.
         source: std::io::Error,
     },
+    /// A storage pool's Block PVC could not be mounted (`quarry pool-mount --device`).
+    #[error(transparent)]
+    PoolDevice(#[from] mounter::DeviceError),
     /// The gRPC server failed.
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),

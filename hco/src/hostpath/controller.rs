@@ -323,7 +323,7 @@ mod tests {
                 storage_pools: vec![StoragePool {
                     name: "local".into(),
                     path: "/var/hpvolumes".into(),
-                    pvc_template: None,
+                    ..Default::default()
                 }],
                 ..Default::default()
             },

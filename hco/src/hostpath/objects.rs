@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, SecurityContext, ServiceAccount,
-    Volume, VolumeMount,
+    Volume, VolumeDevice, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSIDriverSpec, StorageClass};
@@ -24,6 +24,7 @@ use api::HostPathProvisioner;
 use api::hostpath::StoragePool;
 use api::names::csi::{CLUSTER_ROLE, DRIVER_APP, POOLS_CONFIG_MAP};
 use api::rbac::rule;
+use csi::mounter::Backing;
 use kubekit::error::{Error, Result};
 
 /// Images and namespace of the driver.
@@ -81,29 +82,17 @@ pub struct DriverObjects {
 }
 
 /// The pools of a HostPathProvisioner (the legacy `pathConfig` is a pool named `legacy`),
-/// checked: at least one, unique names, absolute paths.
+/// checked: at least one, valid and unique names, absolute paths, no `snapshotProvider` but
+/// `reflink`.
 pub fn pools(hpp: &HostPathProvisioner) -> Result<Vec<StoragePool>> {
     let mut pools = hpp.spec.storage_pools.clone();
     if let Some(pc) = &hpp.spec.path_config {
         pools.push(StoragePool {
             name: "legacy".into(),
             path: pc.path.clone(),
-            pvc_template: None,
+            ..Default::default()
         });
     }
-    let block = pools.iter().filter(|p| {
-        let t = p.pvc_template.as_ref();
-        t.and_then(|t| t.volume_mode.as_deref()) == Some("Block")
-    });
-    let block: Vec<String> = block
-        .map(|p| {
-            format!(
-                "pool {:?}: a pvcTemplate with volumeMode Block is not supported (its volume \
-                 would need a filesystem made on it); use Filesystem",
-                p.name
-            )
-        })
-        .collect();
     let mut problems: Vec<String> = pools
         .iter()
         .filter(|p| !p.name.is_empty() && !pool_name_ok(&p.name))
@@ -127,7 +116,18 @@ pub fn pools(hpp: &HostPathProvisioner) -> Result<Vec<StoragePool>> {
     if let Err(e) = provisioner::config::validate(&configs) {
         problems.push(e.to_string());
     }
-    problems.extend(block);
+    // HPP's driver exits on any other provider; Quarry snapshots on every pool anyway
+    let providers = pools.iter().filter_map(|p| {
+        // "" is no provider, as HPP's driver flag takes it
+        let provider = p.snapshot_provider.as_deref()?;
+        (!provider.is_empty() && provider != SNAPSHOT_PROVIDER).then(|| {
+            format!(
+                "pool {:?}: snapshotProvider {provider:?} is not supported (only \"{SNAPSHOT_PROVIDER}\")",
+                p.name
+            )
+        })
+    });
+    problems.extend(providers);
     if problems.is_empty() {
         Ok(pools)
     } else {
@@ -137,6 +137,9 @@ pub fn pools(hpp: &HostPathProvisioner) -> Result<Vec<StoragePool>> {
         )))
     }
 }
+
+/// The one `snapshotProvider` a pool may name (HPP's).
+const SNAPSHOT_PROVIDER: &str = "reflink";
 
 /// Longest pool name: the DaemonSet's volume `pool-<name>` must stay a DNS-1123 label.
 const MAX_POOL_NAME: usize = 63 - "pool-".len();
@@ -213,6 +216,9 @@ pub const POOL_LABEL: &str = "kubevirt.io.hostpath-provisioner/storagePool";
 /// Label of a mounter's pods: the pool and node it serves.
 const MOUNTER_LABEL: &str = "quarry.kubevirt.io/pool-mount";
 
+/// Where a mounter pod has a Block PVC's device (HPP's mounter's path).
+pub const POOL_DEVICE: &str = "/dev/data";
+
 /// What backs a `pvcTemplate` pool on one node: the PVC made from the template and the
 /// Deployment of the pod that mounts it at the pool's path (`quarry pool-mount`), HPP's way.
 #[derive(Debug, Clone, PartialEq)]
@@ -283,10 +289,20 @@ fn pool_mount(
         .extend(labels.clone());
     let parent = pool_parent(&p.path);
     let node_root = "/node";
-    let args = csi::mounter::PoolMountArgs {
-        source: "/source".into(),
-        target: format!("{node_root}{}", p.path).into(),
+    // A Block PVC is a device in the pod (HPP's path), a Filesystem one a mount.
+    let block = template.volume_mode.as_deref() == Some("Block");
+    let (backing, data_mount, data_device) = if block {
+        let device = VolumeDevice {
+            name: "data".into(),
+            device_path: POOL_DEVICE.into(),
+        };
+        (Backing::Device(POOL_DEVICE.into()), None, Some(device))
+    } else {
+        let source = "/source";
+        let m = mount("data", source, false);
+        (Backing::Dir(source.into()), Some(m), None)
     };
+    let args = csi::mounter::PoolMountArgs::new(backing, format!("{node_root}{}", p.path).into());
     let container = Container {
         name: "mounter".into(),
         image: Some(s.image.clone()),
@@ -302,10 +318,13 @@ fn pool_mount(
             run_as_user: Some(0),
             ..Default::default()
         }),
-        volume_mounts: Some(vec![
-            mount("data", "/source", false),
-            mount("pool-parent", &format!("{node_root}{parent}"), true),
-        ]),
+        volume_mounts: Some(
+            data_mount
+                .into_iter()
+                .chain([mount("pool-parent", &format!("{node_root}{parent}"), true)])
+                .collect(),
+        ),
+        volume_devices: data_device.map(|d| vec![d]),
         ..Default::default()
     };
     let on_node = Affinity {
@@ -725,7 +744,7 @@ mod tests {
                     .map(|(n, p)| StoragePool {
                         name: n.to_string(),
                         path: p.to_string(),
-                        pvc_template: None,
+                        ..Default::default()
                     })
                     .collect(),
                 ..Default::default()
@@ -745,6 +764,7 @@ mod tests {
                 volume_mode: Some(mode.into()),
                 ..Default::default()
             }),
+            ..Default::default()
         });
         h
     }
@@ -856,10 +876,103 @@ mod tests {
         );
     }
 
+    /// The mounter's container and pod of the first node's mount of `h`'s `onpvc` pool.
+    fn mounter(h: &HostPathProvisioner) -> (Container, PodSpec) {
+        let mounts = pool_mounts(h, &Settings::default(), &["n1".to_string()]).unwrap();
+        let pod = mounts[0]
+            .deployment
+            .spec
+            .clone()
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
+        (pod.containers[0].clone(), pod)
+    }
+
+    fn backing(c: &Container) -> csi::mounter::Backing {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: csi::mounter::PoolMountArgs,
+        }
+        let args = c.args.clone().unwrap();
+        <Cli as clap::Parser>::try_parse_from(args.iter())
+            .unwrap()
+            .a
+            .backing()
+    }
+
     #[test]
-    fn a_block_pvc_template_is_refused_by_name() {
-        let e = pools(&with_pvc_pool("Block")).unwrap_err().to_string();
-        assert!(e.contains("onpvc") && e.contains("Block"), "{e}");
+    fn a_block_pvc_template_is_the_mounters_device_and_a_filesystem_one_its_mount() {
+        let (c, pod) = mounter(&with_pvc_pool("Block"));
+        assert_eq!(backing(&c), Backing::Device("/dev/data".into()));
+        let devices = c.volume_devices.clone().unwrap();
+        assert_eq!(devices.len(), 1);
+        assert_eq!(
+            (devices[0].name.as_str(), devices[0].device_path.as_str()),
+            ("data", POOL_DEVICE)
+        );
+        let mounts: Vec<_> = c.volume_mounts.iter().flatten().map(|m| &m.name).collect();
+        assert_eq!(mounts, ["pool-parent"], "no mount of the device's claim");
+        let claim = |pod: &PodSpec| {
+            let v = pod.volumes.as_ref().unwrap();
+            let data = v.iter().find(|v| v.name == "data").unwrap();
+            data.persistent_volume_claim.clone().unwrap().claim_name
+        };
+        assert_eq!(claim(&pod), "hpp-pool-onpvc-n1");
+        // privileged: the device is opened, formatted when blank, and mounted on the node
+        let sec = c.security_context.clone().unwrap();
+        assert_eq!((sec.privileged, sec.run_as_user), (Some(true), Some(0)));
+
+        for mode in ["Filesystem", ""] {
+            let mut h = with_pvc_pool(mode);
+            if mode.is_empty() {
+                let t = h.spec.storage_pools[1].pvc_template.as_mut().unwrap();
+                t.volume_mode = None;
+            }
+            let (c, pod) = mounter(&h);
+            assert_eq!(backing(&c), Backing::Dir("/source".into()), "{mode:?}");
+            assert!(c.volume_devices.is_none(), "{mode:?}");
+            let data = c.volume_mounts.iter().flatten().find(|m| m.name == "data");
+            assert_eq!(data.unwrap().mount_path, "/source");
+            assert_eq!(claim(&pod), "hpp-pool-onpvc-n1");
+        }
+        // the driver sees either kind alike: a mounted pool
+        let o = driver_objects(&with_pvc_pool("Block"), &Settings::default()).unwrap();
+        let pools_json: serde_json::Value =
+            serde_json::from_str(&o.pools.data.as_ref().unwrap()["pools.json"]).unwrap();
+        assert_eq!(pools_json[1]["mounted"], true);
+    }
+
+    #[test]
+    fn only_the_reflink_snapshot_provider_is_accepted_and_others_are_named_with_their_pool() {
+        let with = |providers: &[Option<&str>]| {
+            let mut h = hpp(&[("a", "/a"), ("b", "/b"), ("c", "/c")]);
+            for (p, provider) in h.spec.storage_pools.iter_mut().zip(providers) {
+                p.snapshot_provider = provider.map(Into::into);
+            }
+            pools(&h)
+        };
+        let ok = with(&[Some("reflink"), None, Some("")]).unwrap();
+        assert_eq!(ok[0].snapshot_provider.as_deref(), Some("reflink"));
+        let e = with(&[Some("zfs"), Some("reflink"), Some("Reflink")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(r#"pool "a": snapshotProvider "zfs" is not supported"#),
+            "{e}"
+        );
+        assert!(e.contains(r#"pool "c": snapshotProvider "Reflink""#), "{e}");
+        assert!(!e.contains(r#"pool "b""#), "{e}");
+        // reported with the other problems of the pools
+        let mut h = hpp(&[("Bad_Name", "/x")]);
+        h.spec.storage_pools[0].snapshot_provider = Some("lvm".into());
+        let e = pools(&h).unwrap_err().to_string();
+        assert!(
+            e.contains("\"Bad_Name\" must be lowercase") && e.contains("\"lvm\""),
+            "{e}"
+        );
     }
 
     #[test]
@@ -869,7 +982,7 @@ mod tests {
             hpp.spec.storage_pools.push(StoragePool {
                 name: name.into(),
                 path: path.into(),
-                pvc_template: None,
+                ..Default::default()
             });
         }
         let msg = pools(&hpp).unwrap_err().to_string();

@@ -190,7 +190,7 @@ mod tests {
         let pools = [StoragePool {
             name: "local".into(),
             path: "/p".into(),
-            pvc_template: None,
+            ..Default::default()
         }];
         let now = Timestamp::from_second(1_800_000_000).unwrap();
         let s = status(None, &pools, Some(&ds(3, 1)), &[], None, now);
@@ -231,6 +231,7 @@ mod tests {
             name: "onpvc".into(),
             path: "/var/hpvolumes/onpvc".into(),
             pvc_template: Some(Default::default()),
+            ..Default::default()
         }];
         let mount = |node: &str, ready: i32| ObservedMount {
             pool: "onpvc".into(),

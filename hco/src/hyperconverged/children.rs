@@ -311,7 +311,7 @@ mod tests {
         let pools = [StoragePool {
             name: "local".into(),
             path: "/var/hpvolumes".into(),
-            pvc_template: None,
+            ..Default::default()
         }];
         assert_eq!(spec(hostpath(&h, &pools))["workload"], workloads);
     }

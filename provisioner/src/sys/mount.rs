@@ -1,4 +1,4 @@
-//! Bind mounts and `/proc/self/mountinfo`.
+//! Bind mounts, filesystem mounts of a device, and `/proc/self/mountinfo`.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -129,6 +129,19 @@ pub fn bind(src: &Path, target: &Path, flags: MsFlags) -> io::Result<()> {
         let _ = nix::mount::umount2(target, MntFlags::empty());
         return Err(e.into());
     }
+    Ok(())
+}
+
+/// Mounts the filesystem of type `fstype` (`xfs`, `ext4`, ...) on block device `device` at
+/// `target`, with no options.
+pub fn filesystem(device: &Path, target: &Path, fstype: &str) -> io::Result<()> {
+    nix::mount::mount(
+        Some(device),
+        target,
+        Some(fstype),
+        MsFlags::empty(),
+        None::<&str>,
+    )?;
     Ok(())
 }
 
