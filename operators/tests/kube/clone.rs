@@ -572,7 +572,9 @@ async fn the_webhooks_clone_token_lets_the_controller_clone_and_a_datavolume_wit
 #[tokio::test]
 async fn the_source_pods_client_certificate_is_issued_once_from_the_client_signer() {
     use api::names::secret;
+    use cdi::datavolume::clone::objects::client_secret_meta;
     use cdi::datavolume::clone::observe::ensure_client_secret;
+    use cdi::datavolume::pod::Workload;
     use certs::pki;
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     let Some((admin, install)) = namespace("clone-certs", &[]).await else {
@@ -592,7 +594,8 @@ async fn the_source_pods_client_certificate_is_issued_once_from_the_client_signe
                  "storage": {"resources": {"requests": {"storage": "1Gi"}}}}
     }))
     .unwrap();
-    let ensure = || ensure_client_secret(&ctl, &dv, &install, (&golden, "t-uid"), "quarry-tests");
+    let meta = client_secret_meta(&Workload::of(&dv), &golden, "t-uid");
+    let ensure = || ensure_client_secret(&ctl, meta.clone(), &install, "quarry-tests");
 
     // Before the cert controller has run: an error naming what is missing, and no Secret.
     let e = ensure().await.unwrap_err();
