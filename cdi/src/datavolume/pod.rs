@@ -44,6 +44,36 @@ pub struct Workload {
     pub priority_class: Option<String>,
     /// Preallocation asked by the owner (None: the configured default).
     pub preallocation: Option<bool>,
+    /// The owner's annotations the pods take ([`POD_ANNOTATIONS`]).
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Annotations of a DataVolume (and of its PVC) its pods take, as CDI passes them: the pod's
+/// networks (Multus) and the service meshes' sidecar switches.
+pub const POD_ANNOTATIONS: [&str; 4] = [
+    "k8s.v1.cni.cncf.io/networks",
+    "v1.multus-cni.io/default-network",
+    "sidecar.istio.io/inject",
+    "linkerd.io/inject",
+];
+
+/// Sidecar injection is off unless the owner asks (CDI's defaults): an injected sidecar would
+/// keep a finished pod running.
+const SIDECARS_OFF: [(&str, &str); 2] = [
+    ("sidecar.istio.io/inject", "false"),
+    ("linkerd.io/inject", "disabled"),
+];
+
+/// The [`POD_ANNOTATIONS`] among `annotations`.
+pub fn passed_annotations(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> BTreeMap<String, String> {
+    annotations
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| POD_ANNOTATIONS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 impl Workload {
@@ -58,6 +88,7 @@ impl Workload {
             owner: super::owner_ref(dv),
             priority_class: dv.spec.priority_class_name.clone(),
             preallocation: dv.spec.preallocation,
+            annotations: passed_annotations(dv.metadata.annotations.as_ref()),
         }
     }
 }
@@ -291,11 +322,17 @@ pub(super) fn pod(
     c.security_context = Some(restricted_container());
     let mut meta_labels = w.labels.clone();
     meta_labels.extend(extra_labels);
+    let mut annotations: BTreeMap<String, String> = SIDECARS_OFF
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    annotations.extend(w.annotations.clone());
     Pod {
         metadata: ObjectMeta {
             name: Some(pod_name),
             namespace: w.namespace.clone(),
             labels: Some(meta_labels),
+            annotations: Some(annotations),
             owner_references: w.owner.clone().map(|o| vec![o]),
             ..Default::default()
         },

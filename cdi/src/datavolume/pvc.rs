@@ -309,6 +309,10 @@ pub fn desired_pvc(dv: &DataVolume, claim: &Claim) -> PersistentVolumeClaim {
             super::name(dv)
         ),
     )]);
+    // Passed on as CDI does: the populator's pods take them from the PVC.
+    annotations.extend(super::pod::passed_annotations(
+        dv.metadata.annotations.as_ref(),
+    ));
     if dv.spec.source.as_ref().is_some_and(|s| s.upload.is_some()) {
         annotations.insert(super::ANN_UPLOAD_TARGET.to_string(), String::new());
     }

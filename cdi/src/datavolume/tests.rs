@@ -1771,3 +1771,50 @@ fn an_external_populator_fills_the_pvc_and_the_datavolume_follows_its_binding() 
         [(true, "NoCSIDriverForExternalPopulation".to_string())]
     );
 }
+
+/// CDI passes a DataVolume's pod networks and sidecar switches to its PVC and its pods, and
+/// nothing else; sidecars are off unless asked.
+#[test]
+fn pod_networks_and_sidecar_switches_reach_the_pvc_and_the_pods() {
+    let cfg = Config::default();
+    let mut dv = http_dv();
+    let d = step(&mut dv.clone(), &obs(None, None), &cfg);
+    let [Action::CreatePvc(plain)] = &d.actions[..] else {
+        panic!("{:?}", d.actions)
+    };
+    assert!(
+        !plain
+            .metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .contains_key("linkerd.io/inject")
+    );
+    let bound = pvc("Bound");
+    let d = step(&mut dv.clone(), &obs(Some(&bound), None), &cfg);
+    let ann = created_pod(&d).metadata.annotations.clone().unwrap();
+    assert_eq!(ann["sidecar.istio.io/inject"], "false");
+    assert_eq!(ann["linkerd.io/inject"], "disabled");
+
+    dv.metadata.annotations = Some(BTreeMap::from([
+        (
+            "k8s.v1.cni.cncf.io/networks".to_string(),
+            "net1".to_string(),
+        ),
+        ("linkerd.io/inject".to_string(), "enabled".to_string()),
+        ("annot1".to_string(), "value1".to_string()),
+    ]));
+    let d = step(&mut dv.clone(), &obs(None, None), &cfg);
+    let [Action::CreatePvc(p)] = &d.actions[..] else {
+        panic!("{:?}", d.actions)
+    };
+    let ann = p.metadata.annotations.clone().unwrap();
+    assert_eq!(ann["k8s.v1.cni.cncf.io/networks"], "net1");
+    assert!(!ann.contains_key("annot1"));
+    let d = step(&mut dv, &obs(Some(&bound), None), &cfg);
+    let ann = created_pod(&d).metadata.annotations.clone().unwrap();
+    assert_eq!(ann["k8s.v1.cni.cncf.io/networks"], "net1");
+    assert_eq!(ann["linkerd.io/inject"], "enabled");
+    assert_eq!(ann["sidecar.istio.io/inject"], "false");
+    assert!(!ann.contains_key("annot1"));
+}

@@ -266,6 +266,9 @@ async fn cron_class(client: &Client, cron: &DataImportCron) -> Result<Option<Sto
     }
 }
 
+/// StorageProfile annotation (CDI's): the VolumeSnapshotClass of DataImportCron snapshots.
+pub const ANN_SNAPSHOT_CLASS_FOR_CRONS: &str = "cdi.kubevirt.io/snapshotClassForDataImportCron";
+
 /// What the StorageProfile of the cron's class asks for (CDI's getSourceFormat), and for the
 /// snapshot format the VolumeSnapshotClass that takes them (CDI's GetVolumeSnapshotClass).
 async fn keeping(client: &Client, cron: &DataImportCron) -> Result<Keeping> {
@@ -274,11 +277,17 @@ async fn keeping(client: &Client, cron: &DataImportCron) -> Result<Keeping> {
     };
     let class_name = class.name_any();
     let profiles: Api<StorageProfile> = Api::all(client.clone());
-    let Some(profile) = kubeops::get(&profiles, &class_name)
-        .await?
-        .and_then(|p| p.status)
-        .map(|s| s.profile)
-    else {
+    let Some(object) = kubeops::get(&profiles, &class_name).await? else {
+        return Ok(Keeping::Pvc);
+    };
+    // CDI's annotation naming the class for crons (set where snapshots of golden images need
+    // their own class) comes before the profile's `snapshotClass`.
+    let for_crons = object
+        .annotations()
+        .get(ANN_SNAPSHOT_CLASS_FOR_CRONS)
+        .filter(|c| !c.is_empty())
+        .cloned();
+    let Some(profile) = object.status.map(|s| s.profile) else {
         return Ok(Keeping::Pvc);
     };
     let asked = SourceFormat::parse(
@@ -293,7 +302,7 @@ async fn keeping(client: &Client, cron: &DataImportCron) -> Result<Keeping> {
     Ok(
         match snapshot_class(
             &class.provisioner,
-            profile.snapshot_class.as_deref(),
+            for_crons.as_deref().or(profile.snapshot_class.as_deref()),
             &classes,
         ) {
             Ok(c) => Keeping::Snapshot(c),

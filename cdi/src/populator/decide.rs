@@ -406,6 +406,7 @@ pub fn workload(
         }
         .or_else(|| annotation(t, ANN_PRIORITY_CLASS).map(String::from)),
         preallocation: src.preallocation(),
+        annotations: pod::passed_annotations(t.metadata.annotations.as_ref()),
     }
 }
 
@@ -1034,7 +1035,10 @@ mod tests {
     fn the_importer_fills_prime_and_reports_progress_on_the_target() {
         let cfg = Config::default();
         let (src, imm) = (import(), class("Immediate"));
-        let t = target(&[(ANN_PRIORITY_CLASS, "vm-disks")]);
+        let t = target(&[
+            (ANN_PRIORITY_CLASS, "vm-disks"),
+            ("k8s.v1.cni.cncf.io/networks", "net1"),
+        ]);
         let prime = prime_of(&t, "Pending");
         let d = decide(
             &Observed {
@@ -1047,6 +1051,10 @@ mod tests {
             panic!("{d:?}")
         };
         assert_eq!(p.metadata.name.as_deref(), Some("importer-prime-t-uid"));
+        // The PVC's pod network (a DataVolume's, passed on) reaches the pod, as with CDI.
+        let ann = p.metadata.annotations.clone().unwrap();
+        assert_eq!(ann["k8s.v1.cni.cncf.io/networks"], "net1");
+        assert_eq!(ann["sidecar.istio.io/inject"], "false");
         assert_eq!(
             p.spec.as_ref().unwrap().priority_class_name.as_deref(),
             Some("vm-disks")

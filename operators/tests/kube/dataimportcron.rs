@@ -384,10 +384,11 @@ async fn dvs_in(client: &Client, ns: &str) -> Vec<DataVolume> {
     dvs.list(&Default::default()).await.unwrap().items
 }
 
-/// A StorageClass of the hostpath driver named after the namespace, the VolumeSnapshotClass
-/// `snap-<ns>` of that driver, and the class's StorageProfile asking for `format` with that
-/// snapshot class (spec and status: a profile reconciler of another test keeps them; other
-/// tests' classes of the driver exist, so the profile names its own).
+/// A StorageClass of the hostpath driver named after the namespace, the VolumeSnapshotClasses
+/// `snap-<ns>` and `cron-snap-<ns>` of that driver, and the class's StorageProfile asking for
+/// `format` with the first as its snapshot class and the second for crons (spec and status: a
+/// profile reconciler of another test keeps them; other tests' classes of the driver exist, so
+/// the profile names its own).
 async fn storage(client: &Client, ns: &str, format: &str) -> String {
     let class = format!("hostpath-{ns}");
     let driver = crate::clone::DRIVER;
@@ -399,14 +400,15 @@ async fn storage(client: &Client, ns: &str, format: &str) -> String {
     )
     .await
     .unwrap();
-    apply(
-        client,
-        &json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
-                "metadata": {"name": format!("snap-{ns}")}, "driver": driver,
-                "deletionPolicy": "Delete"}),
-    )
-    .await
-    .unwrap();
+    for name in [format!("snap-{ns}"), format!("cron-snap-{ns}")] {
+        apply(
+            client,
+            &json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
+                    "metadata": {"name": name}, "driver": driver, "deletionPolicy": "Delete"}),
+        )
+        .await
+        .unwrap();
+    }
     set_format(client, ns, &class, format).await;
     class
 }
@@ -416,10 +418,13 @@ async fn storage(client: &Client, ns: &str, format: &str) -> String {
 async fn set_format(client: &Client, ns: &str, class: &str, format: &str) {
     let profile =
         json!({"dataImportCronSourceFormat": format, "snapshotClass": format!("snap-{ns}")});
+    // CDI's annotation for the crons' snapshots names another class of the driver.
+    let for_crons =
+        json!({"cdi.kubevirt.io/snapshotClassForDataImportCron": format!("cron-snap-{ns}")});
     apply(
         client,
         &json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "StorageProfile",
-                "metadata": {"name": class}, "spec": profile}),
+                "metadata": {"name": class, "annotations": for_crons}, "spec": profile}),
     )
     .await
     .unwrap();
@@ -657,9 +662,10 @@ async fn in_the_snapshot_format_each_version_is_a_snapshot_the_data_source_resto
         s.spec.source.persistent_volume_claim_name.as_deref(),
         Some(first.as_str())
     );
+    // The profile's class for crons (its annotation), over its snapshotClass.
     assert_eq!(
         s.spec.volume_snapshot_class_name,
-        Some(format!("snap-{ns}"))
+        Some(format!("cron-snap-{ns}"))
     );
     let labels = s.metadata.labels.clone().unwrap();
     assert_eq!(labels["cdi.kubevirt.io/dataImportCron"], "fedora-cron");
