@@ -14,6 +14,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use api::cdi::{CdiConfigSpec, CdiConfigStatus, ImportProxy, feature_gate};
+use api::hostpath::NodePlacement;
 use api::hyperconverged::FilesystemOverhead;
 
 /// How often a running import's progress is read by default.
@@ -69,6 +70,8 @@ pub struct Config {
     pub preallocation: bool,
     /// Pull secrets of importer and upload pods.
     pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// Where importer, upload and clone source pods run (the CDI CR's `spec.workload`).
+    pub workload: NodePlacement,
     /// Checks the clone tokens the DataVolume webhook signs (`datavolume::clone::token`); None: a clone
     /// from another namespace is refused.
     pub clone_token_key: Option<token::PublicKey>,
@@ -91,6 +94,7 @@ impl Default for Config {
             import_proxy: ImportProxy::default(),
             preallocation: false,
             image_pull_secrets: Vec::new(),
+            workload: NodePlacement::default(),
             clone_token_key: None,
         }
     }

@@ -110,11 +110,20 @@ pub async fn reconcile_config(ctx: &Context) -> Result<()> {
             .map(|c| c.spec.clone())
             .unwrap_or_default(),
     };
-    let settings = effective(
+    let mut settings = effective(
         &ctx.settings.base,
         active.map(|_| &spec),
         &ctx.settings.overrides,
     );
+    // The CR's placement of workload pods (HCO's `spec.workloads` lands there).
+    if let Some(placement) = active.and_then(|cr| cr.spec.workload.clone()) {
+        match serde_json::from_value(placement) {
+            Ok(p) => settings.workload = p,
+            Err(e) => {
+                tracing::warn!(error = %e, "the CDI CR's spec.workload is not a placement; ignored")
+            }
+        }
+    }
     let classes = Api::<StorageClass>::all(client.clone())
         .list(&Default::default())
         .await?

@@ -344,6 +344,11 @@ pub(super) fn pod(
             image_pull_secrets: (!cfg.image_pull_secrets.is_empty())
                 .then(|| cfg.image_pull_secrets.clone()),
             security_context: Some(restricted_pod()),
+            node_selector: (!cfg.workload.node_selector.is_empty())
+                .then(|| cfg.workload.node_selector.clone()),
+            affinity: cfg.workload.affinity.clone(),
+            tolerations: (!cfg.workload.tolerations.is_empty())
+                .then(|| cfg.workload.tolerations.clone()),
             ..Default::default()
         }),
         status: None,

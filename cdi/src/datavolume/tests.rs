@@ -1818,3 +1818,36 @@ fn pod_networks_and_sidecar_switches_reach_the_pvc_and_the_pods() {
     assert_eq!(ann["sidecar.istio.io/inject"], "false");
     assert!(!ann.contains_key("annot1"));
 }
+
+/// The CDI CR's `spec.workload` places every pod (CDI's workload node placement).
+#[test]
+fn the_workload_placement_reaches_the_pods() {
+    let placement: api::hostpath::NodePlacement = serde_json::from_value(serde_json::json!({
+        "nodeSelector": {"disktype": "ssd"},
+        "tolerations": [{"key": "storage", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "zone", "operator": "In", "values": ["a"]}]}]}}}
+    }))
+    .unwrap();
+    let cfg = Config {
+        workload: placement.clone(),
+        ..Config::default()
+    };
+    let bound = pvc("Bound");
+    for mut dv in [http_dv(), upload_dv()] {
+        let d = step(&mut dv, &obs(Some(&bound), None), &cfg);
+        let spec = created_pod(&d).spec.clone().unwrap();
+        assert_eq!(spec.node_selector, Some(placement.node_selector.clone()));
+        assert_eq!(spec.tolerations, Some(placement.tolerations.clone()));
+        assert_eq!(spec.affinity, placement.affinity);
+    }
+    // Without one, the scheduler's defaults.
+    let mut dv = http_dv();
+    let d = step(&mut dv, &obs(Some(&bound), None), &Config::default());
+    let spec = created_pod(&d).spec.clone().unwrap();
+    assert_eq!(
+        (spec.node_selector, spec.tolerations, spec.affinity),
+        (None, None, None)
+    );
+}

@@ -106,7 +106,8 @@ async fn the_cdi_cr_configures_importer_pods_pvcs_and_the_cdiconfig_status() {
         &Api::all(client.clone()),
         json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "CDI",
                "metadata": {"name": "cdi"},
-               "spec": {"config": {
+               "spec": {"workload": {"nodeSelector": {"disktype": "ssd"}},
+                        "config": {
                    "uploadProxyURLOverride": "https://upload.example",
                    "filesystemOverhead": {"global": "0.1", "storageClass": {"fast": "0.2"}},
                    "podResourceRequirements": {"limits": {"cpu": "2", "memory": "1Gi"}},
@@ -187,6 +188,9 @@ async fn the_cdi_cr_configures_importer_pods_pvcs_and_the_cdiconfig_status() {
     }
     let args = c.args.clone().unwrap().join(" ");
     assert!(args.contains("--ca-cert /proxycerts/ca.pem"), "{args}");
+    // The CR's workload placement, as CDI places its pods.
+    let selector = spec.node_selector.clone().unwrap_or_default();
+    assert_eq!(selector.get("disktype").map(String::as_str), Some("ssd"));
     let copy: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let copy = copy.get("import-proxy-cm-fedora").await.unwrap();
     assert!(copy.data.unwrap().contains_key("ca.pem"));

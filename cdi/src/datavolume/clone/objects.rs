@@ -308,7 +308,10 @@ pub fn source_pod(w: &pod::Workload, s: &SourcePodSpec, cfg: &Config) -> Pod {
             }
         }
     }
-    spec.affinity = s.node.map(on_node);
+    // Where the source lives, over the workload placement's affinity.
+    if let Some(node) = s.node {
+        spec.affinity = Some(on_node(node));
+    }
     p
 }
 
