@@ -1851,3 +1851,32 @@ fn the_workload_placement_reaches_the_pods() {
         (None, None, None)
     );
 }
+
+/// The kubelet reports a container's end a status sync before the pod's phase: a pod that
+/// never restarts whose container exited is taken as over at once, as its phase will say.
+#[test]
+fn a_pod_is_over_when_its_container_exited_before_the_phase_says_so() {
+    let never = |code: i32| {
+        let mut p = exited(code, "");
+        p.status.as_mut().unwrap().phase = Some("Running".into());
+        p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            restart_policy: Some("Never".into()),
+            ..Default::default()
+        });
+        p
+    };
+    assert_eq!(decide::pod_phase(&never(0)), "Succeeded");
+    assert_eq!(decide::pod_phase(&never(1)), "Failed");
+    // Still running, or a pod that may restart: the phase as reported.
+    assert_eq!(decide::pod_phase(&pod_in("Running")), "Running");
+    let mut restarts = never(0);
+    restarts.spec.as_mut().unwrap().restart_policy = Some("OnFailure".into());
+    assert_eq!(decide::pod_phase(&restarts), "Running");
+
+    let cfg = Config::default();
+    let mut dv = http_dv();
+    let bound = pvc("Bound");
+    let done = never(0);
+    let d = step(&mut dv, &obs(Some(&bound), Some(&done)), &cfg);
+    assert_eq!(d.status.phase, Some(Phase::Succeeded), "{d:?}");
+}

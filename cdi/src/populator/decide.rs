@@ -281,6 +281,9 @@ pub fn decide(obs: &Observed<'_>, cfg: &Config) -> Decision {
         _ => {}
     }
     match obs.pod {
+        // PVC' is being provisioned on its node: its pod waits for the binding (the scheduler
+        // would only poll it, every second).
+        None if !consumable(obs, prime) => {}
         None => start_pod(obs, src, prime, cfg, &mut d),
         Some(p) => follow_pod(obs, src, prime, p, cfg, &mut d),
     }
@@ -322,6 +325,16 @@ fn ready_for_population(obs: &Observed<'_>) -> bool {
     !wffc
         || annotation(obs.target, ANN_SELECTED_NODE).is_some()
         || annotation(obs.target, ANN_IMMEDIATE_BINDING).is_some()
+}
+
+/// Whether PVC''s pod may start: PVC' is bound, or it waits for a first consumer to choose its
+/// node (WaitForFirstConsumer with no node yet: the pod is that consumer).
+fn consumable(obs: &Observed<'_>, prime: &PersistentVolumeClaim) -> bool {
+    let bound = prime.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+    let wffc = obs
+        .class
+        .is_some_and(|c| c.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"));
+    bound || (wffc && annotation(prime, ANN_SELECTED_NODE).is_none())
 }
 
 /// PVC': the target's class, size, modes, on its selected node, owned by it.
@@ -1039,7 +1052,7 @@ mod tests {
             (ANN_PRIORITY_CLASS, "vm-disks"),
             ("k8s.v1.cni.cncf.io/networks", "net1"),
         ]);
-        let prime = prime_of(&t, "Pending");
+        let prime = prime_of(&t, "Bound");
         let d = decide(
             &Observed {
                 prime: Some(&prime),
@@ -1247,6 +1260,37 @@ mod tests {
         assert!(ann.contains_key(ANN_UPLOAD_TARGET));
         let mut prime = prime_claim(&t, &src);
         prime.metadata.uid = Some("p-uid".into());
+        // PVC' is being provisioned (an Immediate class): its pod waits for the binding.
+        let d = decide(
+            &Observed {
+                prime: Some(&prime),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        assert!(
+            !d.actions.iter().any(|a| matches!(a, Action::CreatePod(_))),
+            "{d:?}"
+        );
+        // A WaitForFirstConsumer PVC' with no node yet (immediate binding asked): the pod is
+        // its first consumer.
+        let wffc = class("WaitForFirstConsumer");
+        let now = target(&[(ANN_IMMEDIATE_BINDING, "true")]);
+        let d = decide(
+            &Observed {
+                prime: Some(&prime),
+                ..observe(&now, &src, &wffc)
+            },
+            &cfg,
+        );
+        assert!(
+            d.actions.iter().any(|a| matches!(a, Action::CreatePod(_))),
+            "{d:?}"
+        );
+        prime.status = Some(PersistentVolumeClaimStatus {
+            phase: Some("Bound".into()),
+            ..Default::default()
+        });
         let d = decide(
             &Observed {
                 prime: Some(&prime),
@@ -1405,7 +1449,7 @@ mod tests {
         );
 
         // PVC' made: the upload server for the target, its Service and certificate.
-        let prime = prime_of(&t, "Pending");
+        let prime = prime_of(&t, "Bound");
         let with_prime = Observed {
             prime: Some(&prime),
             ..with_source.clone()
@@ -1581,7 +1625,7 @@ mod tests {
         let src = PopulationSource::Import(Box::default());
         let imm = class("Immediate");
         let t = target(&[]);
-        let prime = prime_of(&t, "Pending");
+        let prime = prime_of(&t, "Bound");
         let d = decide(
             &Observed {
                 prime: Some(&prime),
