@@ -204,6 +204,9 @@ fn datavolume() -> Access {
         ),
         // A DataVolume uses the populators where its StorageClass is a CSI driver's.
         rule(&["storage.k8s.io"], &["csidrivers"], &["get"]),
+        // A PVC' bound at once with no consumer goes to a node the driver runs on.
+        rule(&[""], &["nodes"], &["list"]),
+        rule(&["storage.k8s.io"], &["csinodes"], &["list"]),
         // (get: also a DataImportCron's, for the node an import's volume is pinned to.)
         rule(&[""], &["persistentvolumes"], &["get", "patch"]),
         rule(

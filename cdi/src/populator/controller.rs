@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Service};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -18,7 +18,10 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use tracing::{Instrument, info_span};
 
-use super::decide::{Action, CloneOrigin, Observed, PopulationSource, decide, workload};
+use super::decide::{
+    Action, CloneOrigin, Observed, PopulationSource, decide, needs_node, workload,
+};
+use super::placement::candidates;
 use super::{ANN_POPULATOR_KIND, prime_name, source_ref};
 use crate::datavolume::clone::objects::source_pod_name;
 use crate::datavolume::clone::observe::{ensure_client_secret, snapshot_node};
@@ -273,7 +276,7 @@ async fn apply(
         (_, Some(s)) => Some(CloneOrigin::Snapshot(s, snapshot_node.as_deref())),
         _ => None,
     };
-    let observed = Observed {
+    let mut observed = Observed {
         target,
         source: src.as_ref(),
         class: class.as_ref(),
@@ -285,8 +288,25 @@ async fn apply(
         origin,
         progress,
         refs,
+        nodes: &[],
         now: Timestamp::now(),
     };
+    // Read only when PVC' is about to be made with no consumer's node.
+    let nodes = match (&prime, &class) {
+        (None, Some(c)) if needs_node(&observed) => {
+            let all: Api<Node> = Api::all(client.clone());
+            let csi: Api<CSINode> = Api::all(client.clone());
+            let placement = &cfg.workload;
+            candidates(
+                &all.list(&Default::default()).await?.items,
+                &csi.list(&Default::default()).await?.items,
+                &c.provisioner,
+                placement,
+            )
+        }
+        _ => Vec::new(),
+    };
+    observed.nodes = &nodes;
     let mut decision = decide(&observed, &cfg);
 
     for action in std::mem::take(&mut decision.actions) {

@@ -144,6 +144,9 @@ pub struct Observed<'a> {
     pub progress: Option<f64>,
     /// Keys of the ConfigMap and Secrets an import source references.
     pub refs: SourceRefs,
+    /// Where PVC' may go when it is bound at once with no consumer
+    /// ([`super::placement::candidates`]; read only then).
+    pub nodes: &'a [String],
     /// The current time.
     pub now: Timestamp,
 }
@@ -234,6 +237,14 @@ pub fn decide(obs: &Observed<'_>, cfg: &Config) -> Decision {
     };
     let Some(prime) = obs.prime else {
         let mut p = prime_claim(t, src);
+        if let Some(node) = obs.nodes.first()
+            && needs_node(obs)
+            && !matches!(clone, Some(CloneRoute::Csi { .. }))
+        {
+            // Provisioned at once there; the pod follows its volume.
+            let ann = p.metadata.annotations.get_or_insert_default();
+            ann.insert(ANN_SELECTED_NODE.into(), node.clone());
+        }
         if let Some(CloneRoute::Csi { data_source, node }) = clone {
             let spec = p.spec.get_or_insert_default();
             spec.data_source = Some(data_source);
@@ -325,6 +336,16 @@ fn ready_for_population(obs: &Observed<'_>) -> bool {
     !wffc
         || annotation(obs.target, ANN_SELECTED_NODE).is_some()
         || annotation(obs.target, ANN_IMMEDIATE_BINDING).is_some()
+}
+
+/// Whether PVC' needs a node chosen for it: bound at once (asked) on a WaitForFirstConsumer
+/// class, with no consumer's node on the target.
+pub fn needs_node(obs: &Observed<'_>) -> bool {
+    let wffc = obs
+        .class
+        .is_some_and(|c| c.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"));
+    wffc && annotation(obs.target, ANN_SELECTED_NODE).is_none()
+        && annotation(obs.target, ANN_IMMEDIATE_BINDING).is_some()
 }
 
 /// Whether PVC''s pod may start: PVC' is bound, or it waits for a first consumer to choose its
@@ -983,6 +1004,7 @@ mod tests {
             origin: None,
             progress: None,
             refs: SourceRefs::default(),
+            nodes: &[],
             now: Timestamp::UNIX_EPOCH + std::time::Duration::from_secs(3600),
         }
     }
@@ -1340,6 +1362,50 @@ mod tests {
             },
             ..Default::default()
         })
+    }
+
+    /// Immediate binding on a WaitForFirstConsumer class with no consumer: PVC' goes to a
+    /// node the driver runs on, so it is provisioned at once; a consumer's node, or an
+    /// Immediate class, is left as it is.
+    #[test]
+    fn a_pvc_bound_at_once_with_no_consumer_gets_a_node_for_its_prime() {
+        let cfg = Config::default();
+        let src = import();
+        let (wffc, imm) = (class("WaitForFirstConsumer"), class("Immediate"));
+        let nodes = ["node-1".to_string(), "node-2".to_string()];
+        let node_of = |d: &Decision| {
+            created_prime(d)
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANN_SELECTED_NODE).cloned())
+        };
+        let now = target(&[(ANN_IMMEDIATE_BINDING, "true")]);
+        let o = Observed {
+            nodes: &nodes,
+            ..observe(&now, &src, &wffc)
+        };
+        assert!(needs_node(&o));
+        assert_eq!(node_of(&decide(&o, &cfg)).as_deref(), Some("node-1"));
+        let consumer = target(&[
+            (ANN_IMMEDIATE_BINDING, "true"),
+            (ANN_SELECTED_NODE, "node-9"),
+        ]);
+        let o = Observed {
+            nodes: &nodes,
+            ..observe(&consumer, &src, &wffc)
+        };
+        assert!(!needs_node(&o));
+        assert_eq!(node_of(&decide(&o, &cfg)).as_deref(), Some("node-9"));
+        let o = Observed {
+            nodes: &nodes,
+            ..observe(&now, &src, &imm)
+        };
+        assert!(!needs_node(&o));
+        assert_eq!(node_of(&decide(&o, &cfg)), None);
+        // No node known: PVC' waits for its pod as first consumer, as before.
+        let o = observe(&now, &src, &wffc);
+        assert_eq!(node_of(&decide(&o, &cfg)), None);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //!
 //! - [`decide`]: the state machine: the PVC, its source, PVC', its pod and volume in, API
 //!   actions out;
+//! - [`placement`]: the node of a PVC' bound at once with no consumer;
 //! - [`controller`]: the kube-runtime controller that observes and carries them out, and the
 //!   `VolumePopulator` registrations.
 
@@ -15,6 +16,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
 pub mod controller;
 pub mod decide;
+pub mod placement;
 
 pub use decide::{Action, Decision, Observed, PopulationSource, decide};
 
