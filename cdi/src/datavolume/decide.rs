@@ -194,7 +194,9 @@ pub(crate) fn pod_phase(p: &Pod) -> &str {
                 .collect()
         });
     match ended {
-        Some(codes) if never && phase == "Running" => {
+        // Pending too: a container that ran within one of the kubelet's relists is reported
+        // ended before the pod was ever reported Running.
+        Some(codes) if never && matches!(phase, "Pending" | "Running") => {
             if codes.iter().all(|c| *c == 0) {
                 "Succeeded"
             } else {

@@ -539,7 +539,9 @@ pub fn upload_pod(w: &Workload, claim: &Claim, cfg: &Config, pvc_uid: &str, arch
                 port: IntOrString::Int(POD_PORT),
                 host: None,
             }),
-            period_seconds: Some(2),
+            // The kubelet starts probing at a random point of the first period: the shortest
+            // period brings the upload server's readiness (and its Service's endpoint) soonest.
+            period_seconds: Some(1),
             ..Default::default()
         }),
         volume_mounts: Some(mounts),

@@ -1867,6 +1867,10 @@ fn a_pod_is_over_when_its_container_exited_before_the_phase_says_so() {
     };
     assert_eq!(decide::pod_phase(&never(0)), "Succeeded");
     assert_eq!(decide::pod_phase(&never(1)), "Failed");
+    // Ended within one relist of the kubelet: never reported Running.
+    let mut quick = never(0);
+    quick.status.as_mut().unwrap().phase = Some("Pending".into());
+    assert_eq!(decide::pod_phase(&quick), "Succeeded");
     // Still running, or a pod that may restart: the phase as reported.
     assert_eq!(decide::pod_phase(&pod_in("Running")), "Running");
     let mut restarts = never(0);
