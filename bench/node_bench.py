@@ -30,8 +30,10 @@ With --parallel 8,16,32 (issue 36, part 2) it instead creates that many DataVolu
 upload DataVolumes fed at once through the proxy, and reports the wall time to the last
 Succeeded, the aggregate rate of written (non-zero) bytes against the device's O_DIRECT floor
 for the same bytes (`dd oflag=direct` on the pool's filesystem), the slowest DataVolume against
-the median, and each importer pod's peak memory (its memory cgroup, sampled every 0.25 s: RSS,
-and usage with page cache, which the pod's limit also counts).
+the median, the same images imported one after another by `quarry import` on the node (what
+the CPU and device allow for the same work), and each importer pod's peak memory (its memory
+cgroup, sampled every 0.25 s: RSS, and usage with page cache, which the pod's limit also
+counts).
 
 Figures go in bench/results/, never in tests.  Run as root on a machine with the cluster's
 artefacts (~/.cache/kubelab); `--keep` leaves the cluster up, `--reuse` attaches to one left up.
@@ -377,13 +379,17 @@ def many(c, quarry, n, uploads, files, base, work, size, data_bytes):
        "conv=fsync", "status=none")
     floor = time.monotonic() - t
     floor_file.unlink()
+    # What the node can do for the same work: each image imported by `quarry import` on the
+    # node, one after another with both cores (sums of the local imports of the files used).
+    local = {f: local_import(quarry, f"{base}/{f}") for f in set(files[: max(n, 1)])}
+    serial = sum(local[files[i % len(files)]] for i in range(n))
     imports = sorted(v for k, v in done.items() if k.startswith("dv-"))
     pods = {name: uid for uid, name in pod_uid.items()}
     mem = [(sampler.rss.get(uid, 0), sampler.usage.get(uid, 0))
            for name, uid in pods.items() if name.startswith(("importer-", "cdi-upload-"))]
     c.kubectl("delete", "namespace", ns, "--wait=false")
     return {
-        "dvs": n, "uploads": uploads, "wall": wall, "floor": floor,
+        "dvs": n, "uploads": uploads, "wall": wall, "floor": floor, "serial_local": serial,
         "rate": data_bytes * len(names) / wall / 2**20,
         "median": statistics.median(imports) if imports else None,
         "slowest": imports[-1] if imports else None,
@@ -401,14 +407,16 @@ def fmt(v):
 def report_many(args, results):
     print(f"\nMany at once, {args.size_mib} MiB disks (half data), seconds; rate in MiB/s of "
           "written data\n")
-    print("| DVs | uploads | wall | floor | wall/floor | rate | median DV | slowest DV | "
-          "slowest/median | uploads wall | peak RSS MiB | peak usage MiB |")
-    print("|---:|" * 12)
+    print("| DVs | uploads | wall | floor | wall/floor | local imports in a row | rate | "
+          "median DV | slowest DV | slowest/median | uploads wall | peak RSS MiB | "
+          "peak usage MiB |")
+    print("|" + "---:|" * 13)
     for r in results:
         ratio = r["wall"] / r["floor"] if r["floor"] else None
         starve = r["slowest"] / r["median"] if r["median"] else None
         print(f"| {r['dvs']} | {r['uploads']} | {fmt(r['wall'])} | {fmt(r['floor'])} | "
-              f"{fmt(ratio)} | {r['rate']:.0f} | {fmt(r['median'])} | {fmt(r['slowest'])} | "
+              f"{fmt(ratio)} | {fmt(r['serial_local'])} | {r['rate']:.0f} | "
+              f"{fmt(r['median'])} | {fmt(r['slowest'])} | "
               f"{fmt(starve)} | {fmt(r['uploads_wall'])} | {r['peak_rss_mib']:.0f} | "
               f"{r['peak_usage_mib']:.0f} |")
     print("\nraw:", json.dumps(results))
