@@ -25,6 +25,7 @@ use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{Instrument, info_span};
 
+use super::classes::StorageClasses;
 use super::clone::objects::temp_snapshot_name;
 use super::clone::{SourceRef, resolve_source_ref};
 use super::decide::{Announced, Event, PodRefusal};
@@ -65,6 +66,8 @@ pub struct Context {
     pub manager: String,
     /// Port of the importers' metrics endpoints (tests point it at a fake importer).
     pub metrics_port: u16,
+    /// StorageClasses, read once in a while.
+    pub classes: StorageClasses,
     /// When each running import (by DataVolume UID) was last scraped.
     scraped: Mutex<HashMap<String, Instant>>,
     /// Pod creations refused in a row, by DataVolume UID (an input of their back-off).
@@ -84,6 +87,7 @@ impl Context {
     /// A context for `client` reading the settings `live` (which a CDIConfig reconciler keeps).
     pub fn with_settings(client: Client, live: Arc<LiveSettings>, metrics: Arc<Metrics>) -> Self {
         Context {
+            classes: StorageClasses::new(client.clone()),
             client,
             live,
             metrics,
@@ -281,10 +285,7 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
             let bound = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
             let class = p.spec.as_ref().and_then(|s| s.storage_class_name.clone());
             match class {
-                Some(c) if bound => {
-                    let classes: Api<StorageClass> = Api::all(ctx.client.clone());
-                    Some(has_csi_driver(kubeops::get(&classes, &c).await?, ctx).await?)
-                }
+                Some(c) if bound => Some(has_csi_driver(ctx.classes.get(&c).await?, ctx).await?),
                 _ => None,
             }
         }
@@ -311,8 +312,8 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         .and_then(|p| p.spec.as_ref()?.storage_class_name.clone())
     {
         Some(class) if pending && !finished => {
-            let classes: Api<StorageClass> = Api::all(ctx.client.clone());
-            kubeops::get(&classes, &class)
+            ctx.classes
+                .get(&class)
                 .await?
                 .and_then(|c| c.volume_binding_mode)
                 .as_deref()
@@ -587,10 +588,10 @@ async fn storage_defaults(
             volume_mode: spec.volume_mode.clone(),
         });
     }
-    let classes: Api<StorageClass> = Api::all(ctx.client.clone());
     let class = match &st.storage_class_name {
-        Some(name) => kubeops::get(&classes, name).await?.map(|_| name.clone()),
+        Some(name) => ctx.classes.get(name).await?.map(|_| name.clone()),
         None => {
+            let classes: Api<StorageClass> = Api::all(ctx.client.clone());
             let all = classes.list(&Default::default()).await?.items;
             let disk_image = dv.spec.content_type != Some(ContentType::Archive);
             default_class(&all, disk_image).and_then(|c| c.metadata.name.clone())
@@ -619,10 +620,10 @@ async fn csi_class(dv: &DataVolume, ctx: &Context) -> Result<bool> {
         .as_ref()
         .and_then(|p| p.storage_class_name.clone())
         .or_else(|| dv.spec.storage.as_ref()?.storage_class_name.clone());
-    let classes: Api<StorageClass> = Api::all(ctx.client.clone());
     let class = match named {
-        Some(name) => kubeops::get(&classes, &name).await?,
+        Some(name) => ctx.classes.get(&name).await?,
         None => {
+            let classes: Api<StorageClass> = Api::all(ctx.client.clone());
             let all = classes.list(&Default::default()).await?.items;
             let disk_image = dv.spec.content_type != Some(ContentType::Archive);
             default_class(&all, disk_image).cloned()

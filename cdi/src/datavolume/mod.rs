@@ -1,6 +1,8 @@
 //! The DataVolume controller: CDI's DataVolume lifecycle with the logic in pure functions.
 //!
 //! - [`source`]: the checked source of a DataVolume;
+//! - [`classes`]: StorageClasses read once in a while (their provisioner and binding mode are
+//!   immutable);
 //! - [`pvc`]: the PVC to create (CDI's size inflation and defaults);
 //! - [`pod`]: the importer pod (`quarry import`), the upload server pod and Service;
 //! - [`status`]: conditions, progress, CDI's phases and event reasons;
@@ -29,6 +31,7 @@ use api::DataVolume;
 
 pub mod admission;
 pub mod adopt;
+pub mod classes;
 pub mod clone;
 pub mod controller;
 pub mod decide;

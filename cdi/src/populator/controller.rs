@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod, Service};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
+use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -23,6 +23,7 @@ use super::decide::{
 };
 use super::placement::candidates;
 use super::{ANN_POPULATOR_KIND, prime_name, source_ref};
+use crate::datavolume::classes::StorageClasses;
 use crate::datavolume::clone::objects::source_pod_name;
 use crate::datavolume::clone::observe::{ensure_client_secret, snapshot_node};
 use crate::datavolume::controller::{
@@ -55,6 +56,8 @@ pub struct Context {
     pub http: reqwest::Client,
     /// Field manager of every write.
     pub manager: String,
+    /// StorageClasses, read once in a while.
+    classes: StorageClasses,
     /// The last event published, by target UID.
     announced: Announced,
 }
@@ -63,6 +66,7 @@ impl Context {
     /// A context for `client` reading the settings `live`.
     pub fn new(client: Client, live: Arc<LiveSettings>, metrics: Arc<Metrics>) -> Self {
         Context {
+            classes: StorageClasses::new(client.clone()),
             client,
             live,
             metrics,
@@ -207,7 +211,7 @@ async fn apply(
         .as_ref()
         .and_then(|s| s.storage_class_name.as_deref())
     {
-        Some(c) => kubeops::get(&Api::<StorageClass>::all(client.clone()), c).await?,
+        Some(c) => ctx.classes.get(c).await?,
         None => None,
     };
     let prime = kubeops::get(&pvcs, &prime_name(target)).await?;

@@ -1,0 +1,92 @@
+//! StorageClasses by name, read once in a while: a class's provisioner, parameters and binding
+//! mode cannot change (the API server refuses such updates), so the DataVolume and populator
+//! controllers need not read the class on every reconcile (on a busy node those reads were a
+//! quarter of their API requests). A class found is read again after [`TTL`] (it may have been
+//! deleted and made anew); one not found is read every time. Annotations, which may change (the
+//! default-class ones), are read from a list where they matter, never from here.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::{Api, Client};
+
+use kubekit::error::Result;
+use kubekit::kubeops;
+
+/// How long a class read is used.
+pub const TTL: Duration = Duration::from_secs(60);
+
+/// StorageClasses read through a client, each kept for [`TTL`].
+pub struct StorageClasses {
+    api: Api<StorageClass>,
+    seen: Mutex<HashMap<String, (Instant, StorageClass)>>,
+}
+
+impl StorageClasses {
+    /// Classes read with `client`.
+    pub fn new(client: Client) -> Self {
+        StorageClasses {
+            api: Api::all(client),
+            seen: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The class `name` (None: it does not exist).
+    pub async fn get(&self, name: &str) -> Result<Option<StorageClass>> {
+        if let Some((at, class)) = self.lock().get(name)
+            && at.elapsed() < TTL
+        {
+            return Ok(Some(class.clone()));
+        }
+        let class = kubeops::get(&self.api, name).await?;
+        let mut seen = self.lock();
+        match &class {
+            Some(c) => seen.insert(name.to_string(), (Instant::now(), c.clone())),
+            None => seen.remove(name),
+        };
+        Ok(class)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, StorageClass)>> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Method;
+    use kubekit::mockapi;
+
+    fn class_json(provisioner: &str) -> serde_json::Value {
+        serde_json::json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": "fast"}, "provisioner": provisioner})
+    }
+
+    #[tokio::test]
+    async fn a_class_is_read_once_and_a_missing_one_every_time() {
+        let (client, mut api) = mockapi::pair();
+        let classes = std::sync::Arc::new(StorageClasses::new(client));
+        let path = "/apis/storage.k8s.io/v1/storageclasses/fast";
+
+        let c = classes.clone();
+        let missing = tokio::spawn(async move { c.get("fast").await });
+        api.expect(Method::GET, path, 404, mockapi::status(404, "NotFound"))
+            .await;
+        assert!(missing.await.unwrap().unwrap().is_none());
+
+        let c = classes.clone();
+        let found = tokio::spawn(async move { c.get("fast").await });
+        api.expect(Method::GET, path, 200, class_json("example.com/fast"))
+            .await;
+        assert_eq!(
+            found.await.unwrap().unwrap().unwrap().provisioner,
+            "example.com/fast"
+        );
+        // Read again within the TTL: no request (the mock answers none).
+        let again = classes.get("fast").await.unwrap().unwrap();
+        assert_eq!(again.provisioner, "example.com/fast");
+    }
+}
