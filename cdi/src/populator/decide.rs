@@ -23,7 +23,7 @@ use super::{
     ANN_SELECTED_NODE, annotation, labels, prime_name,
 };
 use crate::datavolume::clone::flow::SHARED_TLS_REFUSED;
-use crate::datavolume::clone::flow::event::HOST_ASSISTED_CLONE_NOT_POSSIBLE;
+use crate::datavolume::clone::flow::event::{CLONE_FAILED, HOST_ASSISTED_CLONE_NOT_POSSIBLE};
 use crate::datavolume::clone::objects as clone_objects;
 use crate::datavolume::decide::{Event, pod_phase, pod_ready, terminated};
 use crate::datavolume::pod::{self, SourceRefs, Workload};
@@ -329,22 +329,23 @@ fn is_bound(pvc: &PersistentVolumeClaim) -> bool {
 /// CDI's rule: a WaitForFirstConsumer claim is populated once the scheduler chose its node,
 /// or at once when immediate binding is asked (the importer then is PVC''s first consumer).
 fn ready_for_population(obs: &Observed<'_>) -> bool {
-    let Some(class) = obs.class else {
-        return false;
-    };
-    let wffc = class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer");
-    !wffc
-        || annotation(obs.target, ANN_SELECTED_NODE).is_some()
-        || annotation(obs.target, ANN_IMMEDIATE_BINDING).is_some()
+    obs.class.is_some()
+        && (!waits_for_consumer(obs)
+            || annotation(obs.target, ANN_SELECTED_NODE).is_some()
+            || annotation(obs.target, ANN_IMMEDIATE_BINDING).is_some())
+}
+
+/// Whether the target's StorageClass binds on first consumer.
+fn waits_for_consumer(obs: &Observed<'_>) -> bool {
+    obs.class
+        .is_some_and(|c| c.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"))
 }
 
 /// Whether PVC' needs a node chosen for it: bound at once (asked) on a WaitForFirstConsumer
 /// class, with no consumer's node on the target.
 pub fn needs_node(obs: &Observed<'_>) -> bool {
-    let wffc = obs
-        .class
-        .is_some_and(|c| c.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"));
-    wffc && annotation(obs.target, ANN_SELECTED_NODE).is_none()
+    waits_for_consumer(obs)
+        && annotation(obs.target, ANN_SELECTED_NODE).is_none()
         && annotation(obs.target, ANN_IMMEDIATE_BINDING).is_some()
 }
 
@@ -352,10 +353,7 @@ pub fn needs_node(obs: &Observed<'_>) -> bool {
 /// node (WaitForFirstConsumer with no node yet: the pod is that consumer).
 fn consumable(obs: &Observed<'_>, prime: &PersistentVolumeClaim) -> bool {
     let bound = prime.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
-    let wffc = obs
-        .class
-        .is_some_and(|c| c.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"));
-    bound || (wffc && annotation(prime, ANN_SELECTED_NODE).is_none())
+    bound || (waits_for_consumer(obs) && annotation(prime, ANN_SELECTED_NODE).is_none())
 }
 
 /// PVC': the target's class, size, modes, on its selected node, owned by it.
@@ -444,6 +442,11 @@ pub fn workload(
     }
 }
 
+/// A claim's volume mode (Filesystem unless it says Block).
+fn mode_of(spec: &PersistentVolumeClaimSpec) -> VolumeMode {
+    VolumeMode::parse(spec.volume_mode.as_deref()).unwrap_or(VolumeMode::Filesystem)
+}
+
 /// What the pods need of the claim: its size, mode and filesystem overhead.
 fn claim_of(t: &PersistentVolumeClaim, cfg: &Config) -> Result<Claim, String> {
     let spec = t.spec.clone().unwrap_or_default();
@@ -454,10 +457,7 @@ fn claim_of(t: &PersistentVolumeClaim, cfg: &Config) -> Result<Claim, String> {
         .ok_or("the PVC requests no storage")?;
     let size = quantity::parse(&requested.0)
         .map_err(|e| format!("the PVC's storage request {:?}: {e}", requested.0))?;
-    let mode = match spec.volume_mode.as_deref() {
-        Some("Block") => VolumeMode::Block,
-        _ => VolumeMode::Filesystem,
-    };
+    let mode = mode_of(&spec);
     let overhead = match mode {
         VolumeMode::Filesystem => cfg.overhead(spec.storage_class_name.as_deref()),
         VolumeMode::Block => 0.0,
@@ -538,7 +538,7 @@ fn follow_pod(
         PopulationSource::Clone(_) => (
             "CloneSucceeded",
             format!("Successfully cloned into {}", name(t)),
-            "CloneFailed",
+            CLONE_FAILED,
             format!("Clone into {} failed", name(t)),
         ),
     };
@@ -696,13 +696,10 @@ fn clone_route(obs: &Observed<'_>, c: &VolumeCloneSourceSpec) -> Option<CloneRou
                 return None;
             }
             let src_spec = src.spec.clone().unwrap_or_default();
-            let mode = |m: &Option<String>| match m.as_deref() {
-                Some("Block") => VolumeMode::Block,
-                _ => VolumeMode::Filesystem,
-            };
+
             let node = annotation(src, ANN_SELECTED_NODE).map(String::from);
             let csi = src_spec.storage_class_name == spec.storage_class_name
-                && mode(&src_spec.volume_mode) == mode(&spec.volume_mode);
+                && mode_of(&src_spec) == mode_of(&spec);
             Some(if csi {
                 CloneRoute::Csi {
                     data_source: c.source.clone(),
@@ -711,7 +708,7 @@ fn clone_route(obs: &Observed<'_>, c: &VolumeCloneSourceSpec) -> Option<CloneRou
             } else {
                 CloneRoute::HostAssisted(SourcePvc {
                     name: c.source.name.clone(),
-                    mode: mode(&src_spec.volume_mode),
+                    mode: mode_of(&src_spec),
                     node,
                 })
             })
@@ -777,9 +774,8 @@ fn feed_upload(
             d.requeue = Some(cfg.progress_interval);
         }
         Some(p) if pod_phase(p) == "Failed" => {
-            let (code, msg) = terminated(p).unwrap_or((-1, String::new()));
-            let message = format!("Clone source pod failed: {msg} (exit code {code}); restarting");
-            d.actions.push(event(true, "CloneFailed", &message));
+            let message = clone_objects::source_pod_failed(p);
+            d.actions.push(event(true, CLONE_FAILED, &message));
             d.actions.push(Action::DeletePod(
                 p.metadata.name.clone().unwrap_or_default(),
             ));

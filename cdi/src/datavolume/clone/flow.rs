@@ -565,10 +565,7 @@ fn host_assisted(
                 }
                 "Failed" => {
                     // The upload server keeps waiting: a new source pod starts over.
-                    let (code, msg) =
-                        crate::datavolume::decide::terminated(p).unwrap_or((-1, String::new()));
-                    let message =
-                        format!("Clone source pod failed: {msg} (exit code {code}); restarting");
+                    let message = objects::source_pod_failed(p);
                     cx.cond(condition::RUNNING, false, event::CLONE_FAILED, &message);
                     cx.event(true, event::CLONE_FAILED, message);
                     delete_source(cx);

@@ -315,6 +315,13 @@ pub fn source_pod(w: &pod::Workload, s: &SourcePodSpec, cfg: &Config) -> Pod {
     p
 }
 
+/// What a failed clone source pod says, for its event: it is replaced while the upload server
+/// waits.
+pub fn source_pod_failed(p: &Pod) -> String {
+    let (code, msg) = crate::datavolume::decide::terminated(p).unwrap_or((-1, String::new()));
+    format!("Clone source pod failed: {msg} (exit code {code}); restarting")
+}
+
 /// Required node affinity to the node named `node` (the scheduler still places the pod).
 fn on_node(node: &str) -> Affinity {
     Affinity {
