@@ -152,15 +152,21 @@ where
         .await?)
 }
 
-/// Adds `finalizer` to `obj`. The patch carries the object's resourceVersion, so a stale copy
-/// fails with 409 (and is retried) instead of dropping someone else's finalizer.
-pub async fn add_finalizer<K>(api: &Api<K>, obj: &K, finalizer: &str, manager: &str) -> Result<()>
+/// Adds `finalizer` to `obj`, returning the object as written (None when it had it already or
+/// is gone). The patch carries the object's resourceVersion, so a stale copy fails with 409
+/// (and is retried) instead of dropping someone else's finalizer.
+pub async fn add_finalizer<K>(
+    api: &Api<K>,
+    obj: &K,
+    finalizer: &str,
+    manager: &str,
+) -> Result<Option<K>>
 where
     K: kube::Resource + Clone + DeserializeOwned + Debug,
 {
     let mut list = obj.meta().finalizers.clone().unwrap_or_default();
     if list.iter().any(|f| f == finalizer) {
-        return Ok(());
+        return Ok(None);
     }
     list.push(finalizer.to_string());
     set_finalizers(api, obj, list, manager).await
@@ -181,10 +187,16 @@ where
         return Ok(());
     }
     let rest = list.into_iter().filter(|f| f != finalizer).collect();
-    set_finalizers(api, obj, rest, manager).await
+    set_finalizers(api, obj, rest, manager).await?;
+    Ok(())
 }
 
-async fn set_finalizers<K>(api: &Api<K>, obj: &K, list: Vec<String>, manager: &str) -> Result<()>
+async fn set_finalizers<K>(
+    api: &Api<K>,
+    obj: &K,
+    list: Vec<String>,
+    manager: &str,
+) -> Result<Option<K>>
 where
     K: kube::Resource + Clone + DeserializeOwned + Debug,
 {
@@ -198,9 +210,9 @@ where
     };
     let name = meta.name.clone().unwrap_or_default();
     match api.patch(&name, &params, &Patch::Merge(patch)).await {
-        Ok(_) => Ok(()),
+        Ok(written) => Ok(Some(written)),
         // Gone already: nothing left to finalize.
-        Err(e) if status_code(&e) == Some(404) => Ok(()),
+        Err(e) if status_code(&e) == Some(404) => Ok(None),
         Err(e) => Err(e.into()),
     }
 }

@@ -5,6 +5,7 @@
 //! ([`mockapi`], feature `mock`).
 
 pub mod error;
+pub mod informer;
 pub mod kubeops;
 pub mod leader;
 pub mod metrics;

@@ -6,12 +6,14 @@ use cdi::cdiconfig;
 use cdi::datavolume;
 use cdi::datavolume::controller::Context;
 use cdi::golden;
+use cdi::informers::Informers;
 use cdi::populator;
 
 /// CDI's controller process (`quarry controller datavolume`), over every namespace (`namespace`
 /// None) or one: the DataVolume reconciler with the CDIConfig, StorageProfile, DataSource and
 /// DataImportCron reconcilers and the volume populators beside it, as CDI's cdi-deployment
-/// runs them. The settings the
+/// runs them; the last two share one watch (and store) of PVCs and one of Quarry's pods. The
+/// settings the
 /// CDIConfig reconciler derives reach the DataVolume reconciles through `ctx.live`.
 pub async fn cdi(ctx: Arc<Context>, namespace: Option<&str>) {
     let config_ctx = Arc::new(cdiconfig::controller::Context {
@@ -41,13 +43,16 @@ pub async fn cdi(ctx: Arc<Context>, namespace: Option<&str>) {
         ctx.live.clone(),
         ctx.metrics.clone(),
     ));
+    let mut informers = Informers::new(&ctx.client, namespace);
+    let (populator_feed, feed) = (informers.feed(), informers.feed());
+    let watching = tokio::spawn(informers.run());
     let scope = namespace.map(str::to_string);
-    let populators =
-        tokio::spawn(
-            async move { populator::controller::run(populator_ctx, scope.as_deref()).await },
-        );
-    datavolume::controller::run(ctx, namespace).await;
+    let populators = tokio::spawn(async move {
+        populator::controller::run_fed(populator_ctx, scope.as_deref(), populator_feed).await
+    });
+    datavolume::controller::run_fed(ctx, namespace, feed).await;
     populators.abort();
+    watching.abort();
     config.abort();
     profiles.abort();
     data_sources.abort();

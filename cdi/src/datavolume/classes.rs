@@ -1,16 +1,18 @@
-//! StorageClasses by name, read once in a while: a class's provisioner, parameters and binding
-//! mode cannot change (the API server refuses such updates), so the DataVolume and populator
-//! controllers need not read the class on every reconcile (on a busy node those reads were a
-//! quarter of their API requests). A class found is read again after [`TTL`] (it may have been
-//! deleted and made anew); one not found is read every time. Annotations, which may change (the
-//! default-class ones), are read from a list where they matter, never from here.
+//! StorageClasses and CSIDrivers by name, read once in a while: a class's provisioner,
+//! parameters and binding mode cannot change (the API server refuses such updates), nor can a
+//! CSIDriver's name, so the DataVolume and populator controllers need not read them on every
+//! reconcile (on a busy node class reads were a quarter of their API requests). An object found
+//! is read again after [`TTL`] (it may have been deleted and made anew); one not found is read
+//! every time. Annotations, which may change (the default-class ones), are read from a list
+//! where they matter, never from here.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::storage::v1::StorageClass;
-use kube::{Api, Client};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
 
 use kubekit::error::Result;
 use kubekit::kubeops;
@@ -18,23 +20,35 @@ use kubekit::kubeops;
 /// How long a class read is used.
 pub const TTL: Duration = Duration::from_secs(60);
 
-/// StorageClasses read through a client, each kept for [`TTL`].
-pub struct StorageClasses {
-    api: Api<StorageClass>,
-    seen: Mutex<HashMap<String, (Instant, StorageClass)>>,
+/// Cluster-scoped objects read through a client, each kept for [`TTL`].
+pub struct SeldomRead<K> {
+    api: Api<K>,
+    seen: Mutex<HashMap<String, (Instant, K)>>,
 }
 
-impl StorageClasses {
-    /// Classes read with `client`.
+/// StorageClasses, read once in a while.
+pub type StorageClasses = SeldomRead<StorageClass>;
+
+/// CSIDrivers, read once in a while.
+pub type CsiDrivers = SeldomRead<CSIDriver>;
+
+impl<K> SeldomRead<K>
+where
+    K: Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    /// Objects read with `client`.
     pub fn new(client: Client) -> Self {
-        StorageClasses {
+        SeldomRead {
             api: Api::all(client),
             seen: Mutex::new(HashMap::new()),
         }
     }
 
-    /// The class `name` (None: it does not exist).
-    pub async fn get(&self, name: &str) -> Result<Option<StorageClass>> {
+    /// The object `name` (None: it does not exist).
+    pub async fn get(&self, name: &str) -> Result<Option<K>> {
         if let Some((at, class)) = self.lock().get(name)
             && at.elapsed() < TTL
         {
@@ -49,7 +63,7 @@ impl StorageClasses {
         Ok(class)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, StorageClass)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, K)>> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

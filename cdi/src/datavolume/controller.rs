@@ -11,21 +11,21 @@
 //! interval whatever else triggers reconciles.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
-use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::{Action as Requeue, Controller};
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{Instrument, info_span};
 
-use super::classes::StorageClasses;
+use super::classes::{CsiDrivers, StorageClasses};
 use super::clone::objects::temp_snapshot_name;
 use super::clone::{SourceRef, resolve_source_ref};
 use super::decide::{Announced, Event, PodRefusal};
@@ -37,6 +37,7 @@ use super::source::CloneSourceKind;
 use super::source::{ImportSource, Source, source};
 use super::status::{CLONE_PROGRESS, IMPORT_PROGRESS, parse_counter};
 use super::{ANN_OWNED_BY, Action, FINALIZER, Observed, decide, name};
+use crate::informers::{self, Feed, Informers, Stores};
 use crate::settings::{Config, UploadTls};
 use crate::settings::{LiveSettings, Overrides, default_class};
 use api::datavolume::{ContentType, DataVolumeSourceRef};
@@ -46,6 +47,7 @@ use api::populator::{VolumeImportSource, VolumeUploadSource};
 use api::snapshot::VolumeSnapshot;
 use api::{DataVolume, StorageProfile};
 use kubekit::error::{Error, Result};
+use kubekit::informer::Written;
 use kubekit::kubeops;
 use kubekit::metrics::Metrics;
 
@@ -68,6 +70,12 @@ pub struct Context {
     pub metrics_port: u16,
     /// StorageClasses, read once in a while.
     pub classes: StorageClasses,
+    /// CSIDrivers, likewise.
+    drivers: CsiDrivers,
+    /// The shared PVC and pod stores and the StorageProfiles, once [`run`] watches.
+    stores: OnceLock<(Stores, Store<StorageProfile>)>,
+    /// DataVolumes as our status writes left them, until the store has them.
+    written: Written<DataVolume>,
     /// When each running import (by DataVolume UID) was last scraped.
     scraped: Mutex<HashMap<String, Instant>>,
     /// Pod creations refused in a row, by DataVolume UID (an input of their back-off).
@@ -88,6 +96,9 @@ impl Context {
     pub fn with_settings(client: Client, live: Arc<LiveSettings>, metrics: Arc<Metrics>) -> Self {
         Context {
             classes: StorageClasses::new(client.clone()),
+            drivers: CsiDrivers::new(client.clone()),
+            stores: OnceLock::new(),
+            written: Written::default(),
             client,
             live,
             metrics,
@@ -151,6 +162,7 @@ impl Context {
             .unwrap_or_else(|e| e.into_inner())
             .remove(uid);
         self.announced.forget(uid);
+        self.written.forget(uid);
     }
 
     /// Whether `e` differs from the last event published for `uid` (and if so, records it).
@@ -167,6 +179,7 @@ pub async fn reconcile(dv: Arc<DataVolume>, ctx: Arc<Context>) -> Result<Requeue
     async move {
         let _measure = ctx.metrics.reconcile(CONTROLLER);
         let api: Api<DataVolume> = Api::namespaced(ctx.client.clone(), &ns);
+        let dv = ctx.written.newest(dv);
         let has_finalizer = dv.finalizers().iter().any(|f| f == FINALIZER);
         if dv.metadata.deletion_timestamp.is_some() {
             if has_finalizer {
@@ -176,11 +189,19 @@ pub async fn reconcile(dv: Arc<DataVolume>, ctx: Arc<Context>) -> Result<Requeue
             ctx.forget(dv.metadata.uid.as_deref().unwrap_or_default());
             return Ok(Requeue::await_change());
         }
-        if !has_finalizer {
-            // The finalizer change is watched: the next reconcile does the work.
-            kubeops::add_finalizer(&api, dv.as_ref(), FINALIZER, &ctx.manager).await?;
-            return Ok(Requeue::await_change());
-        }
+        let dv = match has_finalizer {
+            true => dv,
+            // Then on with the work, on the object as written.
+            false => {
+                match kubeops::add_finalizer(&api, dv.as_ref(), FINALIZER, &ctx.manager).await? {
+                    Some(written) => {
+                        ctx.written.record(written.clone());
+                        Arc::new(written)
+                    }
+                    None => return Ok(Requeue::await_change()),
+                }
+            }
+        };
         apply(&dv, &ctx, true).await
     }
     .instrument(span)
@@ -265,7 +286,8 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         .and_then(|s| s.phase)
         .is_some_and(|p| p.is_final());
 
-    let pvc = kubeops::get(&pvcs, name(dv)).await?;
+    let stores = ctx.stores.get().map(|(s, _)| s);
+    let pvc = informers::read(stores.map(|s| &s.claims), &pvcs, Some(&ns), name(dv)).await?;
     // A PVC populated before its DataVolume is adopted as it is: its source is never read.
     let adopts = super::adopt::adopts(dv, pvc.as_ref());
     let finished = finished || adopts;
@@ -295,7 +317,7 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         && populated::uses_populator(dv, pvc.as_ref(), csi_class);
     let pod = match populated {
         true => None,
-        false => kubeops::get(&pods, &pod_name).await?,
+        false => informers::read(stores.map(|s| &s.pods), &pods, Some(&ns), &pod_name).await?,
     };
     let service = if upload && !populated {
         kubeops::get(&services, &pod_name).await?.is_some()
@@ -502,7 +524,8 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
             "kind": DataVolume::kind(&()),
             "status": decision.status,
         });
-        kubeops::apply_status(&dvs, name(dv), doc, &ctx.manager).await?;
+        let written = kubeops::apply_status(&dvs, name(dv), doc, &ctx.manager).await?;
+        ctx.written.record(written);
     }
     for action in deletions {
         match action {
@@ -600,7 +623,10 @@ async fn storage_defaults(
     let profile = match &class {
         Some(name) if st.access_modes.is_empty() || st.volume_mode.is_none() => {
             let profiles: Api<StorageProfile> = Api::all(ctx.client.clone());
-            kubeops::get(&profiles, name).await?.and_then(|p| p.status)
+            let store = ctx.stores.get().map(|(_, profiles)| profiles);
+            informers::read(store, &profiles, None, name)
+                .await?
+                .and_then(|p| p.status)
         }
         _ => None,
     };
@@ -637,8 +663,7 @@ async fn has_csi_driver(class: Option<StorageClass>, ctx: &Context) -> Result<bo
     let Some(class) = class else {
         return Ok(false);
     };
-    let drivers: Api<CSIDriver> = Api::all(ctx.client.clone());
-    Ok(kubeops::get(&drivers, &class.provisioner).await?.is_some())
+    Ok(ctx.drivers.get(&class.provisioner).await?.is_some())
 }
 
 /// Copies the import proxy's trusted CA ConfigMap from Quarry's namespace next to the
@@ -852,7 +877,7 @@ fn referring_to(dvs: &[Arc<DataVolume>], ds: &DataSource) -> Vec<ObjectRef<DataV
 
 /// The DataVolume a PVC belongs to, from CDI's ownedByDataVolume annotation, else the one of
 /// its namespace it is populated for (CDI's populatedFor: a PVC made before its DataVolume).
-fn owner_of(pvc: PersistentVolumeClaim) -> Option<ObjectRef<DataVolume>> {
+fn owner_of(pvc: &PersistentVolumeClaim) -> Option<ObjectRef<DataVolume>> {
     let annotations = pvc.annotations();
     if let Some((ns, name)) = annotations
         .get(ANN_OWNED_BY)
@@ -864,21 +889,42 @@ fn owner_of(pvc: PersistentVolumeClaim) -> Option<ObjectRef<DataVolume>> {
     Some(ObjectRef::new(name).within(&pvc.namespace()?))
 }
 
+/// A hash of the finalizers other than ours (a predicate): adding ours is no news.
+fn foreign_finalizers(dv: &DataVolume) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    dv.finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .for_each(|f| f.hash(&mut hasher));
+    Some(hasher.finish())
+}
+
 /// Runs the DataVolume reconciler until the process is stopped, over every namespace
-/// (`namespace` None) or one. [`operators::process::cdi`] runs it with its neighbours.
+/// (`namespace` None) or one, with PVC and pod watches of its own.
+/// [`operators::process::cdi`] runs it with its neighbours, sharing them ([`run_fed`]).
 pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
+    let client = ctx.client.clone();
+    Informers::alone(&client, namespace, |feed| run_fed(ctx, namespace, feed)).await
+}
+
+/// [`run`] on shared PVC and pod watches.
+pub async fn run_fed(ctx: Arc<Context>, namespace: Option<&str>, feed: Feed) {
     use kubeops::scoped as api;
     let client = ctx.client.clone();
+    let (profiles_reader, profiles_writer) = reflector::store();
+    let _ = ctx.stores.set((feed.stores(), profiles_reader));
     let dvs: Api<DataVolume> = api(&client, namespace);
     let (reader, writer) = reflector::store();
-    // Status-only changes (our own writes among them) do not pass: the spec (generation, also
-    // bumped by deletion) and the finalizers do.
+    // Status-only changes and our own finalizer (our own writes) do not pass: the spec
+    // (generation, also bumped by deletion) and other finalizers do.
     let trigger = watcher(dvs, watcher::Config::default())
         .default_backoff()
+        .modify(|dv: &mut DataVolume| dv.managed_fields_mut().clear())
         .reflect(writer)
         .applied_objects()
         .predicate_filter(
-            predicates::generation.combine(predicates::finalizers),
+            predicates::generation.combine(foreign_finalizers),
             Default::default(),
         );
     // A DataVolume waiting for its class's StorageProfile (no PVC yet) tries again as soon as
@@ -889,6 +935,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
         Default::default(),
     )
     .default_backoff()
+    .reflect(profiles_writer)
     .touched_objects();
     // A DataVolume whose sourceRef waits is looked at again when its DataSource changes (in any
     // namespace: a golden-image namespace usually).
@@ -902,16 +949,12 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
             watcher::Config::default(),
             move |ds| referring_to(&referring.state(), &ds),
         )
-        .owns(api::<Pod>(&client, namespace), watcher::Config::default())
+        .owns_shared_stream(feed.pod_changes)
         .owns(
             api::<Service>(&client, namespace),
             watcher::Config::default(),
         )
-        .watches(
-            api::<PersistentVolumeClaim>(&client, namespace),
-            watcher::Config::default(),
-            owner_of,
-        )
+        .watches_shared_stream(feed.claim_changes, |pvc| owner_of(&pvc))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx);
     kubeops::drain(results).await;
@@ -1070,16 +1113,16 @@ mod tests {
         let to = |r: Option<ObjectRef<DataVolume>>| r.map(|r| (r.namespace, r.name));
         let owned = pvc(&[(ANN_OWNED_BY, "other/fedora")]);
         assert_eq!(
-            to(owner_of(owned)),
+            to(owner_of(&owned)),
             Some((Some("other".into()), "fedora".into()))
         );
         // Made before its DataVolume: the one of its namespace it is populated for.
         let prepared = pvc(&[(super::super::adopt::ANN_POPULATED_FOR, "golden")]);
         assert_eq!(
-            to(owner_of(prepared)),
+            to(owner_of(&prepared)),
             Some((Some("vms".into()), "golden".into()))
         );
-        assert_eq!(to(owner_of(pvc(&[]))), None);
+        assert_eq!(to(owner_of(&pvc(&[]))), None);
     }
 
     #[tokio::test]

@@ -142,13 +142,69 @@ pub fn already_managed(
     })
 }
 
-/// Whether a poll is due: never polled, or the recorded next run has come (an unreadable one
-/// counts as due).
+/// Whether a poll is due: never polled, or the recorded next run has come, [`spread`] after
+/// it (an unreadable one counts as due).
 pub fn poll_due(cron: &DataImportCron, now: Timestamp) -> bool {
     match cron.annotations().get(annotation::NEXT_CRON_TIME) {
         None => true,
-        Some(t) => t.parse::<Timestamp>().map_or(true, |t| t <= now),
+        Some(t) => t
+            .parse::<Timestamp>()
+            .map_or(true, |t| poll_time(cron, t) <= now),
     }
+}
+
+/// When to look again for the next poll: the recorded run's [`poll_time`] while that is ahead
+/// (a reconcile inside the spread must not skip it), else the next run's.
+pub fn next_poll(
+    cron: &DataImportCron,
+    now: Timestamp,
+) -> Result<Option<Timestamp>, ScheduleError> {
+    let recorded = cron
+        .annotations()
+        .get(annotation::NEXT_CRON_TIME)
+        .and_then(|t| t.parse::<Timestamp>().ok())
+        .map(|t| poll_time(cron, t))
+        .filter(|t| *t > now);
+    match recorded {
+        Some(t) if !cron.spec.schedule.trim().is_empty() => Ok(Some(t)),
+        _ => Ok(next_run(cron, now)?.map(|t| poll_time(cron, t))),
+    }
+}
+
+/// Longest a poll waits after its scheduled time.
+pub const MAX_SPREAD: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// When the run scheduled at `scheduled` polls: [`spread`] after it.
+pub fn poll_time(cron: &DataImportCron, scheduled: Timestamp) -> Timestamp {
+    let spread = spread(cron, scheduled);
+    scheduled
+        .checked_add(k8s_openapi::jiff::SignedDuration::try_from(spread).unwrap_or_default())
+        .unwrap_or(scheduled)
+}
+
+/// How long after its scheduled time a cron polls: a fraction of [`MAX_SPREAD`] (of a quarter
+/// of the schedule's period when that is shorter) fixed by its UID. Crons sharing a schedule (a
+/// hundred golden images polled every 12 hours) then reach their registry over half a minute,
+/// not all in the first second of it. The recorded next run stays the scheduled time.
+pub fn spread(cron: &DataImportCron, scheduled: Timestamp) -> std::time::Duration {
+    let period = Schedule::parse(&cron.spec.schedule)
+        .ok()
+        .and_then(|s| s.next_after(scheduled))
+        .and_then(|next| std::time::Duration::try_from(next.duration_since(scheduled)).ok())
+        .unwrap_or(MAX_SPREAD * 4);
+    let window = MAX_SPREAD.min(period / 4);
+    let key = cron.metadata.uid.clone().unwrap_or_else(|| {
+        format!(
+            "{}/{}",
+            cron.namespace().unwrap_or_default(),
+            cron.name_any()
+        )
+    });
+    // FNV-1a: stable across processes and releases (the std hasher is not).
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    window.mul_f64((hash % 10_000) as f64 / 10_000.0)
 }
 
 /// The next run after `now`; None when the schedule is empty (polling off) or never fires.
@@ -579,6 +635,43 @@ mod tests {
     }
 
     #[test]
+    fn crons_of_one_schedule_poll_spread_over_half_a_minute_each_at_its_own_fixed_time() {
+        let next = "2024-05-02T12:00:00Z".parse::<Timestamp>().unwrap();
+        let spreads: Vec<_> = (0..100)
+            .map(|i| {
+                let mut c = cron();
+                c.metadata.uid = Some(format!("6f1c2a9e-0000-4000-8000-{i:012}"));
+                spread(&c, next)
+            })
+            .collect();
+        assert!(spreads.iter().all(|s| *s < MAX_SPREAD));
+        // Spread out: no 3-second slice holds more than a fifth of them.
+        let mut slices = [0; 10];
+        spreads
+            .iter()
+            .for_each(|s| slices[(s.as_secs() / 3) as usize] += 1);
+        assert!(slices.iter().all(|n| *n <= 20), "{slices:?}");
+        // Fixed by the UID: the same cron waits as long every time.
+        let mut c = cron();
+        c.metadata.uid = Some("6f1c2a9e-0000-4000-8000-000000000007".into());
+        assert_eq!(spread(&c, next), spreads[7]);
+        // Inside the spread, the next look is still this run's poll, not the next run's.
+        let late = spreads.iter().position(|s| s.as_secs() >= 2).unwrap();
+        c.metadata.uid = Some(format!("6f1c2a9e-0000-4000-8000-{late:012}"));
+        c.annotations_mut()
+            .insert(annotation::NEXT_CRON_TIME.into(), next.to_string());
+        let inside = next
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(1))
+            .unwrap();
+        assert!(!poll_due(&c, inside));
+        assert_eq!(next_poll(&c, inside).unwrap(), Some(poll_time(&c, next)));
+        assert!(poll_due(&c, poll_time(&c, next)));
+        // A short period spreads over a quarter of it.
+        c.spec.schedule = "@every 20s".into();
+        assert!(spread(&c, next) < std::time::Duration::from_secs(5));
+    }
+
+    #[test]
     fn a_cron_never_polled_is_due_and_then_waits_for_its_next_run() {
         let mut c = cron();
         assert!(poll_due(&c, now()));
@@ -587,7 +680,7 @@ mod tests {
         c.annotations_mut()
             .insert(annotation::NEXT_CRON_TIME.into(), next.to_string());
         assert!(!poll_due(&c, now()));
-        assert!(poll_due(&c, next));
+        assert!(poll_due(&c, poll_time(&c, next)));
         c.spec.schedule = String::new();
         assert_eq!(next_run(&c, now()).unwrap(), None);
     }

@@ -25,7 +25,7 @@ use serde::de::DeserializeOwned;
 use super::cron::{
     CLEANUP_LABEL, ERR_DATA_SOURCE_ALREADY_MANAGED, FINALIZER, ImportState, Seen, already_managed,
     annotation, decide, garbage, import_data_volume, import_state_of, labelled_manager,
-    managed_data_source, next_run, poll_due,
+    managed_data_source, next_poll, next_run, poll_due,
 };
 use super::poll::{poll, poll_request, template_source};
 use super::snapshot::{FormatError, SourceFormat, import_snapshot, snapshot_class, volume_node};
@@ -211,7 +211,7 @@ pub async fn reconcile(cron: Arc<DataImportCron>, ctx: Arc<Context>) -> Result<R
         });
         kubeops::apply_status(&crons, &name, doc, &manager).await?;
     }
-    let wait = match next_run(&cron, Timestamp::now()) {
+    let wait = match next_poll(&cron, Timestamp::now()) {
         Ok(Some(next)) => Duration::try_from(next.duration_since(Timestamp::now()))
             .unwrap_or_default()
             .clamp(Duration::from_secs(1), RESYNC),

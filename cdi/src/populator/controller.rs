@@ -4,7 +4,7 @@
 //! volume data source validator's CRD is installed.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod, Service};
@@ -13,15 +13,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{Instrument, info_span};
 
 use super::decide::{
-    Action, CloneOrigin, Observed, PopulationSource, decide, needs_node, workload,
+    Action, CloneOrigin, Decision, Observed, PopulationSource, decide, needs_node, workload,
 };
-use super::placement::candidates;
+use super::placement::{Candidates, candidates};
 use super::{ANN_POPULATOR_KIND, prime_name, source_ref};
 use crate::datavolume::classes::StorageClasses;
 use crate::datavolume::clone::objects::source_pod_name;
@@ -34,10 +34,12 @@ use crate::datavolume::pod::{self, POD_PORT, SourceRefs};
 use crate::datavolume::source::{self, Source};
 use crate::datavolume::status::IMPORT_PROGRESS;
 use crate::datavolume::upload_secret;
+use crate::informers::{self, Feed, Informers, Stores};
 use crate::settings::LiveSettings;
 use api::populator::{self, VolumeCloneSource, VolumeImportSource, VolumeUploadSource};
 use api::snapshot::VolumeSnapshot;
 use kubekit::error::{Error, Result};
+use kubekit::informer::Written;
 use kubekit::kubeops;
 use kubekit::metrics::Metrics;
 
@@ -58,6 +60,12 @@ pub struct Context {
     pub manager: String,
     /// StorageClasses, read once in a while.
     classes: StorageClasses,
+    /// Nodes found for PVC's, for a few seconds.
+    candidates: Candidates,
+    /// Targets as our annotation writes left them, until the store has them.
+    written: Written<PersistentVolumeClaim>,
+    /// The shared PVC and pod stores and the VolumeImportSources, once [`run`] watches.
+    stores: OnceLock<(Stores, Store<VolumeImportSource>)>,
     /// The last event published, by target UID.
     announced: Announced,
 }
@@ -67,6 +75,9 @@ impl Context {
     pub fn new(client: Client, live: Arc<LiveSettings>, metrics: Arc<Metrics>) -> Self {
         Context {
             classes: StorageClasses::new(client.clone()),
+            stores: OnceLock::new(),
+            written: Written::default(),
+            candidates: Candidates::default(),
             client,
             live,
             metrics,
@@ -85,7 +96,7 @@ pub async fn reconcile(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Re
     async move {
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
         let target = match target_of_prime(&pvc) {
-            Some(owner) => match kubeops::get(&pvcs, &owner.name).await? {
+            Some(owner) => match read_claim(&ctx, &pvcs, &ns, &owner.name).await? {
                 Some(t) if t.metadata.uid.as_deref() == Some(owner.uid.as_str()) => Arc::new(t),
                 // The target is gone: PVC' and its pod go now (the garbage collector would wait
                 // for a pod that still uses PVC', which PVC''s deletion protection waits for).
@@ -96,11 +107,13 @@ pub async fn reconcile(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Re
             },
             None => pvc,
         };
+        let target = ctx.written.newest(target);
         let Some((kind, source_name)) = source_ref(&target) else {
             return Ok(Requeue::await_change());
         };
         if target.metadata.deletion_timestamp.is_some() {
-            if let Some(prime) = kubeops::get(&pvcs, &prime_name(&target)).await? {
+            ctx.written.forget(&target.uid().unwrap_or_default());
+            if let Some(prime) = read_claim(&ctx, &pvcs, &ns, &prime_name(&target)).await? {
                 orphaned(&ctx, &ns, &prime, &target.name_any()).await?;
             }
             return Ok(Requeue::await_change());
@@ -147,6 +160,17 @@ async fn orphaned(
     Ok(())
 }
 
+/// A PVC, from the shared store when it holds it.
+async fn read_claim(
+    ctx: &Context,
+    pvcs: &Api<PersistentVolumeClaim>,
+    ns: &str,
+    name: &str,
+) -> Result<Option<PersistentVolumeClaim>> {
+    let store = ctx.stores.get().map(|(s, _)| &s.claims);
+    informers::read(store, pvcs, Some(ns), name).await
+}
+
 /// Retries failed reconciles.
 pub fn error_policy(pvc: Arc<PersistentVolumeClaim>, err: &Error, ctx: Arc<Context>) -> Requeue {
     kubeops::requeue_after(
@@ -160,15 +184,17 @@ pub fn error_policy(pvc: Arc<PersistentVolumeClaim>, err: &Error, ctx: Arc<Conte
 
 /// Reads the source a target names (None: missing, or meant for another claim).
 async fn population_source(
-    client: &Client,
+    ctx: &Context,
     ns: &str,
     kind: &str,
     name: &str,
     target: &str,
 ) -> Result<Option<PopulationSource>> {
+    let client = &ctx.client;
     Ok(if kind == populator::IMPORT_KIND {
         let api: Api<VolumeImportSource> = Api::namespaced(client.clone(), ns);
-        kubeops::get(&api, name)
+        let store = ctx.stores.get().map(|(_, imports)| imports);
+        informers::read(store, &api, Some(ns), name)
             .await?
             .filter(|s| {
                 s.spec
@@ -205,7 +231,7 @@ async fn apply(
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
     let name = target.name_any();
 
-    let src = population_source(client, &ns, kind, source_name, &name).await?;
+    let src = population_source(ctx, &ns, kind, source_name, &name).await?;
     let class = match target
         .spec
         .as_ref()
@@ -214,13 +240,17 @@ async fn apply(
         Some(c) => ctx.classes.get(c).await?,
         None => None,
     };
-    let prime = kubeops::get(&pvcs, &prime_name(target)).await?;
+    let prime = read_claim(ctx, &pvcs, &ns, &prime_name(target)).await?;
     let import = kind == populator::IMPORT_KIND;
+    let pod_store = ctx.stores.get().map(|(s, _)| &s.pods);
     // Named as [`workload`] names them: an importer for PVC', an upload server (an upload's, a
     // host-assisted clone's) for the target.
     let pod = match &prime {
-        Some(p) if import => kubeops::get(&pods, &pod::importer_pod_name(&p.name_any())).await?,
-        Some(_) => kubeops::get(&pods, &pod::upload_name(&name)).await?,
+        Some(p) if import => {
+            let pod_name = pod::importer_pod_name(&p.name_any());
+            informers::read(pod_store, &pods, Some(&ns), &pod_name).await?
+        }
+        Some(_) => informers::read(pod_store, &pods, Some(&ns), &pod::upload_name(&name)).await?,
         None => None,
     };
     let service = !import
@@ -298,88 +328,187 @@ async fn apply(
     // Read only when PVC' is about to be made with no consumer's node.
     let nodes = match (&prime, &class) {
         (None, Some(c)) if needs_node(&observed) => {
-            let all: Api<Node> = Api::all(client.clone());
-            let csi: Api<CSINode> = Api::all(client.clone());
             let placement = &cfg.workload;
-            candidates(
-                &all.list(&Default::default()).await?.items,
-                &csi.list(&Default::default()).await?.items,
-                &c.provisioner,
-                placement,
-            )
+            match ctx.candidates.get(&c.provisioner, placement) {
+                Some(names) => names,
+                None => {
+                    let all: Api<Node> = Api::all(client.clone());
+                    let csi: Api<CSINode> = Api::all(client.clone());
+                    let names = candidates(
+                        &all.list(&Default::default()).await?.items,
+                        &csi.list(&Default::default()).await?.items,
+                        &c.provisioner,
+                        placement,
+                    );
+                    ctx.candidates.put(&c.provisioner, placement, &names);
+                    names
+                }
+            }
         }
         _ => Vec::new(),
     };
     observed.nodes = &nodes;
-    let mut decision = decide(&observed, &cfg);
-
-    for action in std::mem::take(&mut decision.actions) {
-        match action {
-            Action::CreatePrime(p) => kubeops::create(&pvcs, &p, &ctx.manager).await?,
-            Action::CreatePod(p) => {
-                if let (Some(ca), Some(prime), Some(src)) = (pod::proxy_ca(&cfg), &prime, &src)
-                    && import
-                {
-                    let w = workload(target, prime, src);
-                    copy_proxy_ca(client, &ctx.manager, &w, ca).await?;
-                }
-                kubeops::create(&pods, &p, &ctx.manager).await?
-            }
-            Action::CreateService(s) => kubeops::create(&services, &s, &ctx.manager).await?,
-            Action::CreateSourcePod(p) => kubeops::create(&pods, &p, &ctx.manager).await?,
-            Action::EnsureClientSecret { namespace, secret } => {
-                ensure_client_secret(client, *secret, &namespace, &ctx.manager).await?;
-            }
-            Action::Annotate(set) => annotate(&pvcs, target, set, &ctx.manager).await?,
-            Action::Rebind {
-                volume,
-                resource_version,
-                claim_ref,
-            } => {
-                // The resourceVersion makes it conditional: a volume that changed since it was
-                // read (still naming PVC' then) is read again, never taken from another claim.
-                let patch = serde_json::json!({
-                    "metadata": {"resourceVersion": resource_version},
-                    "spec": {"claimRef": claim_ref},
-                });
-                let params = PatchParams {
-                    field_manager: Some(ctx.manager.clone()),
-                    ..Default::default()
-                };
-                volumes
-                    .patch(&volume, &params, &Patch::Merge(&patch))
-                    .await?;
-            }
-            Action::EnsureUploadSecret { namespace } => {
-                let (Some(prime), Some(src)) = (&prime, &src) else {
-                    continue;
-                };
-                let w = workload(target, prime, src);
-                let renewal = upload_secret::ensure(client, &w, &namespace, &ctx.manager).await?;
-                decision.requeue = Some(decision.requeue.map_or(renewal, |r| r.min(renewal)));
-            }
-            Action::Event(e) => {
-                if ctx.announced.news(&target.uid().unwrap_or_default(), &e) {
-                    kubeops::publish_event(
-                        client,
-                        &target.object_ref(&()),
-                        e.warning,
-                        &e.reason,
-                        &e.message,
-                        &ctx.manager,
-                    )
-                    .await;
-                }
-            }
-            Action::DeletePod(n) => kubeops::delete(&pods, &n).await?,
-            Action::DeleteService(n) => kubeops::delete(&services, &n).await?,
-            Action::DeletePrime(n) => kubeops::delete(&pvcs, &n).await?,
-        }
+    let decision = decide(&observed, &cfg);
+    let at = Place {
+        ctx,
+        target,
+        src: src.as_ref(),
+        import,
+        prime: prime.as_ref(),
+    };
+    let mut done = Done::default();
+    at.carry_out(decision, &mut done).await?;
+    // PVC' just made: its pod may start in the same reconcile (the pod needs PVC''s UID), with
+    // one annotation write for both.
+    if let Some(made) = done.prime.take() {
+        observed.prime = Some(&made);
+        observed.refs = match &import_from {
+            Some(i) => source_refs(client, &cfg, i, &ns).await?,
+            None => SourceRefs::default(),
+        };
+        let decision = decide(&observed, &cfg);
+        let at = Place {
+            prime: Some(&made),
+            ..at
+        };
+        at.carry_out(decision, &mut done).await?;
     }
-    Ok(match decision.requeue {
+    at.flush(&mut done).await?;
+    Ok(match done.requeue {
         Some(d) => Requeue::requeue(d),
         None => Requeue::await_change(),
     })
+}
+
+/// What one reconcile acts on.
+#[derive(Clone, Copy)]
+struct Place<'a> {
+    ctx: &'a Context,
+    target: &'a PersistentVolumeClaim,
+    src: Option<&'a PopulationSource>,
+    import: bool,
+    prime: Option<&'a PersistentVolumeClaim>,
+}
+
+/// What carrying out a decision left to do or made.
+#[derive(Default)]
+struct Done {
+    /// PVC' as created.
+    prime: Option<PersistentVolumeClaim>,
+    /// Annotations of the target to write (once, at the end).
+    annotations: BTreeMap<String, Option<String>>,
+    requeue: Option<Duration>,
+}
+
+impl Place<'_> {
+    async fn carry_out(&self, mut decision: Decision, done: &mut Done) -> Result<()> {
+        let Place {
+            ctx,
+            target,
+            src,
+            import,
+            prime,
+        } = *self;
+        let client = &ctx.client;
+        let cfg = ctx.live.get();
+        let ns = target.namespace().unwrap_or_default();
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+        let volumes: Api<PersistentVolume> = Api::all(client.clone());
+        for action in std::mem::take(&mut decision.actions) {
+            match action {
+                Action::CreatePrime(p) => {
+                    done.prime = create_claim(&pvcs, &p, &ctx.manager).await?
+                }
+                Action::CreatePod(p) => {
+                    if let (Some(ca), Some(prime), Some(src)) = (pod::proxy_ca(&cfg), prime, src)
+                        && import
+                    {
+                        let w = workload(target, prime, src);
+                        copy_proxy_ca(client, &ctx.manager, &w, ca).await?;
+                    }
+                    kubeops::create(&pods, &p, &ctx.manager).await?
+                }
+                Action::CreateService(s) => kubeops::create(&services, &s, &ctx.manager).await?,
+                Action::CreateSourcePod(p) => kubeops::create(&pods, &p, &ctx.manager).await?,
+                Action::EnsureClientSecret { namespace, secret } => {
+                    ensure_client_secret(client, *secret, &namespace, &ctx.manager).await?;
+                }
+                Action::Annotate(set) => done.annotations.extend(set),
+                Action::Rebind {
+                    volume,
+                    resource_version,
+                    claim_ref,
+                } => {
+                    // The resourceVersion makes it conditional: a volume that changed since it was
+                    // read (still naming PVC' then) is read again, never taken from another claim.
+                    let patch = serde_json::json!({
+                        "metadata": {"resourceVersion": resource_version},
+                        "spec": {"claimRef": claim_ref},
+                    });
+                    let params = PatchParams {
+                        field_manager: Some(ctx.manager.clone()),
+                        ..Default::default()
+                    };
+                    volumes
+                        .patch(&volume, &params, &Patch::Merge(&patch))
+                        .await?;
+                }
+                Action::EnsureUploadSecret { namespace } => {
+                    let (Some(prime), Some(src)) = (prime, src) else {
+                        continue;
+                    };
+                    let w = workload(target, prime, src);
+                    let renewal =
+                        upload_secret::ensure(client, &w, &namespace, &ctx.manager).await?;
+                    done.requeue = Some(done.requeue.map_or(renewal, |r| r.min(renewal)));
+                }
+                Action::Event(e) => {
+                    if ctx.announced.news(&target.uid().unwrap_or_default(), &e) {
+                        kubeops::publish_event(
+                            client,
+                            &target.object_ref(&()),
+                            e.warning,
+                            &e.reason,
+                            &e.message,
+                            &ctx.manager,
+                        )
+                        .await;
+                    }
+                }
+                // A deletion triggers a reconcile, which must find the annotations (the
+                // restart count) written.
+                Action::DeletePod(n) => {
+                    self.flush(done).await?;
+                    kubeops::delete(&pods, &n).await?
+                }
+                Action::DeleteService(n) => {
+                    self.flush(done).await?;
+                    kubeops::delete(&services, &n).await?
+                }
+                Action::DeletePrime(n) => {
+                    self.flush(done).await?;
+                    kubeops::delete(&pvcs, &n).await?
+                }
+            }
+        }
+        if let Some(r) = decision.requeue {
+            done.requeue = Some(done.requeue.map_or(r, |d| d.min(r)));
+        }
+        Ok(())
+    }
+
+    /// Writes the annotations collected so far.
+    async fn flush(&self, done: &mut Done) -> Result<()> {
+        if done.annotations.is_empty() {
+            return Ok(());
+        }
+        let ns = self.target.namespace().unwrap_or_default();
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &ns);
+        let set = std::mem::take(&mut done.annotations);
+        annotate(self.ctx, &pvcs, self.target, set).await
+    }
 }
 
 /// The checked import of a VolumeImportSource (None: another kind, or invalid, which
@@ -392,12 +521,12 @@ fn import_source(src: &PopulationSource) -> Option<crate::datavolume::source::Im
 }
 
 /// Merges the annotations that differ into the target (a no-op write would trigger another
-/// reconcile for nothing).
+/// reconcile for nothing), and remembers the target as written.
 async fn annotate(
+    ctx: &Context,
     pvcs: &Api<PersistentVolumeClaim>,
     target: &PersistentVolumeClaim,
     set: BTreeMap<String, Option<String>>,
-    manager: &str,
 ) -> Result<()> {
     let current = target.annotations();
     let changed: BTreeMap<_, _> = set
@@ -409,12 +538,31 @@ async fn annotate(
     }
     let patch = serde_json::json!({"metadata": {"annotations": changed}});
     let params = PatchParams {
+        field_manager: Some(ctx.manager.clone()),
+        ..Default::default()
+    };
+    let written = pvcs
+        .patch(&target.name_any(), &params, &Patch::Merge(&patch))
+        .await?;
+    ctx.written.record(written);
+    Ok(())
+}
+
+/// Creates PVC', returning it as created (None when it was there already: the store lagged).
+async fn create_claim(
+    pvcs: &Api<PersistentVolumeClaim>,
+    claim: &PersistentVolumeClaim,
+    manager: &str,
+) -> Result<Option<PersistentVolumeClaim>> {
+    let params = kube::api::PostParams {
         field_manager: Some(manager.to_string()),
         ..Default::default()
     };
-    pvcs.patch(&target.name_any(), &params, &Patch::Merge(&patch))
-        .await?;
-    Ok(())
+    match pvcs.create(&params, claim).await {
+        Ok(made) => Ok(Some(made)),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The targets naming the source `name` of `kind` in `ns`.
@@ -456,32 +604,54 @@ pub async fn register(client: &Client, manager: &str) -> Result<()> {
 }
 
 /// Runs the populator controller until the process is stopped, over every namespace
-/// (`namespace` None) or one.
+/// (`namespace` None) or one, with PVC and pod watches of its own ([`run_fed`] shares them).
 pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
+    let client = ctx.client.clone();
+    Informers::alone(&client, namespace, |feed| run_fed(ctx, namespace, feed)).await
+}
+
+/// [`run`] on shared PVC and pod watches. Every reconcile is keyed by the target: a PVC''s
+/// changes and its pods' are the target's (one reconcile at a time for a target, never one for
+/// it and one for its PVC' at once); a PVC' without its target is reconciled as itself (to go).
+pub async fn run_fed(ctx: Arc<Context>, namespace: Option<&str>, feed: Feed) {
     use kubekit::kubeops::scoped as api;
     let client = ctx.client.clone();
     if let Err(e) = register(&client, &ctx.manager).await {
         tracing::warn!(error = %e, "registering the VolumePopulators failed");
     }
-    let controller = Controller::new(
-        api::<PersistentVolumeClaim>(&client, namespace),
+    let (imports_reader, imports_writer) = reflector::store();
+    let _ = ctx.stores.set((feed.stores(), imports_reader));
+    let claims = feed.claims.clone();
+    let import_changes = watcher(
+        api::<VolumeImportSource>(&client, namespace),
         watcher::Config::default(),
-    );
-    let (imports, uploads, clones) = (controller.store(), controller.store(), controller.store());
-    let results = controller
-        .owns(api::<Pod>(&client, namespace), watcher::Config::default())
-        .watches(
-            api::<VolumeImportSource>(&client, namespace),
-            watcher::Config::default(),
-            move |s| {
-                referring(
-                    &imports,
-                    populator::IMPORT_KIND,
-                    s.namespace(),
-                    &s.name_any(),
-                )
-            },
-        )
+    )
+    .default_backoff()
+    .modify(|s: &mut VolumeImportSource| s.managed_fields_mut().clear())
+    .reflect(imports_writer)
+    .touched_objects();
+    let (by_claim, by_pod) = (claims.clone(), claims.clone());
+    let (imports, uploads, clones) = (claims.clone(), claims.clone(), claims.clone());
+    let results = Controller::for_shared_stream(futures_util::stream::pending(), claims)
+        .watches_shared_stream(feed.claim_changes, move |pvc| {
+            reconciled_for(&by_claim, &pvc)
+        })
+        .watches_shared_stream(feed.pod_changes, move |pod| {
+            let owner = pod
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true) && o.kind == "PersistentVolumeClaim")?;
+            let pvc = by_pod.get(&ObjectRef::new(&owner.name).within(&pod.namespace()?))?;
+            reconciled_for(&by_pod, &pvc)
+        })
+        .watches_stream(import_changes, move |s| {
+            referring(
+                &imports,
+                populator::IMPORT_KIND,
+                s.namespace(),
+                &s.name_any(),
+            )
+        })
         .watches(
             api::<VolumeUploadSource>(&client, namespace),
             watcher::Config::default(),
@@ -502,4 +672,23 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx);
     kubeops::drain(results).await;
+}
+
+/// The PVC reconciled for a change of `pvc`: its target when it is a PVC' whose target is
+/// there, else itself when it is a target or a PVC' left alone; none for other PVCs.
+fn reconciled_for(
+    claims: &Store<PersistentVolumeClaim>,
+    pvc: &PersistentVolumeClaim,
+) -> Option<ObjectRef<PersistentVolumeClaim>> {
+    let ns = pvc.namespace()?;
+    if let Some(owner) = target_of_prime(pvc) {
+        let target = claims.get(&ObjectRef::new(&owner.name).within(&ns));
+        return Some(match target {
+            Some(t) if t.metadata.uid.as_deref() == Some(owner.uid.as_str()) => {
+                ObjectRef::from_obj(t.as_ref())
+            }
+            _ => ObjectRef::from_obj(pvc),
+        });
+    }
+    source_ref(pvc).map(|_| ObjectRef::from_obj(pvc))
 }

@@ -503,9 +503,12 @@ fn start_pod(
         let svc = pod::upload_service(&w, &target_uid);
         d.actions.push(Action::CreateService(Box::new(svc)));
     }
+    // As following the Pending pod would write them: one write, not two.
     d.actions.push(annotate([
         (ANN_POD_PHASE, Some("Pending".into())),
         (ANN_PROGRESS, Some(PROGRESS_UNKNOWN.into())),
+        (ANN_POD_READY, Some("false".into())),
+        (ANN_RUNNING, Some("false".into())),
     ]));
 }
 

@@ -4,10 +4,47 @@
 //! lets the driver provision it at once; a pod as its first consumer would wait for the
 //! scheduler, which polls the binding every second.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use k8s_openapi::api::core::v1::{Node, Taint, Toleration};
 use k8s_openapi::api::storage::v1::CSINode;
 
 use api::hostpath::NodePlacement;
+
+/// How long the candidates found for a driver are used.
+pub const CANDIDATES_TTL: Duration = Duration::from_secs(10);
+
+/// The candidates of each driver (and placement), kept for [`CANDIDATES_TTL`]: DataVolumes
+/// made by the hundred would each list every Node and CSINode. None found is looked up again
+/// every time (a node may be joining).
+#[derive(Default)]
+pub struct Candidates {
+    seen: Mutex<HashMap<String, Found>>,
+}
+
+/// When the nodes of a driver were found, and for which placement.
+type Found = (Instant, NodePlacement, Vec<String>);
+
+impl Candidates {
+    /// The candidates of `driver` for `placement` found within the TTL.
+    pub fn get(&self, driver: &str, placement: &NodePlacement) -> Option<Vec<String>> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let (at, p, names) = seen.get(driver)?;
+        (at.elapsed() < CANDIDATES_TTL && p == placement).then(|| names.clone())
+    }
+
+    /// Records what was found (only when something was).
+    pub fn put(&self, driver: &str, placement: &NodePlacement, names: &[String]) {
+        if names.is_empty() {
+            return;
+        }
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = (Instant::now(), placement.clone(), names.to_vec());
+        seen.insert(driver.to_string(), entry);
+    }
+}
 
 /// The nodes PVC' may be made on, by name: Ready, schedulable, running `driver`, matching the
 /// placement's node selector and tolerating every NoSchedule or NoExecute taint.

@@ -1,0 +1,173 @@
+//! One watch of a kind, one store of it, and any number of controllers fed from them: the
+//! DataVolume and populator controllers of one process read the same PVCs and pods, and two
+//! watches would hold every object twice. Each consumer gets every object touched (applied or
+//! deleted, after the store has it) on a stream of its own; reconciles read the store instead
+//! of GETting what they are triggered by.
+//!
+//! `managedFields` are dropped before the store: nothing reads them, and on objects written by
+//! several managers they are a large part of each object.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::{Stream, StreamExt};
+use kube::api::Api;
+use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
+
+/// A watch with its store, and the consumers subscribed before it runs.
+pub struct Informer<K: Resource<DynamicType = ()> + Clone + 'static> {
+    api: Api<K>,
+    config: watcher::Config,
+    reader: Store<K>,
+    writer: Writer<K>,
+    consumers: Vec<UnboundedSender<Arc<K>>>,
+    trim: fn(&mut K),
+}
+
+impl<K> Informer<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    /// A watch of `api` with `config` (a label selector keeps the store to one's own objects).
+    pub fn new(api: Api<K>, config: watcher::Config) -> Self {
+        let (reader, writer) = reflector::store();
+        Informer {
+            api,
+            config,
+            reader,
+            writer,
+            consumers: Vec::new(),
+            trim: |_| {},
+        }
+    }
+
+    /// Drops what no consumer reads from every object before the store (besides
+    /// `managedFields`).
+    pub fn trimmed(self, trim: fn(&mut K)) -> Self {
+        Informer { trim, ..self }
+    }
+
+    /// The store (filled once [`Informer::run`] runs; `wait_until_ready` waits for the first
+    /// list).
+    pub fn store(&self) -> Store<K> {
+        self.reader.clone()
+    }
+
+    /// A stream of every object touched from now on. A consumer that stops reading only drops
+    /// its own events.
+    pub fn subscribe(&mut self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        let (tx, rx) = unbounded_channel();
+        self.consumers.push(tx);
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|o| (o, rx)) })
+    }
+
+    /// Watches until the process stops (errors are retried with back-off).
+    pub async fn run(self) {
+        let Informer {
+            api,
+            config,
+            writer,
+            consumers,
+            trim,
+            ..
+        } = self;
+        let events = watcher(api, config)
+            .default_backoff()
+            .modify(move |o: &mut K| {
+                o.managed_fields_mut().clear();
+                trim(o);
+            })
+            .reflect(writer)
+            .touched_objects();
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(obj) => {
+                    let obj = Arc::new(obj);
+                    for consumer in &consumers {
+                        let _ = consumer.send(obj.clone());
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    kind = %K::kind(&()),
+                    error = %e,
+                    "watch failed; retrying"
+                ),
+            }
+        }
+    }
+}
+
+/// What this controller's own writes returned, by UID, while its store still holds an older
+/// copy. A reconcile that runs before the watch delivers our last write would otherwise decide
+/// on the copy before it and write the same thing again (and be triggered again by it).
+pub struct Written<K> {
+    by_uid: std::sync::Mutex<std::collections::HashMap<String, (Instant, Arc<K>)>>,
+}
+
+/// How long a write is remembered: far longer than a watch lags, short enough that the last
+/// write of each object (never reconciled again) is not kept for good.
+const REMEMBERED: Duration = Duration::from_secs(30);
+
+impl<K> Default for Written<K> {
+    fn default() -> Self {
+        Written {
+            by_uid: Default::default(),
+        }
+    }
+}
+
+impl<K: Resource> Written<K> {
+    /// Records what a write of ours returned.
+    pub fn record(&self, obj: K) {
+        if let Some(uid) = obj.meta().uid.clone() {
+            let mut by_uid = self.lock();
+            // Swept when it doubled since the last sweep: amortized, never a scan per write.
+            if by_uid.len() >= 64 && by_uid.len().is_power_of_two() {
+                by_uid.retain(|_, (at, _)| at.elapsed() < REMEMBERED);
+            }
+            by_uid.insert(uid, (Instant::now(), Arc::new(obj)));
+        }
+    }
+
+    /// `obj`, or what our last write of it returned when that is newer (then kept until the
+    /// store catches up).
+    pub fn newest(&self, obj: Arc<K>) -> Arc<K> {
+        let Some(uid) = obj.meta().uid.as_deref() else {
+            return obj;
+        };
+        let mut by_uid = self.lock();
+        let Some((_, written)) = by_uid.get(uid) else {
+            return obj;
+        };
+        match (version(obj.as_ref()), version(written.as_ref())) {
+            (Some(seen), Some(ours)) if seen < ours => written.clone(),
+            _ => {
+                by_uid.remove(uid);
+                obj
+            }
+        }
+    }
+
+    /// Drops what was recorded for `uid` (the object is gone).
+    pub fn forget(&self, uid: &str) {
+        self.lock().remove(uid);
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (Instant, Arc<K>)>> {
+        self.by_uid.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The resourceVersion as a number. The API treats it as opaque, but etcd's are increasing
+/// integers; anything else counts as not comparable (and the store's copy is taken).
+fn version<K: Resource>(obj: &K) -> Option<u64> {
+    obj.meta().resource_version.as_deref()?.parse().ok()
+}

@@ -1,0 +1,473 @@
+//! Scale benchmark of CDI's controller process (`quarry controller datavolume`) against a real
+//! API server: N DataVolumes created at once, each imported through the volume populator, until
+//! every importer pod exists. There is no scheduler or kubelet: the pods stay Pending, so this
+//! measures the controllers and the API server only.
+//!
+//! ```text
+//! cargo build --release --bin quarry
+//! cargo run --release -p operators --example scale_bench -- --count 1000 --count 5000
+//! ```
+//!
+//! For each count, on a fresh API server (testkit's: etcd and the `kube-apiserver` of
+//! `~/.cache/kubelab`, audit-logged at the Metadata level):
+//! - a WaitForFirstConsumer StorageClass of a CSI driver no node has, and DataVolumes asking for
+//!   immediate binding (CDI's golden-image way): the populator makes PVC' with no node, and its
+//!   importer pod at once;
+//! - the time from the first create until every importer pod exists (a pod watch);
+//! - reconciles per DataVolume (the controller's own counters) and API requests per DataVolume
+//!   by verb and resource (the audit log, the controller's user agent only) until the
+//!   controllers are quiet (no reconcile for [`QUIET`]);
+//! - the controller's peak RSS (`VmHWM`), and reconciles and requests during `--idle` seconds
+//!   with nothing changing.
+//!
+//! Prints a markdown report; figures go to `bench/results/`, never into tests.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, Seek};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use api::datavolume::{DataVolumeSource, SourceHttp, StorageSpec};
+use api::golden::{DataImportCron, DataSource};
+use api::populator::{VolumeCloneSource, VolumeImportSource, VolumeUploadSource};
+use api::{Cdi, CdiConfig, DataVolume, DataVolumeSpec, StorageProfile};
+use futures_util::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::{Pod, VolumeResourceRequirements};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSIDriverSpec, StorageClass};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, CustomResourceExt};
+use testkit::kube::{KubeApiServer, Options};
+
+/// The controllers count as settled once no reconcile ran for this long.
+const QUIET: Duration = Duration::from_secs(5);
+const DRIVER: &str = "kubevirt.io.hostpath-provisioner";
+const CLASS: &str = "scale";
+/// The controller's user agent (`kubekit::kubeops::client_for`).
+const AGENT: &str = "quarry-datavolume/";
+
+struct Args {
+    counts: Vec<usize>,
+    idle: Duration,
+    quarry: PathBuf,
+    creators: usize,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        counts: Vec::new(),
+        idle: Duration::from_secs(60),
+        quarry: PathBuf::from("target/release/quarry"),
+        creators: 16,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag.as_str() {
+            "--count" => a.counts.push(value().parse().expect("--count N")),
+            "--idle" => a.idle = Duration::from_secs(value().parse().expect("--idle SECONDS")),
+            "--quarry" => a.quarry = value().into(),
+            "--creators" => a.creators = value().parse().expect("--creators N"),
+            other => panic!("unknown flag {other}"),
+        }
+    }
+    if a.counts.is_empty() {
+        a.counts.push(1000);
+    }
+    a
+}
+
+#[tokio::main]
+async fn main() {
+    let a = args();
+    assert!(
+        a.quarry.exists(),
+        "{} is missing: cargo build --release --bin quarry",
+        a.quarry.display()
+    );
+    println!(
+        "| DataVolumes | all importer pods | reconciles/DV | API writes/DV | API reads/DV | peak RSS MiB | idle reconciles | idle requests |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut details = Vec::new();
+    for &n in &a.counts {
+        let r = run(n, &a).await;
+        println!(
+            "| {n} | {:.1} s | {:.2} | {:.2} | {:.2} | {:.0} | {} | {} |",
+            r.all_pods.as_secs_f64(),
+            r.reconciles as f64 / n as f64,
+            r.requests.writes() as f64 / n as f64,
+            r.requests.reads() as f64 / n as f64,
+            r.peak_rss_kib as f64 / 1024.0,
+            r.idle_reconciles,
+            r.idle_requests.total(),
+        );
+        details.push((n, r));
+    }
+    for (n, r) in details {
+        println!("\n### {n} DataVolumes\n");
+        println!(
+            "Creates done after {:.1} s; first importer pod after {:.2} s; settled after {:.1} s.",
+            r.created.as_secs_f64(),
+            r.first_pod.as_secs_f64(),
+            r.settled.as_secs_f64()
+        );
+        println!("Reconciles by controller: {:?}\n", r.by_controller);
+        println!("| verb | resource | requests | per DV |\n|---|---|---:|---:|");
+        for ((verb, resource), count) in &r.requests.0 {
+            println!(
+                "| {verb} | {resource} | {count} | {:.2} |",
+                *count as f64 / n as f64
+            );
+        }
+        if !r.idle_requests.0.is_empty() {
+            println!("\nWhile idle: {:?}", r.idle_requests.0);
+        }
+    }
+}
+
+struct Report {
+    created: Duration,
+    first_pod: Duration,
+    all_pods: Duration,
+    settled: Duration,
+    reconciles: u64,
+    by_controller: BTreeMap<String, u64>,
+    requests: Requests,
+    peak_rss_kib: u64,
+    idle_reconciles: u64,
+    idle_requests: Requests,
+}
+
+async fn run(n: usize, a: &Args) -> Report {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (policy, audit) = (dir.path().join("audit.yaml"), dir.path().join("audit.log"));
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived, ResponseStarted]\nrules:\n- level: Metadata\n",
+    )
+    .expect("audit policy");
+    let opts = Options {
+        extra_args: vec![
+            format!("--audit-policy-file={}", policy.display()),
+            format!("--audit-log-path={}", audit.display()),
+            "--audit-log-maxsize=0".into(),
+        ],
+    };
+    let server = tokio::task::spawn_blocking(move || KubeApiServer::start(&opts))
+        .await
+        .expect("starting the API server")
+        .expect("no kube-apiserver here (see testkit::kube)");
+    let client = server.client();
+    install(&client).await;
+    let ns = server.namespace("scale", &[]).await;
+
+    let metrics = free_port();
+    let log = std::fs::File::create(dir.path().join("controller.log")).expect("controller log");
+    let mut child = Controller(
+        Command::new(&a.quarry)
+            .args(["controller", "datavolume", "--image", "quarry:scale"])
+            .arg(format!("--metrics-addr=127.0.0.1:{metrics}"))
+            .env("KUBECONFIG", server.kubeconfig())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting quarry controller datavolume"),
+    );
+    let http = reqwest::Client::new();
+    let counters = format!("http://127.0.0.1:{metrics}/metrics");
+    // Ready once the profile reconciler made the class's StorageProfile (its watches are up).
+    let profiles: Api<StorageProfile> = Api::all(client.clone());
+    wait(&mut child, "the StorageProfile of the class", || async {
+        profiles.get_opt(CLASS).await.ok().flatten().map(|_| ())
+    })
+    .await;
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let seen = tokio::spawn(pod_times(pods, n));
+    let before = reconciles(&http, &counters).await;
+    let offset = std::fs::metadata(&audit).map_or(0, |m| m.len());
+    let start = Instant::now();
+    let dvs: Api<DataVolume> = Api::namespaced(client.clone(), &ns);
+    stream::iter(0..n)
+        .map(|i| {
+            let dvs = dvs.clone();
+            async move { dvs.create(&PostParams::default(), &data_volume(i)).await }
+        })
+        .buffer_unordered(a.creators)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("creating DataVolumes");
+    let created = start.elapsed();
+    let (first_pod, all_pods) = seen.await.expect("pod watch");
+    let (first_pod, all_pods) = (first_pod - start, all_pods - start);
+
+    // Settled: the reconcile counters stopped moving.
+    let mut last = reconciles(&http, &counters).await;
+    let mut still = Instant::now();
+    while still.elapsed() < QUIET {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = reconciles(&http, &counters).await;
+        if now != last {
+            (last, still) = (now, Instant::now());
+        }
+    }
+    let settled = still - start;
+    let after = last;
+    let mid = std::fs::metadata(&audit).map_or(0, |m| m.len());
+    tokio::time::sleep(a.idle).await;
+    let idle = reconciles(&http, &counters).await;
+    let end = std::fs::metadata(&audit).map_or(0, |m| m.len());
+    let peak_rss_kib = peak_rss_kib(child.0.id());
+    drop(child);
+
+    let by_controller: BTreeMap<String, u64> = after
+        .iter()
+        .map(|(c, v)| (c.clone(), v - before.get(c).copied().unwrap_or(0)))
+        .collect();
+    Report {
+        created,
+        first_pod,
+        all_pods,
+        settled,
+        reconciles: by_controller.values().sum(),
+        by_controller,
+        requests: Requests::read(&audit, offset, mid),
+        peak_rss_kib,
+        idle_reconciles: idle.values().sum::<u64>() - after.values().sum::<u64>(),
+        idle_requests: Requests::read(&audit, mid, end),
+    }
+}
+
+/// The controller process, stopped when dropped.
+struct Controller(Child);
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Polls `probe` until it answers, failing at once if the controller exits.
+async fn wait<F, Fut>(child: &mut Controller, what: &str, probe: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Option<()>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while probe().await.is_none() {
+        if let Ok(Some(status)) = child.0.try_wait() {
+            panic!("the controller exited ({status}) before {what} appeared");
+        }
+        assert!(Instant::now() < deadline, "{what} did not appear in 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// When the first and the `n`th importer pod appeared.
+async fn pod_times(pods: Api<Pod>, n: usize) -> (Instant, Instant) {
+    let mut names = BTreeSet::new();
+    let mut first = None;
+    let events = watcher(pods, watcher::Config::default()).applied_objects();
+    let mut events = std::pin::pin!(events);
+    while let Some(pod) = events.try_next().await.expect("watching pods") {
+        let name = pod.metadata.name.unwrap_or_default();
+        if name.starts_with("importer-") && names.insert(name) {
+            first.get_or_insert_with(Instant::now);
+            if names.len() == n {
+                return (first.unwrap_or_else(Instant::now), Instant::now());
+            }
+        }
+    }
+    panic!("the pod watch ended");
+}
+
+/// `quarry_controller_reconciles_total` by controller.
+async fn reconciles(http: &reqwest::Client, url: &str) -> BTreeMap<String, u64> {
+    let text = http
+        .get(url)
+        .send()
+        .await
+        .and_then(|r| r.error_for_status())
+        .expect("reading the controller's metrics")
+        .text()
+        .await
+        .expect("the controller's metrics");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("quarry_controller_reconciles_total{controller=\""))
+        .filter_map(|l| {
+            let (controller, value) = l.split_once("\"} ")?;
+            Some((controller.to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The controller's API requests by (verb, resource[/subresource]).
+#[derive(Default)]
+struct Requests(BTreeMap<(String, String), u64>);
+
+impl Requests {
+    /// The audit events in `audit` between byte offsets `from` and `to` made by the controller.
+    fn read(audit: &Path, from: u64, to: u64) -> Self {
+        let mut file = std::fs::File::open(audit).expect("audit log");
+        file.seek(std::io::SeekFrom::Start(from)).expect("seek");
+        let mut reader = std::io::BufReader::new(file);
+        let (mut at, mut line, mut out) = (from, String::new(), Requests::default());
+        while at < to {
+            line.clear();
+            match reader.read_line(&mut line).expect("reading the audit log") {
+                0 => break,
+                len => at += len as u64,
+            }
+            let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            let agent = event["userAgent"].as_str().unwrap_or_default();
+            if !agent.starts_with(AGENT) {
+                continue;
+            }
+            let object = &event["objectRef"];
+            let mut resource = object["resource"].as_str().unwrap_or("-").to_string();
+            if let Some(sub) = object["subresource"].as_str() {
+                resource = format!("{resource}/{sub}");
+            }
+            let verb = event["verb"].as_str().unwrap_or("-").to_string();
+            *out.0.entry((verb, resource)).or_default() += 1;
+        }
+        out
+    }
+
+    fn count(&self, verbs: &[&str]) -> u64 {
+        self.0
+            .iter()
+            .filter(|((v, _), _)| verbs.contains(&v.as_str()))
+            .map(|(_, c)| c)
+            .sum()
+    }
+
+    fn writes(&self) -> u64 {
+        self.count(&["create", "update", "patch", "delete", "deletecollection"])
+    }
+
+    fn reads(&self) -> u64 {
+        self.count(&["get", "list"])
+    }
+
+    fn total(&self) -> u64 {
+        self.0.values().sum()
+    }
+}
+
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The CRDs the controller process watches, a CSI driver and its WaitForFirstConsumer class.
+async fn install(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let apply = PatchParams::apply("scale-bench").force();
+    for crd in [
+        DataVolume::crd(),
+        DataSource::crd(),
+        DataImportCron::crd(),
+        Cdi::crd(),
+        CdiConfig::crd(),
+        StorageProfile::crd(),
+        VolumeImportSource::crd(),
+        VolumeUploadSource::crd(),
+        VolumeCloneSource::crd(),
+    ] {
+        let name = crd.metadata.name.clone().expect("CRD name");
+        crds.patch(&name, &apply, &Patch::Apply(&crd))
+            .await
+            .unwrap_or_else(|e| panic!("applying CRD {name}: {e}"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let c = crds.get(&name).await.expect("reading a CRD");
+            let conditions = c.status.and_then(|s| s.conditions).unwrap_or_default();
+            if conditions
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "CRD {name} not established");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let drivers: Api<CSIDriver> = Api::all(client.clone());
+    let driver = CSIDriver {
+        metadata: ObjectMeta {
+            name: Some(DRIVER.into()),
+            ..Default::default()
+        },
+        spec: CSIDriverSpec::default(),
+    };
+    drivers
+        .create(&PostParams::default(), &driver)
+        .await
+        .expect("creating the CSIDriver");
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let class = StorageClass {
+        metadata: ObjectMeta {
+            name: Some(CLASS.into()),
+            ..Default::default()
+        },
+        provisioner: DRIVER.into(),
+        volume_binding_mode: Some("WaitForFirstConsumer".into()),
+        ..Default::default()
+    };
+    classes
+        .create(&PostParams::default(), &class)
+        .await
+        .expect("creating the StorageClass");
+}
+
+/// DataVolume `i`: an HTTP qcow2 import asking for immediate binding.
+fn data_volume(i: usize) -> DataVolume {
+    let mut dv = DataVolume::new(
+        &format!("dv-{i:05}"),
+        DataVolumeSpec {
+            source: Some(DataVolumeSource {
+                http: Some(SourceHttp {
+                    url: format!("http://images.scale.invalid/disk-{i}.qcow2"),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            storage: Some(StorageSpec {
+                storage_class_name: Some(CLASS.into()),
+                resources: Some(VolumeResourceRequirements {
+                    requests: Some(BTreeMap::from([("storage".into(), Quantity("1Gi".into()))])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    );
+    dv.metadata.annotations = Some(BTreeMap::from([(
+        "cdi.kubevirt.io/storage.bind.immediate.requested".into(),
+        "true".into(),
+    )]));
+    dv
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
