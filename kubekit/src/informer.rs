@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::{Stream, StreamExt};
 use kube::api::Api;
-use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -71,10 +71,10 @@ where
         let Informer {
             api,
             config,
+            reader,
             writer,
             consumers,
             trim,
-            ..
         } = self;
         let events = watcher(api, config)
             .default_backoff()
@@ -88,7 +88,12 @@ where
         while let Some(event) = events.next().await {
             match event {
                 Ok(obj) => {
-                    let obj = Arc::new(obj);
+                    // The store's copy when it holds this version (one copy in memory, however
+                    // far behind a consumer is), else (deleted) this one.
+                    let obj = reader
+                        .get(&ObjectRef::from_obj(&obj))
+                        .filter(|o| o.meta().resource_version == obj.meta().resource_version)
+                        .unwrap_or_else(|| Arc::new(obj));
                     for consumer in &consumers {
                         let _ = consumer.send(obj.clone());
                     }
@@ -170,4 +175,46 @@ impl<K: Resource> Written<K> {
 /// integers; anything else counts as not comparable (and the store's copy is taken).
 fn version<K: Resource>(obj: &K) -> Option<u64> {
     obj.meta().resource_version.as_deref()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+
+    fn at(version: &str, data: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                uid: Some("u-1".into()),
+                resource_version: Some(version.into()),
+                ..Default::default()
+            },
+            data: Some([("k".to_string(), data.to_string())].into()),
+            ..Default::default()
+        }
+    }
+
+    fn data(c: &ConfigMap) -> &str {
+        c.data.as_ref().unwrap()["k"].as_str()
+    }
+
+    #[test]
+    fn our_write_wins_over_an_older_copy_until_the_store_catches_up() {
+        let written = Written::default();
+        // Nothing written: the store's copy.
+        assert_eq!(data(&written.newest(Arc::new(at("10", "store")))), "store");
+        written.record(at("12", "ours"));
+        // The store still has version 10: our write.
+        assert_eq!(data(&written.newest(Arc::new(at("10", "store")))), "ours");
+        // The store has our write or later: the store's, and ours is dropped.
+        assert_eq!(data(&written.newest(Arc::new(at("13", "later")))), "later");
+        assert_eq!(data(&written.newest(Arc::new(at("10", "store")))), "store");
+        // Versions that are not numbers are not compared: the store's copy.
+        written.record(at("x", "ours"));
+        assert_eq!(data(&written.newest(Arc::new(at("10", "store")))), "store");
+        written.record(at("20", "ours"));
+        written.forget("u-1");
+        assert_eq!(data(&written.newest(Arc::new(at("10", "store")))), "store");
+    }
 }

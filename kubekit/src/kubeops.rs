@@ -51,6 +51,16 @@ fn status_code(e: &kube::Error) -> Option<u16> {
     }
 }
 
+/// Reconciles at most this many objects at once per controller. Thousands of DataVolumes made
+/// at once would otherwise each hold a reconcile (its objects, requests and answers) in memory
+/// while the API server, the real bound, serves a few at a time.
+pub const CONCURRENT_RECONCILES: u16 = 32;
+
+/// The controllers' kube-runtime settings: [`CONCURRENT_RECONCILES`].
+pub fn controller_config() -> kube::runtime::controller::Config {
+    kube::runtime::controller::Config::default().concurrency(CONCURRENT_RECONCILES)
+}
+
 /// Creates `obj` as field manager `manager`; an object of that name that already exists counts
 /// as created.
 pub async fn create<K>(api: &Api<K>, obj: &K, manager: &str) -> Result<()>

@@ -20,6 +20,10 @@
 //! - the controller's peak RSS (`VmHWM`), and reconciles and requests during `--idle` seconds
 //!   with nothing changing.
 //!
+//! `--crons N` instead makes N DataImportCrons polling one nginx every minute (an HTTP source)
+//! and, over `--minutes` scheduled runs, counts nginx's requests per second and the
+//! controller's API requests per cron and run: whether the polls of one schedule come as a herd.
+//!
 //! Prints a markdown report; figures go to `bench/results/`, never into tests.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,6 +45,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, CustomResourceExt};
 use testkit::kube::{KubeApiServer, Options};
+use testkit::nginx::{Nginx, NginxConfig};
 
 /// The controllers count as settled once no reconcile ran for this long.
 const QUIET: Duration = Duration::from_secs(5);
@@ -54,6 +59,8 @@ struct Args {
     idle: Duration,
     quarry: PathBuf,
     creators: usize,
+    crons: Option<usize>,
+    minutes: u32,
 }
 
 fn args() -> Args {
@@ -62,6 +69,8 @@ fn args() -> Args {
         idle: Duration::from_secs(60),
         quarry: PathBuf::from("target/release/quarry"),
         creators: 16,
+        crons: None,
+        minutes: 2,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -71,6 +80,8 @@ fn args() -> Args {
             "--idle" => a.idle = Duration::from_secs(value().parse().expect("--idle SECONDS")),
             "--quarry" => a.quarry = value().into(),
             "--creators" => a.creators = value().parse().expect("--creators N"),
+            "--crons" => a.crons = Some(value().parse().expect("--crons N")),
+            "--minutes" => a.minutes = value().parse().expect("--minutes N"),
             other => panic!("unknown flag {other}"),
         }
     }
@@ -88,6 +99,9 @@ async fn main() {
         "{} is missing: cargo build --release --bin quarry",
         a.quarry.display()
     );
+    if let Some(n) = a.crons {
+        return crons(n, &a).await;
+    }
     println!(
         "| DataVolumes | all importer pods | reconciles/DV | API writes/DV | API reads/DV | peak RSS MiB | idle reconciles | idle requests |"
     );
@@ -142,7 +156,19 @@ struct Report {
     idle_requests: Requests,
 }
 
-async fn run(n: usize, a: &Args) -> Report {
+/// A fresh API server with the CRDs and class, a namespace, and the controller running.
+struct Setup {
+    server: KubeApiServer,
+    client: Client,
+    ns: String,
+    audit: PathBuf,
+    child: Controller,
+    counters: String,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup(a: &Args) -> Setup {
     let dir = tempfile::tempdir().expect("temp dir");
     let (policy, audit) = (dir.path().join("audit.yaml"), dir.path().join("audit.log"));
     std::fs::write(
@@ -178,15 +204,35 @@ async fn run(n: usize, a: &Args) -> Report {
             .spawn()
             .expect("starting quarry controller datavolume"),
     );
-    let http = reqwest::Client::new();
-    let counters = format!("http://127.0.0.1:{metrics}/metrics");
     // Ready once the profile reconciler made the class's StorageProfile (its watches are up).
     let profiles: Api<StorageProfile> = Api::all(client.clone());
     wait(&mut child, "the StorageProfile of the class", || async {
         profiles.get_opt(CLASS).await.ok().flatten().map(|_| ())
     })
     .await;
+    Setup {
+        server,
+        client,
+        ns,
+        audit,
+        child,
+        counters: format!("http://127.0.0.1:{metrics}/metrics"),
+        http: reqwest::Client::new(),
+        _dir: dir,
+    }
+}
 
+async fn run(n: usize, a: &Args) -> Report {
+    let Setup {
+        server: _server,
+        client,
+        ns,
+        audit,
+        child,
+        counters,
+        http,
+        _dir,
+    } = setup(a).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let seen = tokio::spawn(pod_times(pods, n));
     let before = reconciles(&http, &counters).await;
@@ -470,4 +516,108 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
+}
+
+/// `--crons N`: N crons of one schedule (every minute) polling one nginx.
+async fn crons(n: usize, a: &Args) {
+    let root = tempfile::tempdir().expect("nginx root");
+    std::fs::write(root.path().join("disk.img"), vec![0u8; 1 << 20]).expect("the image");
+    let nginx = Nginx::start(NginxConfig {
+        root: root.path().to_path_buf(),
+        ranges: true,
+        ..Default::default()
+    });
+    let url = nginx.url("/disk.img");
+    let s = setup(a).await;
+    let api: Api<DataImportCron> = Api::namespaced(s.client.clone(), &s.ns);
+    stream::iter(0..n)
+        .map(|i| {
+            let (api, url) = (api.clone(), url.clone());
+            async move {
+                let cron: DataImportCron = serde_json::from_value(serde_json::json!({
+                    "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataImportCron",
+                    "metadata": {"name": format!("cron-{i:04}")},
+                    "spec": {"schedule": "* * * * *", "managedDataSource": format!("golden-{i:04}"),
+                        "template": {"spec": {"source": {"http": {"url": url}},
+                            "storage": {"storageClassName": CLASS,
+                                "resources": {"requests": {"storage": "1Gi"}}}}}}
+                }))
+                .expect("a DataImportCron");
+                api.create(&PostParams::default(), &cron).await
+            }
+        })
+        .buffer_unordered(a.creators)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("creating DataImportCrons");
+    // Observe whole scheduled runs: from the next minute boundary on.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let first = (now / 60 + 1) * 60;
+    let end = first + 60 * u64::from(a.minutes);
+    tokio::time::sleep(Duration::from_secs(first - now)).await;
+    let (audit_from, before) = (
+        std::fs::metadata(&s.audit).map_or(0, |m| m.len()),
+        reconciles(&s.http, &s.counters).await,
+    );
+    tokio::time::sleep(Duration::from_secs(end - first + 2)).await;
+    let (audit_to, after) = (
+        std::fs::metadata(&s.audit).map_or(0, |m| m.len()),
+        reconciles(&s.http, &s.counters).await,
+    );
+    let requests = Requests::read(&s.audit, audit_from, audit_to);
+    let reconciled: BTreeMap<_, _> = after
+        .iter()
+        .map(|(c, v)| (c.clone(), v - before.get(c).copied().unwrap_or(0)))
+        .filter(|(_, v)| *v > 0)
+        .collect();
+    let log = std::fs::read_to_string(nginx.dir().join("access.log")).expect("nginx's access log");
+    let mut per_second = BTreeMap::<u64, usize>::new();
+    for line in log.lines() {
+        let Some(at) = access_time(line) else {
+            continue;
+        };
+        if (first..end).contains(&at) {
+            *per_second.entry(at).or_default() += 1;
+        }
+    }
+    let polls: usize = per_second.values().sum();
+    println!(
+        "| crons | runs observed | polls | per run | busiest second | seconds with a poll, per run | first..last poll after the minute (s) |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let offsets: Vec<u64> = per_second.keys().map(|t| (t - first) % 60).collect();
+    println!(
+        "| {n} | {} | {polls} | {:.1} | {} | {:.1} | {}..{} |",
+        a.minutes,
+        polls as f64 / f64::from(a.minutes),
+        per_second.values().max().copied().unwrap_or(0),
+        per_second.len() as f64 / f64::from(a.minutes),
+        offsets.iter().min().copied().unwrap_or(0),
+        offsets.iter().max().copied().unwrap_or(0),
+    );
+    let runs = n as f64 * f64::from(a.minutes);
+    println!(
+        "\nPer cron and run: {:.2} API writes, {:.2} reads; reconciles in all: {reconciled:?}\n",
+        requests.writes() as f64 / runs,
+        requests.reads() as f64 / runs,
+    );
+    println!("| verb | resource | requests |\n|---|---|---:|");
+    for ((verb, resource), count) in &requests.0 {
+        println!("| {verb} | {resource} | {count} |");
+    }
+    drop(s);
+}
+
+/// The time of an nginx access log line (`[29/Nov/2026:12:03:00 +0000]`), in seconds since
+/// the epoch.
+fn access_time(line: &str) -> Option<u64> {
+    let stamp = line.split_once('[')?.1.split_once(']')?.0;
+    let t = k8s_openapi::jiff::fmt::strtime::parse("%d/%b/%Y:%H:%M:%S %z", stamp)
+        .ok()?
+        .to_timestamp()
+        .ok()?;
+    u64::try_from(t.as_second()).ok()
 }

@@ -941,6 +941,7 @@ pub async fn run_fed(ctx: Arc<Context>, namespace: Option<&str>, feed: Feed) {
     // namespace: a golden-image namespace usually).
     let referring = reader.clone();
     let results = Controller::for_stream(trigger, reader)
+        .with_config(kubeops::controller_config())
         .watches_stream(profiles, move |p: StorageProfile| {
             waiting_for_profile(&waiting.state(), &p.name_any())
         })

@@ -17,8 +17,8 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
@@ -533,24 +533,55 @@ fn owning_cron<K: Resource<DynamicType = ()>>(obj: &K) -> Option<ObjectRef<DataI
     (!name.is_empty()).then(|| ObjectRef::new(name).within(ns))
 }
 
+/// A hash of what others change on a cron: its spec (generation), labels, finalizers,
+/// deletion, and annotations but the poll's own (a predicate).
+fn not_our_writes(cron: &DataImportCron) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let ours = [
+        annotation::SOURCE_DESIRED_DIGEST,
+        annotation::NEXT_CRON_TIME,
+        annotation::LAST_CRON_TIME,
+    ];
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    cron.metadata.generation.hash(&mut h);
+    cron.metadata.deletion_timestamp.is_some().hash(&mut h);
+    cron.labels().hash(&mut h);
+    cron.finalizers().hash(&mut h);
+    cron.annotations()
+        .iter()
+        .filter(|(k, _)| !ours.contains(&k.as_str()))
+        .for_each(|kv| kv.hash(&mut h));
+    Some(h.finish())
+}
+
 /// Runs the controller (DataImportCrons of `namespace`, or all) until the process stops.
 pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
     let client = ctx.client.clone();
-    let results = Controller::new(
+    let (reader, writer) = reflector::store();
+    // Our own writes (the poll's annotations, the status) are no news: each reconcile goes on
+    // with what it wrote, and the next run comes by the timer.
+    let trigger = watcher(
         kubeops::scoped::<DataImportCron>(&client, namespace),
         watcher::Config::default(),
     )
-    .watches(
-        kubeops::scoped::<DataVolume>(&client, namespace),
-        watcher::Config::default().labels(DATA_IMPORT_CRON_LABEL),
-        |dv| owning_cron(&dv),
-    )
-    .watches(
-        kubeops::scoped::<DataSource>(&client, namespace),
-        watcher::Config::default().labels(DATA_IMPORT_CRON_LABEL),
-        |ds| owning_cron(&ds),
-    )
-    .shutdown_on_signal()
-    .run(reconcile, error_policy, ctx);
+    .default_backoff()
+    .modify(|c: &mut DataImportCron| c.managed_fields_mut().clear())
+    .reflect(writer)
+    .applied_objects()
+    .predicate_filter(not_our_writes, Default::default());
+    let results = Controller::for_stream(trigger, reader)
+        .with_config(kubeops::controller_config())
+        .watches(
+            kubeops::scoped::<DataVolume>(&client, namespace),
+            watcher::Config::default().labels(DATA_IMPORT_CRON_LABEL),
+            |dv| owning_cron(&dv),
+        )
+        .watches(
+            kubeops::scoped::<DataSource>(&client, namespace),
+            watcher::Config::default().labels(DATA_IMPORT_CRON_LABEL),
+            |ds| owning_cron(&ds),
+        )
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx);
     kubeops::drain(results).await;
 }

@@ -633,6 +633,7 @@ pub async fn run_fed(ctx: Arc<Context>, namespace: Option<&str>, feed: Feed) {
     let (by_claim, by_pod) = (claims.clone(), claims.clone());
     let (imports, uploads, clones) = (claims.clone(), claims.clone(), claims.clone());
     let results = Controller::for_shared_stream(futures_util::stream::pending(), claims)
+        .with_config(kubeops::controller_config())
         .watches_shared_stream(feed.claim_changes, move |pvc| {
             reconciled_for(&by_claim, &pvc)
         })

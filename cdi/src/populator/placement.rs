@@ -125,6 +125,20 @@ fn tolerates(tol: &Toleration, t: &Taint) -> bool {
 mod tests {
     use super::*;
 
+    #[test]
+    fn candidates_found_are_kept_per_driver_and_placement_and_none_found_is_not() {
+        let cache = Candidates::default();
+        let anywhere = NodePlacement::default();
+        cache.put("hpp", &anywhere, &[]);
+        assert_eq!(cache.get("hpp", &anywhere), None);
+        cache.put("hpp", &anywhere, &["node-a".to_string()]);
+        assert_eq!(cache.get("hpp", &anywhere), Some(vec!["node-a".to_string()]));
+        assert_eq!(cache.get("other", &anywhere), None);
+        let mut selected = NodePlacement::default();
+        selected.node_selector.insert("disk".into(), "ssd".into());
+        assert_eq!(cache.get("hpp", &selected), None);
+    }
+
     fn node(v: serde_json::Value) -> Node {
         serde_json::from_value(v).unwrap()
     }
