@@ -113,16 +113,23 @@ where
 /// on the copy before it and write the same thing again (and be triggered again by it).
 pub struct Written<K> {
     by_uid: std::sync::Mutex<std::collections::HashMap<String, (Instant, Arc<K>)>>,
+    records: std::sync::atomic::AtomicUsize,
 }
 
-/// How long a write is remembered: far longer than a watch lags, short enough that the last
-/// write of each object (never reconciled again) is not kept for good.
-const REMEMBERED: Duration = Duration::from_secs(30);
+/// How long a write is remembered: longer than a watch lags on a busy server, short enough
+/// that the last write of each object (which no reconcile reads again) is not kept long: at
+/// thousands of DataVolumes those copies were a tenth of the controller's memory. Forgetting
+/// early costs at most one write repeated.
+const REMEMBERED: Duration = Duration::from_secs(5);
+
+/// Writes recorded between two sweeps of what is older than [`REMEMBERED`].
+const SWEEP_EVERY: usize = 128;
 
 impl<K> Default for Written<K> {
     fn default() -> Self {
         Written {
             by_uid: Default::default(),
+            records: Default::default(),
         }
     }
 }
@@ -132,8 +139,10 @@ impl<K: Resource> Written<K> {
     pub fn record(&self, obj: K) {
         if let Some(uid) = obj.meta().uid.clone() {
             let mut by_uid = self.lock();
-            // Swept when it doubled since the last sweep: amortized, never a scan per write.
-            if by_uid.len() >= 64 && by_uid.len().is_power_of_two() {
+            let records = self
+                .records
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if records % SWEEP_EVERY == 0 {
                 by_uid.retain(|_, (at, _)| at.elapsed() < REMEMBERED);
             }
             by_uid.insert(uid, (Instant::now(), Arc::new(obj)));

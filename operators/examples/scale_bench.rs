@@ -124,10 +124,12 @@ async fn main() {
     for (n, r) in details {
         println!("\n### {n} DataVolumes\n");
         println!(
-            "Creates done after {:.1} s; first importer pod after {:.2} s; settled after {:.1} s.",
+            "Creates done after {:.1} s; first importer pod after {:.2} s; settled after {:.1} s; \
+             RSS after the idle time {:.0} MiB.",
             r.created.as_secs_f64(),
             r.first_pod.as_secs_f64(),
-            r.settled.as_secs_f64()
+            r.settled.as_secs_f64(),
+            r.rss_kib as f64 / 1024.0
         );
         println!("Reconciles by controller: {:?}\n", r.by_controller);
         println!("| verb | resource | requests | per DV |\n|---|---|---:|---:|");
@@ -152,6 +154,7 @@ struct Report {
     by_controller: BTreeMap<String, u64>,
     requests: Requests,
     peak_rss_kib: u64,
+    rss_kib: u64,
     idle_reconciles: u64,
     idle_requests: Requests,
 }
@@ -268,7 +271,8 @@ async fn run(n: usize, a: &Args) -> Report {
     tokio::time::sleep(a.idle).await;
     let idle = reconciles(&http, &counters).await;
     let end = std::fs::metadata(&audit).map_or(0, |m| m.len());
-    let peak_rss_kib = peak_rss_kib(child.0.id());
+    let peak_rss_kib = status_kib(child.0.id(), "VmHWM:");
+    let rss_kib = status_kib(child.0.id(), "VmRSS:");
     drop(child);
 
     let by_controller: BTreeMap<String, u64> = after
@@ -284,6 +288,7 @@ async fn run(n: usize, a: &Args) -> Report {
         by_controller,
         requests: Requests::read(&audit, offset, mid),
         peak_rss_kib,
+        rss_kib,
         idle_reconciles: idle.values().sum::<u64>() - after.values().sum::<u64>(),
         idle_requests: Requests::read(&audit, mid, end),
     }
@@ -409,12 +414,13 @@ impl Requests {
     }
 }
 
-fn peak_rss_kib(pid: u32) -> u64 {
+/// A `/proc/PID/status` figure in KiB (`VmHWM:`, `VmRSS:`).
+fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .find_map(|l| l.strip_prefix(field))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         })
         .unwrap_or(0)
