@@ -142,7 +142,7 @@ impl<K: Resource> Written<K> {
             let records = self
                 .records
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if records % SWEEP_EVERY == 0 {
+            if records.is_multiple_of(SWEEP_EVERY) {
                 by_uid.retain(|_, (at, _)| at.elapsed() < REMEMBERED);
             }
             by_uid.insert(uid, (Instant::now(), Arc::new(obj)));

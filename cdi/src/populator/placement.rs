@@ -132,7 +132,10 @@ mod tests {
         cache.put("hpp", &anywhere, &[]);
         assert_eq!(cache.get("hpp", &anywhere), None);
         cache.put("hpp", &anywhere, &["node-a".to_string()]);
-        assert_eq!(cache.get("hpp", &anywhere), Some(vec!["node-a".to_string()]));
+        assert_eq!(
+            cache.get("hpp", &anywhere),
+            Some(vec!["node-a".to_string()])
+        );
         assert_eq!(cache.get("other", &anywhere), None);
         let mut selected = NodePlacement::default();
         selected.node_selector.insert("disk".into(), "ssd".into());
