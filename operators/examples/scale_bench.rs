@@ -39,9 +39,8 @@ use api::{Cdi, CdiConfig, DataVolume, DataVolumeSpec, StorageProfile};
 use futures_util::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Pod, VolumeResourceRequirements};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSIDriverSpec, StorageClass};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, CustomResourceExt};
 use testkit::kube::{KubeApiServer, Options};
@@ -428,8 +427,6 @@ fn status_kib(pid: u32, field: &str) -> u64 {
 
 /// The CRDs the controller process watches, a CSI driver and its WaitForFirstConsumer class.
 async fn install(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let apply = PatchParams::apply("scale-bench").force();
     for crd in [
         DataVolume::crd(),
         DataSource::crd(),
@@ -441,23 +438,7 @@ async fn install(client: &Client) {
         VolumeUploadSource::crd(),
         VolumeCloneSource::crd(),
     ] {
-        let name = crd.metadata.name.clone().expect("CRD name");
-        crds.patch(&name, &apply, &Patch::Apply(&crd))
-            .await
-            .unwrap_or_else(|e| panic!("applying CRD {name}: {e}"));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let c = crds.get(&name).await.expect("reading a CRD");
-            let conditions = c.status.and_then(|s| s.conditions).unwrap_or_default();
-            if conditions
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-            {
-                break;
-            }
-            assert!(Instant::now() < deadline, "CRD {name} not established");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        testkit::kube::apply_crd(client, &crd, "scale-bench").await;
     }
     let drivers: Api<CSIDriver> = Api::all(client.clone());
     let driver = CSIDriver {

@@ -31,10 +31,47 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use kube::api::{Api, ObjectMeta, PostParams};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::tls::{make_ca, openssl, signed_by};
+
+/// Server-side applies `crd` as field manager `manager` (idempotent) and waits until the server
+/// serves it.
+pub async fn apply_crd(client: &kube::Client, crd: &CustomResourceDefinition, manager: &str) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().expect("a CRD's name");
+    api.patch(
+        &name,
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(crd),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("applying CRD {name}: {e}"));
+    established(client, &name).await;
+}
+
+/// Waits (a minute at most) until the server serves CRD `name`.
+pub async fn established(client: &kube::Client, name: &str) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        let crd = api.get_opt(name).await.ok().flatten();
+        let conditions = crd.and_then(|c| c.status?.conditions).unwrap_or_default();
+        if conditions
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "CRD {name} not established in {READY_TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
 
 /// Token of the admin user (`system:masters`) in the server's token file.
 const ADMIN_TOKEN: &str = "quarry-testkit-admin-token";

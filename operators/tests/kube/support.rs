@@ -11,7 +11,6 @@ use api::{
     StorageProfile,
 };
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, pinned_kind};
@@ -94,7 +93,6 @@ pub async fn namespace(prefix: &str, labels: &[(&str, &str)]) -> Option<(Client,
 
 /// Applies the project's CRDs (idempotent) and waits until the server serves them.
 pub async fn install_crds(client: &Client) {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in [
         DataVolume::crd(),
         DataSource::crd(),
@@ -105,31 +103,11 @@ pub async fn install_crds(client: &Client) {
         HyperConverged::crd(),
         HostPathProvisioner::crd(),
     ] {
-        let name = crd.metadata.name.clone().unwrap();
-        api.patch(
-            &name,
-            &PatchParams::apply("quarry-tests").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("applying CRD {name}: {e}"));
-        established(client, &name).await;
+        testkit::kube::apply_crd(client, &crd, "quarry-tests").await;
     }
 }
 
-/// Waits until the server serves CRD `name`.
-pub async fn established(client: &Client, name: &str) {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    wait_for(&format!("CRD {name} established"), || async {
-        let c = api.get(name).await.ok()?;
-        c.status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
-    })
-    .await;
-}
+pub use testkit::kube::established;
 
 /// A HyperConverged named `name` with `spec`.
 pub fn hyperconverged(name: &str, spec: Value) -> HyperConverged {
