@@ -11,6 +11,7 @@ pub mod workloads;
 
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 use serde::Serialize;
 
@@ -154,70 +155,66 @@ fn split_image(image: &str) -> (&str, Option<&str>) {
     }
 }
 
-fn crds() -> Result<Vec<(PathBuf, String)>> {
-    let crd = |name: &str, comment: &str, doc: String| {
+/// Every CRD the install serves, each with the comment its file under `deploy/crds/` carries
+/// (tests and benchmarks install the same list).
+pub fn custom_resource_definitions() -> Vec<(CustomResourceDefinition, &'static str)> {
+    vec![
         (
-            PathBuf::from(format!("deploy/crds/{name}.yaml")),
-            docs(comment, &[doc]),
-        )
-    };
-    Ok(vec![
-        crd(
-            "datavolumes.cdi.kubevirt.io",
+            DataVolume::crd(),
             "CDI's DataVolume (cdi.kubevirt.io/v1beta1), served by `quarry controller datavolume`.",
-            yaml(&DataVolume::crd())?,
         ),
-        crd(
-            "datasources.cdi.kubevirt.io",
+        (
+            DataSource::crd(),
             "CDI's DataSource (cdi.kubevirt.io/v1beta1): a named clone source for DataVolumes' spec.sourceRef.",
-            yaml(&DataSource::crd())?,
         ),
-        crd(
-            "dataimportcrons.cdi.kubevirt.io",
+        (
+            DataImportCron::crd(),
             "CDI's DataImportCron (cdi.kubevirt.io/v1beta1): polls a source on a schedule and keeps a DataSource on the newest import.",
-            yaml(&DataImportCron::crd())?,
         ),
-        crd(
-            "cdis.cdi.kubevirt.io",
+        (
+            Cdi::crd(),
             "CDI's CDI (cdi.kubevirt.io/v1beta1): its spec.config configures `quarry controller datavolume`.",
-            yaml(&Cdi::crd())?,
         ),
-        crd(
-            "cdiconfigs.cdi.kubevirt.io",
+        (
+            CdiConfig::crd(),
             "CDI's CDIConfig (cdi.kubevirt.io/v1beta1): the settings in force, kept by `quarry controller datavolume`.",
-            yaml(&CdiConfig::crd())?,
         ),
-        crd(
-            "storageprofiles.cdi.kubevirt.io",
+        (
+            StorageProfile::crd(),
             "CDI's StorageProfile (cdi.kubevirt.io/v1beta1): one per StorageClass, kept by `quarry controller datavolume`.",
-            yaml(&StorageProfile::crd())?,
         ),
-        crd(
-            "volumeimportsources.cdi.kubevirt.io",
+        (
+            VolumeImportSource::crd(),
             "CDI's VolumeImportSource (cdi.kubevirt.io/v1beta1): a PVC whose dataSourceRef names one is imported into by Quarry's populator.",
-            yaml(&VolumeImportSource::crd())?,
         ),
-        crd(
-            "volumeuploadsources.cdi.kubevirt.io",
+        (
+            VolumeUploadSource::crd(),
             "CDI's VolumeUploadSource (cdi.kubevirt.io/v1beta1): a PVC whose dataSourceRef names one is filled by an upload through the proxy.",
-            yaml(&VolumeUploadSource::crd())?,
         ),
-        crd(
-            "volumeclonesources.cdi.kubevirt.io",
+        (
+            VolumeCloneSource::crd(),
             "CDI's VolumeCloneSource (cdi.kubevirt.io/v1beta1): a PVC or VolumeSnapshot to copy into the PVC whose dataSourceRef names it.",
-            yaml(&VolumeCloneSource::crd())?,
         ),
-        crd(
-            "hyperconvergeds.hco.kubevirt.io",
+        (
+            HyperConverged::crd(),
             "HCO's HyperConverged (hco.kubevirt.io/v1beta1), served by `quarry controller hyperconverged`.",
-            yaml(&HyperConverged::crd())?,
         ),
-        crd(
-            "hostpathprovisioners.hostpathprovisioner.kubevirt.io",
+        (
+            HostPathProvisioner::crd(),
             "HPP's HostPathProvisioner (hostpathprovisioner.kubevirt.io/v1beta1), served by `quarry controller hostpath`.",
-            yaml(&HostPathProvisioner::crd())?,
         ),
-    ])
+    ]
+}
+
+fn crds() -> Result<Vec<(PathBuf, String)>> {
+    custom_resource_definitions()
+        .into_iter()
+        .map(|(crd, comment)| {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            let path = PathBuf::from(format!("deploy/crds/{name}.yaml"));
+            Ok((path, docs(comment, &[yaml(&crd)?])))
+        })
+        .collect()
 }
 
 /// Writes every manifest for `image` under `root`.

@@ -40,14 +40,21 @@ pub struct Informers {
 
 /// What one controller reads: the stores, and the changes as they come.
 pub struct Feed {
-    /// Every PVC (in the namespace watched).
-    pub claims: Store<PersistentVolumeClaim>,
+    /// The stores.
+    pub stores: Stores,
     /// PVCs applied or deleted.
     pub claim_changes: BoxStream<'static, Arc<PersistentVolumeClaim>>,
+    /// Quarry's pods applied or deleted.
+    pub pod_changes: BoxStream<'static, Arc<Pod>>,
+}
+
+/// The stores a controller reads before the API server.
+#[derive(Clone)]
+pub struct Stores {
+    /// Every PVC (in the namespace watched).
+    pub claims: Store<PersistentVolumeClaim>,
     /// The pods Quarry made (trimmed: [`trim_pod`]).
     pub pods: Store<Pod>,
-    /// Those pods applied or deleted.
-    pub pod_changes: BoxStream<'static, Arc<Pod>>,
 }
 
 impl Informers {
@@ -69,9 +76,11 @@ impl Informers {
     /// A feed for one more controller (taken before [`Informers::run`]).
     pub fn feed(&mut self) -> Feed {
         Feed {
-            claims: self.claims.store(),
+            stores: Stores {
+                claims: self.claims.store(),
+                pods: self.pods.store(),
+            },
             claim_changes: self.claims.subscribe().boxed(),
-            pods: self.pods.store(),
             pod_changes: self.pods.subscribe().boxed(),
         }
     }
@@ -94,27 +103,9 @@ impl Informers {
     }
 }
 
-/// The stores a controller reads before the API server (set once its feed runs).
-pub struct Stores {
-    /// PVCs.
-    pub claims: Store<PersistentVolumeClaim>,
-    /// Quarry's pods.
-    pub pods: Store<Pod>,
-}
-
-impl Feed {
-    /// The stores of this feed.
-    pub fn stores(&self) -> Stores {
-        Stores {
-            claims: self.claims.clone(),
-            pods: self.pods.clone(),
-        }
-    }
-}
-
-/// `name` (in `ns` for a namespaced kind): from `store` when it holds it, else from the API server. A store lags the
-/// server (an object just made may not be in it yet), so a miss is confirmed there rather than
-/// taken for absence, which would make the object again.
+/// `name` (in `ns` for a namespaced kind): from `store` when it holds it, else from the API
+/// server. A store lags the server (an object just made may not be in it yet), so a miss is
+/// confirmed there rather than taken for absence, which would make the object again.
 pub async fn read<K>(
     store: Option<&Store<K>>,
     api: &Api<K>,

@@ -67,13 +67,21 @@ pub async fn create<K>(api: &Api<K>, obj: &K, manager: &str) -> Result<()>
 where
     K: kube::Resource + Clone + DeserializeOwned + Serialize + Debug,
 {
+    create_new(api, obj, manager).await.map(|_| ())
+}
+
+/// [`create`], returning the object as created (None when one of that name was there).
+pub async fn create_new<K>(api: &Api<K>, obj: &K, manager: &str) -> Result<Option<K>>
+where
+    K: kube::Resource + Clone + DeserializeOwned + Serialize + Debug,
+{
     let params = PostParams {
         field_manager: Some(manager.to_string()),
         ..Default::default()
     };
     match api.create(&params, obj).await {
-        Ok(_) => Ok(()),
-        Err(e) if status_code(&e) == Some(409) => Ok(()),
+        Ok(made) => Ok(Some(made)),
+        Err(e) if status_code(&e) == Some(409) => Ok(None),
         Err(e) => Err(e.into()),
     }
 }

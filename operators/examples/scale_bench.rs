@@ -33,16 +33,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use api::datavolume::{DataVolumeSource, SourceHttp, StorageSpec};
-use api::golden::{DataImportCron, DataSource};
-use api::populator::{VolumeCloneSource, VolumeImportSource, VolumeUploadSource};
-use api::{Cdi, CdiConfig, DataVolume, DataVolumeSpec, StorageProfile};
+use api::golden::DataImportCron;
+use api::{DataVolume, DataVolumeSpec, StorageProfile};
 use futures_util::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Pod, VolumeResourceRequirements};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSIDriverSpec, StorageClass};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, CustomResourceExt};
 use testkit::kube::{KubeApiServer, Options};
 use testkit::nginx::{Nginx, NginxConfig};
 
@@ -425,19 +424,9 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The CRDs the controller process watches, a CSI driver and its WaitForFirstConsumer class.
+/// The install's CRDs, a CSI driver and its WaitForFirstConsumer class.
 async fn install(client: &Client) {
-    for crd in [
-        DataVolume::crd(),
-        DataSource::crd(),
-        DataImportCron::crd(),
-        Cdi::crd(),
-        CdiConfig::crd(),
-        StorageProfile::crd(),
-        VolumeImportSource::crd(),
-        VolumeUploadSource::crd(),
-        VolumeCloneSource::crd(),
-    ] {
+    for (crd, _) in bundle::custom_resource_definitions() {
         testkit::kube::apply_crd(client, &crd, "scale-bench").await;
     }
     let drivers: Api<CSIDriver> = Api::all(client.clone());

@@ -12,9 +12,9 @@ use cdi::populator;
 /// CDI's controller process (`quarry controller datavolume`), over every namespace (`namespace`
 /// None) or one: the DataVolume reconciler with the CDIConfig, StorageProfile, DataSource and
 /// DataImportCron reconcilers and the volume populators beside it, as CDI's cdi-deployment
-/// runs them; the last two share one watch (and store) of PVCs and one of Quarry's pods. The
-/// settings the
-/// CDIConfig reconciler derives reach the DataVolume reconciles through `ctx.live`.
+/// runs them; the DataVolume reconciler and the populators share one watch (and store) of PVCs
+/// and one of Quarry's pods. The settings the CDIConfig reconciler derives reach the DataVolume
+/// reconciles through `ctx.live`.
 pub async fn cdi(ctx: Arc<Context>, namespace: Option<&str>) {
     let config_ctx = Arc::new(cdiconfig::controller::Context {
         client: ctx.client.clone(),

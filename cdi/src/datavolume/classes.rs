@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use kubekit::error::Result;
 use kubekit::kubeops;
 
-/// How long a class read is used.
+/// How long an object read is used.
 pub const TTL: Duration = Duration::from_secs(60);
 
 /// Cluster-scoped objects read through a client, each kept for [`TTL`].
@@ -49,18 +49,18 @@ where
 
     /// The object `name` (None: it does not exist).
     pub async fn get(&self, name: &str) -> Result<Option<K>> {
-        if let Some((at, class)) = self.lock().get(name)
+        if let Some((at, obj)) = self.lock().get(name)
             && at.elapsed() < TTL
         {
-            return Ok(Some(class.clone()));
+            return Ok(Some(obj.clone()));
         }
-        let class = kubeops::get(&self.api, name).await?;
+        let obj = kubeops::get(&self.api, name).await?;
         let mut seen = self.lock();
-        match &class {
-            Some(c) => seen.insert(name.to_string(), (Instant::now(), c.clone())),
+        match &obj {
+            Some(o) => seen.insert(name.to_string(), (Instant::now(), o.clone())),
             None => seen.remove(name),
         };
-        Ok(class)
+        Ok(obj)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, K)>> {

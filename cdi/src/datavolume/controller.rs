@@ -613,12 +613,9 @@ async fn storage_defaults(
     }
     let class = match &st.storage_class_name {
         Some(name) => ctx.classes.get(name).await?.map(|_| name.clone()),
-        None => {
-            let classes: Api<StorageClass> = Api::all(ctx.client.clone());
-            let all = classes.list(&Default::default()).await?.items;
-            let disk_image = dv.spec.content_type != Some(ContentType::Archive);
-            default_class(&all, disk_image).and_then(|c| c.metadata.name.clone())
-        }
+        None => default_class_of(dv, ctx)
+            .await?
+            .and_then(|c| c.metadata.name),
     };
     let profile = match &class {
         Some(name) if st.access_modes.is_empty() || st.volume_mode.is_none() => {
@@ -631,6 +628,15 @@ async fn storage_defaults(
         _ => None,
     };
     Ok(StorageDefaults::Cluster { class, profile })
+}
+
+/// The default class for a DataVolume naming none (the virt default for disk images, else the
+/// cluster's), from a list: its annotations may change.
+async fn default_class_of(dv: &DataVolume, ctx: &Context) -> Result<Option<StorageClass>> {
+    let classes: Api<StorageClass> = Api::all(ctx.client.clone());
+    let all = classes.list(&Default::default()).await?.items;
+    let disk_image = dv.spec.content_type != Some(ContentType::Archive);
+    Ok(default_class(&all, disk_image).cloned())
 }
 
 /// Whether the StorageClass the DataVolume's PVC will have is a CSI driver's: a CSIDriver
@@ -648,12 +654,7 @@ async fn csi_class(dv: &DataVolume, ctx: &Context) -> Result<bool> {
         .or_else(|| dv.spec.storage.as_ref()?.storage_class_name.clone());
     let class = match named {
         Some(name) => ctx.classes.get(&name).await?,
-        None => {
-            let classes: Api<StorageClass> = Api::all(ctx.client.clone());
-            let all = classes.list(&Default::default()).await?.items;
-            let disk_image = dv.spec.content_type != Some(ContentType::Archive);
-            default_class(&all, disk_image).cloned()
-        }
+        None => default_class_of(dv, ctx).await?,
     };
     has_csi_driver(class, ctx).await
 }
@@ -913,7 +914,7 @@ pub async fn run_fed(ctx: Arc<Context>, namespace: Option<&str>, feed: Feed) {
     use kubeops::scoped as api;
     let client = ctx.client.clone();
     let (profiles_reader, profiles_writer) = reflector::store();
-    let _ = ctx.stores.set((feed.stores(), profiles_reader));
+    let _ = ctx.stores.set((feed.stores, profiles_reader));
     let dvs: Api<DataVolume> = api(&client, namespace);
     let (reader, writer) = reflector::store();
     // Status-only changes and our own finalizer (our own writes) do not pass: the spec

@@ -419,7 +419,7 @@ impl Place<'_> {
         for action in std::mem::take(&mut decision.actions) {
             match action {
                 Action::CreatePrime(p) => {
-                    done.prime = create_claim(&pvcs, &p, &ctx.manager).await?
+                    done.prime = kubeops::create_new(&pvcs, &p, &ctx.manager).await?
                 }
                 Action::CreatePod(p) => {
                     if let (Some(ca), Some(prime), Some(src)) = (pod::proxy_ca(&cfg), prime, src)
@@ -548,23 +548,6 @@ async fn annotate(
     Ok(())
 }
 
-/// Creates PVC', returning it as created (None when it was there already: the store lagged).
-async fn create_claim(
-    pvcs: &Api<PersistentVolumeClaim>,
-    claim: &PersistentVolumeClaim,
-    manager: &str,
-) -> Result<Option<PersistentVolumeClaim>> {
-    let params = kube::api::PostParams {
-        field_manager: Some(manager.to_string()),
-        ..Default::default()
-    };
-    match pvcs.create(&params, claim).await {
-        Ok(made) => Ok(Some(made)),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
-        Err(e) => Err(e.into()),
-    }
-}
-
 /// The targets naming the source `name` of `kind` in `ns`.
 fn referring(
     store: &Store<PersistentVolumeClaim>,
@@ -620,8 +603,8 @@ pub async fn run_fed(ctx: Arc<Context>, namespace: Option<&str>, feed: Feed) {
         tracing::warn!(error = %e, "registering the VolumePopulators failed");
     }
     let (imports_reader, imports_writer) = reflector::store();
-    let _ = ctx.stores.set((feed.stores(), imports_reader));
-    let claims = feed.claims.clone();
+    let claims = feed.stores.claims.clone();
+    let _ = ctx.stores.set((feed.stores, imports_reader));
     let import_changes = watcher(
         api::<VolumeImportSource>(&client, namespace),
         watcher::Config::default(),

@@ -6,15 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use api::{
-    Cdi, CdiConfig, DataImportCron, DataSource, DataVolume, HostPathProvisioner, HyperConverged,
-    StorageProfile,
-};
+use api::HyperConverged;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, pinned_kind};
-use kube::{Client, CustomResourceExt};
 use serde_json::{Value, json};
 use testkit::kube::KubeApiServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -93,16 +90,7 @@ pub async fn namespace(prefix: &str, labels: &[(&str, &str)]) -> Option<(Client,
 
 /// Applies the project's CRDs (idempotent) and waits until the server serves them.
 pub async fn install_crds(client: &Client) {
-    for crd in [
-        DataVolume::crd(),
-        DataSource::crd(),
-        DataImportCron::crd(),
-        Cdi::crd(),
-        CdiConfig::crd(),
-        StorageProfile::crd(),
-        HyperConverged::crd(),
-        HostPathProvisioner::crd(),
-    ] {
+    for (crd, _) in bundle::custom_resource_definitions() {
         testkit::kube::apply_crd(client, &crd, "quarry-tests").await;
     }
 }
