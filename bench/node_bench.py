@@ -196,8 +196,9 @@ POD_T = ("{.metadata.name}|{.status.phase}|{.spec.nodeName}|"
          "{.status.containerStatuses[0].state.terminated.reason}{\"\\n\"}")
 
 
-def timeline(c, ns, dv, create, pod_filter=lambda name: True, extra_ns=None):
-    """Creates the DataVolume (`create()` does) and returns its milestones in seconds."""
+def timeline(c, ns, dv, create, pod_filter=lambda name: True, extra_ns=None, marks=None):
+    """Creates the DataVolume (`create()` does) and returns its milestones in seconds; `marks`,
+    (monotonic time, name) pairs a client thread appends, are added as milestones too."""
     events = queue.Queue()
     watches = [Watch(c, n, k, t, events) for n in [ns] + ([extra_ns] if extra_ns else [])
                for k, t in (("dv", DV_T), ("pvc", PVC_T), ("pods", POD_T))]
@@ -231,7 +232,10 @@ def timeline(c, ns, dv, create, pod_filter=lambda name: True, extra_ns=None):
             m.setdefault(f"{key}-made", t)
             if f[1] == "Bound":
                 m.setdefault(f"{key}-bound", t)
-        elif kind == "pods" and pod_filter(f[0]):
+        elif kind == "pods" and not pod_filter(f[0]):
+            if len(f) > 3 and f[3]:
+                m.setdefault("other-pod-running", t)
+        elif kind == "pods":
             m.setdefault("pod-made", t)
             if len(f) > 2 and f[2]:
                 m.setdefault("pod-scheduled", t)
@@ -241,6 +245,8 @@ def timeline(c, ns, dv, create, pod_filter=lambda name: True, extra_ns=None):
                 m.setdefault("pod-done", t)
     for w in watches:
         w.stop()
+    for at, name in marks or []:
+        m[name] = at - t0
     return m
 
 
@@ -250,6 +256,13 @@ def parts(m, local):
     total = m["succeeded"]
     row = {"total": total, "overhead": total - local if local is not None else None}
     row["to-pvc"] = made
+    # Where an upload's client waited (the token, the ready annotation, the POST itself), and
+    # a host-assisted copy's upload server started before its source pod was made.
+    if "post-end" in m and "pod-running" in m:
+        row["to-ready"] = m["ready-seen"] - m["pod-running"]
+        row["post"] = m["post-end"] - m["post-start"]
+    if "other-pod-running" in m and "pod-made" in m:
+        row["server-to-source"] = m["pod-made"] - m["other-pod-running"]
     row["provision"] = bound - made if bound is not None and made is not None else None
     if "pod-running" in m:
         row["pod-start"] = m["pod-running"] - max(m.get("pod-made", 0), bound or 0)
@@ -310,9 +323,10 @@ def local_import(quarry, url):
     return took
 
 
-def upload(c, ns, name, image):
+def upload(c, ns, name, image, marks=None):
     """What `virtctl image-upload` does: a token, then once the PVC says its upload server is
-    ready, one POST through the upload proxy."""
+    ready, one POST through the upload proxy. Appends its milestones to `marks`."""
+    marks = marks if marks is not None else []
     deadline = time.monotonic() + 60
     while c.kubectl("-n", ns, "get", f"pvc/{name}", "-o", "name", check=False) == "":
         if time.monotonic() > deadline:
@@ -327,10 +341,13 @@ spec: {{pvcName: {name}}}
     ip = c.jsonpath(NS, "service/quarry-uploadproxy", "{.spec.clusterIP}")
     c.kubectl("-n", ns, "wait", f"pvc/{name}", "--timeout=300s",
               "--for=jsonpath={.metadata.annotations.cdi\\.kubevirt\\.io/storage\\.pod\\.ready}=true")
+    marks.append((time.monotonic(), "ready-seen"))
+    marks.append((time.monotonic(), "post-start"))
     code = sh("curl", "-sS", "-k", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST",
               "-H", f"Authorization: Bearer {token}", "-H",
               "Content-Type: application/octet-stream", "--data-binary", f"@{image}",
               f"https://{ip}/v1beta1/upload", check=False)
+    marks.append((time.monotonic(), "post-end"))
     if code != "200":
         sys.exit(f"node_bench: the upload answered {code}")
 
@@ -474,10 +491,13 @@ def main():
                     dv_yaml(ns, "http", f"{{http: {{url: '{url}'}}}}", size)))
                 rows.append(("http", run, parts(m, local)))
             if "upload" in only:
+                marks = []
+
                 def create_upload():
                     c.apply(dv_yaml(ns, "up", "{upload: {}}", size))
-                    threading.Thread(target=upload, args=(c, ns, "up", image), daemon=True).start()
-                m = timeline(c, ns, "up", create_upload)
+                    threading.Thread(target=upload, args=(c, ns, "up", image, marks),
+                                     daemon=True).start()
+                m = timeline(c, ns, "up", create_upload, marks=marks)
                 rows.append(("upload", run, parts(m, local)))
             if "csi-clone" in only and "http" in only:
                 m = timeline(c, ns, "csi", lambda: c.apply(
@@ -497,7 +517,8 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
         if not args.keep and not args.reuse:
             sh("bash", args.cluster_sh, "down", args.dir, check=False)
-    cols = ["total", "overhead", "to-pvc", "provision", "pod-start", "work", "finish"]
+    cols = ["total", "overhead", "to-pvc", "provision", "pod-start", "work", "finish",
+            "to-ready", "post", "server-to-source"]
     print(f"\nDataVolume timelines, {args.size_mib} MiB disk (qcow2.xz), seconds; median of "
           f"{args.runs} runs\n")
     print("| row | " + " | ".join(cols) + " |")

@@ -92,7 +92,11 @@ fn token(key: &Path, ns: &str, pvc: &str) -> String {
 
 /// An upload server for `target` with extra arguments.
 fn server(dir: &Path, target: &Path, extra: &[&str]) -> Proc {
-    let port = free_port();
+    server_on(free_port(), dir, target, extra)
+}
+
+/// [`server`] listening on `port`.
+fn server_on(port: u16, dir: &Path, target: &Path, extra: &[&str]) -> Proc {
     let listen = format!("127.0.0.1:{port}");
     let mut args = vec![
         "upload-server",
@@ -1363,7 +1367,13 @@ fn clone_source_command(
 
 /// An upload server with mutual TLS, as the target pod of a host-assisted clone.
 fn tls_server(dir: &Path, target: &Path, ca: &TestCa) -> Proc {
-    server(
+    tls_server_on(free_port(), dir, target, ca)
+}
+
+/// [`tls_server`] listening on `port`.
+fn tls_server_on(port: u16, dir: &Path, target: &Path, ca: &TestCa) -> Proc {
+    server_on(
+        port,
         dir,
         target,
         &[
@@ -1409,6 +1419,49 @@ fn a_filesystem_clone_arrives_equal_and_sparse_without_sending_holes() {
         "holes were filled: {} bytes allocated",
         allocated(&target)
     );
+}
+
+#[test]
+fn a_clone_source_started_before_its_server_waits_for_it_and_sends_once() {
+    let (dir, source, bytes, ca, target) = clone_fixture();
+    let d = dir.path();
+    // The port answers nothing yet: each connection is closed unread, as no server is there.
+    let early = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = early.local_addr().unwrap().port();
+    let url = format!("https://127.0.0.1:{port}/v1beta1/upload");
+    // A failed first attempt would wait its 60 s back-off: the wait makes it one attempt.
+    let client = clone_source_command(
+        &source,
+        &url,
+        "filesystem-clone",
+        &ca,
+        &["--server-wait", "60s", "--retry-backoff", "60s"],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    // The client asks before the server is up; then the server starts on that port.
+    early.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match early.accept() {
+            Ok((conn, _)) => break drop(conn),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "the client never asked");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("accepting: {e}"),
+        }
+    }
+    drop(early);
+    let mut srv = tls_server_on(port, d, &target, &ca);
+    let out = client.wait_with_output().unwrap();
+    common::assert_ok(&out);
+    let report = common::json(&out);
+    assert_eq!(report["attempts"], 1, "{report}");
+    assert_eq!(srv.wait_exit(), 0, "the server stops after the clone");
+    assert_same(&target, &bytes);
 }
 
 #[test]

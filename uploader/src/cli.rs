@@ -227,6 +227,10 @@ pub struct CloneSourceArgs {
     /// First wait between attempts (doubles up to 30s).
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     pub retry_backoff: Duration,
+    /// Before the first attempt, wait up to this long for the upload server to answer (a pod
+    /// started beside its server); 0s sends at once.
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    pub server_wait: Duration,
     /// Serve Prometheus metrics (kubevirt_cdi_clone_progress_total, the share of the stream
     /// read) on this address.
     #[arg(long, value_name = "ADDR")]
@@ -356,6 +360,10 @@ impl CloneSourceArgs {
         a.opt(
             "retry-backoff",
             (self.retry_backoff != default.retry_backoff).then(|| secs(self.retry_backoff)),
+        );
+        a.opt(
+            "server-wait",
+            (self.server_wait != default.server_wait).then(|| secs(self.server_wait)),
         );
         a.opt("metrics-addr", self.metrics_addr);
         a.opt("owner-uid", self.owner_uid.as_ref());
@@ -612,6 +620,7 @@ pub fn run_clone_source(args: CloneSourceArgs) -> Result<crate::clone::source::C
         identity_pem,
         retries: args.retries,
         backoff: args.retry_backoff,
+        server_wait: args.server_wait,
         progress,
     };
     runtime()?.block_on(crate::clone::source::clone_source(&req))

@@ -730,9 +730,10 @@ fn shared_upload_tls(cfg: &Config) -> bool {
     matches!(cfg.upload_tls, Some(UploadTls::Shared { .. }))
 }
 
-/// A host-assisted clone once its upload server exists: when it takes data, the clone source
-/// pod streams the source to it (with a client certificate first, where upload servers have
-/// their own); a failed source pod is replaced while the upload server waits.
+/// A host-assisted clone once its upload server exists: the clone source pod streams the source
+/// to it (with a client certificate first, where upload servers have their own). It starts beside
+/// the server, not once it is ready (its start and its scan of the source overlap the server's;
+/// it waits until the server answers); a failed source pod is replaced while the server waits.
 fn feed_upload(
     obs: &Observed<'_>,
     (src, from): (&PopulationSource, &SourcePvc),
@@ -741,8 +742,7 @@ fn feed_upload(
     d: &mut Decision,
 ) {
     if upload.metadata.deletion_timestamp.is_some()
-        || pod_phase(upload) != "Running"
-        || !pod_ready(upload)
+        || matches!(pod_phase(upload), "Succeeded" | "Failed")
     {
         return;
     }
@@ -1544,8 +1544,10 @@ mod tests {
                 .any(|a| matches!(a, Action::CreateSourcePod(_)))
         );
 
-        // The upload server takes data: the client certificate, then the source pod.
-        let server = ready_pod("cdi-upload-disk", "Running");
+        // The upload server made, not yet running: the client certificate, then the source pod
+        // (it starts beside the server and waits for it to answer).
+        let mut server = pod("Pending", None);
+        server.metadata.name = Some("cdi-upload-disk".into());
         let running = Observed {
             pod: Some(&server),
             service: true,

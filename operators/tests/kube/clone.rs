@@ -326,11 +326,9 @@ async fn a_cross_namespace_clone_is_copied_by_a_source_pod_to_the_upload_server(
     assert!(t.spec.as_ref().unwrap().data_source.is_none());
     phase(&client, &ns, Phase::CloneScheduled).await;
     set_pvc_status(&client, &ns, "vm-disk", GI).await;
-    // The upload server runs and is ready: the source pod starts beside the source.
+    // The upload server made, not running yet: the source pod starts beside the source (and
+    // waits for the server to answer).
     pod(&client, &ns, "cdi-upload-vm-disk", None).await;
-    let mut ready = running();
-    ready["conditions"] = json!([{"type": "Ready", "status": "True"}]);
-    set_pod_status(&client, &ns, "cdi-upload-vm-disk", ready).await;
     let source_pod = format!("{}-source-pod", t.uid().unwrap());
     let sp = pod(&client, &golden, &source_pod, None).await;
     let spec = sp.spec.unwrap();
@@ -338,7 +336,7 @@ async fn a_cross_namespace_clone_is_copied_by_a_source_pod_to_the_upload_server(
     assert_eq!(
         c.args.clone().unwrap().join(" "),
         format!(
-            "clone-source --source /data/disk.img --upload-url http://cdi-upload-vm-disk.{ns}.svc/v1beta1/upload --content-type filesystem-clone --metrics-addr 0.0.0.0:8443 --owner-uid {}",
+            "clone-source --source /data/disk.img --upload-url http://cdi-upload-vm-disk.{ns}.svc/v1beta1/upload --content-type filesystem-clone --server-wait 600s --metrics-addr 0.0.0.0:8443 --owner-uid {}",
             t.uid().unwrap()
         )
     );
@@ -350,7 +348,11 @@ async fn a_cross_namespace_clone_is_copied_by_a_source_pod_to_the_upload_server(
         (claim.claim_name.as_str(), claim.read_only),
         ("golden-disk", Some(true))
     );
+    // Both run, the server ready: the copy is under way.
     set_pod_status(&client, &golden, &source_pod, running()).await;
+    let mut ready = running();
+    ready["conditions"] = json!([{"type": "Ready", "status": "True"}]);
+    set_pod_status(&client, &ns, "cdi-upload-vm-disk", ready).await;
     phase(&client, &ns, Phase::CloneInProgress).await;
     // The upload server received it all and exits.
     set_pod_status(&client, &ns, "cdi-upload-vm-disk", exited(0, "")).await;

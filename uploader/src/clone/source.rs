@@ -57,6 +57,9 @@ pub struct CloneSourceRequest {
     pub retries: u32,
     /// First back-off between attempts; doubles each time up to 30 s.
     pub backoff: Duration,
+    /// How long to wait, after the scan and before the first attempt, for the server to answer
+    /// at all (the controller starts this pod beside its upload server, not after it).
+    pub server_wait: Duration,
     /// Counters of the clone's progress (what `--metrics-addr` serves as CDI's
     /// `kubevirt_cdi_clone_progress_total`): `source_length` is the bytes the stream carries
     /// before compression (the data extents of a `filesystem-clone`, every byte of a
@@ -367,6 +370,7 @@ pub async fn clone_source(req: &CloneSourceRequest) -> Result<CloneReport> {
         p.source_length.store(carried.max(1), Ordering::Relaxed);
     }
     let client = client(req)?;
+    wait_for_server(&client, &req.url, req.server_wait).await;
     let mut sent = 0u64;
     let mut attempts = 0u32;
     let mut backoff = req.backoff;
@@ -402,6 +406,42 @@ pub async fn clone_source(req: &CloneSourceRequest) -> Result<CloneReport> {
         attempts,
         duration_seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// How often a server not answering yet is asked again: its Service routes to it within a
+/// fraction of a second of its readiness.
+const SERVER_POLL: Duration = Duration::from_millis(100);
+
+/// Waits up to `limit` until the server at `url` answers (any HTTP status: its `/healthz`,
+/// behind a Service that routes only to a ready server). Past the limit the attempts go ahead
+/// and fail or retry as they would have.
+async fn wait_for_server(client: &reqwest::Client, url: &str, limit: Duration) {
+    if limit.is_zero() {
+        return;
+    }
+    let Ok(mut health) = reqwest::Url::parse(url) else {
+        return;
+    };
+    health.set_path("/healthz");
+    health.set_query(None);
+    let started = Instant::now();
+    let mut told = started;
+    loop {
+        let probe = client.get(health.clone()).timeout(Duration::from_secs(5));
+        let why = match probe.send().await {
+            Ok(_) => return,
+            Err(e) => chain(&e),
+        };
+        if started.elapsed() >= limit {
+            tracing::warn!(url, cause = %why, "the upload server did not answer in {limit:?}; sending anyway");
+            return;
+        }
+        if told.elapsed() >= Duration::from_secs(10) {
+            tracing::info!(url, cause = %why, "waiting for the upload server");
+            told = Instant::now();
+        }
+        tokio::time::sleep(SERVER_POLL).await;
+    }
 }
 
 async fn attempt(

@@ -514,6 +514,8 @@ fn host_assisted(
             });
         }
     };
+    // The upload server takes data: the transfer can be under way.
+    let serving = |phase: &str| phase == "Running" && crate::datavolume::decide::pod_ready(upload);
     match crate::datavolume::decide::pod_phase(upload) {
         "Succeeded" => {
             succeed(cx, from, None);
@@ -531,7 +533,9 @@ fn host_assisted(
             crate::datavolume::decide::pod_failed(cx, upload, upload_name, Work::Upload);
             delete_source(cx);
         }
-        "Running" if crate::datavolume::decide::pod_ready(upload) => match &source_pod {
+        // The source pod starts beside the upload server, not after it: its start and its scan
+        // of the source overlap the server's, and it waits until the server answers.
+        upload_phase => match &source_pod {
             None => {
                 let (pvc, mode, node) = &source;
                 let spec = SourcePodSpec {
@@ -545,11 +549,14 @@ fn host_assisted(
                 let p = objects::source_pod(&pod::Workload::of(cx.dv), &spec, cx.cfg);
                 cx.actions.push(Action::CreateSourcePod(Box::new(p)));
                 cx.requeue = Some(cx.cfg.progress_interval);
+                if !serving(upload_phase) {
+                    crate::datavolume::decide::pending_reason(cx, upload);
+                }
                 scheduled(cx);
             }
             // The source pod is not watched (another namespace, no owner): look again soon.
             Some(p) => match crate::datavolume::decide::pod_phase(p) {
-                "Running" | "Succeeded" => {
+                "Running" | "Succeeded" if serving(upload_phase) => {
                     cx.requeue = Some(cx.cfg.progress_interval);
                     cx.transfer_running();
                     // The source pod's progress counter, read as an importer's.
@@ -572,14 +579,13 @@ fn host_assisted(
                 }
                 _ => {
                     cx.requeue = Some(cx.cfg.progress_interval);
+                    if !serving(upload_phase) {
+                        crate::datavolume::decide::pending_reason(cx, upload);
+                    }
                     scheduled(cx)
                 }
             },
         },
-        _ => {
-            crate::datavolume::decide::pending_reason(cx, upload);
-            scheduled(cx);
-        }
     }
 }
 
@@ -1232,17 +1238,26 @@ mod tests {
         assert!(server(&decide(&preallocated, &o_t, &token_config())).preallocate);
         let d = step(&mut dv, &o_t);
         assert!(!server(&d).preallocate);
-        // The upload server ready: the source pod in the source namespace.
-        let upload = pod_in("cdi-upload-vm-disk", "Running", true);
-        let d = step(&mut dv, &observed(Some(&t), Some(&upload), o(None)));
+        // The upload server made, still pending: the source pod starts beside it, in the
+        // source namespace (it waits for the server to answer).
+        let pending = pod_in("cdi-upload-vm-disk", "Pending", false);
+        let d = step(&mut dv, &observed(Some(&t), Some(&pending), o(None)));
         let [Action::CreateSourcePod(sp)] = &objects_of(&d)[..] else {
             panic!("{:?}", d.actions)
         };
         assert_eq!(sp.metadata.name.as_deref(), Some("pvc-uid-source-pod"));
         assert_eq!(sp.metadata.namespace.as_deref(), Some("golden"));
         assert_eq!(d.status.phase, Some(Phase::CloneScheduled));
-        // The source pod runs: CloneInProgress.
+        // The source pod runs before the server is ready: still scheduled, not in progress.
         let running = pod_in("pvc-uid-source-pod", "Running", true);
+        let d = step(
+            &mut dv,
+            &observed(Some(&t), Some(&pending), o(Some(running.clone()))),
+        );
+        assert!(objects_of(&d).is_empty(), "{:?}", d.actions);
+        assert_eq!(d.status.phase, Some(Phase::CloneScheduled));
+        // The upload server ready and the source pod running: CloneInProgress.
+        let upload = pod_in("cdi-upload-vm-disk", "Running", true);
         let d = step(
             &mut dv,
             &observed(Some(&t), Some(&upload), o(Some(running.clone()))),

@@ -245,6 +245,9 @@ pub struct SourcePodSpec<'a> {
     pub tls_secret: Option<&'a str>,
 }
 
+/// How long a clone source pod waits for its upload server to answer before its attempts.
+pub const SERVER_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// The host-assisted clone source pod: `quarry clone-source` streaming the source volume
 /// (mounted read-only: `disk.img`, or the block device) to the upload server of the target `w`
 /// works for, on the source's node, in the source namespace. It has no owner (a reference cannot
@@ -256,6 +259,8 @@ pub fn source_pod(w: &pod::Workload, s: &SourcePodSpec, cfg: &Config) -> Pod {
     };
     let mut args = CloneSourceArgs::new(path, content_type);
     args.upload_url = Some(upload_url(w, cfg.upload_tls.is_some()));
+    // Made beside the upload server, it waits for it (then fails and is replaced).
+    args.server_wait = SERVER_WAIT;
     let mut volumes = Vec::new();
     let mut mounts = Vec::new();
     if let Some(secret) = s.tls_secret {
@@ -530,7 +535,7 @@ mod tests {
         let args = c.args.clone().unwrap().join(" ");
         assert_eq!(
             args,
-            "clone-source --source /dev/cdi-block-volume --upload-url http://cdi-upload-vm-disk.vms.svc/v1beta1/upload --content-type blockdevice-clone --metrics-addr 0.0.0.0:8443 --owner-uid pvc-uid"
+            "clone-source --source /dev/cdi-block-volume --upload-url http://cdi-upload-vm-disk.vms.svc/v1beta1/upload --content-type blockdevice-clone --server-wait 600s --metrics-addr 0.0.0.0:8443 --owner-uid pvc-uid"
         );
         let port = &c.ports.as_ref().unwrap()[0];
         assert_eq!(
