@@ -370,7 +370,7 @@ def many(c, quarry, n, uploads, files, base, work, size, data_bytes):
     for i in range(uploads):
         threading.Thread(target=upload, args=(c, ns, f"up-{i}", work / "disk.qcow2"),
                          daemon=True).start()
-    done, pod_uid = {}, {}
+    done, pod_uid, phases = {}, {}, {}
     deadline = t0 + 1800
     while len(done) < len(names):
         try:
@@ -379,8 +379,10 @@ def many(c, quarry, n, uploads, files, base, work, size, data_bytes):
             sys.exit(f"node_bench: {len(done)}/{len(names)} Succeeded in 1800 s")
         if kind == "pods" and len(f) > 1:
             pod_uid[f[1]] = f[0]
-        elif kind == "dv" and len(f) > 1 and f[1] == "Succeeded":
-            done.setdefault(f[0], at - t0)
+        elif kind == "dv" and len(f) > 1 and f[1]:
+            phases.setdefault(f[0], {}).setdefault(f[1], at - t0)
+            if f[1] == "Succeeded":
+                done.setdefault(f[0], at - t0)
         elif kind == "dv" and len(f) > 1 and f[1] == "Failed":
             sys.exit(f"node_bench: {ns}/{f[0]} Failed")
     sampler.stop()
@@ -414,6 +416,10 @@ def many(c, quarry, n, uploads, files, base, work, size, data_bytes):
         "peak_rss_mib": max((m[0] for m in mem), default=0) / 2**20,
         "peak_usage_mib": max((m[1] for m in mem), default=0) / 2**20,
         "pods_sampled": len(mem),
+        # Each DataVolume's image and when it first showed each phase (its pod running:
+        # ImportInProgress or UploadReady), to tell a late start from slow work.
+        "per_dv": {name: {"file": files[int(name[3:]) % len(files)] if name.startswith("dv-")
+                          else "upload", **phases.get(name, {})} for name in names},
     }
 
 
@@ -436,6 +442,24 @@ def report_many(args, results):
               f"{fmt(r['median'])} | {fmt(r['slowest'])} | "
               f"{fmt(starve)} | {fmt(r['uploads_wall'])} | {r['peak_rss_mib']:.0f} | "
               f"{r['peak_usage_mib']:.0f} |")
+    for r in results:
+        if not r["dvs"]:
+            continue
+        # Who was slowest, and whether it started late or worked slowly, by image.
+        by_file = {}
+        for name, d in r["per_dv"].items():
+            if name.startswith("dv-") and "Succeeded" in d:
+                start = d.get("ImportInProgress")
+                by_file.setdefault(d["file"], []).append(
+                    (d["Succeeded"], start, d["Succeeded"] - start if start is not None else None))
+        print(f"\n{r['dvs']} DVs, {r['uploads']} uploads: per image, median seconds to "
+              "ImportInProgress, from it to Succeeded, and the slowest total")
+        for f, v in sorted(by_file.items()):
+            starts = [x[1] for x in v if x[1] is not None]
+            works = [x[2] for x in v if x[2] is not None]
+            print(f"  {f}: n={len(v)} start {fmt(statistics.median(starts) if starts else None)}"
+                  f" work {fmt(statistics.median(works) if works else None)}"
+                  f" slowest {fmt(max(x[0] for x in v))}")
     print("\nraw:", json.dumps(results))
 
 

@@ -135,8 +135,10 @@ impl<K> Default for Written<K> {
 }
 
 impl<K: Resource> Written<K> {
-    /// Records what a write of ours returned.
-    pub fn record(&self, obj: K) {
+    /// Records what a write of ours returned (without its managedFields, as the stores: a
+    /// write's answer carries them, and no reconcile reads them).
+    pub fn record(&self, mut obj: K) {
+        obj.managed_fields_mut().clear();
         if let Some(uid) = obj.meta().uid.clone() {
             let mut by_uid = self.lock();
             let records = self

@@ -579,6 +579,11 @@ pub fn upload_service(w: &Workload, pvc_uid: &str) -> Service {
                 protocol: Some("TCP".into()),
                 ..Default::default()
             }]),
+            // Routed to as soon as the pod has an address, not once its readiness has gone
+            // through the endpoints to every node's proxy rules (about a second more): the
+            // upload proxy and the clone source pod retry a refused connection until the
+            // server listens. The PVC's ready annotation still follows the readiness probe.
+            publish_not_ready_addresses: Some(true),
             ..Default::default()
         }),
         status: None,

@@ -817,6 +817,11 @@ fn upload_pod_runs_the_upload_server_with_tls_and_the_service_maps_443() {
     let labels = p.metadata.labels.as_ref().unwrap();
     let svc = pod::upload_service(&pod::Workload::of(&dv), "pvc-uid");
     let spec = svc.spec.unwrap();
+    assert_eq!(
+        spec.publish_not_ready_addresses,
+        Some(true),
+        "routed to before the readiness probe passes (clients retry a refused connection)"
+    );
     let sel = spec.selector.unwrap();
     assert_eq!(sel[super::LABEL_TARGET], "pvc-uid");
     assert_eq!(
