@@ -39,7 +39,7 @@ pub struct DataVolumeSpec {
     pub source_ref: Option<DataVolumeSourceRef>,
     /// The PVC to create, taken literally.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pvc: Option<PersistentVolumeClaimSpec>,
+    pub pvc: Option<Box<PersistentVolumeClaimSpec>>,
     /// The storage to create, with defaults filled in (access mode, volume mode, overhead).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<StorageSpec>,
@@ -111,7 +111,8 @@ pub struct DataVolumeCheckpoint {
     pub current: String,
 }
 
-/// The source of the data: exactly one member is set.
+/// The source of the data: exactly one member is set. The larger, rarer members are boxed: a
+/// controller holds every DataVolume in memory, and each would carry room for all of them.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DataVolumeSource {
@@ -120,13 +121,13 @@ pub struct DataVolumeSource {
     pub http: Option<SourceHttp>,
     /// An S3 object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub s3: Option<SourceS3>,
+    pub s3: Option<Box<SourceS3>>,
     /// A Google Cloud Storage object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gcs: Option<SourceGcs>,
+    pub gcs: Option<Box<SourceGcs>>,
     /// A containerDisk image in a registry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub registry: Option<SourceRegistry>,
+    pub registry: Option<Box<SourceRegistry>>,
     /// Clone of another PVC (not supported by this controller).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pvc: Option<SourcePvc>,
@@ -138,10 +139,10 @@ pub struct DataVolumeSource {
     pub blank: Option<Empty>,
     /// oVirt imageio (not supported).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub imageio: Option<SourceImageIo>,
+    pub imageio: Option<Box<SourceImageIo>>,
     /// VMware VDDK (not supported).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vddk: Option<SourceVddk>,
+    pub vddk: Option<Box<SourceVddk>>,
     /// A VolumeSnapshot (not supported by this controller).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SourcePvc>,

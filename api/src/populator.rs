@@ -63,22 +63,22 @@ pub struct ImportSourceType {
     pub http: Option<SourceHttp>,
     /// An S3 object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub s3: Option<SourceS3>,
+    pub s3: Option<Box<SourceS3>>,
     /// A containerDisk image in a registry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub registry: Option<SourceRegistry>,
+    pub registry: Option<Box<SourceRegistry>>,
     /// A GCS object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gcs: Option<SourceGcs>,
+    pub gcs: Option<Box<SourceGcs>>,
     /// A blank raw disk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blank: Option<Empty>,
     /// oVirt imageio (not supported).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub imageio: Option<SourceImageIo>,
+    pub imageio: Option<Box<SourceImageIo>>,
     /// VMware VDDK (not supported).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vddk: Option<SourceVddk>,
+    pub vddk: Option<Box<SourceVddk>>,
 }
 
 /// Data uploaded by a client (`virtctl image-upload pvc`) into the PVC that names it.

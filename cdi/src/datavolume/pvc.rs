@@ -218,7 +218,7 @@ fn requested_claim(dv: &DataVolume, cfg: &Config, defaults: &StorageDefaults) ->
                 VolumeMode::Block => 0.0,
             };
             Ok(Claim {
-                spec: pvc.clone(),
+                spec: pvc.as_ref().clone(),
                 size,
                 mode,
                 overhead,
@@ -488,7 +488,7 @@ pub(crate) mod tests {
             ..Default::default()
         };
         let d = dv(DataVolumeSpec {
-            pvc: Some(spec.clone()),
+            pvc: Some(Box::new(spec.clone())),
             ..Default::default()
         });
         let c = claim(&d, &Config::default(), &StorageDefaults::Builtin).unwrap();

@@ -421,10 +421,10 @@ mod tests {
     fn a_gcs_source_is_an_import_of_a_gcs_object() {
         let gcs = |url: &str| {
             source(&spec(DataVolumeSource {
-                gcs: Some(SourceGcs {
+                gcs: Some(Box::new(SourceGcs {
                     url: url.into(),
                     secret_ref: Some("sa-key".into()),
-                }),
+                })),
                 ..Default::default()
             }))
         };

@@ -671,14 +671,14 @@ fn importer_pod_for_registry_s3_blank_and_block_volumes() {
     let o = obs(Some(&bound), None);
 
     let mut reg = dv_with(DataVolumeSource {
-        registry: Some(SourceRegistry {
+        registry: Some(Box::new(SourceRegistry {
             url: Some("docker://registry.local:5000/vm/disk:v1".into()),
             secret_ref: Some("pull".into()),
             platform: Some(api::datavolume::PlatformOptions {
                 architecture: Some("arm64".into()),
             }),
             ..Default::default()
-        }),
+        })),
         ..Default::default()
     });
     reg.spec.storage.as_mut().unwrap().volume_mode = Some("Block".into());
@@ -711,11 +711,11 @@ fn importer_pod_for_registry_s3_blank_and_block_volumes() {
     );
 
     let s3 = dv_with(DataVolumeSource {
-        s3: Some(SourceS3 {
+        s3: Some(Box::new(SourceS3 {
             url: "https://s3.local/bucket/disk.img".into(),
             secret_ref: Some("keys".into()),
             cert_config_map: None,
-        }),
+        })),
         ..Default::default()
     });
     let a = args(created_pod(&decide(&s3, &o, &cfg)));
@@ -725,10 +725,10 @@ fn importer_pod_for_registry_s3_blank_and_block_volumes() {
 
     // A gcs source's Secret is mounted where CDI mounts it; its key file goes to the importer.
     let gcs = dv_with(DataVolumeSource {
-        gcs: Some(SourceGcs {
+        gcs: Some(Box::new(SourceGcs {
             url: "https://storage.googleapis.com/bucket/disk.img".into(),
             secret_ref: Some("sa-key".into()),
-        }),
+        })),
         ..Default::default()
     });
     let d = decide(&gcs, &o, &cfg);
