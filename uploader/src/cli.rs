@@ -112,7 +112,7 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "PEM")]
     pub upstream_ca: Option<PathBuf>,
     /// How long a refused connection to an upload server is tried again before the answer is
-    /// 503 (a server just made ready may not be behind its Service yet).
+    /// 503 (a server just started may not listen yet, or not be behind its Service yet).
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub upstream_wait: Duration,
     /// Client certificate (PEM) presented to upload servers (mutual TLS; with --client-key).

@@ -165,9 +165,10 @@ async fn relay(proxy: &Proxy, req: Request) -> Response {
             headers.insert(HeaderName::from_static(name), v.clone());
         }
     }
-    // A server just made ready may not be behind its Service yet (the endpoints and the node's
-    // proxy rules follow the pod's readiness): a refused connection is tried again for a while,
-    // the body being untouched until the connection is made.
+    // A server just started may not listen yet (its Service routes to it once it has an
+    // address), or not be behind its Service yet (the endpoints and every node's proxy rules
+    // follow the pod): a refused connection is tried again for a while, the body being
+    // untouched until the connection is made.
     let deadline = tokio::time::Instant::now() + proxy.upstream_wait;
     let mut body = Some(body);
     let answer = loop {
