@@ -140,9 +140,13 @@ class MemorySampler:
     included, as the limit counts it), by pod UID."""
 
     ROOT = Path("/sys/fs/cgroup/memory/kubepods")
+    CPU = Path("/sys/fs/cgroup/cpuacct/kubepods")
+    THROTTLE = Path("/sys/fs/cgroup/cpu/kubepods")
 
     def __init__(self):
         self.rss, self.usage = {}, {}
+        # CPU seconds used and throttled, by pod UID: at the first and the last sighting.
+        self.cpu_first, self.cpu_last = {}, {}
         self.stop_flag = False
         self.t = threading.Thread(target=self.run, daemon=True)
         self.t.start()
@@ -162,7 +166,28 @@ class MemorySampler:
                     continue
                 self.rss[uid] = max(self.rss.get(uid, 0), rss)
                 self.usage[uid] = max(self.usage.get(uid, 0), usage)
+            for uid, cpu in self.cpu():
+                self.cpu_first.setdefault(uid, cpu)
+                self.cpu_last[uid] = cpu
             time.sleep(0.25)
+
+    def cpu(self):
+        """(uid, (CPU seconds, throttled seconds)) of every pod, cumulative."""
+        for d in list(self.CPU.glob("pod*")) + list(self.CPU.glob("*/pod*")):
+            try:
+                used = int((d / "cpuacct.usage").read_text()) / 1e9
+                stat = (self.THROTTLE / d.relative_to(self.CPU) / "cpu.stat").read_text()
+                throttled = int(dict(l.split() for l in stat.splitlines())["throttled_time"]) / 1e9
+            except (OSError, ValueError, KeyError):
+                continue
+            yield d.name[3:], (used, throttled)
+
+    def spent(self, uid):
+        """CPU and throttled seconds of `uid` while sampled."""
+        first, last = self.cpu_first.get(uid), self.cpu_last.get(uid)
+        if first is None:
+            return (0.0, 0.0)
+        return (last[0] - first[0], last[1] - first[1])
 
     def stop(self):
         self.stop_flag = True
@@ -343,9 +368,11 @@ spec: {{pvcName: {name}}}
               "--for=jsonpath={.metadata.annotations.cdi\\.kubevirt\\.io/storage\\.pod\\.ready}=true")
     marks.append((time.monotonic(), "ready-seen"))
     marks.append((time.monotonic(), "post-start"))
+    # `-T` streams the file as virtctl does (`--data-binary @FILE` reads it all into memory
+    # first, a copy of every byte on the node's two cores).
     code = sh("curl", "-sS", "-k", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST",
               "-H", f"Authorization: Bearer {token}", "-H",
-              "Content-Type: application/octet-stream", "--data-binary", f"@{image}",
+              "Content-Type: application/octet-stream", "-H", "Expect:", "-T", str(image),
               f"https://{ip}/v1beta1/upload", check=False)
     marks.append((time.monotonic(), "post-end"))
     if code != "200":
@@ -364,6 +391,8 @@ def many(c, quarry, n, uploads, files, base, work, size, data_bytes):
     watches = [Watch(c, ns, "dv", DV_T, events),
                Watch(c, ns, "pods", "{.metadata.name}|{.metadata.uid}{\"\\n\"}", events)]
     sampler = MemorySampler()
+    proxy_uids = c.kubectl("-n", NS, "get", "pods", "-l", "app.kubernetes.io/name=quarry-uploadproxy",
+                           "-o", "jsonpath={.items[*].metadata.uid}", check=False).split()
     time.sleep(1.0)
     t0 = time.monotonic()
     c.apply("---\n".join(docs))
@@ -407,7 +436,15 @@ def many(c, quarry, n, uploads, files, base, work, size, data_bytes):
     mem = [(sampler.rss.get(uid, 0), sampler.usage.get(uid, 0))
            for name, uid in pods.items() if name.startswith(("importer-", "cdi-upload-"))]
     c.kubectl("delete", "namespace", ns, "--wait=false")
+    # CPU seconds (and seconds throttled by the pods' CPU limits) by role over the run.
+    def role_cpu(prefix):
+        spent = [sampler.spent(uid) for name, uid in pods.items() if name.startswith(prefix)]
+        return [round(sum(x[0] for x in spent), 2), round(sum(x[1] for x in spent), 2)]
+    proxy = [sampler.spent(uid) for uid in proxy_uids]
+    cpu = {"importers": role_cpu("importer-"), "upload servers": role_cpu("cdi-upload-"),
+           "upload proxy": [round(sum(x[0] for x in proxy), 2), round(sum(x[1] for x in proxy), 2)]}
     return {
+        "cpu_seconds_and_throttled": cpu,
         "dvs": n, "uploads": uploads, "wall": wall, "floor": floor, "serial_local": serial,
         "rate": data_bytes * len(names) / wall / 2**20,
         "median": statistics.median(imports) if imports else None,
@@ -443,6 +480,9 @@ def report_many(args, results):
               f"{fmt(starve)} | {fmt(r['uploads_wall'])} | {r['peak_rss_mib']:.0f} | "
               f"{r['peak_usage_mib']:.0f} |")
     for r in results:
+        print(f"\n{r['dvs']} DVs, {r['uploads']} uploads: CPU seconds (throttled seconds) by "
+              "role: " + ", ".join(f"{k} {v[0]:.1f} ({v[1]:.1f})"
+                                   for k, v in r["cpu_seconds_and_throttled"].items()))
         if not r["dvs"]:
             continue
         # Who was slowest, and whether it started late or worked slowly, by image.
