@@ -446,18 +446,28 @@ pub fn driver_objects(hpp: &HostPathProvisioner, s: &Settings) -> Result<DriverO
             ..Default::default()
         },
     ];
-    let mut mounted_parents = Vec::new();
-    for p in &pools {
-        if p.pvc_template.is_some() {
-            // The mounter's mount at the pool path reaches the driver only from under a
-            // Bidirectional mount of its parent (a mount at a hostPath's own root does not).
-            let parent = pool_parent(&p.path);
-            if !mounted_parents.contains(&parent) {
-                let vol = format!("pool-{}", p.name);
-                driver_mounts.push(mount(&vol, &parent, true));
-                volumes.push(host_path(&vol, &parent, "DirectoryOrCreate"));
-                mounted_parents.push(parent);
-            }
+    let mut mounted_parents: Vec<String> = Vec::new();
+    for p in pools.iter().filter(|p| p.pvc_template.is_some()) {
+        // The mounter's mount at the pool path reaches the driver only from under a
+        // Bidirectional mount of its parent (a mount at a hostPath's own root does not).
+        let parent = pool_parent(&p.path);
+        if !mounted_parents.contains(&parent) {
+            let vol = format!("pool-{}", p.name);
+            driver_mounts.push(mount(&vol, &parent, true));
+            volumes.push(host_path(&vol, &parent, "DirectoryOrCreate"));
+            mounted_parents.push(parent);
+        }
+    }
+    let under_a_parent = |path: &str| {
+        mounted_parents
+            .iter()
+            .any(|parent| parent != "/" && std::path::Path::new(path).starts_with(parent))
+    };
+    for p in pools.iter().filter(|p| p.pvc_template.is_none()) {
+        // A plain pool under a parent mounted Bidirectional is seen through it. Mounted again
+        // inside it, the runtime's bind of the pool would propagate back to the node through
+        // the parent: one more mount of the pool on itself at every start of the driver.
+        if under_a_parent(&p.path) {
             continue;
         }
         let vol = format!("pool-{}", p.name);
@@ -870,8 +880,10 @@ mod tests {
             .flatten()
             .map(|m| m.mount_path.as_str())
             .collect();
+        // The plain pool is seen through its parent's mount, not mounted again inside it (that
+        // bind would propagate back to the node, a mount on itself per driver start).
         assert!(
-            paths.contains(&"/var/hpvolumes") && paths.contains(&"/var/hpvolumes/csi"),
+            paths.contains(&"/var/hpvolumes") && !paths.contains(&"/var/hpvolumes/csi"),
             "{paths:?}"
         );
     }
