@@ -97,9 +97,10 @@ impl Informers {
     {
         let mut informers = Informers::new(client, namespace);
         let feed = informers.feed();
-        let watching = tokio::spawn(informers.run());
+        // Aborted when dropped, as when this future is (a leader's work, stopped).
+        let mut watching = tokio::task::JoinSet::new();
+        watching.spawn(informers.run());
         run(feed).await;
-        watching.abort();
     }
 }
 

@@ -16,28 +16,29 @@ use cdi::populator;
 /// and one of Quarry's pods. The settings the CDIConfig reconciler derives reach the DataVolume
 /// reconciles through `ctx.live`.
 pub async fn cdi(ctx: Arc<Context>, namespace: Option<&str>) {
+    // The neighbours run as tasks of a set that aborts them when dropped: this future is
+    // dropped when its leader loses the Lease, and tasks left running would go on beside the
+    // ones the next term starts (every populator write made twice) or beside the next leader.
+    let mut neighbours = tokio::task::JoinSet::new();
     let config_ctx = Arc::new(cdiconfig::controller::Context {
         client: ctx.client.clone(),
         metrics: ctx.metrics.clone(),
         settings: ctx.live.clone(),
     });
-    let config = tokio::spawn(cdiconfig::controller::run_config(config_ctx.clone()));
-    let profiles = tokio::spawn(cdiconfig::controller::run_profiles(config_ctx));
+    neighbours.spawn(cdiconfig::controller::run_config(config_ctx.clone()));
+    neighbours.spawn(cdiconfig::controller::run_profiles(config_ctx));
     // A DataVolume's sourceRef waits for its DataSource's Ready condition.
     let scope = namespace.map(str::to_string);
     let (client, metrics) = (ctx.client.clone(), ctx.metrics.clone());
-    let data_sources =
-        tokio::spawn(
-            async move { golden::controller::run(client, metrics, scope.as_deref()).await },
-        );
+    neighbours
+        .spawn(async move { golden::controller::run(client, metrics, scope.as_deref()).await });
     let cron_ctx = Arc::new(golden::cron_controller::Context {
         client: ctx.client.clone(),
         metrics: ctx.metrics.clone(),
         insecure_registries: ctx.settings().insecure_registries.clone(),
     });
     let scope = namespace.map(str::to_string);
-    let crons =
-        tokio::spawn(async move { golden::cron_controller::run(cron_ctx, scope.as_deref()).await });
+    neighbours.spawn(async move { golden::cron_controller::run(cron_ctx, scope.as_deref()).await });
     let populator_ctx = Arc::new(populator::controller::Context::new(
         ctx.client.clone(),
         ctx.live.clone(),
@@ -45,16 +46,10 @@ pub async fn cdi(ctx: Arc<Context>, namespace: Option<&str>) {
     ));
     let mut informers = Informers::new(&ctx.client, namespace);
     let (populator_feed, feed) = (informers.feed(), informers.feed());
-    let watching = tokio::spawn(informers.run());
+    neighbours.spawn(informers.run());
     let scope = namespace.map(str::to_string);
-    let populators = tokio::spawn(async move {
+    neighbours.spawn(async move {
         populator::controller::run_fed(populator_ctx, scope.as_deref(), populator_feed).await
     });
     datavolume::controller::run_fed(ctx, namespace, feed).await;
-    populators.abort();
-    watching.abort();
-    config.abort();
-    profiles.abort();
-    data_sources.abort();
-    crons.abort();
 }
