@@ -265,13 +265,6 @@ async fn apply(
         }
         _ => None,
     };
-    let volume = match prime
-        .as_ref()
-        .and_then(|p| p.spec.as_ref()?.volume_name.as_deref())
-    {
-        Some(v) if !v.is_empty() => kubeops::get(&volumes, v).await?,
-        _ => None,
-    };
     let import_from = src.as_ref().and_then(import_source);
     let refs = match (&import_from, &prime, &pod) {
         (Some(i), Some(_), None) => source_refs(client, &cfg, i, &ns).await?,
@@ -310,6 +303,8 @@ async fn apply(
         (_, Some(s)) => Some(CloneOrigin::Snapshot(s, snapshot_node.as_deref())),
         _ => None,
     };
+    // PVC''s volume: read only when a decision asks for it.
+    let volume: Option<PersistentVolume>;
     let mut observed = Observed {
         target,
         source: src.as_ref(),
@@ -318,7 +313,7 @@ async fn apply(
         pod: pod.as_ref(),
         source_pod: source_pod.as_ref(),
         service,
-        volume: volume.as_ref(),
+        volume: None,
         origin,
         progress,
         refs,
@@ -348,7 +343,17 @@ async fn apply(
         _ => Vec::new(),
     };
     observed.nodes = &nodes;
-    let decision = decide(&observed, &cfg);
+    let mut decision = decide(&observed, &cfg);
+    if decision.needs_volume
+        && let Some(name) = prime
+            .as_ref()
+            .and_then(|p| p.spec.as_ref()?.volume_name.as_deref())
+            .filter(|v| !v.is_empty())
+    {
+        volume = kubeops::get(&volumes, name).await?;
+        observed.volume = volume.as_ref();
+        decision = decide(&observed, &cfg);
+    }
     let at = Place {
         ctx,
         target,

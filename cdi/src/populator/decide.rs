@@ -204,6 +204,10 @@ pub struct Decision {
     pub actions: Vec<Action>,
     /// Look again after this long even without a change.
     pub requeue: Option<Duration>,
+    /// PVC''s PersistentVolume is wanted and was not read: read it and decide again. It is read
+    /// only for the steps that need it (the rebind, the cleanup), not on every look while the
+    /// pod works.
+    pub needs_volume: bool,
 }
 
 /// Decides what to do for `obs.target`.
@@ -551,6 +555,8 @@ fn follow_pod(
                 d.actions.push(event(false, done_reason, &done_message));
             }
         }
+        // Deleted for its retry: the restart is counted; the next pod follows once it is gone.
+        "Failed" if p.metadata.deletion_timestamp.is_some() => {}
         "Failed" => {
             let (code, message) = terminated(p).unwrap_or((-1, String::new()));
             let failure = classify(code);
@@ -622,7 +628,8 @@ fn follow_pod(
 fn rebind(obs: &Observed<'_>, prime: &PersistentVolumeClaim, d: &mut Decision) -> bool {
     let t = obs.target;
     let Some(volume) = obs.volume else {
-        // PVC' bound; its volume is read on the next look.
+        // PVC' bound: its volume is read now (and on a later look if it cannot be yet).
+        d.needs_volume = true;
         d.requeue = Some(Duration::from_secs(1));
         return false;
     };
@@ -776,7 +783,7 @@ fn feed_upload(
             d.actions.push(Action::CreateSourcePod(Box::new(p)));
             d.requeue = Some(cfg.progress_interval);
         }
-        Some(p) if pod_phase(p) == "Failed" => {
+        Some(p) if pod_phase(p) == "Failed" && p.metadata.deletion_timestamp.is_none() => {
             let message = clone_objects::source_pod_failed(p);
             d.actions.push(event(true, CLONE_FAILED, &message));
             d.actions.push(Action::DeletePod(
@@ -820,6 +827,15 @@ fn cleanup(obs: &Observed<'_>, d: &mut Decision) {
         return;
     };
     let lost = prime.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Lost");
+    let has_volume = prime
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .is_some_and(|v| !v.is_empty());
+    if !lost && has_volume && obs.volume.is_none() {
+        d.needs_volume = true;
+        return;
+    }
     let rebound = obs
         .volume
         .and_then(|v| v.spec.as_ref()?.claim_ref.as_ref()?.uid.as_deref())
@@ -827,7 +843,9 @@ fn cleanup(obs: &Observed<'_>, d: &mut Decision) {
     if !(lost || rebound) {
         return;
     }
-    if let Some(p) = obs.pod {
+    // What is already going is not deleted again: PVC' waits, deleted, until its pod is gone
+    // (its protection finalizer), and every look in between would ask once more.
+    if let Some(p) = obs.pod.filter(|p| p.metadata.deletion_timestamp.is_none()) {
         d.actions.push(Action::DeletePod(
             p.metadata.name.clone().unwrap_or_default(),
         ));
@@ -836,9 +854,11 @@ fn cleanup(obs: &Observed<'_>, d: &mut Decision) {
         d.actions
             .push(Action::DeleteService(pod::upload_name(&name(obs.target))));
     }
-    d.actions.push(Action::DeletePrime(
-        prime.metadata.name.clone().unwrap_or_default(),
-    ));
+    if prime.metadata.deletion_timestamp.is_none() {
+        d.actions.push(Action::DeletePrime(
+            prime.metadata.name.clone().unwrap_or_default(),
+        ));
+    }
 }
 
 fn name(pvc: &PersistentVolumeClaim) -> String {
@@ -1215,6 +1235,123 @@ mod tests {
                 Action::DeletePrime("prime-t-uid".into())
             ]
         );
+    }
+
+    #[test]
+    fn the_volume_is_read_only_for_the_rebind_and_the_cleanup() {
+        let cfg = Config::default();
+        let (src, imm) = (import(), class("Immediate"));
+        let t = target(&[]);
+        let prime = prime_of(&t, "Bound");
+        // While the importer works its volume is of no use.
+        let running = pod("Running", None);
+        let d = decide(
+            &Observed {
+                prime: Some(&prime),
+                pod: Some(&running),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        assert!(!d.needs_volume, "{d:?}");
+        // Done: the rebind asks for it, and does nothing else until it is read.
+        let done = pod("Succeeded", Some(0));
+        let d = decide(
+            &Observed {
+                prime: Some(&prime),
+                pod: Some(&done),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        assert!(d.needs_volume && d.actions.is_empty(), "{d:?}");
+        // The target bound: whether PVC' lost its volume to it is read from the volume.
+        let mut bound = t.clone();
+        bound.spec.as_mut().unwrap().volume_name = Some("pv-1".into());
+        let d = decide(
+            &Observed {
+                target: &bound,
+                prime: Some(&prime),
+                pod: Some(&done),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        assert!(d.needs_volume && d.actions.is_empty(), "{d:?}");
+        let rebound = volume("t-uid");
+        let d = decide(
+            &Observed {
+                target: &bound,
+                prime: Some(&prime),
+                pod: Some(&done),
+                volume: Some(&rebound),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        assert!(!d.needs_volume);
+        assert!(
+            d.actions
+                .contains(&Action::DeletePrime("prime-t-uid".into()))
+        );
+        // PVC' Lost says so by itself.
+        let lost = prime_of(&t, "Lost");
+        let d = decide(
+            &Observed {
+                target: &bound,
+                prime: Some(&lost),
+                pod: Some(&done),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        assert!(!d.needs_volume);
+        assert!(
+            d.actions
+                .contains(&Action::DeletePrime("prime-t-uid".into()))
+        );
+    }
+
+    #[test]
+    fn what_is_already_going_is_not_deleted_again() {
+        let cfg = Config::default();
+        let (src, imm) = (import(), class("Immediate"));
+        let t = target(&[]);
+        let mut bound = t.clone();
+        bound.spec.as_mut().unwrap().volume_name = Some("pv-1".into());
+        let going = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            Timestamp::UNIX_EPOCH,
+        ));
+        let mut lost = prime_of(&t, "Lost");
+        lost.metadata.deletion_timestamp = going.clone();
+        let mut done = pod("Succeeded", Some(0));
+        done.metadata.deletion_timestamp = going.clone();
+        let d = decide(
+            &Observed {
+                target: &bound,
+                prime: Some(&lost),
+                pod: Some(&done),
+                ..observe(&t, &src, &imm)
+            },
+            &cfg,
+        );
+        assert_eq!(d, Decision::default());
+        // A failed pod deleted for its retry: its restart is counted once, not at every look
+        // until it is gone.
+        let prime = prime_of(&t, "Bound");
+        let mut retried = pod("Failed", Some(20));
+        retried.metadata.deletion_timestamp = going;
+        let counted = target(&[(ANN_POD_RESTARTS, "1")]);
+        let d = decide(
+            &Observed {
+                target: &counted,
+                prime: Some(&prime),
+                pod: Some(&retried),
+                ..observe(&counted, &src, &imm)
+            },
+            &cfg,
+        );
+        assert_eq!(d, Decision::default());
     }
 
     #[test]
