@@ -5,14 +5,14 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
+use futures_util::{FutureExt as _, StreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodSpec};
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kubekit::informer::Informer;
+use kubekit::informer::{Informer, Made};
 use kubekit::kubeops;
 use serde::de::DeserializeOwned;
 
@@ -102,6 +102,34 @@ impl Informers {
         watching.spawn(informers.run());
         run(feed).await;
     }
+}
+
+/// An object only this controller creates, under a name it derives (a populator's PVC' and
+/// pods): from `store` when it holds it; a miss is absence once the store has listed
+/// everything, unless `made` says one of that name was created here moments ago (the store may
+/// not have it yet: the API server is asked, as before the store is ready).
+pub async fn read_ours<K>(
+    store: Option<&Store<K>>,
+    api: &Api<K>,
+    ns: &str,
+    name: &str,
+    made: &Made,
+) -> kubekit::Result<Option<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + 'static,
+{
+    if let Some(s) = store {
+        let listed = s
+            .wait_until_ready()
+            .now_or_never()
+            .is_some_and(|r| r.is_ok());
+        if listed && !made.recently(ns, name) {
+            return Ok(s
+                .get(&ObjectRef::new(name).within(ns))
+                .map(|obj| obj.as_ref().clone()));
+        }
+    }
+    read(store, api, Some(ns), name).await
 }
 
 /// `name` (in `ns` for a namespaced kind): from `store` when it holds it, else from the API

@@ -182,6 +182,43 @@ impl<K: Resource> Written<K> {
     }
 }
 
+/// The objects this controller created, by namespace and name, for as long as a store may lag
+/// behind them ([`REMEMBERED`]). For what only this controller creates (a populator's PVC' and
+/// pods, under names it derives), a store that has listed everything and lacks a name not made
+/// here moments ago does not have it because there is none: no GET needs to confirm it.
+#[derive(Default)]
+pub struct Made {
+    by_key: std::sync::Mutex<std::collections::HashMap<(String, String), Instant>>,
+    records: std::sync::atomic::AtomicUsize,
+}
+
+impl Made {
+    /// Notes that `ns/name` was just created (or found existing when creating it).
+    pub fn record(&self, ns: &str, name: &str) {
+        let mut by_key = self.lock();
+        let records = self
+            .records
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if records.is_multiple_of(SWEEP_EVERY) {
+            by_key.retain(|_, at| at.elapsed() < REMEMBERED);
+        }
+        by_key.insert((ns.to_string(), name.to_string()), Instant::now());
+    }
+
+    /// Whether `ns/name` was created here within the store's lag.
+    pub fn recently(&self, ns: &str, name: &str) -> bool {
+        self.lock()
+            .get(&(ns.to_string(), name.to_string()))
+            .is_some_and(|at| at.elapsed() < REMEMBERED)
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<(String, String), Instant>> {
+        self.by_key.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// The resourceVersion as a number. The API treats it as opaque, but etcd's are increasing
 /// integers; anything else counts as not comparable (and the store's copy is taken).
 fn version<K: Resource>(obj: &K) -> Option<u64> {
@@ -208,6 +245,16 @@ mod tests {
 
     fn data(c: &ConfigMap) -> &str {
         c.data.as_ref().unwrap()["k"].as_str()
+    }
+
+    #[test]
+    fn made_names_are_remembered_by_namespace_and_name() {
+        let made = Made::default();
+        assert!(!made.recently("vms", "importer-prime-1"));
+        made.record("vms", "importer-prime-1");
+        assert!(made.recently("vms", "importer-prime-1"));
+        assert!(!made.recently("other", "importer-prime-1"));
+        assert!(!made.recently("vms", "importer-prime-2"));
     }
 
     #[test]

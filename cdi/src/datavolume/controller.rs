@@ -47,7 +47,7 @@ use api::populator::{VolumeImportSource, VolumeUploadSource};
 use api::snapshot::VolumeSnapshot;
 use api::{DataVolume, StorageProfile};
 use kubekit::error::{Error, Result};
-use kubekit::informer::Written;
+use kubekit::informer::{Made, Written};
 use kubekit::kubeops;
 use kubekit::metrics::Metrics;
 
@@ -76,6 +76,8 @@ pub struct Context {
     stores: OnceLock<(Stores, Store<StorageProfile>)>,
     /// DataVolumes as our status writes left them, until the store has them.
     written: Written<DataVolume>,
+    /// The pods made here lately (a store miss of any other of ours is absence).
+    made: Made,
     /// When each running import (by DataVolume UID) was last scraped.
     scraped: Mutex<HashMap<String, Instant>>,
     /// Pod creations refused in a row, by DataVolume UID (an input of their back-off).
@@ -99,6 +101,7 @@ impl Context {
             drivers: CsiDrivers::new(client.clone()),
             stores: OnceLock::new(),
             written: Written::default(),
+            made: Made::default(),
             client,
             live,
             metrics,
@@ -317,7 +320,10 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         && populated::uses_populator(dv, pvc.as_ref(), csi_class);
     let pod = match populated {
         true => None,
-        false => informers::read(stores.map(|s| &s.pods), &pods, Some(&ns), &pod_name).await?,
+        false => {
+            let store = stores.map(|s| &s.pods);
+            informers::read_ours(store, &pods, &ns, &pod_name, &ctx.made).await?
+        }
     };
     let service = if upload && !populated {
         kubeops::get(&services, &pod_name).await?.is_some()
@@ -433,7 +439,10 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
                 }
             },
             Action::CreatePod(p) => match kubeops::create(&pods, &p, &ctx.manager).await {
-                Ok(()) => ctx.set_refusal(&uid, None),
+                Ok(()) => {
+                    ctx.made.record(&ns, &p.name_any());
+                    ctx.set_refusal(&uid, None)
+                }
                 Err(Error::Kube(kube::Error::Api(e))) if is_refusal(e.code) => {
                     // The refusal is the decision's input: decided again, the pod waits for
                     // its back-off and Running says why (the actions before it have run).

@@ -39,7 +39,7 @@ use crate::settings::LiveSettings;
 use api::populator::{self, VolumeCloneSource, VolumeImportSource, VolumeUploadSource};
 use api::snapshot::VolumeSnapshot;
 use kubekit::error::{Error, Result};
-use kubekit::informer::Written;
+use kubekit::informer::{Made, Written};
 use kubekit::kubeops;
 use kubekit::metrics::Metrics;
 
@@ -64,6 +64,8 @@ pub struct Context {
     candidates: Candidates,
     /// Targets as our annotation writes left them, until the store has them.
     written: Written<PersistentVolumeClaim>,
+    /// The PVC's and pods made here lately (a store miss of anything else of ours is absence).
+    made: Made,
     /// The shared PVC and pod stores and the VolumeImportSources, once [`run`] watches.
     stores: OnceLock<(Stores, Store<VolumeImportSource>)>,
     /// The last event published, by target UID.
@@ -77,6 +79,7 @@ impl Context {
             classes: StorageClasses::new(client.clone()),
             stores: OnceLock::new(),
             written: Written::default(),
+            made: Made::default(),
             candidates: Candidates::default(),
             client,
             live,
@@ -113,7 +116,7 @@ pub async fn reconcile(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Re
         };
         if target.metadata.deletion_timestamp.is_some() {
             ctx.written.forget(&target.uid().unwrap_or_default());
-            if let Some(prime) = read_claim(&ctx, &pvcs, &ns, &prime_name(&target)).await? {
+            if let Some(prime) = read_prime(&ctx, &pvcs, &ns, &target).await? {
                 orphaned(&ctx, &ns, &prime, &target.name_any()).await?;
             }
             return Ok(Requeue::await_change());
@@ -158,6 +161,17 @@ async fn orphaned(
         kubeops::delete(&pvcs, &prime.name_any()).await?;
     }
     Ok(())
+}
+
+/// The target's PVC', which only this controller makes.
+async fn read_prime(
+    ctx: &Context,
+    pvcs: &Api<PersistentVolumeClaim>,
+    ns: &str,
+    target: &PersistentVolumeClaim,
+) -> Result<Option<PersistentVolumeClaim>> {
+    let store = ctx.stores.get().map(|(s, _)| &s.claims);
+    informers::read_ours(store, pvcs, ns, &prime_name(target), &ctx.made).await
 }
 
 /// A PVC, from the shared store when it holds it.
@@ -240,7 +254,7 @@ async fn apply(
         Some(c) => ctx.classes.get(c).await?,
         None => None,
     };
-    let prime = read_claim(ctx, &pvcs, &ns, &prime_name(target)).await?;
+    let prime = read_prime(ctx, &pvcs, &ns, target).await?;
     let import = kind == populator::IMPORT_KIND;
     let pod_store = ctx.stores.get().map(|(s, _)| &s.pods);
     // Named as [`workload`] names them: an importer for PVC', an upload server (an upload's, a
@@ -248,9 +262,12 @@ async fn apply(
     let pod = match &prime {
         Some(p) if import => {
             let pod_name = pod::importer_pod_name(&p.name_any());
-            informers::read(pod_store, &pods, Some(&ns), &pod_name).await?
+            informers::read_ours(pod_store, &pods, &ns, &pod_name, &ctx.made).await?
         }
-        Some(_) => informers::read(pod_store, &pods, Some(&ns), &pod::upload_name(&name)).await?,
+        Some(_) => {
+            let pod_name = pod::upload_name(&name);
+            informers::read_ours(pod_store, &pods, &ns, &pod_name, &ctx.made).await?
+        }
         None => None,
     };
     let service = !import
@@ -424,7 +441,8 @@ impl Place<'_> {
         for action in std::mem::take(&mut decision.actions) {
             match action {
                 Action::CreatePrime(p) => {
-                    done.prime = kubeops::create_new(&pvcs, &p, &ctx.manager).await?
+                    done.prime = kubeops::create_new(&pvcs, &p, &ctx.manager).await?;
+                    ctx.made.record(&ns, &p.name_any());
                 }
                 Action::CreatePod(p) => {
                     if let (Some(ca), Some(prime), Some(src)) = (pod::proxy_ca(&cfg), prime, src)
@@ -433,7 +451,8 @@ impl Place<'_> {
                         let w = workload(target, prime, src);
                         copy_proxy_ca(client, &ctx.manager, &w, ca).await?;
                     }
-                    kubeops::create(&pods, &p, &ctx.manager).await?
+                    kubeops::create(&pods, &p, &ctx.manager).await?;
+                    ctx.made.record(&ns, &p.name_any());
                 }
                 Action::CreateService(s) => kubeops::create(&services, &s, &ctx.manager).await?,
                 Action::CreateSourcePod(p) => kubeops::create(&pods, &p, &ctx.manager).await?,
