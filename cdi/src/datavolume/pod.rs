@@ -340,6 +340,9 @@ pub(super) fn pod(
             containers: vec![c],
             volumes: Some(volumes),
             restart_policy: Some("Never".into()),
+            // None of Quarry's pods talks to the API server: no token is asked for and mounted
+            // (one TokenRequest and one projected volume less per pod; CDI's pods mount one).
+            automount_service_account_token: Some(false),
             priority_class_name: w.priority_class.clone(),
             image_pull_secrets: (!cfg.image_pull_secrets.is_empty())
                 .then(|| cfg.image_pull_secrets.clone()),

@@ -659,6 +659,11 @@ fn importer_pod_for_http_with_credentials_ca_headers_and_checksum() {
         (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
         ("DataVolume", UID, Some(true))
     );
+    assert_eq!(
+        p.spec.as_ref().unwrap().automount_service_account_token,
+        Some(false),
+        "no API token: the importer never calls the API"
+    );
 }
 
 #[test]
@@ -791,6 +796,11 @@ fn upload_pod_runs_the_upload_server_with_tls_and_the_service_maps_443() {
     let dv = upload_dv();
     let claim = pvc::claim(&dv, &cfg, &Default::default()).unwrap();
     let p = pod::upload_pod(&pod::Workload::of(&dv), &claim, &cfg, "pvc-uid", false);
+    assert_eq!(
+        p.spec.as_ref().unwrap().automount_service_account_token,
+        Some(false),
+        "no API token: the server never calls the API"
+    );
     assert_eq!(
         args(&p),
         [
