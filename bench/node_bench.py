@@ -194,6 +194,85 @@ class MemorySampler:
         self.t.join()
 
 
+class NodeCpu:
+    """Where the node's CPU went over a run: busy and idle seconds from /proc/stat, and the CPU
+    of every host process (outside the pods' cgroups, which MemorySampler reads) that ran
+    during it, by command name. What busy time no pod and no live process accounts for was
+    spent by processes that came and went (runc, CNI plugins, mount helpers)."""
+
+    HZ = os.sysconf("SC_CLK_TCK")
+
+    def __init__(self):
+        self.start_stat, self.start_procs = self.stat(), self.procs()
+
+    @staticmethod
+    def stat():
+        f = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        idle = f[3] + f[4]  # idle, iowait
+        return sum(f[:8]) - idle, idle
+
+    @classmethod
+    def procs(cls):
+        """(pid, start time) -> (command, CPU seconds) of every host process."""
+        out = {}
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                if "kubepods" in (d / "cgroup").read_text():
+                    continue
+                raw = (d / "stat").read_text()
+            except OSError:
+                continue
+            comm = raw[raw.index("(") + 1:raw.rindex(")")]
+            f = raw[raw.rindex(")") + 2:].split()
+            out[(d.name, f[19])] = (comm, (int(f[11]) + int(f[12])) / cls.HZ)
+        return out
+
+    def stop(self, pods_cpu):
+        """{name: CPU seconds}: busy, idle, pods (given), each host command, and the rest."""
+        busy0, idle0 = self.start_stat
+        busy1, idle1 = self.stat()
+        by_comm = {}
+        for key, (comm, cpu) in self.procs().items():
+            before = self.start_procs.get(key, (comm, 0.0))[1]
+            comm = "containerd-shim" if comm.startswith("containerd-shi") else comm
+            by_comm[comm] = by_comm.get(comm, 0.0) + cpu - before
+        busy, idle = (busy1 - busy0) / self.HZ, (idle1 - idle0) / self.HZ
+        host = {k: round(v, 2) for k, v in sorted(by_comm.items(), key=lambda kv: -kv[1])
+                if v >= 0.05}
+        rest = busy - sum(pods_cpu.values()) - sum(by_comm.values())
+        return {"busy": round(busy, 2), "idle": round(idle, 2),
+                "pods": {k: round(v, 2) for k, v in pods_cpu.items()}, "host": host,
+                "exited processes": round(rest, 2)}
+
+
+def api_requests(c):
+    """The API server's request counters: {(verb, resource): n} and {flow schema: n}, the
+    latter telling who asked (the kubelet is system-nodes, Quarry's pods and the CSI sidecars
+    service-accounts, kube-controller-manager and kube-scheduler their own)."""
+    by_resource, by_flow = {}, {}
+    for line in c.kubectl("get", "--raw", "/metrics", check=False).splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.rindex("}")]
+                          .replace('"', "").split(","))
+            key = (labels.get("verb", ""), labels.get("resource", "") +
+                   ("/" + labels["subresource"] if labels.get("subresource") else ""))
+            by_resource[key] = by_resource.get(key, 0) + float(line.split()[-1])
+        elif line.startswith("apiserver_flowcontrol_dispatched_requests_total{"):
+            labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.rindex("}")]
+                          .replace('"', "").split(","))
+            flow = labels.get("flow_schema", "")
+            by_flow[flow] = by_flow.get(flow, 0) + float(line.split()[-1])
+    return by_resource, by_flow
+
+
+def requests_between(before, after):
+    """What `api_requests` counted between two readings: (by resource, by flow schema)."""
+    return tuple({k: int(v - b.get(k, 0)) for k, v in sorted(a.items(), key=lambda kv: kv[0])
+                  if v - b.get(k, 0) >= 1} for b, a in zip(before, after))
+
+
 class Watch:
     """`kubectl get KIND -n NS --watch` lines, stamped on receipt."""
 
@@ -391,9 +470,14 @@ def many(c, quarry, n, uploads, files, base, work, size, data_bytes):
     watches = [Watch(c, ns, "dv", DV_T, events),
                Watch(c, ns, "pods", "{.metadata.name}|{.metadata.uid}{\"\\n\"}", events)]
     sampler = MemorySampler()
-    proxy_uids = c.kubectl("-n", NS, "get", "pods", "-l", "app.kubernetes.io/name=quarry-uploadproxy",
-                           "-o", "jsonpath={.items[*].metadata.uid}", check=False).split()
+    # The pods already running (Quarry's controllers, the CSI driver, the snapshot-controller).
+    resident = dict(line.split(" ", 1) for line in c.kubectl(
+        "get", "pods", "-A", "-o",
+        "jsonpath={range .items[*]}{.metadata.uid} {.metadata.namespace}/{.metadata.name}{\"\\n\"}{end}",
+        check=False).splitlines() if " " in line)
     time.sleep(1.0)
+    requests_before = api_requests(c)
+    node_cpu = NodeCpu()
     t0 = time.monotonic()
     c.apply("---\n".join(docs))
     for i in range(uploads):
@@ -414,10 +498,28 @@ def many(c, quarry, n, uploads, files, base, work, size, data_bytes):
                 done.setdefault(f[0], at - t0)
         elif kind == "dv" and len(f) > 1 and f[1] == "Failed":
             sys.exit(f"node_bench: {ns}/{f[0]} Failed")
+    wall = max(done.values())
     sampler.stop()
     for w in watches:
         w.stop()
-    wall = max(done.values())
+    pods = {name: uid for uid, name in pod_uid.items()}
+    # CPU seconds (and seconds throttled by the pods' CPU limits) by role over the run,
+    # and the node's (before the floor and the local imports below run).
+    def role_cpu(prefix):
+        spent = [sampler.spent(uid) for name, uid in pods.items() if name.startswith(prefix)]
+        return [round(sum(x[0] for x in spent), 2), round(sum(x[1] for x in spent), 2)]
+    def resident_cpu(match):
+        spent = [sampler.spent(uid) for uid, name in resident.items() if match(name)]
+        return [round(sum(x[0] for x in spent), 2), round(sum(x[1] for x in spent), 2)]
+    cpu = {"importers": role_cpu("importer-"), "upload servers": role_cpu("cdi-upload-"),
+           "upload proxy": resident_cpu(lambda n: n.startswith(f"{NS}/quarry-uploadproxy-")),
+           "CSI driver and sidecars": resident_cpu(lambda n: n.startswith(f"{NS}/quarry-csi-")),
+           "Quarry's controllers": resident_cpu(
+               lambda n: n.startswith(f"{NS}/") and not n.startswith(
+                   (f"{NS}/quarry-uploadproxy-", f"{NS}/quarry-csi-"))),
+           "other pods": resident_cpu(lambda n: not n.startswith(f"{NS}/"))}
+    node = node_cpu.stop({k: v[0] for k, v in cpu.items()})
+    by_resource, by_flow = requests_between(requests_before, api_requests(c))
     # The device's floor for the same bytes: one O_DIRECT stream on the pool's filesystem.
     floor_file = POOL / "node-bench-floor"
     mib = (data_bytes * len(names)) >> 20
@@ -432,19 +534,14 @@ def many(c, quarry, n, uploads, files, base, work, size, data_bytes):
     local = {f: local_import(quarry, f"{base}/{f}") for f in set(files[: max(n, 1)])}
     serial = sum(local[files[i % len(files)]] for i in range(n))
     imports = sorted(v for k, v in done.items() if k.startswith("dv-"))
-    pods = {name: uid for uid, name in pod_uid.items()}
     mem = [(sampler.rss.get(uid, 0), sampler.usage.get(uid, 0))
            for name, uid in pods.items() if name.startswith(("importer-", "cdi-upload-"))]
     c.kubectl("delete", "namespace", ns, "--wait=false")
-    # CPU seconds (and seconds throttled by the pods' CPU limits) by role over the run.
-    def role_cpu(prefix):
-        spent = [sampler.spent(uid) for name, uid in pods.items() if name.startswith(prefix)]
-        return [round(sum(x[0] for x in spent), 2), round(sum(x[1] for x in spent), 2)]
-    proxy = [sampler.spent(uid) for uid in proxy_uids]
-    cpu = {"importers": role_cpu("importer-"), "upload servers": role_cpu("cdi-upload-"),
-           "upload proxy": [round(sum(x[0] for x in proxy), 2), round(sum(x[1] for x in proxy), 2)]}
     return {
         "cpu_seconds_and_throttled": cpu,
+        "node_cpu": node,
+        "api_requests": {"by_flow_schema": by_flow,
+                         "by_verb_and_resource": {f"{v} {r}": n for (v, r), n in by_resource.items()}},
         "dvs": n, "uploads": uploads, "wall": wall, "floor": floor, "serial_local": serial,
         "rate": data_bytes * len(names) / wall / 2**20,
         "median": statistics.median(imports) if imports else None,
@@ -483,6 +580,25 @@ def report_many(args, results):
         print(f"\n{r['dvs']} DVs, {r['uploads']} uploads: CPU seconds (throttled seconds) by "
               "role: " + ", ".join(f"{k} {v[0]:.1f} ({v[1]:.1f})"
                                    for k, v in r["cpu_seconds_and_throttled"].items()))
+        n = r["node_cpu"]
+        print(f"\n{r['dvs']} DVs, {r['uploads']} uploads: the node's CPU seconds over the run: "
+              f"busy {n['busy']:.1f}, idle {n['idle']:.1f}; in pods (above) "
+              f"{sum(n['pods'].values()):.1f}; host processes: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in n["host"].items())
+              + f"; processes that came and went {n['exited processes']:.1f}")
+        a = r["api_requests"]
+        writes = sum(n for k, n in a["by_verb_and_resource"].items()
+                     if k.split()[0] in ("CREATE", "POST", "PATCH", "APPLY", "UPDATE", "PUT", "DELETE"))
+        per = max(r["dvs"] + r["uploads"], 1)
+        print(f"\n{r['dvs']} DVs, {r['uploads']} uploads: API requests "
+              f"{sum(a['by_flow_schema'].values())} ({writes} writes, {writes / per:.1f} per "
+              "DataVolume); by flow schema: "
+              + ", ".join(f"{k} {v}" for k, v in sorted(a["by_flow_schema"].items(),
+                                                        key=lambda kv: -kv[1]))
+              + "; writes by resource: " + ", ".join(
+                  f"{k} {v}" for k, v in sorted(a["by_verb_and_resource"].items(),
+                                                key=lambda kv: -kv[1])
+                  if k.split()[0] in ("CREATE", "POST", "PATCH", "APPLY", "UPDATE", "PUT", "DELETE")))
         if not r["dvs"]:
             continue
         # Who was slowest, and whether it started late or worked slowly, by image.

@@ -12,15 +12,16 @@ use std::time::{Duration, Instant};
 
 use testkit::kube::KubeApiServer;
 
-/// One replica, logging to `log`.
-fn replica(server: &KubeApiServer, pod: &str, log: &Path) -> Child {
+/// One replica of `controller`, logging to `log`, campaigning for its Lease in `ns` (each test
+/// its own: the server is shared).
+fn replica(server: &KubeApiServer, controller: &str, ns: &str, pod: &str, log: &Path) -> Child {
     common::quarry()
         .args([
             "controller",
             "--leader-elect",
-            "--leader-elect-namespace=default",
+            &format!("--leader-elect-namespace={ns}"),
             "--metrics-addr=127.0.0.1:0",
-            "datavolume",
+            controller,
         ])
         .env("KUBECONFIG", server.kubeconfig())
         .env("POD_NAME", pod)
@@ -46,7 +47,8 @@ fn wait_log(log: &Path, what: &str) {
     }
 }
 
-fn term(child: &mut Child) -> std::process::ExitStatus {
+/// SIGTERMs `child` and waits for its exit; a hang fails the test with its log (`log`).
+fn term(child: &mut Child, log: &Path) -> std::process::ExitStatus {
     assert_eq!(
         // SAFETY: kill(2) takes integers only; `child` is not reaped yet, so its PID is its own.
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
@@ -61,7 +63,11 @@ fn term(child: &mut Child) -> std::process::ExitStatus {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("pid {} did not exit within 60 s of SIGTERM", child.id());
+            panic!(
+                "pid {} did not exit within 60 s of SIGTERM; its log:\n{}",
+                child.id(),
+                fs::read_to_string(log).unwrap_or_default()
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -74,9 +80,9 @@ fn of_two_replicas_one_leads_and_the_other_takes_over_when_it_stops() {
     };
     let dir = tempfile::tempdir().unwrap();
     let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
-    let mut a = replica(server, "replica-a", &log_a);
+    let mut a = replica(server, "datavolume", "default", "replica-a", &log_a);
     wait_log(&log_a, "became leader");
-    let mut b = replica(server, "replica-b", &log_b);
+    let mut b = replica(server, "datavolume", "default", "replica-b", &log_b);
     // b is up (its metrics server bound) and waiting: it does not lead while a does.
     wait_log(&log_b, "serving metrics");
     assert!(
@@ -85,11 +91,39 @@ fn of_two_replicas_one_leads_and_the_other_takes_over_when_it_stops() {
             .contains("became leader"),
         "two leaders"
     );
-    let status = term(&mut a);
+    let status = term(&mut a, &log_a);
     assert!(status.success(), "the leader's exit on SIGTERM: {status}");
     wait_log(&log_a, "released the lease");
     wait_log(&log_b, "became leader");
     let identity = fs::read_to_string(&log_b).unwrap();
     assert!(identity.contains("identity=replica-b"), "{identity}");
-    assert!(term(&mut b).success());
+    assert!(term(&mut b, &log_b).success());
+}
+
+#[test]
+fn a_replica_waiting_for_the_lease_exits_on_sigterm() {
+    let Some(server) = KubeApiServer::shared() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+    // The DataSource controller: of those that run beside the other tests on the shared server,
+    // the one that touches least.
+    let mut a = replica(server, "datasource", "kube-public", "replica-a", &log_a);
+    wait_log(&log_a, "became leader");
+    let mut b = replica(server, "datasource", "kube-public", "replica-b", &log_b);
+    wait_log(&log_b, "serving metrics");
+    // b campaigns behind a: SIGTERM ends it at once and cleanly, as it ends a leader.
+    let status = term(&mut b, &log_b);
+    assert!(
+        status.success(),
+        "the waiting replica's exit on SIGTERM: {status}"
+    );
+    assert!(
+        !fs::read_to_string(&log_b)
+            .unwrap()
+            .contains("became leader"),
+        "two leaders"
+    );
+    assert!(term(&mut a, &log_a).success());
 }

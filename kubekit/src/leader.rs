@@ -303,16 +303,28 @@ impl Elector {
 
     /// Like [`Elector::lead`], but a lost leadership (the API server away past the renew
     /// deadline, say) stops the work and campaigns again in the same process, starting a new
-    /// `work()` once the Lease is held again: no container restart for an API server's.
-    pub async fn lead_on<F, W>(mut self, mut work: W) -> Result<()>
+    /// `work()` once the Lease is held again: no container restart for an API server's. `stop`
+    /// (SIGTERM) ends it in every state: leading, the work is dropped and the Lease released;
+    /// campaigning, it returns at once (a process waiting for the Lease must not ignore the
+    /// signal that asks it to go).
+    pub async fn lead_on<F, W>(
+        mut self,
+        mut work: W,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<()>
     where
         F: std::future::Future<Output = Result<()>>,
         W: FnMut() -> F,
     {
+        tokio::pin!(stop);
         loop {
-            self.acquire().await;
+            tokio::select! {
+                () = self.acquire() => {}
+                () = &mut stop => return Ok(()),
+            }
             let lost = tokio::select! {
                 r = work() => Ok(r),
+                () = &mut stop => Ok(Ok(())),
                 e = self.hold() => Err(e),
             };
             match lost {

@@ -300,18 +300,13 @@ pub async fn controller(args: ControllerArgs) -> Result<()> {
     // SIGTERM ends the work at once (reconciles are level-driven and idempotent): kube-runtime's
     // graceful shutdown can wait forever (while a watch of a missing CRD is not ready), and a
     // leader must get to release its Lease before the kubelet's SIGKILL.
-    let work = || {
-        let (which, client, metrics) = (args.which.clone(), client.clone(), metrics.clone());
-        async {
-            tokio::select! {
-                r = run_controller(which, client, metrics) => r,
-                () = netkit::runtime::terminated() => Ok(()),
-            }
-        }
-    };
+    let work = || run_controller(args.which.clone(), client.clone(), metrics.clone());
     match elector {
-        Some(elector) => elector.lead_on(work).await,
-        None => work().await,
+        Some(elector) => elector.lead_on(work, netkit::runtime::terminated()).await,
+        None => tokio::select! {
+            r = work() => r,
+            () = netkit::runtime::terminated() => Ok(()),
+        },
     }
 }
 

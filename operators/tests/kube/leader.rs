@@ -139,14 +139,17 @@ async fn a_leader_that_lost_its_lease_campaigns_again_in_process() {
     };
     let a = candidate(&client, &ns, "a");
     let (starts_tx, mut starts) = tokio::sync::mpsc::unbounded_channel();
-    let task = tokio::spawn(a.lead_on(move || {
-        let starts_tx = starts_tx.clone();
-        async move {
-            let _ = starts_tx.send(());
-            std::future::pending::<()>().await;
-            Ok(())
-        }
-    }));
+    let task = tokio::spawn(a.lead_on(
+        move || {
+            let starts_tx = starts_tx.clone();
+            async move {
+                let _ = starts_tx.send(());
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+        },
+        std::future::pending(),
+    ));
     within("the first work", starts.recv()).await.unwrap();
     let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let set = |holder: serde_json::Value, seconds: i32| {
@@ -174,4 +177,54 @@ async fn a_leader_that_lost_its_lease_campaigns_again_in_process() {
         .unwrap();
     assert!(!task.is_finished(), "lead_on returned");
     task.abort();
+}
+
+/// `lead_on` stops on its `stop` signal while campaigning too: a replica that lost its Lease (or
+/// never had it) and waits for it must not ignore SIGTERM, and one leading releases the Lease.
+#[tokio::test]
+async fn a_candidate_stops_when_told_whether_it_leads_or_waits() {
+    let Some((client, ns)) = namespace("lease-stop", &[]).await else {
+        return;
+    };
+    // b waits behind a, which leads.
+    let (a_stop, a_stopped) = tokio::sync::oneshot::channel::<()>();
+    let (a_started, mut a_starts) = tokio::sync::mpsc::unbounded_channel();
+    let a = tokio::spawn(candidate(&client, &ns, "a").lead_on(
+        move || {
+            let a_started = a_started.clone();
+            async move {
+                let _ = a_started.send(());
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+        },
+        async move {
+            let _ = a_stopped.await;
+        },
+    ));
+    within("a leading", a_starts.recv()).await.unwrap();
+    let (b_stop, b_stopped) = tokio::sync::oneshot::channel::<()>();
+    let b_led = Arc::new(AtomicBool::new(false));
+    let led = b_led.clone();
+    let b = tokio::spawn(candidate(&client, &ns, "b").lead_on(
+        move || {
+            led.store(true, Ordering::SeqCst);
+            std::future::pending()
+        },
+        async move {
+            let _ = b_stopped.await;
+        },
+    ));
+    // Told to stop while campaigning: b ends, and the Lease is still a's.
+    b_stop.send(()).unwrap();
+    within("b stopping", b).await.unwrap().unwrap();
+    assert!(
+        !b_led.load(Ordering::SeqCst),
+        "b led while a held the Lease"
+    );
+    assert_eq!(holder(&client, &ns).await.0.as_deref(), Some("a"));
+    // Told to stop while leading: a ends and gives the Lease up.
+    a_stop.send(()).unwrap();
+    within("a stopping", a).await.unwrap().unwrap();
+    assert_eq!(holder(&client, &ns).await.0, None);
 }
