@@ -416,6 +416,13 @@ http {{ access_log off; sendfile on; server {{ listen {ip}:{port}; root {dir}; }
     return p, f"http://{ip}:{port}"
 
 
+def stop(server):
+    """Stops nginx: SIGTERM, which its master passes to its workers (SIGKILL left them running,
+    holding the port and the files)."""
+    server.terminate()
+    server.wait()
+
+
 def local_import(quarry, url):
     out = POOL / "node-bench-local.img"
     out.unlink(missing_ok=True)
@@ -657,7 +664,7 @@ def main():
             if args.uploads:
                 results.append(many(c, args.quarry, 0, args.uploads, files, base, work, size,
                                     data))
-            server.kill()
+            stop(server)
             report_many(args, results)
             return
         for run in range(args.runs):
@@ -692,7 +699,7 @@ def main():
                 rows.append(("copy", run, parts(m, local)))
                 c.kubectl("delete", "namespace", other, "--wait=false")
             c.kubectl("delete", "namespace", ns, "--wait=false")
-        server.kill()
+        stop(server)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if not args.keep and not args.reuse:
