@@ -111,6 +111,27 @@ def install(c, quarry):
     c.kubectl("-n", NS, "rollout", "status", "daemonset/quarry-csi", "--timeout=300s")
 
 
+def pod_cpu_limit(c, cpu):
+    """Applies a CDI CR that sets the CPU limit of importer, upload and clone source pods (the
+    memory limit stays CDI's 600M), and waits until the CDIConfig's status shows it in force."""
+    c.apply(f"""
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: CDI
+metadata: {{name: cdi}}
+spec:
+  config:
+    podResourceRequirements:
+      requests: {{cpu: 100m, memory: 60M}}
+      limits: {{cpu: "{cpu}", memory: 600M}}
+""")
+    deadline = time.monotonic() + 60
+    path = "jsonpath={.status.defaultPodResourceRequirements.limits.cpu}"
+    while c.kubectl("get", "cdiconfig", "config", "-o", path, check=False) != cpu:
+        if time.monotonic() > deadline:
+            sys.exit(f"node_bench: the CDIConfig shows no CPU limit {cpu} after 60 s")
+        time.sleep(0.5)
+
+
 def make_image(dir, size_mib):
     """A raw disk of half seeded random data, half holes, as qcow2.xz; returns (path, raw size)."""
     raw = dir / "disk.raw"
@@ -639,6 +660,9 @@ def main():
     ap.add_argument("--only", default="local,http,upload,csi-clone,copy")
     ap.add_argument("--parallel", default="", help="e.g. 8,16,32: that many DataVolumes at once")
     ap.add_argument("--uploads", type=int, default=0, help="with --parallel: uploads at once")
+    ap.add_argument("--cpu-limit", default="",
+                    help="e.g. 2: a CDI CR whose podResourceRequirements limit Quarry's pods to "
+                         "that CPU (CDI's default, without one, is 750m)")
     args = ap.parse_args()
     if not args.reuse:
         sh("cargo", "build", "--release", "--locked", "--bin", "quarry", capture=False)
@@ -646,6 +670,8 @@ def main():
     c = Cluster(args.cluster_sh, args.dir)
     if not args.reuse or args.reinstall:
         install(c, args.quarry)
+    if args.cpu_limit:
+        pod_cpu_limit(c, args.cpu_limit)
     work = Path(tempfile.mkdtemp(prefix="node-bench-", dir="/var/tmp"))
     work.chmod(0o755)  # nginx's workers read it
     only = args.only.split(",")

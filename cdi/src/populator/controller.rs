@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, 
 use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -346,9 +346,11 @@ async fn apply(
                 None => {
                     let all: Api<Node> = Api::all(client.clone());
                     let csi: Api<CSINode> = Api::all(client.clone());
+                    // From the API server's watch cache: a placement hint, not a quorum read.
+                    let cached = ListParams::default().match_any();
                     let names = candidates(
-                        &all.list(&Default::default()).await?.items,
-                        &csi.list(&Default::default()).await?.items,
+                        &all.list(&cached).await?.items,
+                        &csi.list(&cached).await?.items,
                         &c.provisioner,
                         placement,
                     );

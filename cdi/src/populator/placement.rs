@@ -16,9 +16,13 @@ use api::hostpath::NodePlacement;
 /// How long the candidates found for a driver are used.
 pub const CANDIDATES_TTL: Duration = Duration::from_secs(10);
 
-/// The candidates of each driver (and placement), kept for [`CANDIDATES_TTL`]: DataVolumes
-/// made by the hundred would each list every Node and CSINode. None found is looked up again
-/// every time (a node may be joining).
+/// How long finding none is believed: a node may be joining, so not long, but DataVolumes made
+/// by the hundred for a driver no node reports (a static local-volume class) would otherwise
+/// each list every Node and CSINode.
+pub const NONE_FOUND_TTL: Duration = Duration::from_secs(2);
+
+/// The candidates of each driver (and placement), kept for [`CANDIDATES_TTL`] (none found, for
+/// [`NONE_FOUND_TTL`]).
 #[derive(Default)]
 pub struct Candidates {
     seen: Mutex<HashMap<String, Found>>,
@@ -30,16 +34,22 @@ type Found = (Instant, NodePlacement, Vec<String>);
 impl Candidates {
     /// The candidates of `driver` for `placement` found within the TTL.
     pub fn get(&self, driver: &str, placement: &NodePlacement) -> Option<Vec<String>> {
-        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let (at, p, names) = seen.get(driver)?;
-        (at.elapsed() < CANDIDATES_TTL && p == placement).then(|| names.clone())
+        self.get_at(driver, placement, Instant::now())
     }
 
-    /// Records what was found (only when something was).
+    fn get_at(&self, driver: &str, placement: &NodePlacement, now: Instant) -> Option<Vec<String>> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let (at, p, names) = seen.get(driver)?;
+        let ttl = if names.is_empty() {
+            NONE_FOUND_TTL
+        } else {
+            CANDIDATES_TTL
+        };
+        (now.saturating_duration_since(*at) < ttl && p == placement).then(|| names.clone())
+    }
+
+    /// Records what was found.
     pub fn put(&self, driver: &str, placement: &NodePlacement, names: &[String]) {
-        if names.is_empty() {
-            return;
-        }
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let entry = (Instant::now(), placement.clone(), names.to_vec());
         seen.insert(driver.to_string(), entry);
@@ -126,16 +136,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn candidates_found_are_kept_per_driver_and_placement_and_none_found_is_not() {
+    fn candidates_found_are_kept_per_driver_and_placement_and_none_found_briefly() {
         let cache = Candidates::default();
         let anywhere = NodePlacement::default();
         cache.put("hpp", &anywhere, &[]);
-        assert_eq!(cache.get("hpp", &anywhere), None);
+        let now = Instant::now();
+        assert_eq!(cache.get_at("hpp", &anywhere, now), Some(vec![]));
+        let later = now + NONE_FOUND_TTL;
+        assert_eq!(cache.get_at("hpp", &anywhere, later), None);
         cache.put("hpp", &anywhere, &["node-a".to_string()]);
-        assert_eq!(
-            cache.get("hpp", &anywhere),
-            Some(vec!["node-a".to_string()])
-        );
+        let found = Some(vec!["node-a".to_string()]);
+        let now = Instant::now();
+        assert_eq!(cache.get_at("hpp", &anywhere, now + NONE_FOUND_TTL), found);
+        assert_eq!(cache.get_at("hpp", &anywhere, now + CANDIDATES_TTL), None);
         assert_eq!(cache.get("other", &anywhere), None);
         let mut selected = NodePlacement::default();
         selected.node_selector.insert("disk".into(), "ssd".into());
