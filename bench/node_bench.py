@@ -88,6 +88,14 @@ class Cluster:
     def apply(self, yaml):
         self.kubectl("apply", "-f", "-", input=yaml)
 
+    def wait_for(self, args, ok, seconds, interval, what):
+        """Runs kubectl `args` until `ok` holds of its output; exits naming `what` after `seconds`."""
+        deadline = time.monotonic() + seconds
+        while not ok(self.kubectl(*args, check=False)):
+            if time.monotonic() > deadline:
+                sys.exit(f"node_bench: {what}")
+            time.sleep(interval)
+
     def jsonpath(self, ns, obj, path):
         return self.kubectl("-n", ns, "get", obj, "-o", f"jsonpath={path}", check=False)
 
@@ -103,11 +111,8 @@ def install(c, quarry):
     c.kubectl("-n", NS, "rollout", "restart", "daemonset", check=False)
     for d in c.kubectl("-n", NS, "get", "deployment", "-o", "name").split():
         c.kubectl("-n", NS, "rollout", "status", d, "--timeout=300s")
-    deadline = time.monotonic() + 120
-    while c.kubectl("-n", NS, "get", "daemonset", "quarry-csi", check=False) == "":
-        if time.monotonic() > deadline:
-            sys.exit("node_bench: no CSI DaemonSet in 120 s")
-        time.sleep(1)
+    c.wait_for(["-n", NS, "get", "daemonset", "quarry-csi"], bool, 120, 1,
+               "no CSI DaemonSet in 120 s")
     c.kubectl("-n", NS, "rollout", "status", "daemonset/quarry-csi", "--timeout=300s")
 
 
@@ -124,12 +129,9 @@ spec:
       requests: {{cpu: 100m, memory: 60M}}
       limits: {{cpu: "{cpu}", memory: 600M}}
 """)
-    deadline = time.monotonic() + 60
     path = "jsonpath={.status.defaultPodResourceRequirements.limits.cpu}"
-    while c.kubectl("get", "cdiconfig", "config", "-o", path, check=False) != cpu:
-        if time.monotonic() > deadline:
-            sys.exit(f"node_bench: the CDIConfig shows no CPU limit {cpu} after 60 s")
-        time.sleep(0.5)
+    c.wait_for(["get", "cdiconfig", "config", "-o", path], lambda out: out == cpu, 60, 0.5,
+               f"the CDIConfig shows no CPU limit {cpu} after 60 s")
 
 
 def make_image(dir, size_mib):
@@ -459,11 +461,8 @@ def upload(c, ns, name, image, marks=None):
     """What `virtctl image-upload` does: a token, then once the PVC says its upload server is
     ready, one POST through the upload proxy. Appends its milestones to `marks`."""
     marks = marks if marks is not None else []
-    deadline = time.monotonic() + 60
-    while c.kubectl("-n", ns, "get", f"pvc/{name}", "-o", "name", check=False) == "":
-        if time.monotonic() > deadline:
-            sys.exit(f"node_bench: no PVC {ns}/{name}")
-        time.sleep(0.1)
+    c.wait_for(["-n", ns, "get", f"pvc/{name}", "-o", "name"], bool, 60, 0.1,
+               f"no PVC {ns}/{name}")
     token = c.kubectl("create", "-f", "-", "-o", "jsonpath={.status.token}", input=f"""
 apiVersion: upload.cdi.kubevirt.io/v1beta1
 kind: UploadTokenRequest
