@@ -126,7 +126,9 @@ impl Cluster {
     }
 
     /// `kubectl ARGS`: its output, whatever its exit status. While the API server cannot be
-    /// reached (restarted by a fault test, say) the call is repeated, for up to a minute.
+    /// reached (restarted by a fault test, say) the call is repeated, for up to a minute: by
+    /// kubectl, or by an admission webhook whose pod reaches it through the `kubernetes`
+    /// Service, which kube-proxy routes to the new server a moment after it is ready.
     pub fn kubectl(&self, args: &[&str]) -> Output {
         self.kubectl_with_input(args, None)
     }
@@ -160,7 +162,8 @@ impl Cluster {
                 "etcdserver: leader changed",
             ]
             .iter()
-            .any(|m| err.contains(m));
+            .any(|m| err.contains(m))
+                || (err.contains("admission webhook") && err.contains("client error (Connect)"));
             if out.status.success() || !unreachable || start.elapsed() > Duration::from_secs(60) {
                 return out;
             }

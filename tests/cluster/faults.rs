@@ -366,22 +366,11 @@ fn the_api_server_restarted_mid_import_is_survived() {
     let before = quarry_restarts(c);
     let source = start_slow_import(c, &ns, &nginx);
     c.restart_api_server();
-    // The admission webhooks read through the `kubernetes` Service; until kube-proxy routes it
-    // to the new server again they refuse with a connect error: wait for an admission.
+    // The admission webhooks read through the `kubernetes` Service and refuse with a connect
+    // error until kube-proxy routes it to the new server: `apply` waits out that minute.
     let after = dv_yaml(&ns, "after", &source, "64Mi", false);
     let restarted = Instant::now();
-    loop {
-        let out = c.kubectl_with_input(&["apply", "-f", "-"], Some(&after));
-        if out.status.success() {
-            break;
-        }
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(
-            err.contains("client error (Connect)") && restarted.elapsed() < DV_LIMIT,
-            "{err}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    c.apply(&after);
     eprintln!(
         "the DataVolume webhook admitted again {:.1} s after the API server was ready",
         restarted.elapsed().as_secs_f64()
