@@ -61,6 +61,23 @@ pub fn controller_config() -> kube::runtime::controller::Config {
     kube::runtime::controller::Config::default().concurrency(CONCURRENT_RECONCILES)
 }
 
+/// The owners of kind `K`, a cluster-scoped kind, of `child`, keyed as `K`'s own watch keys
+/// them. `Controller::owns` keys an owner in its child's namespace: a namespaced child (a
+/// DaemonSet) of a cluster-scoped owner would give the owner a second key, so two reconciles
+/// of the one object on every event and every requeue.
+pub fn cluster_owners<K>(child: &impl kube::Resource) -> Vec<kube::runtime::reflector::ObjectRef<K>>
+where
+    K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>,
+{
+    child
+        .meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .filter_map(|o| kube::runtime::reflector::ObjectRef::from_owner_ref(None, o, ()))
+        .collect()
+}
+
 /// Creates `obj` as field manager `manager`; an object of that name that already exists counts
 /// as created.
 pub async fn create<K>(api: &Api<K>, obj: &K, manager: &str) -> Result<()>

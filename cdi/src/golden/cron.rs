@@ -200,11 +200,8 @@ pub fn spread(cron: &DataImportCron, scheduled: Timestamp) -> std::time::Duratio
             cron.name_any()
         )
     });
-    // FNV-1a: stable across processes and releases (the std hasher is not).
-    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    window.mul_f64((hash % 10_000) as f64 / 10_000.0)
+    let hash = super::version::fnv1a(&key);
+    window.mul_f64(f64::from(hash % 10_000) / 10_000.0)
 }
 
 /// The next run after `now`; None when the schedule is empty (polling off) or never fires.

@@ -133,12 +133,14 @@ fn cut(s: &str, n: usize) -> &str {
 }
 
 fn fnv32a(s: &str) -> String {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in s.bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    format!("{h:08x}")
+    format!("{:08x}", fnv1a(s))
+}
+
+/// 32-bit FNV-1a of `s`: stable across processes and releases (the std hasher is not).
+pub(crate) fn fnv1a(s: &str) -> u32 {
+    s.bytes().fold(0x811c_9dc5, |h: u32, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 #[cfg(test)]
