@@ -2,7 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::{DV_LIMIT, Image, assert_disk, cluster, dv_yaml, wait_succeeded};
+use crate::support::{
+    DV_LIMIT, Image, assert_disk, cluster, delete_and_expect_nothing_left, dv_yaml, volume_holding,
+    wait_succeeded,
+};
 use testkit::cluster::Cluster;
 
 /// A 48 MiB raw disk served by nginx on the node's address at 8 MiB/s: an import that runs for
@@ -99,60 +102,7 @@ fn a_data_volume_deleted_mid_import_leaves_nothing() {
     let (nginx, _) = slow_source(c, dir.path());
     let ns = c.namespace("deleted", &[]);
     start_slow_import(c, &ns, &nginx);
-    delete_and_expect_nothing_left(c, &ns, "slow");
-}
-
-/// The PersistentVolume holding the data of the PVC `pvc`: its own, or while a populator fills
-/// it, its PVC''s.
-fn volume_holding(c: &Cluster, ns: &str, pvc: &str) -> String {
-    let volume_of = |pvc: &str| {
-        c.kubectl_ok(&[
-            "-n",
-            ns,
-            "get",
-            "pvc",
-            pvc,
-            "-o",
-            "jsonpath={.spec.volumeName}",
-        ])
-    };
-    let pv = volume_of(pvc);
-    if !pv.is_empty() {
-        return pv;
-    }
-    volume_of(&crate::support::prime_of(c, ns, pvc))
-}
-
-/// Deletes the DataVolume `name` and waits until its pods, PVC (and a populator's PVC'),
-/// Services, PV and pool directory are all gone.
-fn delete_and_expect_nothing_left(c: &Cluster, ns: &str, name: &str) {
-    let pv = volume_holding(c, ns, name);
-    assert!(!pv.is_empty(), "no volume holds {name}'s data");
-    c.kubectl_ok(&[
-        "-n",
-        ns,
-        "delete",
-        "dv",
-        name,
-        "--wait=true",
-        "--timeout=120s",
-    ]);
-    let start = Instant::now();
-    loop {
-        let left = c.kubectl_ok(&["-n", ns, "get", "pod,pvc,service", "-o", "name"]);
-        let pv_left = c.kubectl(&["get", "pv", &pv]).status.success();
-        let dir_left = std::path::Path::new("/var/hpvolumes/csi")
-            .join(&pv)
-            .exists();
-        if left.trim().is_empty() && !pv_left && !dir_left {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "left after the DataVolume's deletion: {left} pv {pv}: {pv_left}, its directory: {dir_left}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    delete_and_expect_nothing_left(c, &ns, &["slow"]);
 }
 
 /// A DataVolume deleted mid-upload: the client's request ends and nothing is left.
@@ -199,7 +149,7 @@ fn a_data_volume_deleted_mid_upload_leaves_nothing() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    delete_and_expect_nothing_left(c, &ns, "up");
+    delete_and_expect_nothing_left(c, &ns, &["up"]);
     // the client's request ends (cut, or finished by the server within its grace period)
     let out = curl.wait_with_output().unwrap();
     assert!(out.status.code().is_some());
@@ -255,7 +205,7 @@ fn a_data_volume_deleted_mid_clone_leaves_nothing() {
         std::thread::sleep(Duration::from_millis(100));
     };
     eprintln!("deleting the clone in phase {phase}");
-    delete_and_expect_nothing_left(c, &to, "copy");
+    delete_and_expect_nothing_left(c, &to, &["copy"]);
     let start = Instant::now();
     loop {
         let left = c.kubectl_ok(&["-n", &from, "get", "pod,pvc,service", "-o", "name"]);

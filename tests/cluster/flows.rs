@@ -3,8 +3,9 @@
 use std::time::Instant;
 
 use crate::support::{
-    FileServer, Source, assert_disk, cluster, data_source_at, dv_yaml, event_reasons,
-    import_and_check, qcow2_image, wait_gone, wait_succeeded,
+    DV_LIMIT, FileServer, Image, Source, assert_disk, cluster, data_source_at,
+    delete_and_expect_nothing_left, dv_yaml, event_reasons, import_and_check, qcow2_image,
+    raw_image, wait_gone, wait_succeeded,
 };
 
 /// An HTTP qcow2.xz from a server on the node's address lands in a filesystem volume with
@@ -37,6 +38,90 @@ fn http_qcow2_xz_import_writes_the_disk() {
     );
     assert!(at("ImportScheduled") < at("ImportSucceeded"), "{reasons:?}");
     eprintln!("http qcow2.xz DataVolume: {took:.1?} from creation to Succeeded");
+}
+
+/// Eight DataVolumes created at once (raw, raw.gz, qcow2 and qcow2.xz, each disk its own
+/// bytes) each land their own disk; once all succeeded, no importer pod or PVC' is left, and
+/// deleting them leaves no PVC, PV or pool directory.
+#[test]
+fn eight_data_volumes_at_once_each_land_their_own_disk_and_leave_nothing() {
+    let Some(c) = cluster() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let images: Vec<(String, Image)> = (0..8u64)
+        .map(|i| {
+            let raw = raw_image(dir.path(), &format!("d{i}.raw"), 100 + i);
+            let qcow2 = dir.path().join(format!("d{i}.qcow2"));
+            let served = match i % 4 {
+                0 => raw.path.clone(),
+                1 => {
+                    let gz = dir.path().join(format!("d{i}.raw.gz"));
+                    crate::common::compress(&["gzip", "-c"], &raw.path, &gz);
+                    gz
+                }
+                _ => {
+                    testkit::qemu::qemu_img(&[
+                        "convert".as_ref(),
+                        "-O".as_ref(),
+                        "qcow2".as_ref(),
+                        raw.path.as_os_str(),
+                        qcow2.as_os_str(),
+                    ]);
+                    if i % 4 == 2 {
+                        qcow2
+                    } else {
+                        let xz = dir.path().join(format!("d{i}.qcow2.xz"));
+                        crate::common::compress(&["xz", "-c"], &qcow2, &xz);
+                        xz
+                    }
+                }
+            };
+            (
+                format!("burst-{i}"),
+                Image {
+                    path: served,
+                    ..raw
+                },
+            )
+        })
+        .collect();
+    let server = FileServer::start(c, dir.path());
+    let ns = c.namespace("burst", &[]);
+    let all: String = images
+        .iter()
+        .map(|(name, image)| {
+            let file = image.path.file_name().unwrap().to_string_lossy();
+            let source = format!("    http:\n      url: {}/{file}", server.url);
+            format!("---\n{}", dv_yaml(&ns, name, &source, "64Mi", false))
+        })
+        .collect();
+    let start = Instant::now();
+    c.apply(&all);
+    for (name, _) in &images {
+        wait_succeeded(c, &ns, name, start);
+    }
+    eprintln!(
+        "timing: 8 DataVolumes at once: all Succeeded {:.2} s after creation",
+        start.elapsed().as_secs_f64()
+    );
+    let mut names: Vec<&str> = images.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    let only_the_pvcs = names.join(" ");
+    c.wait_until(
+        &ns,
+        "pod,pvc",
+        "{.items[*].metadata.name}",
+        &format!("only the PVCs {only_the_pvcs}"),
+        DV_LIMIT,
+        |left| {
+            let mut left: Vec<&str> = left.split_whitespace().collect();
+            left.sort_unstable();
+            left == names
+        },
+    );
+    for (name, image) in &images {
+        assert_disk(c, &ns, name, image, false);
+    }
+    delete_and_expect_nothing_left(c, &ns, &names);
 }
 
 /// `volumeMode: Block`: the raw disk is the device's first bytes, through the populator (the

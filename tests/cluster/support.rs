@@ -566,3 +566,56 @@ impl<'a> AddedPool<'a> {
         let _ = driver_rolled_out(self.c);
     }
 }
+
+/// The PersistentVolume holding the data of the PVC `pvc`: its own, or while a populator fills
+/// it, its PVC''s.
+pub fn volume_holding(c: &Cluster, ns: &str, pvc: &str) -> String {
+    let volume_of = |pvc: &str| {
+        c.kubectl_ok(&[
+            "-n",
+            ns,
+            "get",
+            "pvc",
+            pvc,
+            "-o",
+            "jsonpath={.spec.volumeName}",
+        ])
+    };
+    let pv = volume_of(pvc);
+    if !pv.is_empty() {
+        return pv;
+    }
+    volume_of(&prime_of(c, ns, pvc))
+}
+
+/// Deletes the DataVolumes `names` (the namespace's only ones) and waits until the namespace
+/// has no pod, PVC (a populator's PVC' among them) or Service left, and their PVs and pool
+/// directories are gone.
+pub fn delete_and_expect_nothing_left(c: &Cluster, ns: &str, names: &[&str]) {
+    let pvs: Vec<String> = names.iter().map(|n| volume_holding(c, ns, n)).collect();
+    for (name, pv) in names.iter().zip(&pvs) {
+        assert!(!pv.is_empty(), "no volume holds {name}'s data");
+    }
+    let mut delete = vec!["-n", ns, "delete", "dv", "--wait=true", "--timeout=120s"];
+    delete.extend(names);
+    c.kubectl_ok(&delete);
+    let start = Instant::now();
+    loop {
+        let left = c.kubectl_ok(&["-n", ns, "get", "pod,pvc,service", "-o", "name"]);
+        let pvs_left: Vec<&String> = pvs
+            .iter()
+            .filter(|pv| {
+                c.kubectl(&["get", "pv", pv]).status.success()
+                    || Path::new("/var/hpvolumes/csi").join(pv).exists()
+            })
+            .collect();
+        if left.trim().is_empty() && pvs_left.is_empty() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "left after the DataVolumes' deletion: {left} PVs or their directories: {pvs_left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

@@ -416,11 +416,11 @@ mod tests {
         let key = ObjectRef::from_obj(&hpp);
         assert_eq!(
             kubeops::cluster_owners::<HostPathProvisioner>(&ds),
-            [key.clone()]
+            std::slice::from_ref(&key)
         );
         assert_eq!(
             kubeops::cluster_owners::<HostPathProvisioner>(&mounter),
-            [key.clone()]
+            std::slice::from_ref(&key)
         );
 
         // why not `owns`: its mapping keys the owner in the DaemonSet's namespace
