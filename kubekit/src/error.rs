@@ -97,6 +97,15 @@ impl Error {
         }
     }
 
+    /// Whether the API server gave no answer (refused, reset, timed out), as opposed to an
+    /// answer refusing the request.
+    pub fn unreachable(&self) -> bool {
+        matches!(
+            self,
+            Error::Kube(kube::Error::HyperError(_) | kube::Error::Service(_))
+        )
+    }
+
     /// An I/O error with what was being done.
     pub fn io(context: impl Into<String>, cause: std::io::Error) -> Self {
         Error::Io {

@@ -61,6 +61,32 @@ pub fn controller_config() -> kube::runtime::controller::Config {
     kube::runtime::controller::Config::default().concurrency(CONCURRENT_RECONCILES)
 }
 
+/// How long [`while_unreachable`] tries: an admission webhook answers within the API server's
+/// 10 s.
+pub const UNREACHABLE_BUDGET: Duration = Duration::from_secs(5);
+
+/// `call`, tried again (100 ms, doubling up to 1 s) while the API server gives no answer, for at
+/// most `budget`. A webhook must not deny a request because the server was out of its reach for
+/// a moment: after an API server restart, its Service routes a moment after it is ready.
+pub async fn while_unreachable<T, F, Fut>(budget: Duration, mut call: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let start = std::time::Instant::now();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match call().await {
+            Err(e) if e.unreachable() && start.elapsed() + pause < budget => {
+                tracing::debug!(error = %e, "the API server gives no answer; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            done => return done,
+        }
+    }
+}
+
 /// The owners of kind `K`, a cluster-scoped kind, of `child`, keyed as `K`'s own watch keys
 /// them. `Controller::owns` keys an owner in its child's namespace: a namespaced child (a
 /// DaemonSet) of a cluster-scoped owner would give the owner a second key, so two reconciles
@@ -339,4 +365,67 @@ pub async fn drain<T, E: std::fmt::Display>(
             }
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::error::Error;
+
+    /// A client of an address where nothing listens: what a webhook's client gets while the
+    /// API server's Service routes nowhere.
+    fn client_of_nothing() -> kube::Client {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let url = format!("http://127.0.0.1:{port}").parse().unwrap();
+        kube::Client::try_from(kube::Config::new(url)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_unreachable_and_tried_until_the_budget_ends() {
+        let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(client_of_nothing(), "ns");
+        let calls = AtomicUsize::new(0);
+        let budget = Duration::from_millis(400);
+        let start = std::time::Instant::now();
+        let got = while_unreachable(budget, || async {
+            calls.fetch_add(1, Ordering::Relaxed);
+            Ok(api.get_opt("cm").await?)
+        })
+        .await;
+        let e = got.unwrap_err();
+        assert!(e.unreachable(), "{e:?}");
+        assert!(start.elapsed() < budget, "{:?}", start.elapsed());
+        assert_eq!(calls.load(Ordering::Relaxed), 3, "at 0, 100 and 300 ms");
+    }
+
+    #[tokio::test]
+    async fn an_answer_ends_the_tries_refusal_or_not() {
+        let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(client_of_nothing(), "ns");
+        let calls = AtomicUsize::new(0);
+        let got = while_unreachable(Duration::from_secs(5), || async {
+            match calls.fetch_add(1, Ordering::Relaxed) {
+                0 | 1 => Ok(api.get_opt("cm").await.map(|_| 0)?),
+                _ => Ok(7),
+            }
+        })
+        .await;
+        assert_eq!(got.unwrap(), 7);
+        assert_eq!(calls.load(Ordering::Relaxed), 3);
+
+        let calls = AtomicUsize::new(0);
+        let forbidden = || kube::core::Status::failure("forbidden", "Forbidden").with_code(403);
+        let got: Result<()> = while_unreachable(Duration::from_secs(5), || async {
+            calls.fetch_add(1, Ordering::Relaxed);
+            Err(Error::Kube(kube::Error::Api(Box::new(forbidden()))))
+        })
+        .await;
+        assert!(!got.unwrap_err().unreachable());
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+    }
 }

@@ -41,6 +41,7 @@ use serde_json::{Value, json};
 use auth::RequestHeaderConfig;
 pub use discovery::{RESOURCE, VERSIONS};
 use kubekit::error::{Error, Result};
+use kubekit::kubeops;
 
 use api::names::UPLOAD_API_GROUP as GROUP;
 
@@ -95,7 +96,7 @@ pub struct Peer {
 
 /// Runs the token API until SIGTERM.
 pub async fn run(args: ApiServerArgs) -> Result<()> {
-    let client = kubekit::kubeops::cluster_client("apiserver").await?;
+    let client = kubeops::cluster_client("apiserver").await?;
     let bound = start(client, &args).await?;
     tracing::info!(%bound, "serving {GROUP}");
     netkit::runtime::terminated().await;
@@ -243,10 +244,12 @@ async fn review_datavolume(
             let pvc = match admission::target_pvc(&req) {
                 None => Ok(None),
                 Some((ns, name)) => {
-                    Api::<PersistentVolumeClaim>::namespaced(app.client.clone(), &ns)
-                        .get_opt(&name)
-                        .await
-                        .map_err(|e| format!("reading PVC {ns}/{name}: {e}"))
+                    let pvcs = Api::<PersistentVolumeClaim>::namespaced(app.client.clone(), &ns);
+                    kubeops::while_unreachable(kubeops::UNREACHABLE_BUDGET, || async {
+                        Ok(pvcs.get_opt(&name).await?)
+                    })
+                    .await
+                    .map_err(|e| format!("reading PVC {ns}/{name}: {e}"))
                 }
             };
             match pvc {
@@ -290,7 +293,10 @@ async fn clone_token(app: &App, req: &AdmissionRequest<DynamicObject>) -> Admiss
         return pass;
     }
     let request_ns = req.namespace.clone().unwrap_or_default();
-    let found = match data_sources(&app.client, &dv, &request_ns).await {
+    let found = kubeops::while_unreachable(kubeops::UNREACHABLE_BUDGET, || {
+        data_sources(&app.client, &dv, &request_ns)
+    });
+    let found = match found.await {
         Ok(f) => f,
         Err(e) => return pass.deny(format!("reading the sourceRef's DataSource: {e}")),
     };
@@ -312,7 +318,10 @@ async fn clone_token(app: &App, req: &AdmissionRequest<DynamicObject>) -> Admiss
     let dv_name = dv.metadata.name.clone().unwrap_or_else(|| req.name.clone());
     if src_ns != dv_ns {
         let source = (kind, src_ns.as_str(), src_name.as_str());
-        match admission::authorize_clone(&app.client, source, &req.user_info).await {
+        let authorized = kubeops::while_unreachable(kubeops::UNREACHABLE_BUDGET, || {
+            admission::authorize_clone(&app.client, source, &req.user_info)
+        });
+        match authorized.await {
             Ok(Ok(())) => {}
             Ok(Err(message)) => return admission::refuse_clone(req, message),
             Err(e) => return pass.deny(format!("authorizing the clone: {e}")),
@@ -352,7 +361,7 @@ async fn data_sources(
         .clone()
         .unwrap_or_else(|| request_ns.to_string());
     let api: Api<api::DataSource> = Api::namespaced(client.clone(), &ns);
-    let Some(ds) = kubekit::kubeops::get(&api, &r.name).await? else {
+    let Some(ds) = kubeops::get(&api, &r.name).await? else {
         return Ok(found);
     };
     if let Some(next) = &ds.spec.source.data_source {
@@ -362,7 +371,7 @@ async fn data_sources(
             next.namespace.clone()
         };
         let api: Api<api::DataSource> = Api::namespaced(client.clone(), &next_ns);
-        found.extend(kubekit::kubeops::get(&api, &next.name).await?);
+        found.extend(kubeops::get(&api, &next.name).await?);
     }
     found.push(ds);
     Ok(found)

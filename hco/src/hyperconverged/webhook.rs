@@ -212,10 +212,13 @@ pub struct Settings {
 /// Whether any DataVolume exists, in any namespace.
 async fn any_datavolume(client: &kube::Client) -> Result<bool, String> {
     let api: kube::Api<api::DataVolume> = kube::Api::all(client.clone());
-    api.list_metadata(&kube::api::ListParams::default().limit(1))
-        .await
-        .map(|l| !l.items.is_empty())
-        .map_err(|e| e.to_string())
+    let one = kube::api::ListParams::default().limit(1);
+    kubekit::kubeops::while_unreachable(kubekit::kubeops::UNREACHABLE_BUDGET, || async {
+        Ok(api.list_metadata(&one).await?)
+    })
+    .await
+    .map(|l| !l.items.is_empty())
+    .map_err(|e| e.to_string())
 }
 
 /// Axum handler: `AdmissionReview` in, `AdmissionReview` out.
