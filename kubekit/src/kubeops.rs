@@ -66,8 +66,8 @@ pub fn controller_config() -> kube::runtime::controller::Config {
 pub const UNREACHABLE_BUDGET: Duration = Duration::from_secs(5);
 
 /// `call`, tried again (100 ms, doubling up to 1 s) while the API server gives no answer, for at
-/// most `budget`. A webhook must not deny a request because the server was out of its reach for
-/// a moment: after an API server restart, its Service routes a moment after it is ready.
+/// most `budget`: a webhook must not deny a request because the server was out of its reach for
+/// a moment.
 pub async fn while_unreachable<T, F, Fut>(budget: Duration, mut call: F) -> Result<T>
 where
     F: FnMut() -> Fut,

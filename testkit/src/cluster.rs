@@ -128,7 +128,7 @@ impl Cluster {
     /// `kubectl ARGS`: its output, whatever its exit status. While the API server cannot be
     /// reached (restarted by a fault test, say) the call is repeated, for up to a minute: by
     /// kubectl, or by an admission webhook whose pod reaches it through the `kubernetes`
-    /// Service, which kube-proxy routes to the new server a moment after it is ready.
+    /// Service, which kube-proxy routes to the new server only once its own watch is back.
     pub fn kubectl(&self, args: &[&str]) -> Output {
         self.kubectl_with_input(args, None)
     }
@@ -195,7 +195,8 @@ impl Cluster {
 
     /// Stops the API server (SIGTERM, as a restart does) and starts it again with the same
     /// command line, where `cluster.sh` keeps it (its pid file, its log); returns once it is
-    /// ready. The controllers must carry on by themselves.
+    /// ready and the `kubernetes` Service reaches it. The controllers must carry on by
+    /// themselves.
     pub fn restart_api_server(&self) {
         let pid_file = self.dir.join("run/kube-apiserver.pid");
         let pid: i32 = fs::read_to_string(&pid_file)
@@ -243,9 +244,18 @@ impl Cluster {
             String::from_utf8_lossy(&out.stderr)
         );
         fs::write(&pid_file, format!("{new_pid}\n")).expect("writing its pid file");
-        // Ready, and back in the `kubernetes` Service's endpoints (it takes itself out when it
-        // stops), where pods reach it.
+        // Ready, back in the `kubernetes` Service's endpoints (it takes itself out when it
+        // stops), and reached through the Service, as pods reach it: kube-proxy rejects the
+        // Service's connections while it has no endpoints, and its own watch of them comes back
+        // only after its back-off, seconds to a minute later. The node's own connections pass
+        // the same rules.
         let start = Instant::now();
+        let routed = |service: &str| {
+            service.parse::<std::net::IpAddr>().is_ok_and(|ip| {
+                std::net::TcpStream::connect_timeout(&(ip, 443).into(), Duration::from_secs(1))
+                    .is_ok()
+            })
+        };
         while !self.kubectl(&["get", "--raw", "/readyz"]).status.success()
             || self
                 .kubectl_ok(&[
@@ -259,10 +269,22 @@ impl Cluster {
                 ])
                 .trim()
                 .is_empty()
+            || !routed(
+                self.kubectl_ok(&[
+                    "-n",
+                    "default",
+                    "get",
+                    "service",
+                    "kubernetes",
+                    "-o",
+                    "jsonpath={.spec.clusterIP}",
+                ])
+                .trim(),
+            )
         {
             assert!(
-                start.elapsed() < Duration::from_secs(120),
-                "the API server did not come back"
+                start.elapsed() < Duration::from_secs(180),
+                "the API server did not come back, or the kubernetes Service does not reach it"
             );
             std::thread::sleep(Duration::from_millis(250));
         }
