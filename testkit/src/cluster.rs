@@ -210,6 +210,20 @@ impl Cluster {
             .filter(|a| !a.is_empty())
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
+        // Where pods reach it (the Service's address outlives the server).
+        let service: std::net::IpAddr = self
+            .kubectl_ok(&[
+                "-n",
+                "default",
+                "get",
+                "service",
+                "kubernetes",
+                "-o",
+                "jsonpath={.spec.clusterIP}",
+            ])
+            .trim()
+            .parse()
+            .expect("the kubernetes Service's clusterIP");
         // As cluster.sh stops it: SIGTERM, then SIGKILL after 20 s. Gone once its /proc entry
         // is, or it is a zombie (whoever adopted it may not reap it soon).
         let gone = || {
@@ -250,11 +264,9 @@ impl Cluster {
         // only after its back-off, seconds to a minute later. The node's own connections pass
         // the same rules.
         let start = Instant::now();
-        let routed = |service: &str| {
-            service.parse::<std::net::IpAddr>().is_ok_and(|ip| {
-                std::net::TcpStream::connect_timeout(&(ip, 443).into(), Duration::from_secs(1))
-                    .is_ok()
-            })
+        let routed = || {
+            std::net::TcpStream::connect_timeout(&(service, 443).into(), Duration::from_secs(1))
+                .is_ok()
         };
         while !self.kubectl(&["get", "--raw", "/readyz"]).status.success()
             || self
@@ -269,18 +281,7 @@ impl Cluster {
                 ])
                 .trim()
                 .is_empty()
-            || !routed(
-                self.kubectl_ok(&[
-                    "-n",
-                    "default",
-                    "get",
-                    "service",
-                    "kubernetes",
-                    "-o",
-                    "jsonpath={.spec.clusterIP}",
-                ])
-                .trim(),
-            )
+            || !routed()
         {
             assert!(
                 start.elapsed() < Duration::from_secs(180),

@@ -4,8 +4,8 @@ use std::time::Instant;
 
 use crate::support::{
     DV_LIMIT, FileServer, Image, Source, assert_disk, cluster, data_source_at,
-    delete_and_expect_nothing_left, dv_yaml, event_reasons, import_and_check, qcow2_image,
-    raw_image, wait_gone, wait_succeeded,
+    delete_and_expect_nothing_left, dv_yaml, event_reasons, import_and_check, pvc_field,
+    qcow2_image, raw_image, wait_gone, wait_succeeded,
 };
 
 /// An HTTP qcow2.xz from a server on the node's address lands in a filesystem volume with
@@ -146,17 +146,7 @@ fn http_import_into_a_block_volume() {
         wait_succeeded(c, &ns, name, Instant::now());
         assert_disk(c, &ns, name, &image, true);
     }
-    let source_ref = |pvc: &str| {
-        c.kubectl_ok(&[
-            "-n",
-            &ns,
-            "get",
-            "pvc",
-            pvc,
-            "-o",
-            "jsonpath={.spec.dataSourceRef.kind}",
-        ])
-    };
+    let source_ref = |pvc: &str| pvc_field(c, &ns, pvc, "{.spec.dataSourceRef.kind}");
     assert_eq!(source_ref("dev"), "VolumeImportSource");
     assert_eq!(source_ref("direct"), "");
 }

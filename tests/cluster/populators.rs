@@ -92,15 +92,12 @@ fn a_volume_import_source_fills_a_wait_for_first_consumer_pvc_for_its_consumer()
         start.elapsed()
     );
     wait_prime_gone(c, &ns, "disk");
-    let progress = c.kubectl_ok(&[
-        "-n",
+    let progress = crate::support::pvc_field(
+        c,
         &ns,
-        "get",
-        "pvc",
         "disk",
-        "-o",
-        "jsonpath={.metadata.annotations.cdi\\.kubevirt\\.io/storage\\.populator\\.progress}",
-    ]);
+        "{.metadata.annotations.cdi\\.kubevirt\\.io/storage\\.populator\\.progress}",
+    );
     assert_eq!(progress, "100.0%");
     let reasons = event_reasons(c, &ns, "PersistentVolumeClaim", "disk");
     for r in ["CreatedPVCPrimeSuccessfully", "importSucceeded"] {

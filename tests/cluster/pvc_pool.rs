@@ -133,15 +133,7 @@ spec:
 
     /// The disk file of the DataVolume's volume, seen at `root`.
     fn disk(&self, ns: &str, root: &std::path::Path) -> std::path::PathBuf {
-        let pv = self.c.kubectl_ok(&[
-            "-n",
-            ns,
-            "get",
-            "pvc",
-            self.name,
-            "-o",
-            "jsonpath={.spec.volumeName}",
-        ]);
+        let pv = crate::support::pvc_field(self.c, ns, self.name, "{.spec.volumeName}");
         root.join(pv).join("disk.img")
     }
 

@@ -490,18 +490,22 @@ fn testkit_unique() -> u32 {
     std::process::id().wrapping_mul(65599) ^ N.fetch_add(1, Ordering::Relaxed)
 }
 
-/// The name of the PVC' a volume populator fills for `pvc` (`prime-<uid>`).
-pub fn prime_of(c: &Cluster, ns: &str, pvc: &str) -> String {
-    let uid = c.kubectl_ok(&[
+/// `jsonpath` (`{.spec.volumeName}`, say) of the PVC `pvc` in `ns`, which must exist.
+pub fn pvc_field(c: &Cluster, ns: &str, pvc: &str, jsonpath: &str) -> String {
+    c.kubectl_ok(&[
         "-n",
         ns,
         "get",
         "pvc",
         pvc,
         "-o",
-        "jsonpath={.metadata.uid}",
-    ]);
-    format!("prime-{uid}")
+        &format!("jsonpath={jsonpath}"),
+    ])
+}
+
+/// The name of the PVC' a volume populator fills for `pvc` (`prime-<uid>`).
+pub fn prime_of(c: &Cluster, ns: &str, pvc: &str) -> String {
+    format!("prime-{}", pvc_field(c, ns, pvc, "{.metadata.uid}"))
 }
 
 /// Waits (at most 180 s) until every CSI driver pod runs the DaemonSet's current spec.
@@ -570,17 +574,7 @@ impl<'a> AddedPool<'a> {
 /// The PersistentVolume holding the data of the PVC `pvc`: its own, or while a populator fills
 /// it, its PVC''s.
 pub fn volume_holding(c: &Cluster, ns: &str, pvc: &str) -> String {
-    let volume_of = |pvc: &str| {
-        c.kubectl_ok(&[
-            "-n",
-            ns,
-            "get",
-            "pvc",
-            pvc,
-            "-o",
-            "jsonpath={.spec.volumeName}",
-        ])
-    };
+    let volume_of = |pvc: &str| pvc_field(c, ns, pvc, "{.spec.volumeName}");
     let pv = volume_of(pvc);
     if !pv.is_empty() {
         return pv;
