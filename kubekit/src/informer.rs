@@ -108,18 +108,49 @@ where
     }
 }
 
+/// Entries kept for a while, by key: what a store may still lag behind. Every
+/// [`SWEEP_EVERY`]th insertion drops what is older than `keep` (a last entry of each object is
+/// never read again, and at thousands of DataVolumes such entries were a tenth of the
+/// controller's memory).
+struct Recent<Key, V> {
+    by_key: std::sync::Mutex<std::collections::HashMap<Key, (Instant, V)>>,
+    records: std::sync::atomic::AtomicUsize,
+    keep: Duration,
+}
+
+impl<Key: std::hash::Hash + Eq, V> Recent<Key, V> {
+    fn new(keep: Duration) -> Self {
+        Recent {
+            by_key: Default::default(),
+            records: Default::default(),
+            keep,
+        }
+    }
+
+    fn insert(&self, key: Key, value: V) {
+        let mut by_key = self.lock();
+        let records = self
+            .records
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if records.is_multiple_of(SWEEP_EVERY) {
+            by_key.retain(|_, (at, _)| at.elapsed() < self.keep);
+        }
+        by_key.insert(key, (Instant::now(), value));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Key, (Instant, V)>> {
+        self.by_key.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// What this controller's own writes returned, by UID, while its store still holds an older
 /// copy. A reconcile that runs before the watch delivers our last write would otherwise decide
 /// on the copy before it and write the same thing again (and be triggered again by it).
-pub struct Written<K> {
-    by_uid: std::sync::Mutex<std::collections::HashMap<String, (Instant, Arc<K>)>>,
-    records: std::sync::atomic::AtomicUsize,
-}
+pub struct Written<K>(Recent<String, Arc<K>>);
 
 /// How long a write is remembered: longer than a watch lags on a busy server, short enough
-/// that the last write of each object (which no reconcile reads again) is not kept long: at
-/// thousands of DataVolumes those copies were a tenth of the controller's memory. Forgetting
-/// early costs at most one write repeated.
+/// that the last write of each object (which no reconcile reads again) is not kept long.
+/// Forgetting early costs at most one write repeated.
 const REMEMBERED: Duration = Duration::from_secs(5);
 
 /// Writes recorded between two sweeps of what is older than [`REMEMBERED`].
@@ -127,10 +158,7 @@ const SWEEP_EVERY: usize = 128;
 
 impl<K> Default for Written<K> {
     fn default() -> Self {
-        Written {
-            by_uid: Default::default(),
-            records: Default::default(),
-        }
+        Written(Recent::new(REMEMBERED))
     }
 }
 
@@ -140,14 +168,7 @@ impl<K: Resource> Written<K> {
     pub fn record(&self, mut obj: K) {
         obj.managed_fields_mut().clear();
         if let Some(uid) = obj.meta().uid.clone() {
-            let mut by_uid = self.lock();
-            let records = self
-                .records
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if records.is_multiple_of(SWEEP_EVERY) {
-                by_uid.retain(|_, (at, _)| at.elapsed() < REMEMBERED);
-            }
-            by_uid.insert(uid, (Instant::now(), Arc::new(obj)));
+            self.0.insert(uid, Arc::new(obj));
         }
     }
 
@@ -157,7 +178,7 @@ impl<K: Resource> Written<K> {
         let Some(uid) = obj.meta().uid.as_deref() else {
             return obj;
         };
-        let mut by_uid = self.lock();
+        let mut by_uid = self.0.lock();
         let Some((_, written)) = by_uid.get(uid) else {
             return obj;
         };
@@ -172,13 +193,7 @@ impl<K: Resource> Written<K> {
 
     /// Drops what was recorded for `uid` (the object is gone).
     pub fn forget(&self, uid: &str) {
-        self.lock().remove(uid);
-    }
-
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (Instant, Arc<K>)>> {
-        self.by_uid.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.lock().remove(uid);
     }
 }
 
@@ -186,36 +201,71 @@ impl<K: Resource> Written<K> {
 /// behind them ([`REMEMBERED`]). For what only this controller creates (a populator's PVC' and
 /// pods, under names it derives), a store that has listed everything and lacks a name not made
 /// here moments ago does not have it because there is none: no GET needs to confirm it.
-#[derive(Default)]
-pub struct Made {
-    by_key: std::sync::Mutex<std::collections::HashMap<(String, String), Instant>>,
-    records: std::sync::atomic::AtomicUsize,
+pub struct Made(Recent<(String, String), ()>);
+
+impl Default for Made {
+    fn default() -> Self {
+        Made(Recent::new(REMEMBERED))
+    }
 }
 
 impl Made {
     /// Notes that `ns/name` was just created (or found existing when creating it).
     pub fn record(&self, ns: &str, name: &str) {
-        let mut by_key = self.lock();
-        let records = self
-            .records
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if records.is_multiple_of(SWEEP_EVERY) {
-            by_key.retain(|_, at| at.elapsed() < REMEMBERED);
-        }
-        by_key.insert((ns.to_string(), name.to_string()), Instant::now());
+        self.0.insert((ns.to_string(), name.to_string()), ());
     }
 
     /// Whether `ns/name` was created here within the store's lag.
     pub fn recently(&self, ns: &str, name: &str) -> bool {
-        self.lock()
+        self.0
+            .lock()
             .get(&(ns.to_string(), name.to_string()))
-            .is_some_and(|at| at.elapsed() < REMEMBERED)
+            .is_some_and(|(at, _)| at.elapsed() < REMEMBERED)
+    }
+}
+
+/// The versions this controller's own writes made, by UID, until its watch brings each back.
+/// A reconcile that writes an object it observes decides again on what the write returned
+/// before it ends, so the watch event of that version is no news to it: [`Echoes::is_echo`]
+/// drops it before it triggers a reconcile (a DataVolume's PVC, a populator's PVC', pod and
+/// annotations). Any other version, and any object not written here,
+/// passes. An echo that comes before its write is recorded, or after [`ECHOED`], passes too:
+/// one reconcile more.
+pub struct Echoes(Recent<String, String>);
+
+/// How long a written version waits for its echo: longer than a watch lags on a busy server
+/// (thousands of creates at once), short enough to hold few versions.
+const ECHOED: Duration = Duration::from_secs(60);
+
+impl Default for Echoes {
+    fn default() -> Self {
+        Echoes(Recent::new(ECHOED))
+    }
+}
+
+impl Echoes {
+    /// Notes the version of `obj` a write of ours returned.
+    pub fn record<K: Resource>(&self, obj: &K) {
+        let meta = obj.meta();
+        if let (Some(uid), Some(version)) = (&meta.uid, &meta.resource_version) {
+            self.0.insert(uid.clone(), version.clone());
+        }
     }
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<(String, String), Instant>> {
-        self.by_key.lock().unwrap_or_else(|e| e.into_inner())
+    /// Whether `obj` is the version our last write of it made (then forgotten: it came back).
+    pub fn is_echo<K: Resource>(&self, obj: &K) -> bool {
+        let meta = obj.meta();
+        let (Some(uid), Some(version)) = (&meta.uid, &meta.resource_version) else {
+            return false;
+        };
+        let mut by_uid = self.0.lock();
+        match by_uid.get(uid) {
+            Some((at, ours)) if ours == version && at.elapsed() < ECHOED => {
+                by_uid.remove(uid);
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -255,6 +305,30 @@ mod tests {
         assert!(made.recently("vms", "importer-prime-1"));
         assert!(!made.recently("other", "importer-prime-1"));
         assert!(!made.recently("vms", "importer-prime-2"));
+    }
+
+    #[test]
+    fn only_the_version_our_write_made_is_an_echo_and_only_once() {
+        let echoes = Echoes::default();
+        // Nothing written here: no echo.
+        assert!(!echoes.is_echo(&at("10", "theirs")));
+        echoes.record(&at("12", "ours"));
+        // An older version (the watch still behind) and a newer one (someone else's) pass.
+        assert!(!echoes.is_echo(&at("11", "before")));
+        assert!(!echoes.is_echo(&at("13", "after")));
+        // Ours comes back once: then it is forgotten.
+        assert!(echoes.is_echo(&at("12", "ours")));
+        assert!(!echoes.is_echo(&at("12", "ours")));
+        // A second write of ours replaces the first: only its version is an echo.
+        echoes.record(&at("14", "ours"));
+        echoes.record(&at("15", "ours again"));
+        assert!(!echoes.is_echo(&at("14", "ours")));
+        assert!(echoes.is_echo(&at("15", "ours again")));
+        // Another object with the same version is not ours.
+        echoes.record(&at("16", "ours"));
+        let mut other = at("16", "ours");
+        other.metadata.uid = Some("u-2".into());
+        assert!(!echoes.is_echo(&other));
     }
 
     #[test]

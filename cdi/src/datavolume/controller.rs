@@ -47,7 +47,7 @@ use api::populator::{VolumeImportSource, VolumeUploadSource};
 use api::snapshot::VolumeSnapshot;
 use api::{DataVolume, StorageProfile};
 use kubekit::error::{Error, Result};
-use kubekit::informer::{Made, Written};
+use kubekit::informer::{Echoes, Made, Written};
 use kubekit::kubeops;
 use kubekit::metrics::Metrics;
 
@@ -76,6 +76,8 @@ pub struct Context {
     stores: OnceLock<(Stores, Store<StorageProfile>)>,
     /// DataVolumes as our status writes left them, until the store has them.
     written: Written<DataVolume>,
+    /// The versions of the PVCs and pods our creates made: their events are no news.
+    echoes: Echoes,
     /// The pods made here lately (a store miss of any other of ours is absence).
     made: Made,
     /// When each running import (by DataVolume UID) was last scraped.
@@ -101,6 +103,7 @@ impl Context {
             drivers: CsiDrivers::new(client.clone()),
             stores: OnceLock::new(),
             written: Written::default(),
+            echoes: Echoes::default(),
             made: Made::default(),
             client,
             live,
@@ -276,6 +279,44 @@ async fn source_ref(client: &Client, ns: &str, r: &DataVolumeSourceRef) -> Resul
 /// again from the API server (the cached copy may predate our last status write, whose
 /// restart count and back-off the decision must see) and decided on afresh if it changed.
 async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requeue> {
+    let round = Round {
+        may_refresh,
+        made: JustMade::default(),
+        stored: dv.status.clone(),
+        left: ROUNDS_AFTER_CREATES,
+    };
+    Ok(match apply_round(dv, ctx, round).await? {
+        Some(d) => Requeue::requeue(d),
+        None => Requeue::await_change(),
+    })
+}
+
+/// How many times one reconcile decides again on what it made (a PVC, then its pod).
+const ROUNDS_AFTER_CREATES: u8 = 2;
+
+/// One decision of a reconcile.
+struct Round {
+    may_refresh: bool,
+    /// What the rounds before made (the stores may not have it yet).
+    made: JustMade,
+    /// The status as the API server has it (the rounds after the first decide on the one
+    /// before's, which is written once, by the last).
+    stored: Option<api::datavolume::DataVolumeStatus>,
+    left: u8,
+}
+
+/// The PVC, pod and Service a reconcile created, as the API server returned them.
+#[derive(Default)]
+struct JustMade {
+    pvc: Option<PersistentVolumeClaim>,
+    pod: Option<Pod>,
+    service: bool,
+}
+
+/// A round of [`apply`]: what it made is decided on again at once, as the watch event of it
+/// would have it decided (that event is then no news: [`Echoes`]); returns the requeue.
+async fn apply_round(dv: &DataVolume, ctx: &Context, round: Round) -> Result<Option<Duration>> {
+    let may_refresh = round.may_refresh;
     let ns = dv.namespace().unwrap_or_default();
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
@@ -290,7 +331,16 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         .is_some_and(|p| p.is_final());
 
     let stores = ctx.stores.get().map(|(s, _)| s);
-    let pvc = informers::read(stores.map(|s| &s.claims), &pvcs, Some(&ns), name(dv)).await?;
+    let key = ObjectRef::new(name(dv)).within(&ns);
+    let pvc = match &round.made.pvc {
+        // The store's copy is the same or newer, once it has it.
+        Some(made) => Some(
+            stores
+                .and_then(|s| s.claims.get(&key))
+                .map_or_else(|| made.clone(), |p| p.as_ref().clone()),
+        ),
+        None => informers::read(stores.map(|s| &s.claims), &pvcs, Some(&ns), name(dv)).await?,
+    };
     // A PVC populated before its DataVolume is adopted as it is: its source is never read.
     let adopts = super::adopt::adopts(dv, pvc.as_ref());
     let finished = finished || adopts;
@@ -318,14 +368,24 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
     };
     let populated = resolved.as_ref().is_some_and(populated::populates)
         && populated::uses_populator(dv, pvc.as_ref(), csi_class);
-    let pod = match populated {
-        true => None,
-        false => {
+    let pod = match (populated, &round.made.pod) {
+        (true, _) => None,
+        (false, Some(made)) => {
+            let key = ObjectRef::new(&pod_name).within(&ns);
+            Some(
+                stores
+                    .and_then(|s| s.pods.get(&key))
+                    .map_or_else(|| made.clone(), |p| p.as_ref().clone()),
+            )
+        }
+        (false, None) => {
             let store = stores.map(|s| &s.pods);
             informers::read_ours(store, &pods, &ns, &pod_name, &ctx.made).await?
         }
     };
-    let service = if upload && !populated {
+    let service = if round.made.service {
+        true
+    } else if upload && !populated {
         kubeops::get(&services, &pod_name).await?.is_some()
     } else {
         false
@@ -405,7 +465,12 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
         && let Some(fresh) = kubeops::get(&dvs, name(dv)).await?
         && fresh.metadata.resource_version != dv.metadata.resource_version
     {
-        return Box::pin(apply(&fresh, ctx, false)).await;
+        let round = Round {
+            may_refresh: false,
+            stored: fresh.status.clone(),
+            ..round
+        };
+        return Box::pin(apply_round(&fresh, ctx, round)).await;
     }
 
     if let Some(ca) = pod::proxy_ca(&cfg)
@@ -422,9 +487,14 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
     // Creations and events first, then the status, then deletions: a deletion triggers a
     // reconcile, which must find the status (restart count, back-off) already written.
     let mut deletions = Vec::new();
+    let mut made = JustMade::default();
+    let mut was_refused = false;
     for action in std::mem::take(&mut decision.actions) {
         match action {
-            Action::CreatePvc(p) => kubeops::create(&pvcs, &p, &ctx.manager).await?,
+            Action::CreatePvc(p) => {
+                made.pvc = kubeops::create_new(&pvcs, &p, &ctx.manager).await?;
+                made.pvc.iter().for_each(|made| ctx.echoes.record(made));
+            }
             Action::CreatePopulatorSource(s) => match *s {
                 PopulatorSource::Import(metadata, spec) => {
                     let api: Api<VolumeImportSource> = Api::namespaced(ctx.client.clone(), &ns);
@@ -438,8 +508,10 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
                     kubeops::create(&api, &obj, &ctx.manager).await?
                 }
             },
-            Action::CreatePod(p) => match kubeops::create(&pods, &p, &ctx.manager).await {
-                Ok(()) => {
+            Action::CreatePod(p) => match kubeops::create_new(&pods, &p, &ctx.manager).await {
+                Ok(created) => {
+                    created.iter().for_each(|made| ctx.echoes.record(made));
+                    made.pod = created;
                     ctx.made.record(&ns, &p.name_any());
                     ctx.set_refusal(&uid, None)
                 }
@@ -463,11 +535,15 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
                             publish(ctx, dv, ev).await;
                         }
                     }
+                    was_refused = true;
                     break;
                 }
                 Err(e) => return Err(e),
             },
-            Action::CreateService(s) => kubeops::create(&services, &s, &ctx.manager).await?,
+            Action::CreateService(s) => {
+                kubeops::create(&services, &s, &ctx.manager).await?;
+                made.service = true;
+            }
             Action::DeletePod(_)
             | Action::DeleteService(_)
             | Action::DeleteSnapshot(_)
@@ -527,7 +603,29 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
             }
         }
     }
-    if dv.status.as_ref() != Some(&decision.status) {
+    let again = made.pvc.is_some() || made.pod.is_some();
+    if again && !was_refused && deletions.is_empty() && round.left > 0 {
+        let next = DataVolume {
+            status: Some(decision.status),
+            ..dv.clone()
+        };
+        let round = Round {
+            may_refresh: false,
+            made: JustMade {
+                pvc: made.pvc.or(round.made.pvc),
+                pod: made.pod.or(round.made.pod),
+                service: made.service || round.made.service,
+            },
+            stored: round.stored,
+            left: round.left - 1,
+        };
+        let then = Box::pin(apply_round(&next, ctx, round)).await?;
+        return Ok(match (decision.requeue, then) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        });
+    }
+    if round.stored.as_ref() != Some(&decision.status) {
         let doc = serde_json::json!({
             "apiVersion": DataVolume::api_version(&()),
             "kind": DataVolume::kind(&()),
@@ -559,10 +657,7 @@ async fn apply(dv: &DataVolume, ctx: &Context, may_refresh: bool) -> Result<Requ
             _ => {}
         }
     }
-    Ok(match decision.requeue {
-        Some(d) => Requeue::requeue(d),
-        None => Requeue::await_change(),
-    })
+    Ok(decision.requeue)
 }
 
 /// Reads a clone's objects and facts; issues the clone source pod's client certificate once
@@ -950,6 +1045,10 @@ pub async fn run_fed(ctx: Arc<Context>, namespace: Option<&str>, feed: Feed) {
     // A DataVolume whose sourceRef waits is looked at again when its DataSource changes (in any
     // namespace: a golden-image namespace usually).
     let referring = reader.clone();
+    let (claim_echoes, pod_echoes) = (ctx.clone(), ctx.clone());
+    let pod_changes = futures_util::StreamExt::filter(feed.pod_changes, move |p| {
+        std::future::ready(!pod_echoes.echoes.is_echo(p.as_ref()))
+    });
     let results = Controller::for_stream(trigger, reader)
         .with_config(kubeops::controller_config())
         .watches_stream(profiles, move |p: StorageProfile| {
@@ -960,12 +1059,17 @@ pub async fn run_fed(ctx: Arc<Context>, namespace: Option<&str>, feed: Feed) {
             watcher::Config::default(),
             move |ds| referring_to(&referring.state(), &ds),
         )
-        .owns_shared_stream(feed.pod_changes)
+        .owns_shared_stream(pod_changes)
         .owns(
             api::<Service>(&client, namespace),
             watcher::Config::default(),
         )
-        .watches_shared_stream(feed.claim_changes, |pvc| owner_of(&pvc))
+        .watches_shared_stream(feed.claim_changes, move |pvc| {
+            match claim_echoes.echoes.is_echo(pvc.as_ref()) {
+                true => None,
+                false => owner_of(&pvc),
+            }
+        })
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx);
     kubeops::drain(results).await;

@@ -39,7 +39,7 @@ use crate::settings::LiveSettings;
 use api::populator::{self, VolumeCloneSource, VolumeImportSource, VolumeUploadSource};
 use api::snapshot::VolumeSnapshot;
 use kubekit::error::{Error, Result};
-use kubekit::informer::{Made, Written};
+use kubekit::informer::{Echoes, Made, Written};
 use kubekit::kubeops;
 use kubekit::metrics::Metrics;
 
@@ -66,6 +66,8 @@ pub struct Context {
     written: Written<PersistentVolumeClaim>,
     /// The PVC's and pods made here lately (a store miss of anything else of ours is absence).
     made: Made,
+    /// The versions of PVC's, pods and targets our writes made: their events are no news.
+    echoes: Echoes,
     /// The shared PVC and pod stores and the VolumeImportSources, once [`run`] watches.
     stores: OnceLock<(Stores, Store<VolumeImportSource>)>,
     /// The last event published, by target UID.
@@ -80,6 +82,7 @@ impl Context {
             stores: OnceLock::new(),
             written: Written::default(),
             made: Made::default(),
+            echoes: Echoes::default(),
             candidates: Candidates::default(),
             client,
             live,
@@ -382,19 +385,34 @@ async fn apply(
     };
     let mut done = Done::default();
     at.carry_out(decision, &mut done).await?;
-    // PVC' just made: its pod may start in the same reconcile (the pod needs PVC''s UID), with
-    // one annotation write for both.
-    if let Some(made) = done.prime.take() {
-        observed.prime = Some(&made);
-        observed.refs = match &import_from {
-            Some(i) => source_refs(client, &cfg, i, &ns).await?,
-            None => SourceRefs::default(),
-        };
+    // What is made here is decided on again at once, as its watch event would have it decided
+    // (that event is then no news: [`Echoes`]). PVC' just made: its pod may start in the same
+    // reconcile (the pod needs PVC''s UID), with one annotation write for both.
+    let made_prime = done.prime.take();
+    let at = match &made_prime {
+        Some(made) => {
+            observed.prime = Some(made);
+            observed.refs = match &import_from {
+                Some(i) => source_refs(client, &cfg, i, &ns).await?,
+                None => SourceRefs::default(),
+            };
+            let decision = decide(&observed, &cfg);
+            let at = Place {
+                prime: Some(made),
+                ..at
+            };
+            at.carry_out(decision, &mut done).await?;
+            at
+        }
+        None => at,
+    };
+    // The pod just made: following it as created (a host-assisted clone's source pod starts
+    // with its upload server).
+    let made_pod = done.pod.take();
+    if let Some(made) = &made_pod {
+        observed.pod = Some(made);
+        observed.service |= done.service;
         let decision = decide(&observed, &cfg);
-        let at = Place {
-            prime: Some(&made),
-            ..at
-        };
         at.carry_out(decision, &mut done).await?;
     }
     at.flush(&mut done).await?;
@@ -419,6 +437,10 @@ struct Place<'a> {
 struct Done {
     /// PVC' as created.
     prime: Option<PersistentVolumeClaim>,
+    /// The importer or upload server pod as created.
+    pod: Option<Pod>,
+    /// Whether the upload Service was made.
+    service: bool,
     /// Annotations of the target to write (once, at the end).
     annotations: BTreeMap<String, Option<String>>,
     requeue: Option<Duration>,
@@ -444,6 +466,7 @@ impl Place<'_> {
             match action {
                 Action::CreatePrime(p) => {
                     done.prime = kubeops::create_new(&pvcs, &p, &ctx.manager).await?;
+                    done.prime.iter().for_each(|made| ctx.echoes.record(made));
                     ctx.made.record(&ns, &p.name_any());
                 }
                 Action::CreatePod(p) => {
@@ -453,10 +476,14 @@ impl Place<'_> {
                         let w = workload(target, prime, src);
                         copy_proxy_ca(client, &ctx.manager, &w, ca).await?;
                     }
-                    kubeops::create(&pods, &p, &ctx.manager).await?;
+                    done.pod = kubeops::create_new(&pods, &p, &ctx.manager).await?;
+                    done.pod.iter().for_each(|made| ctx.echoes.record(made));
                     ctx.made.record(&ns, &p.name_any());
                 }
-                Action::CreateService(s) => kubeops::create(&services, &s, &ctx.manager).await?,
+                Action::CreateService(s) => {
+                    kubeops::create(&services, &s, &ctx.manager).await?;
+                    done.service = true;
+                }
                 Action::CreateSourcePod(p) => kubeops::create(&pods, &p, &ctx.manager).await?,
                 Action::EnsureClientSecret { namespace, secret } => {
                     ensure_client_secret(client, *secret, &namespace, &ctx.manager).await?;
@@ -570,6 +597,7 @@ async fn annotate(
     let written = pvcs
         .patch(&target.name_any(), &params, &Patch::Merge(&patch))
         .await?;
+    ctx.echoes.record(&written);
     ctx.written.record(written);
     Ok(())
 }
@@ -640,13 +668,20 @@ pub async fn run_fed(ctx: Arc<Context>, namespace: Option<&str>, feed: Feed) {
     .reflect(imports_writer)
     .touched_objects();
     let (by_claim, by_pod) = (claims.clone(), claims.clone());
+    let (claim_echoes, pod_echoes) = (ctx.clone(), ctx.clone());
     let (imports, uploads, clones) = (claims.clone(), claims.clone(), claims.clone());
     let results = Controller::for_shared_stream(futures_util::stream::pending(), claims)
         .with_config(kubeops::controller_config())
         .watches_shared_stream(feed.claim_changes, move |pvc| {
+            if claim_echoes.echoes.is_echo(pvc.as_ref()) {
+                return None;
+            }
             reconciled_for(&by_claim, &pvc)
         })
         .watches_shared_stream(feed.pod_changes, move |pod| {
+            if pod_echoes.echoes.is_echo(pod.as_ref()) {
+                return None;
+            }
             let owner = pod
                 .owner_references()
                 .iter()
