@@ -47,8 +47,14 @@ where
         }
     }
 
-    /// The object `name` (None: it does not exist).
+    /// The object `name` (None: it does not exist). A name no object can have is none without
+    /// a request: a class's provisioner is a CSIDriver's name only if it is one, and in-tree
+    /// provisioners (`kubernetes.io/no-provisioner`, local volumes' usual class) are not: their
+    /// `/` made the GET one of a subresource, which RBAC refused, on every reconcile.
     pub async fn get(&self, name: &str) -> Result<Option<K>> {
+        if !is_object_name(name) {
+            return Ok(None);
+        }
         if let Some((at, obj)) = self.lock().get(name)
             && at.elapsed() < TTL
         {
@@ -66,6 +72,12 @@ where
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, K)>> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Whether `name` may name an object: the API server's rule for every name in a path (not
+/// empty, `.` or `..`, and no `/` or `%`).
+fn is_object_name(name: &str) -> bool {
+    !matches!(name, "" | "." | "..") && !name.contains(['/', '%'])
 }
 
 #[cfg(test)]
@@ -102,5 +114,25 @@ mod tests {
         // Read again within the TTL: no request (the mock answers none).
         let again = classes.get("fast").await.unwrap().unwrap();
         assert_eq!(again.provisioner, "example.com/fast");
+    }
+
+    #[tokio::test]
+    async fn an_in_tree_provisioner_is_no_csi_driver_and_is_not_asked_for() {
+        let (client, mut api) = mockapi::pair();
+        let drivers = CsiDrivers::new(client);
+        let reads = tokio::spawn(async move {
+            let names = [
+                "kubernetes.io/no-provisioner",
+                "k8s.io/minikube-hostpath",
+                "a%2Fb",
+                "..",
+            ];
+            for name in names {
+                assert!(drivers.get(name).await.unwrap().is_none(), "{name}");
+            }
+        });
+        api.silence().await;
+        reads.await.unwrap();
+        assert!(is_object_name("kubevirt.io.hostpath-provisioner"));
     }
 }

@@ -11,6 +11,7 @@ use cdi::datavolume::controller::{self, Context};
 use cdi::settings::{Config, RetryPolicy};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, ResourceQuota, Service};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -184,6 +185,96 @@ async fn a_running_import_is_polled_on_a_timer_without_a_reconcile_storm() {
         progress.iter().any(|p| p != "N/A" && p != "100.00%"),
         "no intermediate progress written: {progress:?}"
     );
+}
+
+/// A WaitForFirstConsumer claim: its DataVolume waits for a consumer, or, with CDI's immediate
+/// binding, its importer pod is that consumer. Nothing but the controller touches a PVC here, so
+/// each outcome is reached only if the reconcile that made the PVC goes on from the PVC it made:
+/// the PVC's and the pod's watch events are echoes of our own creates and trigger nothing.
+#[tokio::test]
+async fn a_wait_for_first_consumer_claim_is_decided_on_by_the_reconcile_that_made_it() {
+    let Some((client, ns)) = namespace("dv-wffc", &[]).await else {
+        return;
+    };
+    let class_name = format!("{ns}-wffc");
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let class: StorageClass = serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": class_name},
+        "provisioner": "kubernetes.io/no-provisioner",
+        "volumeBindingMode": "WaitForFirstConsumer"
+    }))
+    .unwrap();
+    classes
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+    // `spec.pvc`: a `spec.storage` claim would wait for the class's StorageProfile.
+    let in_class = |name: &str, immediate: bool| {
+        let mut d: DataVolume = serde_json::from_value(json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+            "metadata": {"name": name},
+            "spec": {"source": http(), "pvc": {"storageClassName": class_name,
+                     "accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "1Gi"}}}}
+        }))
+        .unwrap();
+        if immediate {
+            d.metadata.annotations = Some(BTreeMap::from([(
+                cdi::datavolume::ANN_IMMEDIATE_BINDING.to_string(),
+                "true".to_string(),
+            )]));
+        }
+        d
+    };
+    let ctl = start(&ns, config(), None).await;
+    create(&client, &ns, &in_class("waits", false)).await;
+    create(&client, &ns, &in_class("now", true)).await;
+
+    let waits = dv_until(&client, &ns, "waits", "WaitForFirstConsumer", |d| {
+        phase(d) == "WaitForFirstConsumer"
+    })
+    .await;
+    assert_eq!(
+        condition(&waits, "Running").reason.as_deref(),
+        Some("WaitForFirstConsumer")
+    );
+    // The pod is made in the reconcile that made the PVC, and followed there: ImportScheduled.
+    dv_until(&client, &ns, "now", "ImportScheduled", |d| {
+        phase(d) == "ImportScheduled"
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let names: Vec<String> = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert_eq!(
+        names,
+        ["importer-now"],
+        "only the immediate claim gets a pod"
+    );
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    for name in ["waits", "now"] {
+        let pvc = pvcs.get(name).await.unwrap();
+        let spec = pvc.spec.unwrap();
+        assert_eq!(
+            spec.storage_class_name.as_deref(),
+            Some(class_name.as_str())
+        );
+    }
+    // One reconcile per DataVolume, its creation; one more for an echo that outran the
+    // create's answer. Three each before (the PVC's and the pod's events).
+    let count = reconciles(&ctl.ctx);
+    assert!(count <= 3, "{count} reconciles for two DataVolumes");
+    classes
+        .delete(&class_name, &DeleteParams::default())
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
