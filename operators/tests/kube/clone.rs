@@ -413,7 +413,12 @@ async fn cross_namespace_clones_are_authorized_by_the_servers_rbac() {
             .unwrap()
         }
     };
-    assert_eq!(ask(user("alice", &["system:authenticated"])).await, Ok(()));
+    // The API server's authorizer sees a new RoleBinding from its own watch, moments later (a
+    // loaded CI run once asked before it had): alice is allowed once it has.
+    wait_for("the RoleBinding in the API server's authorizer", || async {
+        ask(user("alice", &["system:authenticated"])).await.ok()
+    })
+    .await;
     let sa = user(
         "system:serviceaccount:vms:cloner",
         &["system:serviceaccounts", "system:authenticated"],
