@@ -104,6 +104,17 @@ impl Informers {
     }
 }
 
+/// `name` in `ns` as `store` has it, else `made` as its create returned it (the store has it
+/// moments later, the same or newer).
+pub fn stored_or<K>(store: Option<&Store<K>>, ns: &str, name: &str, made: &K) -> K
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    store
+        .and_then(|s| s.get(&ObjectRef::new(name).within(ns)))
+        .map_or_else(|| made.clone(), |obj| obj.as_ref().clone())
+}
+
 /// An object only this controller creates, under a name it derives (a populator's PVC' and
 /// pods): from `store` when it holds it; a miss is absence once the store has listed
 /// everything, unless `made` says one of that name was created here moments ago (the store may

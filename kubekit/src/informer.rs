@@ -133,9 +133,14 @@ impl<Key: std::hash::Hash + Eq, V> Recent<Key, V> {
             .records
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if records.is_multiple_of(SWEEP_EVERY) {
-            by_key.retain(|_, (at, _)| at.elapsed() < self.keep);
+            by_key.retain(|_, (at, _)| self.fresh(at));
         }
         by_key.insert(key, (Instant::now(), value));
+    }
+
+    /// Whether an entry made at `at` is still kept.
+    fn fresh(&self, at: &Instant) -> bool {
+        at.elapsed() < self.keep
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Key, (Instant, V)>> {
@@ -220,17 +225,17 @@ impl Made {
         self.0
             .lock()
             .get(&(ns.to_string(), name.to_string()))
-            .is_some_and(|(at, _)| at.elapsed() < REMEMBERED)
+            .is_some_and(|(at, _)| self.0.fresh(at))
     }
 }
 
 /// The versions this controller's own writes made, by UID, until its watch brings each back.
 /// A reconcile that writes an object it observes decides again on what the write returned
 /// before it ends, so the watch event of that version is no news to it: [`Echoes::is_echo`]
-/// drops it before it triggers a reconcile (a DataVolume's PVC, a populator's PVC', pod and
-/// annotations). Any other version, and any object not written here,
-/// passes. An echo that comes before its write is recorded, or after [`ECHOED`], passes too:
-/// one reconcile more.
+/// drops it from a controller's stream of changes ([`Echoes::filter`]) before it triggers a
+/// reconcile (a DataVolume's PVC, a populator's PVC', pod and annotations). Any other version,
+/// and any object not written here, passes. An echo that comes before its write is recorded,
+/// or after [`ECHOED`], passes too: one reconcile more.
 pub struct Echoes(Recent<String, String>);
 
 /// How long a written version waits for its echo: longer than a watch lags on a busy server
@@ -252,6 +257,20 @@ impl Echoes {
         }
     }
 
+    /// Records what a create of ours made (None: one of that name was there), and returns it.
+    pub fn created<K: Resource>(&self, made: Option<K>) -> Option<K> {
+        made.inspect(|obj| self.record(obj))
+    }
+
+    /// `changes` without the echoes of our own writes.
+    pub fn filter<K: Resource + Send + Sync + 'static>(
+        self: &Arc<Self>,
+        changes: impl Stream<Item = Arc<K>> + Send + 'static,
+    ) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        let echoes = self.clone();
+        changes.filter(move |obj| std::future::ready(!echoes.is_echo(obj.as_ref())))
+    }
+
     /// Whether `obj` is the version our last write of it made (then forgotten: it came back).
     pub fn is_echo<K: Resource>(&self, obj: &K) -> bool {
         let meta = obj.meta();
@@ -260,7 +279,7 @@ impl Echoes {
         };
         let mut by_uid = self.0.lock();
         match by_uid.get(uid) {
-            Some((at, ours)) if ours == version && at.elapsed() < ECHOED => {
+            Some((at, ours)) if ours == version && self.0.fresh(at) => {
                 by_uid.remove(uid);
                 true
             }

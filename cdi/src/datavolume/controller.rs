@@ -77,7 +77,7 @@ pub struct Context {
     /// DataVolumes as our status writes left them, until the store has them.
     written: Written<DataVolume>,
     /// The versions of the PVCs and pods our creates made: their events are no news.
-    echoes: Echoes,
+    echoes: Arc<Echoes>,
     /// The pods made here lately (a store miss of any other of ours is absence).
     made: Made,
     /// When each running import (by DataVolume UID) was last scraped.
@@ -103,7 +103,7 @@ impl Context {
             drivers: CsiDrivers::new(client.clone()),
             stores: OnceLock::new(),
             written: Written::default(),
-            echoes: Echoes::default(),
+            echoes: Arc::default(),
             made: Made::default(),
             client,
             live,
@@ -331,14 +331,13 @@ async fn apply_round(dv: &DataVolume, ctx: &Context, round: Round) -> Result<Opt
         .is_some_and(|p| p.is_final());
 
     let stores = ctx.stores.get().map(|(s, _)| s);
-    let key = ObjectRef::new(name(dv)).within(&ns);
     let pvc = match &round.made.pvc {
-        // The store's copy is the same or newer, once it has it.
-        Some(made) => Some(
-            stores
-                .and_then(|s| s.claims.get(&key))
-                .map_or_else(|| made.clone(), |p| p.as_ref().clone()),
-        ),
+        Some(made) => Some(informers::stored_or(
+            stores.map(|s| &s.claims),
+            &ns,
+            name(dv),
+            made,
+        )),
         None => informers::read(stores.map(|s| &s.claims), &pvcs, Some(&ns), name(dv)).await?,
     };
     // A PVC populated before its DataVolume is adopted as it is: its source is never read.
@@ -370,14 +369,12 @@ async fn apply_round(dv: &DataVolume, ctx: &Context, round: Round) -> Result<Opt
         && populated::uses_populator(dv, pvc.as_ref(), csi_class);
     let pod = match (populated, &round.made.pod) {
         (true, _) => None,
-        (false, Some(made)) => {
-            let key = ObjectRef::new(&pod_name).within(&ns);
-            Some(
-                stores
-                    .and_then(|s| s.pods.get(&key))
-                    .map_or_else(|| made.clone(), |p| p.as_ref().clone()),
-            )
-        }
+        (false, Some(made)) => Some(informers::stored_or(
+            stores.map(|s| &s.pods),
+            &ns,
+            &pod_name,
+            made,
+        )),
         (false, None) => {
             let store = stores.map(|s| &s.pods);
             informers::read_ours(store, &pods, &ns, &pod_name, &ctx.made).await?
@@ -492,8 +489,9 @@ async fn apply_round(dv: &DataVolume, ctx: &Context, round: Round) -> Result<Opt
     for action in std::mem::take(&mut decision.actions) {
         match action {
             Action::CreatePvc(p) => {
-                made.pvc = kubeops::create_new(&pvcs, &p, &ctx.manager).await?;
-                made.pvc.iter().for_each(|made| ctx.echoes.record(made));
+                made.pvc = ctx
+                    .echoes
+                    .created(kubeops::create_new(&pvcs, &p, &ctx.manager).await?);
             }
             Action::CreatePopulatorSource(s) => match *s {
                 PopulatorSource::Import(metadata, spec) => {
@@ -510,8 +508,7 @@ async fn apply_round(dv: &DataVolume, ctx: &Context, round: Round) -> Result<Opt
             },
             Action::CreatePod(p) => match kubeops::create_new(&pods, &p, &ctx.manager).await {
                 Ok(created) => {
-                    created.iter().for_each(|made| ctx.echoes.record(made));
-                    made.pod = created;
+                    made.pod = ctx.echoes.created(created);
                     ctx.made.record(&ns, &p.name_any());
                     ctx.set_refusal(&uid, None)
                 }
@@ -1045,10 +1042,6 @@ pub async fn run_fed(ctx: Arc<Context>, namespace: Option<&str>, feed: Feed) {
     // A DataVolume whose sourceRef waits is looked at again when its DataSource changes (in any
     // namespace: a golden-image namespace usually).
     let referring = reader.clone();
-    let (claim_echoes, pod_echoes) = (ctx.clone(), ctx.clone());
-    let pod_changes = futures_util::StreamExt::filter(feed.pod_changes, move |p| {
-        std::future::ready(!pod_echoes.echoes.is_echo(p.as_ref()))
-    });
     let results = Controller::for_stream(trigger, reader)
         .with_config(kubeops::controller_config())
         .watches_stream(profiles, move |p: StorageProfile| {
@@ -1059,17 +1052,12 @@ pub async fn run_fed(ctx: Arc<Context>, namespace: Option<&str>, feed: Feed) {
             watcher::Config::default(),
             move |ds| referring_to(&referring.state(), &ds),
         )
-        .owns_shared_stream(pod_changes)
+        .owns_shared_stream(ctx.echoes.filter(feed.pod_changes))
         .owns(
             api::<Service>(&client, namespace),
             watcher::Config::default(),
         )
-        .watches_shared_stream(feed.claim_changes, move |pvc| {
-            match claim_echoes.echoes.is_echo(pvc.as_ref()) {
-                true => None,
-                false => owner_of(&pvc),
-            }
-        })
+        .watches_shared_stream(ctx.echoes.filter(feed.claim_changes), |pvc| owner_of(&pvc))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx);
     kubeops::drain(results).await;

@@ -67,7 +67,7 @@ pub struct Context {
     /// The PVC's and pods made here lately (a store miss of anything else of ours is absence).
     made: Made,
     /// The versions of PVC's, pods and targets our writes made: their events are no news.
-    echoes: Echoes,
+    echoes: Arc<Echoes>,
     /// The shared PVC and pod stores and the VolumeImportSources, once [`run`] watches.
     stores: OnceLock<(Stores, Store<VolumeImportSource>)>,
     /// The last event published, by target UID.
@@ -82,7 +82,7 @@ impl Context {
             stores: OnceLock::new(),
             written: Written::default(),
             made: Made::default(),
-            echoes: Echoes::default(),
+            echoes: Arc::default(),
             candidates: Candidates::default(),
             client,
             live,
@@ -465,8 +465,8 @@ impl Place<'_> {
         for action in std::mem::take(&mut decision.actions) {
             match action {
                 Action::CreatePrime(p) => {
-                    done.prime = kubeops::create_new(&pvcs, &p, &ctx.manager).await?;
-                    done.prime.iter().for_each(|made| ctx.echoes.record(made));
+                    let made = kubeops::create_new(&pvcs, &p, &ctx.manager).await?;
+                    done.prime = ctx.echoes.created(made);
                     ctx.made.record(&ns, &p.name_any());
                 }
                 Action::CreatePod(p) => {
@@ -476,8 +476,8 @@ impl Place<'_> {
                         let w = workload(target, prime, src);
                         copy_proxy_ca(client, &ctx.manager, &w, ca).await?;
                     }
-                    done.pod = kubeops::create_new(&pods, &p, &ctx.manager).await?;
-                    done.pod.iter().for_each(|made| ctx.echoes.record(made));
+                    let made = kubeops::create_new(&pods, &p, &ctx.manager).await?;
+                    done.pod = ctx.echoes.created(made);
                     ctx.made.record(&ns, &p.name_any());
                 }
                 Action::CreateService(s) => {
@@ -668,20 +668,13 @@ pub async fn run_fed(ctx: Arc<Context>, namespace: Option<&str>, feed: Feed) {
     .reflect(imports_writer)
     .touched_objects();
     let (by_claim, by_pod) = (claims.clone(), claims.clone());
-    let (claim_echoes, pod_echoes) = (ctx.clone(), ctx.clone());
     let (imports, uploads, clones) = (claims.clone(), claims.clone(), claims.clone());
     let results = Controller::for_shared_stream(futures_util::stream::pending(), claims)
         .with_config(kubeops::controller_config())
-        .watches_shared_stream(feed.claim_changes, move |pvc| {
-            if claim_echoes.echoes.is_echo(pvc.as_ref()) {
-                return None;
-            }
+        .watches_shared_stream(ctx.echoes.filter(feed.claim_changes), move |pvc| {
             reconciled_for(&by_claim, &pvc)
         })
-        .watches_shared_stream(feed.pod_changes, move |pod| {
-            if pod_echoes.echoes.is_echo(pod.as_ref()) {
-                return None;
-            }
+        .watches_shared_stream(ctx.echoes.filter(feed.pod_changes), move |pod| {
             let owner = pod
                 .owner_references()
                 .iter()
